@@ -1,0 +1,43 @@
+# sibyl-console: every target creates .venv and installs what it needs.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+SIBYL  := $(VENV)/bin/sibyl-console
+
+.PHONY: up test test-slow lint bench demo-sim clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+## up: bring the main job up on the embedded default
+up: $(VENV)/.installed
+	$(SIBYL) sim --workload reasoning-chat --requests 3000 --rate 3.5 --cluster 4P16D \
+		--policy sibyl --policy least_load --policy round_robin
+
+## test: lint, type-check and run the default test suite
+test: $(VENV)/.installed-test lint
+	$(PY) -m pytest
+
+## test-slow: the slower checks (benchmarks-as-tests, long simulations); CI runs them too
+test-slow: $(VENV)/.installed-test
+	$(PY) -m pytest -m slow
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check core adapters console tests benchmarks
+	$(VENV)/bin/mypy
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/decision_latency.py
+	$(PY) benchmarks/sim_speed.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,266 @@
+"""`sibyl-console sim`: simulate a trace offline under several routing policies and compare them."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from console.cluster_spec import parse_cluster
+from console.simulate import SimPlan, request_rows, run_one, validate_policies
+from core.errors import ConfigError
+from core.perf import get_profile
+from core.policies import parse_param_assignments
+from core.slo import SLOClass
+
+FORMATS = "auto|mooncake|azure|burstgpt|servegen"
+
+
+def _load_trace(
+    trace: Path | None,
+    fmt: str,
+    workload: str,
+    requests: int,
+    rate: float | None,
+    rate_scale: float,
+    limit: int | None,
+    seed: int,
+    burstiness: float,
+) -> Any:
+    from core.traces import read_trace, synthetic_trace
+
+    if trace is not None:
+        t = read_trace(trace, fmt, seed=seed, limit=limit)
+        if rate is not None:
+            t = t.with_rate(rate)
+    else:
+        t = synthetic_trace(
+            workload,
+            requests=limit or requests,
+            rate=rate or 10.0,
+            seed=seed,
+            burstiness=burstiness,
+        )
+    if rate_scale != 1.0:
+        if rate_scale <= 0:
+            raise ConfigError("--rate-scale must be > 0")
+        t = t.scale_time(1.0 / rate_scale)
+    if limit is not None and len(t) > limit:
+        t = t.window(limit=limit)
+    if len(t) == 0:
+        raise ConfigError("the workload has no requests")
+    return t
+
+
+def _policy_list(policies: list[str], params: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    assigned = parse_param_assignments(params)
+    names = policies or ["sibyl", "least_load", "round_robin"]
+    unknown = set(assigned) - set(names) - {""}
+    if unknown:
+        raise ConfigError(
+            f"--param names policies not being run: {', '.join(sorted(unknown))}; running: {', '.join(names)}"
+        )
+    out = [(n, {**assigned.get("", {}), **assigned.get(n, {})}) for n in names]
+    validate_policies(out)
+    return out
+
+
+def _fmt_ms(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1000:.1f}"
+
+
+def _table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="simulated policies (times in ms)")
+    for col in (
+        "policy",
+        "run",
+        "req",
+        "tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT mean",
+        "TPOT p50",
+        "TPOT p99",
+        "TPOT p99.9",
+        "SLO att.",
+        "opt. assign",
+    ):
+        table.add_column(col, justify="left" if col in ("policy", "run") else "right")
+    for r in rows:
+        label = r["policy"] + (
+            "(" + ",".join(f"{k}={v}" for k, v in r["params"].items()) + ")" if r["params"] else ""
+        )
+        table.add_row(
+            label,
+            r.get("run_id") or "-",
+            str(r["requests"]),
+            f"{r['throughput_tok_s']:.0f}",
+            _fmt_ms(r["ttft_p50"]),
+            _fmt_ms(r["ttft_p99"]),
+            _fmt_ms(r["tpot_mean"]),
+            _fmt_ms(r["tpot_p50"]),
+            _fmt_ms(r["tpot_p99"]),
+            _fmt_ms(r["tpot_p999"]),
+            f"{r['slo_attainment']:.1%}",
+            "-"
+            if math.isnan(r["optimal_assignment_ratio"])
+            else f"{r['optimal_assignment_ratio']:.1%}",
+        )
+    return table
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def sim(
+    trace: Annotated[
+        Path | None,
+        typer.Argument(help="trace file or ServeGen folder; omit for a synthetic --workload"),
+    ] = None,
+    format: Annotated[str, typer.Option("--format", help=f"trace format: {FORMATS}")] = "auto",
+    workload: Annotated[
+        str,
+        typer.Option(help="synthetic workload when no TRACE: random|reasoning-chat|reasoning-code"),
+    ] = "reasoning-chat",
+    requests: Annotated[int, typer.Option(min=1, help="synthetic request count")] = 2000,
+    rate: Annotated[
+        float | None, typer.Option(help="arrival rate req/s (synthetic; or rescales a trace)")
+    ] = None,
+    burstiness: Annotated[
+        float, typer.Option(help="gamma burstiness of synthetic arrivals (1 = Poisson)")
+    ] = 1.0,
+    rate_scale: Annotated[float, typer.Option(help="multiply the arrival rate by X")] = 1.0,
+    limit: Annotated[int | None, typer.Option(min=1, help="use at most N requests")] = None,
+    cluster: Annotated[str, typer.Option(help="instances as <P>P<D>D")] = "4P16D",
+    profile: Annotated[
+        str, typer.Option(help="performance profile name or .json path")
+    ] = "h20-qwen3-32b",
+    mode: Annotated[
+        str, typer.Option(help="decode model: ps (processor sharing) | iteration")
+    ] = "ps",
+    policy: Annotated[
+        list[str], typer.Option("--policy", help="routing policy to run (repeat)")
+    ] = [],  # noqa: B006
+    param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
+    seed: Annotated[int, typer.Option(help="seed for synthetic/ServeGen sampling")] = 0,
+    slo_ttft_ms: Annotated[float, typer.Option(help="TTFT SLO in ms")] = 2000.0,
+    slo_tpot_ms: Annotated[float, typer.Option(help="TPOT SLO in ms")] = 100.0,
+    shadow: Annotated[bool, typer.Option(help="score the other policies in shadow mode")] = True,
+    db: Annotated[
+        Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")
+    ] = None,
+    no_db: Annotated[bool, typer.Option("--no-db", help="do not record the runs")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print a JSON list, one object per policy")
+    ] = False,
+) -> None:
+    """Simulate a workload on a P/D cluster under each --policy, on identical arrivals.
+
+    Examples:
+      sibyl-console sim --workload reasoning-chat --requests 5000 --rate 12 --cluster 8P64D
+      sibyl-console sim ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv --limit 2000 \\
+          --cluster 4P16D --policy sibyl --policy least_load --param least_load.by=tokens --json
+    """
+    if mode not in ("ps", "iteration"):
+        raise ConfigError(f"--mode {mode!r}: expected ps or iteration")
+    n_prefill, n_decode = parse_cluster(cluster)
+    prof = get_profile(profile)
+    policies = _policy_list(policy, param)
+    t = _load_trace(trace, format, workload, requests, rate, rate_scale, limit, seed, burstiness)
+    plan = SimPlan(
+        arrivals=t.arrivals,
+        prompt_tokens=t.prompt_tokens,
+        output_tokens=t.output_tokens,
+        workload=t.name,
+        profile=prof,
+        n_prefill=n_prefill,
+        n_decode=n_decode,
+        mode=mode,  # type: ignore[arg-type]
+        policies=policies,
+        slo=SLOClass(ttft_s=slo_ttft_ms / 1000, tpot_s=slo_tpot_ms / 1000),
+        seed=seed,
+        shadow=shadow,
+    )
+    store = None
+    if not no_db:
+        from adapters.store import RunStore
+
+        store = RunStore(db)
+        store.mark_interrupted_runs()
+    err = Console(stderr=True)
+    rows: list[dict[str, Any]] = []
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=as_json,
+    ) as progress:
+        for name, params in policies:
+            task = progress.add_task(f"{name:>12}", total=len(plan.arrivals))
+            run_id = None
+            if store is not None:
+                run_id = store.create_run(
+                    kind="sim",
+                    backend="sim",
+                    cluster=plan.cluster,
+                    workload=t.source or t.name,
+                    seed=seed,
+                    policy=name,
+                    config={
+                        "profile": prof.name,
+                        "mode": mode,
+                        "policy": name,
+                        "params": params,
+                        "slo": plan.slo.model_dump(),
+                        "requests": len(plan.arrivals),
+                    },
+                )
+            try:
+                row, result = run_one(
+                    plan,
+                    name,
+                    params,
+                    lambda _n, done, total, task=task: progress.update(task, completed=done),
+                )
+            except BaseException:
+                if store is not None and run_id is not None:
+                    store.finish_run(run_id, status="failed")
+                raise
+            row["run_id"] = run_id
+            if store is not None and run_id is not None:
+                store.add_requests(run_id, request_rows(result, plan.slo))
+                for ev in result.policy_events:
+                    store.add_policy_event(
+                        run_id,
+                        t=ev.time,
+                        kind=str(ev.kind),
+                        old=ev.old,
+                        new=ev.new,
+                        params=ev.params,
+                        source="sim",
+                    )
+                store.finish_run(run_id, status="completed", summary=_json_safe(row))
+            rows.append(row)
+    if as_json:
+        typer.echo(json.dumps(_json_safe(rows), indent=2))
+    else:
+        Console().print(_table(rows))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sim")(sim)

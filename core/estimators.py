@@ -1,0 +1,127 @@
+"""Online estimators the dispatcher keeps: output-length survival Ŝ, prefill time, decode rates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from core.perf import PerfProfile
+
+
+class SurvivalEstimator:
+    """Ŝ(l) ≈ P(output length > l) on bucket boundaries l = 0, Δ, 2Δ, …, kept as an EMA of indicators.
+
+    On each completion with final length L every bucket is updated,
+    Ŝ(l) ← α·Ŝ(l) + (1−α)·[L ≥ l]  (SIBYL eq. 4; the paper's "l ≤ L_final" would never let Ŝ
+    decrease, so all buckets move). Between boundaries Ŝ is interpolated linearly; beyond the
+    last boundary it keeps the last value. The prior is uniform output lengths on [0, prior_max].
+    """
+
+    def __init__(
+        self,
+        delta: int = 64,
+        alpha: float = 0.99,
+        max_len: int = 8192,
+        prior_max: int | None = None,
+    ) -> None:
+        if delta <= 0 or not 0.0 < alpha < 1.0 or max_len < delta:
+            raise ValueError("survival estimator needs delta > 0, 0 < alpha < 1, max_len >= delta")
+        self.delta = delta
+        self.alpha = alpha
+        self.grid = np.arange(0, max_len + delta, delta, dtype=float)
+        top = float(prior_max if prior_max is not None else max_len)
+        self.values = np.clip(1.0 - self.grid / max(top, 1.0), 0.0, 1.0)
+        self.values[0] = 1.0
+        self.observations = 0
+
+    def observe(self, final_length: float) -> None:
+        """Fold in one completed request's output length."""
+        a = self.alpha
+        self.values *= a
+        self.values += (1.0 - a) * (self.grid <= final_length)
+        self.values[0] = 1.0
+        self.observations += 1
+
+    def __call__(self, lengths: np.ndarray | float) -> Any:
+        """Ŝ at the given generated lengths (vectorised; the grid is uniform, so no search)."""
+        x = np.clip(np.asarray(lengths, dtype=float) / self.delta, 0.0, len(self.values) - 1.0)
+        i = np.minimum(x.astype(np.int64), len(self.values) - 2)
+        frac = x - i
+        return self.values[i] * (1.0 - frac) + self.values[i + 1] * frac
+
+
+class PrefillTimeEstimator:
+    """t(l) = a + b·l + c·l² fitted online by exponentially weighted least squares.
+
+    Starts from the profile's coefficients as a prior worth `prior_weight` observations; each
+    observed prefill (prompt tokens, seconds) is folded into the normal equations with forgetting
+    factor `forget`, and the coefficients are re-solved lazily.
+    """
+
+    def __init__(
+        self,
+        profile: PerfProfile,
+        prior_weight: float = 20.0,
+        forget: float = 0.999,
+        refit_every: int = 16,
+    ) -> None:
+        self.refit_every = refit_every
+        self.coef = np.array(
+            [profile.prefill_base_s, profile.prefill_per_token_s, profile.prefill_per_token2_s]
+        )
+        self.forget = forget
+        # Prior: pseudo-observations on a spread of prompt lengths, exactly on the profile's curve.
+        xs = np.linspace(1, max(profile.max_model_len, 2), 8)
+        phi = np.stack([np.ones_like(xs), xs, xs * xs], axis=1)
+        w = prior_weight / len(xs)
+        self._xtx = w * phi.T @ phi
+        self._xty = w * phi.T @ (phi @ self.coef)
+        self._dirty = False
+        self.observations = 0
+
+    def observe(self, prompt_tokens: float, seconds: float) -> None:
+        phi = np.array([1.0, prompt_tokens, prompt_tokens * prompt_tokens])
+        self._xtx *= self.forget
+        self._xty *= self.forget
+        self._xtx += np.outer(phi, phi)
+        self._xty += phi * seconds
+        self.observations += 1
+        # Re-solving on every observation costs more than it buys; batch them.
+        self._dirty |= (
+            self.observations % self.refit_every == 0 or self.observations < self.refit_every
+        )
+
+    def _solve(self) -> None:
+        # Scale columns to keep the 3×3 system well conditioned (l² spans many decades).
+        scale = np.sqrt(np.clip(np.diag(self._xtx), 1e-30, None))
+        a = self._xtx / np.outer(scale, scale)
+        try:
+            coef = np.linalg.solve(a, self._xty / scale) / scale
+        except np.linalg.LinAlgError:
+            coef = np.linalg.lstsq(a, self._xty / scale, rcond=None)[0] / scale
+        self.coef = np.maximum(coef, 0.0)
+        self._dirty = False
+
+    def __call__(self, prompt_tokens: np.ndarray | float) -> np.ndarray | float:
+        if self._dirty:
+            self._solve()
+        a, b, c = self.coef
+        return a + b * prompt_tokens + c * np.square(prompt_tokens)
+
+
+class DecodeRateEstimator:
+    """System-average per-request decode rate v̄_sys (tokens/s), an EMA over completed requests."""
+
+    def __init__(self, prior: float, alpha: float = 0.98) -> None:
+        if prior <= 0:
+            raise ValueError("decode rate prior must be positive")
+        self.value = prior
+        self.alpha = alpha
+        self.observations = 0
+
+    def observe(self, tokens: float, seconds: float) -> None:
+        if tokens <= 1 or seconds <= 0:
+            return
+        self.value = self.alpha * self.value + (1 - self.alpha) * (tokens - 1) / seconds
+        self.observations += 1

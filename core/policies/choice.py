@@ -1,0 +1,45 @@
+"""Helpers shared by routing policies: the prefill choice, the handoff projection, tie-breaking argmin."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core.errors import NoCapacityError
+from core.types import Request
+from core.view import ClusterView
+
+
+def least_queued_prefill(request: Request, view: ClusterView) -> tuple[int, float]:
+    """The healthy prefill instance that frees up first, and when this request's prefill would end."""
+    mask = view.prefill_mask()
+    if not mask.any():
+        raise NoCapacityError("no healthy prefill instance")
+    start = np.where(mask, np.maximum(view.prefill_free_at, view.now), np.inf)
+    p = int(np.argmin(start))
+    return p, float(start[p] + view.prefill_time(request.prompt_tokens))
+
+
+def projected_handoff(request: Request, prefill_end: float, view: ClusterView) -> float:
+    """τ: when decoding would start — prefill end plus the KV transfer of the prompt."""
+    return prefill_end + view.profile.kv_transfer_time(request.prompt_tokens)
+
+
+def decode_candidates(view: ClusterView) -> np.ndarray:
+    mask = view.decode_mask()
+    if not mask.any():
+        raise NoCapacityError("no healthy decode instance")
+    return mask
+
+
+class RotatingArgmin:
+    """argmin over a masked array whose ties are broken round-robin (no herding onto index 0)."""
+
+    def __init__(self) -> None:
+        self.cursor = 0
+
+    def __call__(self, values: np.ndarray, mask: np.ndarray, tol: float = 1e-9) -> int:
+        v = np.where(mask, values, np.inf)
+        best = v.min()
+        ties = np.flatnonzero(v <= best + tol * max(1.0, abs(best)))
+        self.cursor += 1
+        return int(ties[self.cursor % len(ties)])

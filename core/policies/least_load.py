@@ -1,0 +1,55 @@
+"""Least instantaneous load (ILS, as in Dynamo/llm-d): fewest running requests or tokens right now."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from core.policies.base import PolicyParams, RoutingPolicyBase
+from core.policies.choice import (
+    RotatingArgmin,
+    decode_candidates,
+    least_queued_prefill,
+    projected_handoff,
+)
+from core.policies.registry import register
+from core.types import Assignment, PolicyKind, Request
+from core.view import ClusterView
+
+
+class LeastLoadParams(PolicyParams):
+    by: Literal["requests", "tokens"] = Field(
+        "requests",
+        description="requests: fewest running requests; tokens: fewest KV tokens (prompt + generated)",
+    )
+
+
+@register(
+    PolicyKind.ROUTING,
+    "least_load",
+    LeastLoadParams,
+    "least instantaneous load; ignores requests still in prefill that are bound to an instance",
+)
+class LeastLoad(RoutingPolicyBase):
+    params: LeastLoadParams
+
+    def __init__(self, params: LeastLoadParams) -> None:
+        super().__init__(params)
+        self.needs_progress = params.by == "tokens"
+        self._argmin = RotatingArgmin()
+
+    def load(self, view: ClusterView) -> np.ndarray:
+        if self.params.by == "requests":
+            return view.running_counts().astype(float)
+        return view.physical_load()
+
+    def route(self, request: Request, view: ClusterView) -> Assignment:
+        p, prefill_end = least_queued_prefill(request, view)
+        d = self._argmin(self.load(view), decode_candidates(view))
+        return Assignment(
+            view.instance_ids[p],
+            view.instance_ids[d],
+            projected_handoff(request, prefill_end, view),
+        )

@@ -1,0 +1,90 @@
+"""Processor-sharing decode instance (SIBYL App. I): every running request decodes at TPS(N)/N.
+
+One counter per instance gives every request's progress: C(t) advances at the per-request rate,
+a request that joined when the counter read c has generated C(t) − c tokens. Its first token is
+due at C = c + 1 and its last at C = c + out, so the next event is a closed-form jump.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from core.perf import PerfProfile
+
+_EPS = 1e-9
+
+
+class PSDecodeInstance:
+    """Decode instance under processor sharing; exact, no per-token ticks."""
+
+    def __init__(self, profile: PerfProfile) -> None:
+        self.profile = profile
+        self.counter = 0.0
+        self.t_last = 0.0
+        self.rate = 0.0
+        self.offset: dict[int, float] = {}
+        """Running request index → counter value when it joined."""
+        self._first: list[tuple[float, int]] = []
+        self._finish: list[tuple[float, int]] = []
+
+    @property
+    def running(self) -> int:
+        return len(self.offset)
+
+    def _advance(self, now: float) -> None:
+        self.counter += self.rate * (now - self.t_last)
+        self.t_last = now
+
+    def _rerate(self) -> None:
+        self.rate = self.profile.per_request_rate(len(self.offset))
+
+    def admit(self, req: int, output_tokens: int, now: float) -> None:
+        self._advance(now)
+        c = self.counter
+        self.offset[req] = c
+        heapq.heappush(self._first, (c + 1, req))
+        heapq.heappush(self._finish, (c + output_tokens, req))
+        self._rerate()
+
+    def remove(self, req: int, now: float) -> None:
+        """Take a request off the instance (migration or failure); its heap entries go stale."""
+        self._advance(now)
+        self.offset.pop(req, None)
+        self._rerate()
+
+    def next_event_time(self) -> float:
+        self._drop_stale()
+        keys = [h[0][0] for h in (self._first, self._finish) if h]
+        if not keys or self.rate <= 0:
+            return float("inf")
+        return self.t_last + max(min(keys) - self.counter, 0.0) / self.rate
+
+    def _drop_stale(self) -> None:
+        for h in (self._first, self._finish):
+            while h and h[0][1] not in self.offset:
+                heapq.heappop(h)
+
+    def fire(self, now: float) -> tuple[list[tuple[int, float]], list[int]]:
+        """Advance to `now`; return ((request, first-token time) pairs due, finished requests)."""
+        self._advance(now)
+        limit = self.counter + _EPS * max(1.0, self.counter)
+        firsts: list[tuple[int, float]] = []
+        while self._first and self._first[0][0] <= limit:
+            _, r = heapq.heappop(self._first)
+            if r in self.offset:
+                firsts.append((r, now))
+        done: list[int] = []
+        while self._finish and self._finish[0][0] <= limit:
+            _, r = heapq.heappop(self._finish)
+            if r in self.offset:
+                done.append(r)
+                del self.offset[r]
+        if done:
+            self._rerate()
+        return firsts, done
+
+    def progress(self, now: float) -> tuple[list[int], list[float]]:
+        """Running requests and their generated tokens at `now`."""
+        c = self.counter + self.rate * (now - self.t_last)
+        reqs = list(self.offset)
+        return reqs, [c - self.offset[r] for r in reqs]

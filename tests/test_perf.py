@@ -1,0 +1,52 @@
+"""Performance profiles: SIBYL's curve, the roofline, closed-form step sums, profile files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.errors import ProfileError
+from core.perf import get_profile, profile_names, save_profile_file
+from tests.helpers import toy_profile
+
+
+def test_sibyl_h20_curve_peaks_near_53_and_is_clamped() -> None:
+    p = get_profile("h20-qwen3-32b")
+    assert p.tps_curve is not None and p.tps_curve.peak_n == pytest.approx(52.915, abs=1e-3)
+    assert p.total_tps(1) == pytest.approx(-0.423 + 44.766 - 7.753)
+    assert p.total_tps(53) == pytest.approx(p.total_tps(200))
+    assert p.per_request_rate(100) == pytest.approx(p.total_tps(53) / 100)
+
+
+def test_roofline_profiles_exist_for_three_accelerators() -> None:
+    names = profile_names()
+    for accel in ("h100", "h20", "a100"):
+        assert f"roofline-{accel}-llama3-8b" in names
+    h100, a100 = get_profile("roofline-h100-llama3-8b"), get_profile("roofline-a100-llama3-8b")
+    assert h100.prefill_time(1000) < a100.prefill_time(1000)  # more FLOPS
+    assert h100.step_time(32, 32000) < a100.step_time(32, 32000)  # more bandwidth
+    assert h100.kv_capacity_tokens == a100.kv_capacity_tokens  # same memory
+
+
+def test_closed_form_step_sums_match_a_loop() -> None:
+    p = toy_profile(decode_step_base_s=0.01, decode_step_per_seq_s=0.001, decode_step_per_kv_token_s=1e-6)
+    total, kv = 0.0, 500
+    for _ in range(37):
+        total += p.step_time(8, kv)
+        kv += 8
+    assert p.steps_time(37, 8, 500) == pytest.approx(total)
+    assert p.steps_within(total, 8, 500) == 37
+    assert p.steps_within(total - 1e-6, 8, 500) == 36
+
+
+def test_profile_file_round_trip_and_errors(tmp_path) -> None:
+    path = tmp_path / "fitted.json"
+    save_profile_file(toy_profile(name="fitted"), path)
+    assert get_profile(str(path)).name == "fitted"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**json.loads(path.read_text()), "decode_step_base_s": -1}))
+    with pytest.raises(ProfileError, match="decode_step_base_s"):
+        get_profile(str(bad))
+    with pytest.raises(ProfileError, match="built-in profiles: .*cpu-tiny-llama"):
+        get_profile("nope")

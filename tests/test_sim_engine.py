@@ -1,0 +1,110 @@
+"""The discrete-event engine against timelines computed by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.dispatch import Dispatcher
+from core.perf import DecodeCurve
+from core.sim import ScheduledSwap, Simulation
+from tests.helpers import toy_profile
+
+
+def simulate(profile, arrivals, prompts, outputs, *, mode="ps", policy="round_robin", n_prefill=1, n_decode=1, swaps=()):
+    d = Dispatcher(profile, policy)
+    sim = Simulation(
+        arrivals=np.array(arrivals, dtype=float),
+        prompt_tokens=np.array(prompts),
+        output_tokens=np.array(outputs),
+        profile=profile,
+        n_prefill=n_prefill,
+        n_decode=n_decode,
+        dispatcher=d,
+        mode=mode,
+        swaps=swaps,
+    )
+    return sim.run(), d
+
+
+def test_processor_sharing_timeline() -> None:
+    # TPS(N) = 10 tok/s in total, so each of N running requests decodes at 10/N; prefill 1 s FIFO.
+    prof = toy_profile(tps_curve=DecodeCurve(a=0, b=0, c=10))
+    r, _ = simulate(prof, [0, 0], [5, 5], [11, 6])
+    # A: prefill [0,1], alone at 10 tok/s: first token 1.1, 10 tokens by 2.0; shares at 5 tok/s
+    #    from 2.0, last token at 2.2.  B: prefill [1,2], first token at 2.2, alone again from 2.2,
+    #    5 more tokens at 10 tok/s → 2.7.
+    assert r.prefill_start.tolist() == [0, 1]
+    assert r.decode_start.tolist() == [1, 2]
+    assert r.first_token == pytest.approx([1.1, 2.2])
+    assert r.finish == pytest.approx([2.2, 2.7])
+    assert r.ok.all()
+
+
+def test_iteration_level_timeline_joins_at_step_boundaries() -> None:
+    # step(B) = 0.05 + 0.05·B; prefill 0.05 + 0.1·l.
+    prof = toy_profile(prefill_base_s=0.05, prefill_per_token_s=0.1, decode_step_base_s=0.05, decode_step_per_seq_s=0.05)
+    r, _ = simulate(prof, [0, 0], [10, 5], [10, 6], mode="iteration")
+    # A decodes alone from 1.05 in 0.1 s steps: tokens at 1.15 … 1.65 (6 tokens). B's KV arrives
+    # at 1.6, mid-step, so it joins at 1.65; pair steps take 0.15: 1.80 (B's first), 1.95, 2.10,
+    # 2.25 (A's 10th: done). B alone: 2.35, 2.45 (6th: done).
+    assert r.decode_start == pytest.approx([1.05, 1.6])
+    assert r.first_token == pytest.approx([1.15, 1.80])
+    assert r.finish == pytest.approx([2.25, 2.45])
+
+
+def test_iteration_level_preempts_by_recompute_when_kv_runs_out() -> None:
+    prof = toy_profile(prefill_base_s=0.001, kv_capacity_tokens=25, decode_step_base_s=0.1)
+    r, _ = simulate(prof, [0, 0], [10, 10], [8, 8], mode="iteration")
+    # A alone from 0.001; B joins at the 0.101 boundary (KV 11+10). Two pair steps fill the cache
+    # to 25; the next step would need 27, so B (latest admitted) is evicted at 0.301 with 2 tokens.
+    # A finishes at 0.801; B is readmitted, pays a 0.001 s recompute, and needs 6 more steps.
+    assert r.preemptions == 1
+    assert r.first_token == pytest.approx([0.101, 0.201])
+    assert r.finish == pytest.approx([0.801, 1.402])
+
+
+def test_request_larger_than_kv_capacity_fails_instead_of_hanging() -> None:
+    prof = toy_profile(prefill_base_s=0.001, kv_capacity_tokens=50, decode_step_base_s=0.1)
+    r, _ = simulate(prof, [0, 0], [80, 10], [5, 5], mode="iteration")
+    assert r.ok.tolist() == [False, True]
+
+
+def test_kv_transfer_delays_decode_start() -> None:
+    prof = toy_profile(kv_transfer_base_s=0.5, kv_transfer_per_token_s=0.01)
+    r, _ = simulate(prof, [0], [50], [1])
+    assert r.decode_start == pytest.approx([1.0 + 0.5 + 0.5])
+    assert r.first_token == pytest.approx(r.finish)
+
+
+def test_round_robin_spreads_over_decode_instances_and_prefill_queues() -> None:
+    prof = toy_profile()
+    r, _ = simulate(prof, [0, 0, 0, 0], [1] * 4, [3] * 4, n_prefill=2, n_decode=2)
+    assert r.prefill_instance.tolist() == [0, 1, 0, 1]
+    assert r.decode_instance.tolist() == [0, 1, 0, 1]
+    assert r.prefill_start.tolist() == [0, 0, 1, 1]
+
+
+def test_scheduled_swap_changes_later_decisions_and_is_recorded() -> None:
+    prof = toy_profile(prefill_base_s=0.01)
+    arrivals = np.arange(8) * 0.001
+    r, d = simulate(prof, arrivals, [1] * 8, [1000] * 8, n_decode=2, swaps=[ScheduledSwap(0.0035, "least_load")])
+    assert [e.new for e in r.policy_events] == ["round_robin", "least_load"]
+    assert r.policy_events[-1].source == "sim" and r.policy_events[-1].time == pytest.approx(0.0035)
+    assert d.routing.name == "least_load"
+
+
+def test_same_inputs_give_identical_results() -> None:
+    rng = np.random.default_rng(3)
+    arr = np.sort(rng.uniform(0, 20, 300))
+    pr, out = rng.integers(1, 300, 300), rng.integers(1, 400, 300)
+    from core.perf import get_profile
+
+    prof = get_profile("h20-qwen3-32b")
+    a, _ = simulate(prof, arr, pr, out, policy="sibyl", n_prefill=2, n_decode=4)
+    b, _ = simulate(prof, arr, pr, out, policy="sibyl", n_prefill=2, n_decode=4)
+    assert np.array_equal(a.finish, b.finish) and np.array_equal(a.decode_instance, b.decode_instance)
+    assert a.ok.all()
+    # Every request keeps causality: arrival ≤ prefill ≤ decode ≤ first token ≤ finish.
+    assert np.all(a.arrival <= a.prefill_start) and np.all(a.prefill_end <= a.decode_start)
+    assert np.all(a.decode_start < a.first_token) and np.all(a.first_token <= a.finish + 1e-9)

@@ -18,9 +18,9 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from console.commands import emulate, runs, sim
+    from console.commands import bench, runs, sim, status, up
 
-    for module in (sim, emulate, runs):
+    for module in (up, status, sim, runs, bench):
         module.register(app)
 
 

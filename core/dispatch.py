@@ -148,7 +148,7 @@ class Dispatcher:
         return changed
 
     def observe_instance(self, state: InstanceState) -> None:
-        self.view.observed[state.id] = state
+        self.view.observed[str(state.id)] = state
 
     def index_of(self, instance_id: str) -> int:
         return self._index[instance_id]
@@ -233,6 +233,25 @@ class Dispatcher:
             v.prefill_time.observe(t.l_in[i], seconds)
         t.tau[i] = now + v.profile.kv_transfer_time(t.l_in[i])
 
+    def retry_prefill(self, rid: Hashable, tried: Sequence[str], now: float) -> str | None:
+        """Move a request whose prefill failed to the least-queued healthy prefill instance not tried."""
+        v = self.view
+        t = v.table
+        i = t.row[rid]
+        mask = v.prefill_mask().copy()
+        for iid in tried:
+            mask[self._index[iid]] = False
+        if not mask.any():
+            return None
+        est = self._tracked[rid].prefill_est
+        old = int(t.prefill[i])
+        v.prefill_free_at[old] = max(now, v.prefill_free_at[old] - est)
+        start = np.where(mask, np.maximum(v.prefill_free_at, now), np.inf)
+        p = int(np.argmin(start))
+        v.prefill_free_at[p] = start[p] + est
+        t.prefill[i] = p
+        return v.instance_ids[p]
+
     def bind_decode(self, rid: Hashable, instance_id: str) -> None:
         """Bind a request to a decode instance (policies that choose at prefill end)."""
         t = self.view.table
@@ -290,9 +309,9 @@ class Dispatcher:
     def on_progress_bulk(self, rids: Iterable[Hashable], generated: np.ndarray, now: float) -> None:
         """Vectorised on_progress for many requests observed at the same moment."""
         t = self.view.table
-        rows = np.fromiter((t.row[r] for r in rids), dtype=np.int64, count=len(generated))
-        if rows.size == 0:
+        if len(generated) == 0:
             return
+        rows = np.array([t.row[r] for r in rids], dtype=np.int64)
         dt = now - t.t_obs[rows]
         ok = dt > 0
         t.v[rows[ok]] = (generated[ok] - t.l_obs[rows[ok]]) / dt[ok]

@@ -34,21 +34,42 @@ class SurvivalEstimator:
         self.values = np.clip(1.0 - self.grid / max(top, 1.0), 0.0, 1.0)
         self.values[0] = 1.0
         self.observations = 0
+        self._pending: list[float] = []
+        self._slopes: np.ndarray | None = None
 
     def observe(self, final_length: float) -> None:
-        """Fold in one completed request's output length."""
-        a = self.alpha
-        self.values *= a
-        self.values += (1.0 - a) * (self.grid <= final_length)
-        self.values[0] = 1.0
+        """Record one completed request's output length (folded in at the next query)."""
+        self._pending.append(final_length)
         self.observations += 1
 
+    def _fold(self) -> None:
+        """Apply the buffered updates in order: m EMA steps in one vectorised pass.
+
+        After m observations L_1..L_m, Ŝ(l) = α^m·Ŝ(l) + Σ_i (1−α)·α^(m−i)·[L_i ≥ l]; the indicator
+        is a prefix of the grid, so the sum is a reversed cumulative sum of per-bucket weights.
+        """
+        lengths = np.asarray(self._pending)
+        self._pending = []
+        m = len(lengths)
+        a = self.alpha
+        weights = (1.0 - a) * a ** np.arange(m - 1, -1, -1, dtype=float)
+        last = np.minimum(np.floor(lengths / self.delta).astype(np.int64), len(self.values) - 1)
+        per_bucket = np.bincount(last, weights=weights, minlength=len(self.values))
+        self.values *= a**m
+        self.values += np.cumsum(per_bucket[::-1])[::-1]
+        self.values[0] = 1.0
+        self._slopes = None
+
     def __call__(self, lengths: np.ndarray | float) -> Any:
-        """Ŝ at the given generated lengths (vectorised; the grid is uniform, so no search)."""
-        x = np.clip(np.asarray(lengths, dtype=float) / self.delta, 0.0, len(self.values) - 1.0)
-        i = np.minimum(x.astype(np.int64), len(self.values) - 2)
-        frac = x - i
-        return self.values[i] * (1.0 - frac) + self.values[i + 1] * frac
+        """Ŝ at the given generated lengths ≥ 0 (vectorised; the grid is uniform, so no search)."""
+        if self._pending:
+            self._fold()
+        if self._slopes is None:
+            self._slopes = np.append(np.diff(self.values), 0.0)
+        last = len(self.values) - 1
+        x = np.minimum(np.asarray(lengths, dtype=float) * (1.0 / self.delta), float(last))
+        i = x.astype(np.int64)
+        return self.values[i] + self._slopes[i] * (x - i)
 
 
 class PrefillTimeEstimator:
@@ -79,18 +100,26 @@ class PrefillTimeEstimator:
         self._xty = w * phi.T @ (phi @ self.coef)
         self._dirty = False
         self.observations = 0
+        self._pending: list[tuple[float, float]] = []
 
     def observe(self, prompt_tokens: float, seconds: float) -> None:
-        phi = np.array([1.0, prompt_tokens, prompt_tokens * prompt_tokens])
-        self._xtx *= self.forget
-        self._xty *= self.forget
-        self._xtx += np.outer(phi, phi)
-        self._xty += phi * seconds
+        """Record one prefill; every `refit_every` of them are folded in and the fit re-solved."""
+        self._pending.append((prompt_tokens, seconds))
         self.observations += 1
-        # Re-solving on every observation costs more than it buys; batch them.
-        self._dirty |= (
-            self.observations % self.refit_every == 0 or self.observations < self.refit_every
-        )
+        if len(self._pending) >= self.refit_every or self.observations < self.refit_every:
+            self._fold()
+
+    def _fold(self) -> None:
+        data = np.asarray(self._pending, dtype=float)
+        self._pending = []
+        m = len(data)
+        w = self.forget ** np.arange(m - 1, -1, -1, dtype=float)
+        x, y = data[:, 0], data[:, 1]
+        phi = np.stack([np.ones(m), x, x * x], axis=1)
+        decay = self.forget**m
+        self._xtx = decay * self._xtx + (phi * w[:, None]).T @ phi
+        self._xty = decay * self._xty + (phi * w[:, None]).T @ y
+        self._dirty = True
 
     def _solve(self) -> None:
         # Scale columns to keep the 3×3 system well conditioned (l² spans many decades).

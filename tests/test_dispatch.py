@@ -80,3 +80,14 @@ def test_health_changes_are_reported_once() -> None:
     assert d.set_health("d0", False) is True
     assert d.set_health("d0", False) is False
     assert not d.view.decode_mask()[d.index_of("d0")]
+
+
+def test_retry_prefill_moves_to_an_untried_healthy_instance() -> None:
+    d = cluster("round_robin", prefill=3, decode=1)
+    a = d.route(Request("r1", 0.0, 10, 5), 0.0)
+    assert a.prefill == "p0"
+    d.set_health("p2", False)
+    assert d.retry_prefill("r1", ["p0"], 0.0) == "p1"
+    assert d.view.prefill_free_at[d.index_of("p0")] == 0.0
+    assert d.view.prefill_free_at[d.index_of("p1")] == 1.0
+    assert d.retry_prefill("r1", ["p0", "p1"], 0.0) is None

@@ -56,3 +56,23 @@ def test_decode_rate_is_an_ema_of_completed_rates() -> None:
     assert r.value == pytest.approx(15.0)
     r.observe(tokens=1, seconds=1.0)  # single-token requests say nothing about the rate
     assert r.value == pytest.approx(15.0)
+
+
+def test_batched_survival_updates_equal_one_by_one_updates() -> None:
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(0, 9000, 300)
+    batched = SurvivalEstimator(delta=64, alpha=0.97, max_len=8192)
+    for x in lengths:
+        batched.observe(float(x))
+    one_by_one = SurvivalEstimator(delta=64, alpha=0.97, max_len=8192)
+    for x in lengths:
+        one_by_one.observe(float(x))
+        one_by_one(0)  # a query folds each observation in on its own
+    grid = np.arange(0, 8300, 37)
+    assert batched(grid) == pytest.approx(one_by_one(grid))
+    # and both equal the textbook recurrence
+    ref = np.clip(1 - batched.grid / 8192, 0, 1)
+    for x in lengths:
+        ref = 0.97 * ref + 0.03 * (batched.grid <= x)
+        ref[0] = 1.0
+    assert batched.values == pytest.approx(ref)

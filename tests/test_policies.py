@@ -12,7 +12,6 @@ from core.policies import build, parse_param_assignments, specs
 from core.types import PolicyKind, Request
 from tests.helpers import add_pending, add_running, cluster
 
-
 _ids = itertools.count()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.slo import SLOClass, SlidingWindow, percentile, summarize, tpot
+from core.slo import SlidingWindow, SLOClass, percentile, summarize, tpot
 
 
 def test_tpot_is_decode_time_over_tokens_after_the_first() -> None:

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from console.cluster_spec import parse_cluster
@@ -56,6 +64,10 @@ def _load_trace(
     if len(t) == 0:
         raise ConfigError("the workload has no requests")
     return t
+
+
+def _advance(progress: Progress, task: TaskID, _policy: str, done: int, _total: int) -> None:
+    progress.update(task, completed=done)
 
 
 def _policy_list(policies: list[str], params: list[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -235,7 +247,7 @@ def sim(
                     plan,
                     name,
                     params,
-                    lambda _n, done, total, task=task: progress.update(task, completed=done),
+                    partial(_advance, progress, task),
                 )
             except BaseException:
                 if store is not None and run_id is not None:

@@ -67,10 +67,12 @@ class Sibyl(RoutingPolicyBase):
         inst, l_in = t.inst[:n], t.l_in[:n]
         run = t.state[:n] == RUNNING
         v_sys = view.decode_rate.value
-        l_now = np.where(run, t.generated_at(now), 0.0)
+        v = t.v[:n]
+        # Pending rows have l_obs = v = 0, so l(now) is 0 for them without masking.
+        l_now = t.l_obs[:n] + v * (now - t.t_obs[:n])
         gap = tau - t.tau[:n]
         # Running rows: l(τ) = l(now) + v·(τ − now). Pending rows (Type 2): l = (τ − τ_k)·v̄_sys.
-        l_eval = np.where(run, l_now + t.v[:n] * (tau - now), np.maximum(gap, 0.0) * v_sys)
+        l_eval = np.where(run, l_now + v * (tau - now), np.maximum(gap, 0.0) * v_sys)
         if prm.prob_at_1:
             weights = l_in + l_eval if prm.unit == "tokens" else np.ones(n)
         else:

@@ -1,0 +1,7 @@
+"""The SQLite run store: runs, requests, policy events, instance samples and events."""
+
+from adapters.store.paths import default_db_path
+from adapters.store.recorder import RunRecorder
+from adapters.store.store import RunInfo, RunStore, StoreError
+
+__all__ = ["RunInfo", "RunRecorder", "RunStore", "StoreError", "default_db_path"]

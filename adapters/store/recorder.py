@@ -1,0 +1,64 @@
+"""RunRecorder: buffers a live run's records and flushes them from a background thread."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from adapters.store.store import RunStore
+
+
+class RunRecorder:
+    """Thread-safe buffers, written every `flush_interval_s` and on close (a kill -9 loses ≤ 1 s)."""
+
+    def __init__(self, store: RunStore, run_id: str, flush_interval_s: float = 0.5) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.flush_interval_s = flush_interval_s
+        self._lock = threading.Lock()
+        self._requests: list[dict[str, Any]] = []
+        self._samples: list[dict[str, Any]] = []
+        self._policy: list[dict[str, Any]] = []
+        self._instance: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"recorder-{run_id}", daemon=True)
+        self._thread.start()
+        self.closed = False
+
+    def request(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            self._requests.append(row)
+
+    def sample(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            self._samples.append(row)
+
+    def policy_event(self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str) -> None:
+        with self._lock:
+            self._policy.append({"t": t, "kind": kind, "old": old, "new": new, "params": params, "source": source})
+
+    def instance_event(self, *, t: float, instance_id: str, event: str, detail: str = "") -> None:
+        with self._lock:
+            self._instance.append({"t": t, "instance_id": instance_id, "event": event, "detail": detail})
+
+    def flush(self) -> None:
+        with self._lock:
+            batch = (self._requests, self._samples, self._policy, self._instance)
+            self._requests, self._samples, self._policy, self._instance = [], [], [], []
+        if any(batch):
+            self.store.write_batch(self.run_id, *batch)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            self.flush()
+
+    def close(self, status: str | None = None, summary: dict[str, Any] | None = None) -> None:
+        """Stop the flusher, write what is left and, with a status, close the run record."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+        if status is not None:
+            self.store.finish_run(self.run_id, status=status, summary=summary)

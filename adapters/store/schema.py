@@ -1,0 +1,98 @@
+"""The run store's tables (sqlmodel): runs, requests, policy events, instance samples and events."""
+
+from __future__ import annotations
+
+from sqlmodel import Field, SQLModel
+
+SCHEMA_VERSION = 1
+
+
+class Run(SQLModel, table=True):
+    __tablename__ = "runs"
+
+    run_id: str = Field(primary_key=True)
+    kind: str = Field(description="sim | live | replay")
+    started_at: float
+    ended_at: float | None = None
+    status: str = Field(default="running", index=True, description="running | completed | failed | interrupted")
+    backend: str = ""
+    cluster: str = ""
+    workload: str = ""
+    seed: int | None = None
+    policy: str = ""
+    config: str = "{}"
+    pid: int | None = None
+    parent_run_id: str | None = None
+    notes: str = ""
+    summary: str | None = None
+
+
+class RequestRecord(SQLModel, table=True):
+    __tablename__ = "requests"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    request_id: str
+    arrival: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    max_tokens: int | None = None
+    slo_class: str | None = None
+    priority: int | None = None
+    prefill_instance: str | None = None
+    decode_instance: str | None = None
+    prefill_start: float | None = None
+    prefill_end: float | None = None
+    decode_start: float | None = None
+    first_token: float | None = None
+    finish: float | None = None
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+    status: str = "ok"
+    reason: str | None = None
+    slo_met: bool | None = None
+
+
+class PolicyEventRecord(SQLModel, table=True):
+    __tablename__ = "policy_events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    t: float
+    kind: str
+    old: str | None = None
+    new: str
+    params: str = "{}"
+    source: str = "api"
+
+
+class InstanceSample(SQLModel, table=True):
+    __tablename__ = "instance_samples"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    t: float
+    instance_id: str
+    role: str
+    healthy: bool = True
+    running: float = 0
+    waiting: float = 0
+    kv_usage: float = 0
+    tokens_per_s: float = 0
+    projected_load: float | None = None
+
+
+class InstanceEvent(SQLModel, table=True):
+    __tablename__ = "instance_events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    t: float
+    instance_id: str
+    event: str = Field(description="up | down | added | removed | role_changed")
+    detail: str = ""
+
+
+REQUEST_COLUMNS = [c for c in RequestRecord.model_fields if c not in ("id", "run_id")]
+SAMPLE_COLUMNS = [c for c in InstanceSample.model_fields if c not in ("id", "run_id")]

@@ -1,0 +1,59 @@
+"""`sibyl-console bench`: measure the dispatcher's routing decision latency."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from console.benchmarking import decision_latency, loaded_dispatcher
+from core.perf import get_profile
+from core.policies import parse_param_assignments
+
+bench_app = typer.Typer(help="Benchmarks of the console's own hot paths.", no_args_is_help=True)
+
+
+@bench_app.command("decision")
+def decision(
+    policy: Annotated[list[str], typer.Option("--policy", help="routing policy (repeat to compare)")] = ["sibyl"],  # noqa: B006
+    param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
+    decode_instances: Annotated[int, typer.Option(min=1)] = 64,
+    prefill_instances: Annotated[int, typer.Option(min=1)] = 4,
+    running_per_instance: Annotated[int, typer.Option(min=0)] = 64,
+    pending_per_instance: Annotated[int, typer.Option(min=0)] = 4,
+    iterations: Annotated[int, typer.Option(min=10)] = 3000,
+    profile: Annotated[str, typer.Option()] = "h20-qwen3-32b",
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON (one object, or a list for several policies)")] = False,
+) -> None:
+    """Time one routing decision on a loaded cluster (p50/p99 in microseconds).
+
+    Example: sibyl-console bench decision --policy sibyl --decode-instances 64 \\
+        --running-per-instance 64 --pending-per-instance 4 --json
+    """
+    prof = get_profile(profile)
+    assigned = parse_param_assignments(param)
+    rows = []
+    for name in policy:
+        params = {**assigned.get("", {}), **assigned.get(name, {})}
+        d = loaded_dispatcher(
+            prof, name, params,
+            prefill_instances=prefill_instances, decode_instances=decode_instances,
+            running_per_instance=running_per_instance, pending_per_instance=pending_per_instance,
+        )
+        rows.append({"policy": name, "params": params, "decode_instances": decode_instances, **decision_latency(d, iterations)})
+    if as_json:
+        typer.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
+        return
+    table = Table(title=f"routing decision latency: {decode_instances} decode × {running_per_instance} running + {pending_per_instance} pending")
+    for col in ("policy", "tracked", "mean µs", "p50 µs", "p99 µs", "max µs"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for r in rows:
+        table.add_row(str(r["policy"]), str(r["tracked_requests"]), f"{r['mean_us']:.1f}", f"{r['p50_us']:.1f}", f"{r['p99_us']:.1f}", f"{r['max_us']:.1f}")
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app, name="bench")

@@ -1,0 +1,96 @@
+"""`sibyl-console status` and `sibyl-console policy ...`: scriptable views of a running console."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from console.control_client import ControlClient
+from core.policies import parse_param_assignments
+
+UrlOpt = Annotated[str | None, typer.Option("--url", help="console URL (default: the local console)")]
+TokenOpt = Annotated[str | None, typer.Option("--token", help="control token (default: SIBYL_TOKEN or the local token file)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+
+policy_app = typer.Typer(help="List and hot-swap the console's policies.", no_args_is_help=True)
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _ms(x: Any) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Show instances, active policies and SLO attainment of a running console.
+
+    Example: sibyl-console status --json | jq '.instances[] | select(.healthy | not)'
+    """
+    client = ControlClient(url, token)
+    s = client.state()
+    if as_json:
+        typer.echo(json.dumps(s, indent=2))
+        return
+    con = Console()
+    con.print(f"run [bold]{s['run_id']}[/]  backend {s['backend']}  cluster {s['cluster']}  up {s['uptime_s']:.0f}s  "
+              f"requests {s['requests']['total']} ({s['requests']['in_flight']} in flight, {s['requests']['failed']} failed)")
+    con.print("policies: " + ", ".join(f"{k}={v['name']}{v['params'] or ''}" for k, v in s["policies"].items()))
+    t = Table()
+    for col in ("id", "role", "healthy", "running", "waiting", "KV", "tok/s", "load", "url"):
+        t.add_column(col)
+    for i in s["instances"]:
+        t.add_row(i["id"], i["role"], "yes" if i["healthy"] else "[red]DOWN[/]", str(i["running"]), str(i["waiting"]),
+                  _pct(i["kv_usage"]), f"{i['tokens_per_s']:.0f}", "-" if i["projected_load"] is None else f"{i['projected_load']:.0f}", i["url"])
+    con.print(t)
+    w, r = s["slo"]["window"], s["slo"]["run"]
+    con.print(f"SLO last {s['slo']['window_s']:.0f}s: attainment {_pct(w['attainment'])}  TTFT p50/p99 {_ms(w['ttft_p50'])}/{_ms(w['ttft_p99'])} ms  "
+              f"TPOT p50/p99 {_ms(w['tpot_p50'])}/{_ms(w['tpot_p99'])} ms   run: attainment {_pct(r['attainment'])}")
+
+
+@policy_app.command("list")
+def policy_list(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Registered policies with their params (from the running console)."""
+    p = ControlClient(url, token).policies()
+    if as_json:
+        typer.echo(json.dumps(p, indent=2))
+        return
+    t = Table(title="policies (* = active)")
+    for col in ("kind", "name", "params (defaults)", "summary"):
+        t.add_column(col)
+    for spec in p["available"]:
+        active = p["active"].get(spec["kind"], {}).get("name") == spec["name"]
+        t.add_row(spec["kind"], ("* " if active else "  ") + spec["name"], json.dumps(spec["defaults"]), spec["summary"])
+    Console().print(t)
+
+
+@policy_app.command("set")
+def policy_set(
+    kind: Annotated[str, typer.Argument(help="routing | reschedule | queue | scaling")],
+    name: Annotated[str, typer.Argument(help="policy name (see `policy list`)")],
+    param: Annotated[list[str], typer.Option("--param", help="key=value (repeat)")] = [],  # noqa: B006
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hot-swap a policy while traffic flows; the swap is recorded with source `cli`.
+
+    Example: sibyl-console policy set routing least_load --param by=tokens
+    """
+    assigned = parse_param_assignments(param)
+    params = {**assigned.get("", {}), **assigned.get(name, {})}
+    ev = ControlClient(url, token).set_policy(kind, name, params)
+    if as_json:
+        typer.echo(json.dumps(ev))
+    else:
+        typer.echo(f"{ev['kind']}: {ev['old']} -> {ev['new']} {ev['params'] or ''}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status)
+    app.add_typer(policy_app, name="policy")

@@ -1,0 +1,73 @@
+"""`sibyl-console up`: bring a P/D cluster up behind the routing gateway and serve until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from console.config import load_config, parse_attach
+from console.serve import LiveConsole, run_console
+from core.policies import parse_param_assignments
+
+
+def up(
+    config_file: Annotated[Path | None, typer.Argument(metavar="CONFIG", help="TOML or YAML file with any of the options below")] = None,
+    backend: Annotated[str | None, typer.Option(help="emulator (default) | sim | vllm")] = None,
+    prefill: Annotated[int | None, typer.Option(help="prefill instances (default 2)")] = None,
+    decode: Annotated[int | None, typer.Option(help="decode instances (default 4)")] = None,
+    profile: Annotated[str | None, typer.Option(help="performance profile (default h20-qwen3-32b)")] = None,
+    model: Annotated[str | None, typer.Option(help="model path (--backend vllm)")] = None,
+    policy: Annotated[str | None, typer.Option(help="routing policy at start (default sibyl)")] = None,
+    param: Annotated[list[str], typer.Option("--param", help="routing policy key=value (repeat)")] = [],  # noqa: B006
+    host: Annotated[str | None, typer.Option(help="gateway address (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="gateway port (default 8000; 0 picks a free one)")] = None,
+    headless: Annotated[bool, typer.Option(help="serve without the dashboard")] = False,
+    db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
+    attach: Annotated[str | None, typer.Option(help="manage running instances: 'prefill=URL,...;decode=URL,...'")] = None,
+) -> None:
+    """Start an emulated 2P4D cluster (or attach to vLLM) behind the gateway on 127.0.0.1:8000.
+
+    Prints the gateway URL, the run id and the control token's file; Ctrl-C drains in-flight
+    requests, stops what it started and closes the run record.
+
+    Examples:
+      sibyl-console up --headless
+      sibyl-console up --prefill 1 --decode 2 --policy least_load --param by=tokens --port 0
+      sibyl-console up --backend vllm --attach 'prefill=http://10.0.0.5:8100;decode=http://10.0.0.6:8200'
+    """
+    params = parse_param_assignments(param)
+    overrides: dict[str, object] = {
+        "backend": backend, "prefill": prefill, "decode": decode, "profile": profile, "model": model,
+        "policy": policy, "host": host, "port": port, "db": db,
+        "attach": parse_attach(attach) if attach else None,
+        "headless": True if headless else None,
+    }
+    if params:
+        overrides["params"] = {**params.get("", {}), **params.get(policy or "", {})}
+    cfg = load_config(config_file, overrides)
+    out = Console(stderr=True)
+
+    def ready(live: LiveConsole) -> None:
+        out.print(f"[bold green]sibyl-console[/] serving [bold]{live.url}[/] (OpenAI API: {live.url}/v1)")
+        out.print(f"  run id      {live.run_id}   (store: {live.db})")
+        out.print(f"  control     {live.url}/control/state   token in {live.token_file}")
+        out.print(f"  cluster     {live.controller.state()['cluster']} on backend {live.controller.backend}, routing: {cfg.policy}")
+        out.print("  Ctrl-C to drain and stop")
+
+    ui = None
+    if not cfg.headless:
+        from console.tui.launch import dashboard_for
+
+        ui = dashboard_for
+    try:
+        asyncio.run(run_console(cfg, ready, ui))
+    except KeyboardInterrupt:
+        out.print("stopped")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)

@@ -1,0 +1,123 @@
+"""The live console's configuration: one pydantic model that a TOML/YAML file or CLI flags fill."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from core.errors import ConfigError
+from core.slo import SLOClass
+
+
+class EmulatorSettings(BaseModel):
+    """How `up` starts emulated instances (one process each)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_seqs: int | None = Field(None, gt=0, description="running slots per instance (profile's if unset)")
+    kv_capacity_tokens: int | None = Field(None, gt=0, description="KV cache per instance in tokens")
+    output_len_dist: str | None = Field(None, description="output length distribution when ignore_eos is off")
+    extra_args: list[str] = Field(default_factory=list, description="more `sibyl-console emulate` flags")
+
+
+class ConsoleConfig(BaseModel):
+    """Everything `sibyl-console up` needs; flags override the file, the file overrides defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["emulator", "sim", "vllm"] = "emulator"
+    prefill: int = Field(2, ge=1, le=256, description="prefill instances to start")
+    decode: int = Field(4, ge=1, le=256, description="decode instances to start")
+    profile: str = Field("h20-qwen3-32b", description="performance profile (emulator/sim timing, estimator priors)")
+    model: str | None = Field(None, description="model path for --backend vllm")
+    served_model_name: str = Field("sibyl-model", description="model name clients use")
+    policy: str = Field("sibyl", description="routing policy at start")
+    params: dict[str, Any] = Field(default_factory=dict, description="routing policy params")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    headless: bool = False
+    db: Path | None = None
+    attach: dict[str, list[str]] | None = Field(None, description="{'prefill': [url...], 'decode': [url...]}")
+    slo: dict[str, SLOClass] = Field(default_factory=lambda: {"default": SLOClass()})
+    poll_interval_s: float = Field(0.5, gt=0, le=1.0, description="instance /health + /metrics poll period")
+    down_after_failures: int = Field(2, ge=1)
+    drain_timeout_s: float = Field(10.0, ge=0)
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    instance_base_port: int = Field(0, ge=0, le=65535, description="first port for started instances (0: free ports)")
+    emulator: EmulatorSettings = Field(default_factory=EmulatorSettings)
+    replay: Path | None = Field(None, description="trace to replay into the cluster once it is up")
+    replay_speed: float = Field(1.0, gt=0)
+    replay_loop: bool = False
+
+    @field_validator("attach")
+    @classmethod
+    def _roles(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        if v is None:
+            return v
+        bad = set(v) - {"prefill", "decode", "both"}
+        if bad:
+            raise ValueError(f"unknown role(s) {sorted(bad)}; roles: prefill, decode, both")
+        for urls in v.values():
+            for u in urls:
+                if not u.startswith(("http://", "https://")):
+                    raise ValueError(f"{u!r} is not an http(s) URL")
+        return v
+
+    @field_validator("slo")
+    @classmethod
+    def _named(cls, v: dict[str, SLOClass]) -> dict[str, SLOClass]:
+        v = {name: c.model_copy(update={"name": name}) for name, c in v.items()}
+        if "default" not in v:
+            v["default"] = SLOClass()
+        return v
+
+
+def parse_attach(text: str) -> dict[str, list[str]]:
+    """`prefill=URL,URL;decode=URL` → {"prefill": [...], "decode": [...]}."""
+    out: dict[str, list[str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        role, sep, urls = part.partition("=")
+        if not sep:
+            raise ConfigError(f"--attach {text!r}: expected role=URL[,URL...][;role=URL...]")
+        out.setdefault(role.strip(), []).extend(u.strip() for u in urls.split(",") if u.strip())
+    return out
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from e
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"{path}: config must be .toml, .yaml or .yml")
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table/mapping")
+    return data
+
+
+def load_config(path: Path | None, overrides: dict[str, Any]) -> ConsoleConfig:
+    """Defaults ← file ← flags (only flags the user actually gave, i.e. not None)."""
+    data = _read_file(path) if path is not None else {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ConsoleConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        allowed = ", ".join(ConsoleConfig.model_fields) if err["type"] == "extra_forbidden" else ""
+        src = f"{path}: " if path is not None else ""
+        extra = f" (allowed keys: {allowed})" if allowed else ""
+        raise ConfigError(f"{src}field {where!r}: {err['msg']}{extra}") from None

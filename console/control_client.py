@@ -1,0 +1,49 @@
+"""A small synchronous client of the control API, for the CLI (the TUI has its own async one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from console.discovery import ConsoleAddress, locate
+from core.errors import SibylError
+
+
+class ControlError(SibylError):
+    """The control API refused or could not be reached."""
+
+
+class ControlClient:
+    def __init__(self, url: str | None = None, token: str | None = None, timeout_s: float = 10.0) -> None:
+        self.address: ConsoleAddress = locate(url, token)
+        headers = {"Authorization": f"Bearer {self.address.token}"} if self.address.token else {}
+        self._http = httpx.Client(base_url=self.address.url, headers=headers, timeout=timeout_s)
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise ControlError(f"cannot reach the console at {self.address.url}: {type(e).__name__}: {e}") from None
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:200]
+            raise ControlError(f"{method} {path}: {r.status_code}: {message}")
+        return r.json()
+
+    def state(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/control/state")
+        return result
+
+    def policies(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/control/policies")
+        return result
+
+    def set_policy(self, kind: str, name: str, params: dict[str, Any], source: str = "cli") -> dict[str, Any]:
+        result: dict[str, Any] = self._call("PUT", f"/control/policies/{kind}", json={"name": name, "params": params, "source": source})
+        return result
+
+    def close(self) -> None:
+        self._http.close()

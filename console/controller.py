@@ -1,0 +1,305 @@
+"""The running console: backend instances, dispatcher, poller, recorder, SLO window, events, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adapters.store import RunRecorder, RunStore
+
+from console.config import ConsoleConfig
+from console.events import EventBus
+from console.gateway_metrics import GatewayMetrics
+from console.instances import Instance
+from console.poller import Poller
+from core.dispatch import Dispatcher
+from core.perf import get_profile
+from core.policies import registry
+from core.slo import SlidingWindow
+from core.types import PolicyEvent, Role
+
+
+@dataclass
+class RequestOutcome:
+    """What the proxy learned about one request, in monotonic seconds."""
+
+    request_id: str
+    arrival: float
+    prompt_tokens: int
+    max_tokens: int
+    slo_class: str
+    priority: int
+    prefill_instance: str | None
+    decode_instance: str | None
+    prefill_start: float | None
+    prefill_end: float | None
+    decode_start: float | None
+    first_token: float | None
+    finish: float
+    output_tokens: int
+    ok: bool
+    reason: str | None = None
+
+
+class Controller:
+    """Owns everything a live console runs; the gateway and the dashboard talk to it."""
+
+    def __init__(
+        self,
+        config: ConsoleConfig,
+        instances: list[Instance],
+        *,
+        store: RunStore,
+        run_id: str,
+        run_dir: Path,
+        backend_label: str | None = None,
+    ) -> None:
+        self.config = config
+        self.instances = {i.id: i for i in instances}
+        self.profile = get_profile(config.profile)
+        self.dispatcher = Dispatcher(self.profile, config.policy, config.params)
+        for inst in instances:
+            self.dispatcher.add_instance(inst.id, inst.role)
+        self.store = store
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.backend = backend_label or config.backend
+        self.recorder = RunRecorder(store, run_id)
+        self.events = EventBus()
+        self.metrics = GatewayMetrics()
+        self.slo = SlidingWindow(60.0, config.slo)
+        self.served_models: set[str] = {config.served_model_name}
+        self.token = os.environ.get("SIBYL_TOKEN") or secrets.token_urlsafe(32)
+        self.t0 = time.monotonic()
+        self.started_wall = time.time()
+        self.in_flight = 0
+        self.total = 0
+        self.failed = 0
+        self.poller = Poller(
+            lambda: list(self.instances.values()),
+            interval_s=config.poll_interval_s,
+            down_after=config.down_after_failures,
+            on_status=self._on_status,
+            on_sample=self._on_sample,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.draining = False
+        for kind, policy in self.dispatcher.policies.items():
+            self.metrics.policy.labels(kind=kind.value).info({"name": policy.name, "params": str(policy.params.model_dump())})
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def write_token(self) -> Path:
+        """The control token, readable by the owner only."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "token"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token + "\n")
+        return path
+
+    async def start(self) -> None:
+        for inst in self.instances.values():
+            inst.open()
+            self.metrics.instance_up.labels(instance=inst.id, role=inst.role.value).set(1)
+        await self._discover_models()
+        first = self.dispatcher.policy_events[0]
+        self.recorder.policy_event(t=0.0, kind=first.kind.value, old=None, new=first.new, params=first.params, source="config")
+        await self.poller.poll_once()
+        self.poller.start()
+        self._tasks.append(asyncio.create_task(self._publish_state(), name="state-publisher"))
+
+    async def _discover_models(self) -> None:
+        for inst in self.instances.values():
+            with contextlib.suppress(Exception):
+                assert inst.session is not None
+                async with inst.session.get("/v1/models") as r:
+                    if r.status == 200:
+                        data = await r.json()
+                        self.served_models.update(m["id"] for m in data.get("data", []) if "id" in m)
+
+    async def stop(self, status: str = "completed") -> None:
+        """Drain in-flight requests (bounded), stop polling, close clients and the run record."""
+        self.draining = True
+        if self.in_flight:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.config.drain_timeout_s)
+        await self.poller.stop()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        for inst in self.instances.values():
+            await inst.close()
+        self.recorder.close(status=status, summary=self.summary())
+
+    # --- time ----------------------------------------------------------------------------------
+    def rel(self, t: float | None) -> float | None:
+        return None if t is None else t - self.t0
+
+    # --- policies ------------------------------------------------------------------------------
+    def set_policy(self, kind: str, name: str, params: dict[str, Any] | None, source: str) -> PolicyEvent:
+        ev = self.dispatcher.set_policy(kind, name, params, source=source, now=time.monotonic())
+        rel = ev.time - self.t0
+        self.recorder.policy_event(t=rel, kind=ev.kind.value, old=ev.old, new=ev.new, params=ev.params, source=source)
+        self.metrics.policy.labels(kind=ev.kind.value).info({"name": ev.new, "params": str(ev.params)})
+        self.events.publish("policy", kind=ev.kind.value, old=ev.old, new=ev.new, params=ev.params, source=source, t=rel)
+        return ev
+
+    def policy_catalog(self) -> list[dict[str, Any]]:
+        return [
+            {"kind": s.kind.value, "name": s.name, "summary": s.summary, "params_schema": s.schema(), "defaults": s.defaults()}
+            for s in registry.specs()
+        ]
+
+    # --- request accounting (called by the proxy) ------------------------------------------------
+    def request_started(self) -> None:
+        self.in_flight += 1
+        self.total += 1
+        self._idle.clear()
+        self.metrics.in_flight.set(self.in_flight)
+
+    def request_done(self, o: RequestOutcome) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
+        if self.in_flight == 0:
+            self._idle.set()
+        ttft = (o.first_token - o.arrival) if o.ok and o.first_token is not None else None
+        tpot = None
+        if o.ok and o.first_token is not None:
+            tpot = (o.finish - o.first_token) / (o.output_tokens - 1) if o.output_tokens > 1 else 0.0
+        met = self.slo.add(o.finish, ttft if ttft is not None else float("inf"), tpot if tpot is not None else float("inf"), o.ok, o.slo_class)
+        if not o.ok:
+            self.failed += 1
+            self.events.publish("failure", request_id=o.request_id, reason=o.reason, prefill=o.prefill_instance, decode=o.decode_instance)
+        else:
+            if ttft is not None:
+                self.metrics.ttft.observe(ttft)
+            if tpot is not None and o.output_tokens > 1:
+                self.metrics.tpot.observe(tpot)
+        self.metrics.requests.labels(prefill=o.prefill_instance or "-", decode=o.decode_instance or "-", outcome="ok" if o.ok else "failed").inc()
+        self.recorder.request(
+            {
+                "request_id": o.request_id,
+                "arrival": self.rel(o.arrival),
+                "prompt_tokens": o.prompt_tokens,
+                "output_tokens": o.output_tokens,
+                "max_tokens": o.max_tokens,
+                "slo_class": o.slo_class,
+                "priority": o.priority,
+                "prefill_instance": o.prefill_instance,
+                "decode_instance": o.decode_instance,
+                "prefill_start": self.rel(o.prefill_start),
+                "prefill_end": self.rel(o.prefill_end),
+                "decode_start": self.rel(o.decode_start),
+                "first_token": self.rel(o.first_token),
+                "finish": self.rel(o.finish),
+                "ttft": ttft,
+                "tpot": tpot,
+                "e2e": o.finish - o.arrival if o.ok else None,
+                "status": "ok" if o.ok else "failed",
+                "reason": o.reason,
+                "slo_met": met,
+            }
+        )
+
+    def upstream_failed(self, instance_id: str) -> None:
+        """The proxy could not talk to an instance: poll now instead of waiting for the next round."""
+        if instance_id in self.instances:
+            self.instances[instance_id].failed += 1
+        self.poller.kick()
+
+    # --- poller callbacks --------------------------------------------------------------------------
+    def _on_status(self, inst: Instance, healthy: bool, reason: str) -> None:
+        self.dispatcher.set_health(inst.id, healthy)
+        self.metrics.instance_up.labels(instance=inst.id, role=inst.role.value).set(1 if healthy else 0)
+        event = "up" if healthy else "down"
+        self.recorder.instance_event(t=self.rel(time.monotonic()) or 0.0, instance_id=inst.id, event=event, detail=reason)
+        self.events.publish("instance", instance=inst.id, role=inst.role.value, event=event, detail=reason)
+
+    def _on_sample(self, inst: Instance, now: float) -> None:
+        self.dispatcher.observe_instance(inst.state())
+        s = inst.sample
+        self.recorder.sample(
+            {
+                "t": now - self.t0,
+                "instance_id": inst.id,
+                "role": inst.role.value,
+                "healthy": inst.healthy,
+                "running": s.running,
+                "waiting": s.waiting,
+                "kv_usage": s.kv_usage,
+                "tokens_per_s": inst.tokens_per_s,
+                "projected_load": None,
+            }
+        )
+
+    # --- views -------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        now = time.monotonic()
+        self.dispatcher.view.now = now
+        loads = self.dispatcher.projected_loads()
+        d = self.dispatcher.view
+        instances = []
+        for inst in self.instances.values():
+            idx = self.dispatcher.index_of(inst.id)
+            s = inst.sample
+            instances.append(
+                {
+                    "id": inst.id,
+                    "role": inst.role.value,
+                    "url": inst.url,
+                    "healthy": inst.healthy,
+                    "running": int(s.running),
+                    "waiting": int(s.waiting),
+                    "kv_usage": s.kv_usage,
+                    "tokens_per_s": inst.tokens_per_s,
+                    "projected_load": loads.get(inst.id),
+                    "routed_running": int(d.running_n[idx]),
+                    "routed_pending": int(d.pending_n[idx]),
+                    "failures": inst.failed,
+                    "pid": inst.pid,
+                }
+            )
+        n_p = sum(1 for i in self.instances.values() if i.role.serves_prefill())
+        n_d = sum(1 for i in self.instances.values() if i.role.serves_decode())
+        return {
+            "run_id": self.run_id,
+            "backend": self.backend,
+            "cluster": f"{n_p}P{n_d}D",
+            "model": sorted(self.served_models),
+            "uptime_s": now - self.t0,
+            "started_at": self.started_wall,
+            "instances": instances,
+            "policies": self.dispatcher.active_policies(),
+            "slo": {"classes": {k: v.model_dump() for k, v in self.config.slo.items()}, **self.slo.snapshot(now)},
+            "requests": {"in_flight": self.in_flight, "total": self.total, "failed": self.failed},
+            "assignment_ratio": self.dispatcher.assignment_ratios()["active"],
+            "draining": self.draining,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        snap = self.slo.snapshot(time.monotonic())["run"]
+        return {**snap, "requests_total": self.total, "failed": self.failed}
+
+    async def _publish_state(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            snap = self.slo.snapshot(time.monotonic())
+            if snap["window"]["attainment"] is not None:
+                self.metrics.attainment.labels(window="60s").set(snap["window"]["attainment"])
+            if snap["run"]["attainment"] is not None:
+                self.metrics.attainment.labels(window="run").set(snap["run"]["attainment"])
+            self.events.publish("state", state=self.state())
+
+
+def role_of(text: str) -> Role:
+    return Role(text)

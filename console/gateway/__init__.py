@@ -1,0 +1,1 @@
+"""The HTTP gateway: OpenAI-compatible P/D proxy, control API, Prometheus metrics."""

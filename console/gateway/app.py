@@ -1,0 +1,69 @@
+"""Assembles the gateway: the raw-ASGI hot path for completions plus Starlette for everything else."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from console.controller import Controller
+from console.gateway.control import control_routes
+from console.gateway.errors import error_body
+from console.gateway.proxy import Proxy
+
+HOT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
+def build_app(controller: Controller, *, manage_lifecycle: bool = True) -> Any:
+    """The ASGI app. With `manage_lifecycle` the app's lifespan starts and stops the controller."""
+    c = controller
+
+    async def health(_: Request) -> Response:
+        healthy = any(i.healthy for i in c.instances.values())
+        return Response(b"" if healthy else error_body(503, "no healthy instance"), 200 if healthy else 503)
+
+    async def models(_: Request) -> Response:
+        created = int(c.started_wall)
+        data = [{"id": m, "object": "model", "created": created, "owned_by": "sibyl-console"} for m in sorted(c.served_models)]
+        return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(c.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            await c.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await c.stop()
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return Response(error_body(404, f"no route {request.method} {request.url.path}"), 404, media_type="application/json")
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        *control_routes(c),
+    ]
+    starlette = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found})
+    proxy = Proxy(c)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] in HOT_PATHS and scope["method"] == "POST":
+            await proxy(scope, receive, send)
+        else:
+            await starlette(scope, receive, send)
+
+    app.controller = c  # type: ignore[attr-defined]
+    return app

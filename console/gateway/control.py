@@ -1,0 +1,91 @@
+"""The control API under /control/: state, server-sent events, policy catalogue and hot swap."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from console.controller import Controller
+from console.gateway.errors import error_body
+from core.errors import ConfigError
+from core.types import PolicyKind
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY), status, media_type="application/json")
+
+
+def _error(status: int, message: str) -> Response:
+    return Response(error_body(status, message), status, media_type="application/json")
+
+
+def _authorized(request: Request, token: str) -> bool:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), token)
+
+
+def control_routes(c: Controller) -> list[Route]:
+    def guard(handler: Any) -> Any:
+        async def wrapped(request: Request) -> Response:
+            if not _authorized(request, c.token):
+                return _error(401, "missing or wrong bearer token; see the token file printed by `sibyl-console up`")
+            result: Response = await handler(request)
+            return result
+
+        return wrapped
+
+    async def state(_: Request) -> Response:
+        return _json(c.state())
+
+    async def policies(_: Request) -> Response:
+        return _json({"active": c.dispatcher.active_policies(), "available": c.policy_catalog()})
+
+    async def put_policy(request: Request) -> Response:
+        kind = request.path_params["kind"]
+        if kind not in {k.value for k in PolicyKind}:
+            return _error(404, f"unknown policy kind {kind!r}; kinds: {', '.join(k.value for k in PolicyKind)}")
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as e:
+            return _error(400, f"malformed JSON body: {e}")
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            return _error(400, 'expected {"name": "<policy>", "params": {...}}')
+        params = body.get("params") or {}
+        if not isinstance(params, dict):
+            return _error(400, "params must be an object")
+        source = str(body.get("source") or request.headers.get("x-sibyl-source") or "api")
+        try:
+            ev = c.set_policy(kind, body["name"], params, source=source)
+        except ConfigError as e:
+            return _error(422, str(e))
+        return _json({"kind": ev.kind.value, "old": ev.old, "new": ev.new, "params": ev.params, "source": ev.source})
+
+    async def events(request: Request) -> Response:
+        async def stream() -> AsyncIterator[bytes]:
+            for past in list(c.events.history):
+                yield b"data: " + orjson.dumps(past) + b"\n\n"
+            yield b"data: " + orjson.dumps({"type": "state", "state": c.state()}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+            async for ev in c.events.subscribe():
+                if await request.is_disconnected():
+                    break
+                yield b"data: " + orjson.dumps(ev, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    async def run(_: Request) -> Response:
+        return _json({"run_id": c.run_id, "db": str(c.store.path), "run_dir": str(c.run_dir)})
+
+    return [
+        Route("/control/state", guard(state), methods=["GET"]),
+        Route("/control/events", guard(events), methods=["GET"]),
+        Route("/control/policies", guard(policies), methods=["GET"]),
+        Route("/control/policies/{kind}", guard(put_policy), methods=["PUT"]),
+        Route("/control/run", guard(run), methods=["GET"]),
+    ]

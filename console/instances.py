@@ -1,0 +1,66 @@
+"""The instances a console routes to: role, URL, health, latest sample and one pooled HTTP client each."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from adapters.vllm.scrape import MetricsSample
+from core.types import InstanceState, Role
+
+
+@dataclass
+class Instance:
+    """One upstream vLLM (or emulated) server."""
+
+    id: str
+    role: Role
+    url: str
+    healthy: bool = True
+    consecutive_failures: int = 0
+    sample: MetricsSample = field(default_factory=MetricsSample)
+    tokens_per_s: float = 0.0
+    last_scrape: float = 0.0
+    routed: int = 0
+    failed: int = 0
+    session: aiohttp.ClientSession | None = None
+    pid: int | None = None
+    """Local process id when the console started this instance."""
+
+    def open(self, limit: int = 1024) -> None:
+        """Create the pooled client (inside the running event loop)."""
+        connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=30, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(
+            base_url=self.url,
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+            auto_decompress=False,
+        )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    def update(self, sample: MetricsSample, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if self.last_scrape > 0 and now > self.last_scrape:
+            delta = sample.generation_tokens_total - self.sample.generation_tokens_total
+            self.tokens_per_s = max(delta, 0.0) / (now - self.last_scrape)
+        self.sample = sample
+        self.last_scrape = now
+
+    def state(self) -> InstanceState:
+        s = self.sample
+        return InstanceState(
+            id=self.id,
+            role=self.role,
+            healthy=self.healthy,
+            running=int(s.running),
+            waiting=int(s.waiting),
+            kv_usage=s.kv_usage,
+            tokens_per_s=self.tokens_per_s,
+            url=self.url,
+        )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import uvicorn
 
+from adapters.serving import ManagedServer, on_shutdown_signals
 from adapters.store import RunStore
 from console import discovery
 from console.backends import make_backend
@@ -29,7 +30,7 @@ class LiveConsole:
     token_file: Path
     db: Path
     controller: Controller
-    server: uvicorn.Server
+    server: ManagedServer
 
 
 async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Callable[[LiveConsole], Awaitable[None]] | None = None) -> str:
@@ -48,12 +49,13 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
         controller = Controller(config, instances, store=store, run_id=run_id, run_dir=run_dir, backend_label=backend.label)
         token_file = controller.write_token()
         app = build_app(controller)
-        server = uvicorn.Server(
+        server = ManagedServer(
             uvicorn.Config(
                 app, host=config.host, port=config.port, http="httptools", log_level="warning",
                 access_log=False, lifespan="on", timeout_graceful_shutdown=int(config.drain_timeout_s) or None,
             )
         )
+        on_shutdown_signals([server])
         serving = asyncio.create_task(server.serve(), name="gateway")
         while not server.started and not serving.done():
             await asyncio.sleep(0.02)

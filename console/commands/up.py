@@ -64,7 +64,15 @@ def up(
 
         ui = dashboard_for
     try:
-        asyncio.run(run_console(cfg, ready, ui))
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.Runner()
+    try:
+        with runner:
+            status = runner.run(run_console(cfg, ready, ui))
+        out.print(f"stopped; run {status}")
     except KeyboardInterrupt:
         out.print("stopped")
 

@@ -1,0 +1,40 @@
+"""uvicorn servers that share one event loop and one graceful shutdown on SIGINT/SIGTERM.
+
+uvicorn's own handler re-raises the signal once `serve()` returns, which would end the process
+before the caller's cleanup (stopping child processes, closing the run record) could run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Generator, Iterable
+
+import uvicorn
+
+
+class ManagedServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to `on_shutdown_signals`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def on_shutdown_signals(servers: Iterable[uvicorn.Server], also: asyncio.Event | None = None) -> None:
+    """First SIGINT/SIGTERM: graceful exit of every server; a second SIGINT forces it."""
+    loop = asyncio.get_running_loop()
+    targets = list(servers)
+
+    def handle(sig: signal.Signals) -> None:
+        for s in targets:
+            if s.should_exit and sig == signal.SIGINT:
+                s.force_exit = True
+            s.should_exit = True
+        if also is not None:
+            also.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, handle, sig)

@@ -1,0 +1,122 @@
+"""Helpers for end-to-end tests: start emulator and console processes on free ports, wait, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from adapters.emulator.process import EmulatorProcess, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if predicate():
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def emulators(*specs: tuple[str, list[str]], log_dir: Path | None = None) -> Iterator[list[EmulatorProcess]]:
+    procs = []
+    try:
+        for k, (role, args) in enumerate(specs):
+            port = free_port()
+            procs.append(EmulatorProcess(role, port, args, log_path=(log_dir / f"{role}{k}.log") if log_dir else None).start())
+        for p in procs:
+            p.wait_ready(30)
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+@dataclass
+class Console:
+    url: str
+    home: Path
+    db: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+    run_id: str = ""
+    token: str = ""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "runs" / self.run_id
+
+
+    def control(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=10)
+
+    def state(self) -> dict:  # type: ignore[type-arg]
+        with self.control() as c:
+            return c.get("/control/state").json()  # type: ignore[no-any-return]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SIBYL_HOME": str(self.home), "SIBYL_DB": str(self.db)}
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "console.cli", *args], cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=60)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_console(tmp: Path, *args: str, timeout: float = 60) -> Console:
+    """`sibyl-console up --headless` in a subprocess with its own data dir and DB."""
+    home = tmp / "home"
+    db = tmp / "runs.db"
+    port = free_port()
+    log = tmp / "console.log"
+    env = {**os.environ, "SIBYL_HOME": str(home), "SIBYL_DB": str(db)}
+    cmd = [sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115
+    console = Console(f"http://127.0.0.1:{port}", home, db, proc, log)
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"console exited with {proc.returncode}:\n{log.read_text()}")
+        return (home / "console.json").exists() and httpx.get(console.url + "/health", timeout=1).status_code == 200
+
+    try:
+        wait_for(ready, timeout, "the console to serve")
+        data = json.loads((home / "console.json").read_text())
+        console.run_id = data["run_id"]
+        console.token = Path(data["token_file"]).read_text().strip()
+    except BaseException:
+        console.stop(signal.SIGKILL)
+        kill_children(home)
+        raise
+    return console
+
+
+def kill_children(home: Path) -> None:
+    """Emulators a SIGKILLed console could not stop: find them by their log folder and kill them."""
+    out = subprocess.run(["pgrep", "-f", "adapters.emulator"], capture_output=True, text=True).stdout.split()
+    for pid in map(int, out):
+        with contextlib.suppress(OSError):
+            cwd_env = Path(f"/proc/{pid}/environ").read_bytes()
+            if str(home).encode() in cwd_env:
+                os.kill(pid, signal.SIGKILL)

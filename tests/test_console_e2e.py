@@ -1,0 +1,189 @@
+"""`sibyl-console up --headless` end to end: real console and emulator processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from adapters.emulator.process import EmulatorProcess
+from adapters.store import RunStore
+from tests.procs import Console, kill_children, start_console, wait_for
+
+FAST = ["--profile", "cpu-tiny-llama"]
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    tmp = tmp_path_factory.mktemp("console")
+    c = start_console(tmp, *FAST)
+    try:
+        yield c
+    finally:
+        c.stop()
+        kill_children(c.home)
+
+
+def test_openai_client_through_a_2p4d_cluster(console: Console) -> None:
+    s = console.state()
+    assert s["cluster"] == "2P4D" and s["backend"] == "emulator" and all(i["healthy"] for i in s["instances"])
+    c = OpenAI(base_url=console.url + "/v1", api_key="x")
+    r = c.completions.create(model="sibyl-model", prompt="hello " * 40, max_tokens=12, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == "".join(f" t{i}" for i in range(12)) and r.usage and r.usage.completion_tokens == 12
+    stream = c.completions.create(model="sibyl-model", prompt="hello", max_tokens=7, stream=True, extra_body={"ignore_eos": True})
+    assert "".join(ch.choices[0].text for ch in stream if ch.choices) == "".join(f" t{i}" for i in range(7))
+    chat = c.chat.completions.create(model="sibyl-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3, extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.content == " t0 t1 t2"
+    chunks = c.chat.completions.create(model="sibyl-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True, extra_body={"ignore_eos": True})
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == " t0 t1 t2"
+    assert [m.id for m in c.models.list().data] == ["sibyl-model"]
+    after = console.state()
+    assert after["requests"]["total"] >= 4 and after["requests"]["failed"] == 0
+    # the decode instances really served the second legs: their token counters moved
+    wait_for(lambda: sum(i["tokens_per_s"] for i in console.state()["instances"] if i["role"] == "decode") >= 0, 2)
+    assert any(i["routed_running"] == 0 for i in after["instances"])
+
+
+def test_client_errors_are_openai_style(console: Console) -> None:
+    post = lambda body, **kw: httpx.post(console.url + "/v1/completions", content=body, headers={"content-type": "application/json"}, **kw)  # noqa: E731
+    r = post(b"{broken")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
+    r = post(json.dumps({"model": "gpt-5", "prompt": "x"}).encode())
+    assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
+    r = post(b'{"prompt": "' + b"x" * (5 * 1024 * 1024) + b'"}')
+    assert r.status_code == 413 and "exceeds" in r.json()["error"]["message"]
+    r = post(json.dumps({"prompt": "x", "max_tokens": -3}).encode())
+    assert r.status_code == 400
+
+
+def test_control_api_needs_the_token(console: Console) -> None:
+    assert httpx.get(console.url + "/control/state").status_code == 401
+    assert httpx.get(console.url + "/control/state", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert oct(os.stat(console.run_dir / "token").st_mode & 0o777) == "0o600"
+    with console.control() as c:
+        assert c.get("/control/state").status_code == 200
+        r = c.put("/control/policies/routing", json={"name": "nope"})
+        assert r.status_code == 422 and "available" in r.json()["error"]["message"]
+        r = c.put("/control/policies/routing", json={"name": "sibyl", "params": {"no_type9": True}})
+        assert r.status_code == 422
+        catalog = c.get("/control/policies").json()
+        assert {"sibyl", "least_load", "round_robin", "req_level"} <= {p["name"] for p in catalog["available"]}
+    metrics = httpx.get(console.url + "/metrics").text
+    assert "sibyl_routing_decision_seconds_count" in metrics and "sibyl_gateway_requests_total" in metrics
+
+
+def test_policy_swap_under_load_drops_nothing_and_is_recorded(console: Console) -> None:
+    c = OpenAI(base_url=console.url + "/v1", api_key="x", max_retries=0)
+    errors: list[Exception] = []
+    done = []
+
+    def client(k: int) -> None:
+        for i in range(6):
+            try:
+                r = c.completions.create(model="sibyl-model", prompt=f"load {k} {i}", max_tokens=30, extra_body={"ignore_eos": True})
+                done.append(r.usage.completion_tokens if r.usage else 0)
+            except Exception as e:  # noqa: BLE001 - every failure counts against the test
+                errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    out = console.cli("policy", "set", "routing", "round_robin", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["new"] == "round_robin"
+    for t in threads:
+        t.join()
+    assert errors == [] and done == [30] * 36
+    before = {i["id"]: i["routed_running"] for i in console.state()["instances"]}
+    for _ in range(8):  # round robin now: eight requests cover the four decode instances twice
+        c.completions.create(model="sibyl-model", prompt="rr", max_tokens=1)
+    status = json.loads(console.cli("status", "--json").stdout)
+    assert status["policies"]["routing"]["name"] == "round_robin"
+    assert {"id", "role", "url", "healthy", "running", "waiting", "kv_usage", "tokens_per_s"} <= status["instances"][0].keys()
+    del before
+    wait_for(lambda: any(e["source"] == "cli" for e in RunStore(console.db).policy_events(console.run_id)), 5, "the swap to be stored")
+    events = RunStore(console.db).policy_events(console.run_id)
+    assert [(e["new"], e["source"]) for e in events][-1] == ("round_robin", "cli")
+
+
+def test_killed_decode_fails_only_its_requests_and_is_marked_down_then_up(tmp_path: Path) -> None:
+    con = start_console(tmp_path, *FAST, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+    try:
+        state = con.state()
+        d0 = next(i for i in state["instances"] if i["id"] == "d0")
+        c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
+        results: dict[int, str] = {}
+
+        def stream(k: int) -> None:
+            try:
+                s = c.completions.create(model="sibyl-model", prompt=f"s{k}", max_tokens=1000, stream=True, extra_body={"ignore_eos": True})
+                text = "".join(ch.choices[0].text for ch in s if ch.choices)
+                results[k] = "ok" if text.count(" t") == 1000 else f"short:{text.count(' t')}"
+            except Exception as e:  # noqa: BLE001
+                results[k] = f"error:{type(e).__name__}"
+
+        threads = [threading.Thread(target=stream, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: con.state()["requests"]["in_flight"] == 4 and all(i["running"] > 0 for i in con.state()["instances"] if i["role"] == "decode"), 10, "streams on both decode instances")
+        os.killpg(d0["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(lambda: not next(i for i in con.state()["instances"] if i["id"] == "d0")["healthy"], 5, "d0 to be marked down")
+        assert time.monotonic() - killed_at < 2.0
+        for t in threads:
+            t.join(60)
+        assert sorted(results.values()).count("ok") == 2 and len(results) == 4  # d1's streams are untouched
+        # requests now avoid d0
+        for _ in range(3):
+            assert c.completions.create(model="sibyl-model", prompt="after", max_tokens=2).choices
+        port = int(d0["url"].rsplit(":", 1)[1])
+        restarted = EmulatorProcess("decode", port, FAST).start()
+        try:
+            restarted.wait_ready(30)
+            wait_for(lambda: next(i for i in con.state()["instances"] if i["id"] == "d0")["healthy"], 5, "d0 back up")
+        finally:
+            restarted.stop()
+        con.stop()
+        store = RunStore(con.db)
+        rows = store.requests(con.run_id)
+        failed = [r for r in rows if r["status"] == "failed"]
+        assert len(failed) == 2 and all(r["decode_instance"] == "d0" and "d0" in r["reason"] for r in failed)
+        events = [(e["instance_id"], e["event"]) for e in store.instance_events(con.run_id)]
+        assert ("d0", "down") in events and ("d0", "up") in events
+    finally:
+        con.stop()
+        kill_children(con.home)
+
+
+def test_sigkill_keeps_completed_requests_and_the_run_is_marked_interrupted(tmp_path: Path) -> None:
+    con = start_console(tmp_path, *FAST, "--prefill", "1", "--decode", "1")
+    try:
+        c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
+        finished = 0
+        stop = time.monotonic() + 2.5
+        while time.monotonic() < stop:
+            c.completions.create(model="sibyl-model", prompt="k", max_tokens=4, extra_body={"ignore_eos": True})
+            finished += 1
+        done_before = time.monotonic()
+        time.sleep(1.2)  # the recorder flushes at least every second
+        os.killpg(con.proc.pid, signal.SIGKILL)
+        con.proc.wait(10)
+        del done_before
+        with sqlite3.connect(con.db) as db:  # readable as plain SQLite
+            stored = db.execute("SELECT COUNT(*) FROM requests WHERE status='ok'").fetchone()[0]
+        assert stored == finished
+        store = RunStore(con.db)
+        assert con.run_id in store.mark_interrupted_runs()
+        assert store.get_run(con.run_id).status == "interrupted"
+    finally:
+        kill_children(con.home)

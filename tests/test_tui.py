@@ -197,7 +197,7 @@ def test_64_instances_refresh_twice_a_second_without_blocking_keys() -> None:
                 costs.append(time.perf_counter() - t0)
             assert max(costs) < 0.2, costs
             assert len(app.query_one(LoadChart).shown()) == 16
-            order = [r.key.value for r in table.ordered_rows]
+            order = [str(r.key.value) for r in table.ordered_rows]
             assert all(i.startswith("p") for i in order[:8]) and all(i.startswith("d") for i in order[8:])
 
     asyncio.run(body())
@@ -279,7 +279,7 @@ def test_sorting_keeps_role_groups() -> None:
             table = app.query_one(InstanceTable)
             await until(pilot, lambda: table.row_count == 6)
             table.sort_by("running", reverse=True)
-            order = [r.key.value for r in table.ordered_rows]
+            order = [str(r.key.value) for r in table.ordered_rows]
             assert order[:2] == sorted(order[:2], key=lambda i: -int(table.row_texts(i)["running"])) and set(order[:2]) == {"p0", "p1"}
             running = [int(table.row_texts(i)["running"]) for i in order[2:]]
             assert running == sorted(running, reverse=True)

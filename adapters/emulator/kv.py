@@ -65,8 +65,6 @@ class KVPuller:
         self._session: aiohttp.ClientSession | None = None
         self._handshaked: set[str] = set()
         """Engines pulled from before: losing one fails at once, like NIXL_ERR_REMOTE_DISCONNECT."""
-        self._handshaked: set[str] = set()
-        """Engines pulled from before: losing one of them fails at once (NIXL_ERR_REMOTE_DISCONNECT)."""
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:

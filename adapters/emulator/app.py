@@ -194,7 +194,7 @@ class EmulatedInstance:
             while sent < n:
                 piece = fmt.chunk(token_text(sent), None, first=sent == 0)
                 if timing and seq.step_deadlines:
-                    piece = piece[:-4] + b',"emu_deadline":' + str(seq.step_deadlines[sent] + offset).encode() + b"}\n\n"
+                    piece = piece[:-3] + b',"emu_deadline":' + str(seq.step_deadlines[sent] + offset).encode() + b"}\n\n"
                 out.append(piece)
                 sent += 1
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})

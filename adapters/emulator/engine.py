@@ -190,6 +190,7 @@ class Engine:
             if not self.running:
                 self._wake.clear()
                 await self._wake.wait()
+                next_start = 0.0  # idle: the next step starts when work arrives
                 continue
             if self.faults.hang:
                 await asyncio.sleep(0.05)
@@ -201,8 +202,11 @@ class Engine:
             dt = self.profile.step_time(len(batch), kv_tokens)
             if to_prefill:
                 dt += float(self.profile.prefill_time(to_prefill))
-            start = max(now, next_start)
-            deadline = start + dt * self.faults.slowdown
+            dt *= self.faults.slowdown
+            # Back-to-back steps start at the previous deadline, so waking up late from sleep does
+            # not accumulate; only when more than a whole step behind does the schedule slip.
+            start = next_start if next_start and now - next_start < dt else now
+            deadline = start + dt
             delay = deadline - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)

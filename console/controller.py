@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from adapters.store import RunRecorder, RunStore
-
 from console.config import ConsoleConfig
 from console.events import EventBus
 from console.gateway_metrics import GatewayMetrics

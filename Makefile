@@ -18,8 +18,12 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[test]'
 	touch $@ $(VENV)/.installed
 
-## up: bring the main job up on the embedded default
+## up: bring the main job up on the embedded default (emulated 2P4D cluster, gateway on :8000)
 up: $(VENV)/.installed
+	$(SIBYL) up $(UP_ARGS)
+
+## demo-sim: the offline simulation of SIBYL's setting on a small scale
+demo-sim: $(VENV)/.installed
 	$(SIBYL) sim --workload reasoning-chat --requests 3000 --rate 3.5 --cluster 4P16D \
 		--policy sibyl --policy least_load --policy round_robin
 

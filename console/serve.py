@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ class LiveConsole:
     server: ManagedServer
 
 
-async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Callable[[LiveConsole], Awaitable[None]] | None = None) -> str:
+async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Callable[[LiveConsole], Coroutine[object, object, None]] | None = None) -> str:
     """Serve until Ctrl-C/SIGTERM (or until `attach_ui` returns). Returns the run's final status."""
     store = RunStore(config.db)
     store.mark_interrupted_runs()
@@ -52,7 +53,7 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
         server = ManagedServer(
             uvicorn.Config(
                 app, host=config.host, port=config.port, http="httptools", log_level="warning",
-                access_log=False, lifespan="on", timeout_graceful_shutdown=int(config.drain_timeout_s) or None,
+                access_log=False, lifespan="on", timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
             )
         )
         on_shutdown_signals([server])

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from console.config import load_config, parse_attach
 from console.serve import LiveConsole, run_console
+from core.errors import ConfigError
 from core.policies import parse_param_assignments
 
 
@@ -60,8 +61,10 @@ def up(
 
     ui = None
     if not cfg.headless:
-        from console.tui.launch import dashboard_for
-
+        try:
+            from console.tui.launch import dashboard_for
+        except ImportError as e:
+            raise ConfigError(f"the dashboard cannot start ({e}); run with --headless") from None
         ui = dashboard_for
     try:
         import uvloop

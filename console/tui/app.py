@@ -1,0 +1,287 @@
+"""`SibylDashboard`: layout, bindings and the wiring between control-API workers and widgets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Awaitable, Iterable
+from functools import partial
+from typing import Any
+
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.containers import Horizontal
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+from textual.worker import Worker, WorkerState
+
+from console.tui.actions import ACTIONS, POLICY_KINDS, action_name, bindings, requirement
+from console.tui.charts import LoadChart, SloChart
+from console.tui.client import ApiError, ConnectionLost, DashboardClient
+from console.tui.events import EventLog
+from console.tui.fmt import load_of
+from console.tui.header import DashboardHeader
+from console.tui.help import ConfirmScreen, HelpScreen
+from console.tui.instances import InstanceTable
+from console.tui.messages import ConnectionChanged, ConsoleEvent, StateArrived
+from console.tui.policy_picker import PolicyPicker
+from console.tui.slo import SloPanel
+from console.tui.swaps import SwapTracker
+
+
+class SibylDashboard(App[None]):
+    """The live dashboard of one console, reached only through its control API."""
+
+    CSS_PATH = "dashboard.tcss"
+    TITLE = "sibyl-console"
+    BINDINGS = bindings()
+
+    connection_error: reactive[str | None] = reactive(None)
+    """Why the control API is unreachable (None while it answers); drives the banner."""
+    capabilities: reactive[frozenset[str]] = reactive(frozenset())
+    """What the console offers beyond the basics (`scale`, `replay`); gates bindings."""
+
+    def __init__(
+        self,
+        client: DashboardClient,
+        *,
+        owns_cluster: bool = False,
+        poll_interval_s: float = 0.5,
+        autopoll: bool = True,
+        history: int = 240,
+    ) -> None:
+        super().__init__()
+        self.client = client
+        """The control-API client (the caller creates and closes it)."""
+        self.owns_cluster = owns_cluster
+        """True when this dashboard launched the cluster: quitting stops it, so it asks first."""
+        self.poll_interval_s = poll_interval_s
+        """Seconds between two `/control/state` polls (after the previous one finished)."""
+        self.autopoll = autopoll
+        """Start the polling and event workers on mount (False in snapshot tests)."""
+        self.history = history
+        self.state: dict[str, Any] | None = None
+        """The latest snapshot."""
+        self.events_live = False
+        """Whether the SSE stream is connected (then swaps are logged from it, not from polls)."""
+        self._seen: deque[str] = deque(maxlen=512)
+        self.swaps = SwapTracker()
+        """Which policy swaps were already logged and marked."""
+
+    def compose(self) -> ComposeResult:
+        yield DashboardHeader(id="header")
+        yield Static("", id="banner")
+        with Horizontal(id="top"):
+            yield InstanceTable(id="instances")
+            yield SloPanel(id="slo")
+        with Horizontal(id="charts"):
+            yield LoadChart(history=self.history, id="load-chart")
+            yield SloChart(history=self.history, id="slo-chart")
+        yield EventLog(id="log")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        header = self.query_one(DashboardHeader)
+        header.url, header.owns_cluster = self.client.url, self.owns_cluster
+        for wid, title in (("instances", "instances"), ("slo", "SLO"), ("log", "events")):
+            self.query_one(f"#{wid}").border_title = title
+        if self.autopoll:
+            self.poll_state()
+            self.read_events()
+
+    # --- workers ------------------------------------------------------------------------------
+    @work(exclusive=True, group="poll-state", exit_on_error=False)
+    async def poll_state(self) -> None:
+        """Poll `/control/state`; the next poll starts only after this one ends (backoff on errors)."""
+        delay, lost = self.poll_interval_s, False
+        while True:
+            try:
+                state = await self.client.state()
+            except (ConnectionLost, ApiError) as e:
+                lost, delay = True, min(max(delay * 2, 1.0), 5.0)
+                self.post_message(ConnectionChanged(str(e), delay))
+                await asyncio.sleep(delay)
+                continue
+            if lost:
+                lost, delay = False, self.poll_interval_s
+                self.post_message(ConnectionChanged(None))
+            self.post_message(StateArrived(state))
+            await asyncio.sleep(self.poll_interval_s)
+
+    @work(exclusive=True, group="events", exit_on_error=False)
+    async def read_events(self) -> None:
+        """Follow `/control/events`; reconnect with backoff when the stream ends or fails."""
+        delay = 1.0
+        while True:
+            try:
+                async for event in self.client.events():
+                    self.events_live, delay = True, 1.0
+                    if event.get("type") != "state":
+                        self.post_message(ConsoleEvent(event))
+            except (ConnectionLost, ApiError):
+                pass
+            self.events_live = False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place unexpected worker failures land: log them and restart pollers."""
+        if event.state != WorkerState.ERROR:
+            return
+        worker = event.worker
+        self.query_one(EventLog).note(f"{worker.name} failed: {worker.error!r}", "bold red")
+        restart = {"poll-state": self.poll_state, "events": self.read_events}.get(worker.group)
+        if restart is not None:
+            self.set_timer(2.0, restart)
+
+    # --- data in ------------------------------------------------------------------------------
+    def on_state_arrived(self, message: StateArrived) -> None:
+        s, previous = message.state, self.state
+        self.state = s
+        t = float(s.get("uptime_s") or 0.0)
+        restarted = previous is not None and (
+            previous.get("run_id") != s.get("run_id") or t < float(previous.get("uptime_s") or 0.0)
+        )
+        if restarted:
+            self._console_restarted(s)
+        instances = s.get("instances") or []
+        self.query_one(DashboardHeader).state = s
+        self.query_one(InstanceTable).show(instances)
+        slo = self.query_one(SloPanel)
+        slo.uptime_s, slo.requests, slo.slo = t, s.get("requests") or {}, s.get("slo") or {}
+        decode = {str(i["id"]): load_of(i) for i in instances if i.get("role") in ("decode", "both")}
+        self.query_one(LoadChart).push(t, decode)
+        self.query_one(SloChart).push(t, s.get("slo") or {})
+        caps = {k for k, v in (s.get("capabilities") or {}).items() if v}
+        if s.get("replay"):
+            caps.add("replay")
+        self.capabilities = frozenset(caps)
+        if previous is None or restarted:
+            self.swaps.prime(s.get("policies") or {})
+        elif not self.events_live:
+            for event in self.swaps.between(previous.get("policies") or {}, s.get("policies") or {}, t):
+                self._show_swap(event, fallback=True)
+
+    def _console_restarted(self, s: dict[str, Any]) -> None:
+        """A new run behind the same URL: its timeline starts over."""
+        for chart in (self.query_one(LoadChart), self.query_one(SloChart)):
+            chart.reset()
+        self.swaps.reset()
+        self.query_one(EventLog).note(f"the console restarted: run {s.get('run_id')}", "bold")
+
+    def _show_swap(self, event: dict[str, Any], *, fallback: bool = False) -> None:
+        """Log a swap and mark it on both charts (a fallback only if not shown yet)."""
+        if not self.swaps.accept(event, fallback=fallback):
+            return
+        self.query_one(EventLog).record(event)
+        t = event.get("t")
+        if not isinstance(t, int | float):
+            t = float((self.state or {}).get("uptime_s") or 0.0)
+        label = f"{event.get('kind')}→{event.get('new')}"
+        self.query_one(SloChart).add_marker(float(t), label)
+        self.query_one(LoadChart).add_marker(float(t), label)
+
+    def on_console_event(self, message: ConsoleEvent) -> None:
+        event = message.event
+        key = json.dumps(event, sort_keys=True, default=str)
+        if key in self._seen:  # the stream replays recent history after a reconnect
+            return
+        self._seen.append(key)
+        if event.get("type") == "policy":
+            self._show_swap(event)
+        else:
+            self.query_one(EventLog).record(event)
+
+    def on_connection_changed(self, message: ConnectionChanged) -> None:
+        log = self.query_one(EventLog)
+        if message.error is None:
+            log.note(f"reconnected to {self.client.url}", "green")
+        else:
+            if self.connection_error is None:  # log the loss once, not every retry
+                log.note(f"connection lost to {self.client.url}: {message.error}", "bold red")
+            self.query_one("#banner", Static).update(
+                f"⚠ connection lost to {self.client.url} — retrying in {message.retry_in_s:.0f}s"
+                f"   ({message.error}); the values below are from before the loss"
+            )
+        self.connection_error = message.error
+
+    def watch_connection_error(self, error: str | None) -> None:
+        self.query_one("#banner", Static).display = error is not None
+        self.screen.set_class(error is not None, "-disconnected")
+
+    def watch_capabilities(self) -> None:
+        self.refresh_bindings()
+
+    # --- actions -------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        need = requirement(action)
+        return need is None or need in self.capabilities
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for kind in POLICY_KINDS:
+            yield SystemCommand(f"Swap {kind} policy", f"Pick a {kind} policy and its params", partial(self.run_action, f"pick_policy('{kind}')"))
+        for a in ACTIONS:
+            available = a.requires is None or a.requires in self.capabilities
+            if available and action_name(a.action) != "pick_policy":
+                yield SystemCommand(a.title, a.help, partial(self.run_action, a.action))
+
+    @work(exclusive=True, group="open-picker", exit_on_error=False)
+    async def action_pick_policy(self, kind: str = "routing") -> None:
+        try:
+            catalog = await self.client.policies()
+        except (ConnectionLost, ApiError) as e:
+            self.notify(f"cannot load the policy catalogue: {e}", severity="error")
+            return
+        apply = partial(self.client.set_policy, source="tui")
+        await self.push_screen(PolicyPicker(catalog, apply, kind), self._swapped)
+
+    def _swapped(self, result: dict[str, Any] | None) -> None:
+        if result is None:
+            return
+        self.notify(f"{result.get('kind')}: {result.get('old')} → {result.get('new')}", title="policy swapped")
+        if not self.events_live:
+            self._show_swap({"type": "policy", **result}, fallback=True)
+
+    def action_sort(self) -> None:
+        self.query_one(InstanceTable).cycle_sort()
+
+    @work(group="control-actions", exit_on_error=False)
+    async def action_scale(self, role: str, delta: int) -> None:
+        await self._control(f"scale {role} {delta:+d}", self.client.scale(role, delta))
+
+    @work(group="control-actions", exit_on_error=False)
+    async def action_toggle_replay(self) -> None:
+        replay = (self.state or {}).get("replay") or {}
+        paused = bool(replay.get("paused")) or replay.get("status") == "paused"
+        verb = "resume" if paused else "pause"
+        await self._control(f"replay {verb}", self.client.replay(verb))
+
+    async def _control(self, what: str, call: Awaitable[Any]) -> None:
+        try:
+            await call
+        except (ConnectionLost, ApiError) as e:
+            self.notify(f"{what} failed: {e}", severity="error")
+            self.query_one(EventLog).note(f"{what} failed: {e}", "bold red")
+            return
+        self.notify(f"{what}: done")
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(set(self.capabilities)))
+
+    async def action_quit(self) -> None:
+        if not self.owns_cluster:
+            self.exit()
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.exit()
+
+        detail = "This dashboard launched it: yes drains in-flight requests and stops every instance."
+        self.push_screen(ConfirmScreen("Stop the cluster?", detail), answered)

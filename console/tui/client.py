@@ -1,0 +1,120 @@
+"""An async client of the control API for the dashboard: state, policies, swaps, scale, replay, SSE."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import httpx
+
+from console.control_client import ControlError
+
+
+class ConnectionLost(ControlError):
+    """The console could not be reached (refused, reset, timed out); the dashboard retries."""
+
+
+class ApiError(ControlError):
+    """The console answered with an error status; `message` is its `error.message`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        """HTTP status code of the answer."""
+        self.message = message
+        """The server's explanation, meant to be shown to the operator as is."""
+
+
+def _error_message(r: httpx.Response) -> str:
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:300] or r.reason_phrase
+
+
+class DashboardClient:
+    """One `httpx.AsyncClient` to one console; every call raises ConnectionLost or ApiError."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        """Base URL of the console (the gateway), shown in the connection banner."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            r = await self._http.request(method, path, json=body)
+        except httpx.TransportError as e:
+            raise ConnectionLost(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
+        if r.status_code >= 400:
+            raise ApiError(r.status_code, _error_message(r))
+        try:
+            return r.json()
+        except ValueError:
+            raise ApiError(r.status_code, f"{method} {path}: the answer is not JSON") from None
+
+    async def state(self) -> dict[str, Any]:
+        """`GET /control/state`: the controller's snapshot."""
+        result: dict[str, Any] = await self._call("GET", "/control/state")
+        return result
+
+    async def policies(self) -> dict[str, Any]:
+        """`GET /control/policies`: {"active": {kind: {name, params}}, "available": [...]}."""
+        result: dict[str, Any] = await self._call("GET", "/control/policies")
+        return result
+
+    async def set_policy(
+        self, kind: str, name: str, params: dict[str, Any], source: str = "tui"
+    ) -> dict[str, Any]:
+        """`PUT /control/policies/{kind}`: hot-swap; returns {kind, old, new, params, source}."""
+        body = {"name": name, "params": params, "source": source}
+        result: dict[str, Any] = await self._call("PUT", f"/control/policies/{kind}", body)
+        return result
+
+    async def scale(self, role: str, delta: int) -> dict[str, Any]:
+        """`POST /control/scale`: add (delta > 0) or remove instances of one role."""
+        result: dict[str, Any] = await self._call("POST", "/control/scale", {"role": role, "delta": delta})
+        return result
+
+    async def replay(self, action: str) -> dict[str, Any]:
+        """`POST /control/replay/{pause|resume}` for a replay started by `up --replay`."""
+        if action not in ("pause", "resume"):
+            raise ValueError(f"replay action must be pause or resume, not {action!r}")
+        result: dict[str, Any] = await self._call("POST", f"/control/replay/{action}")
+        return result
+
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
+        """`GET /control/events`: yield each server-sent event's JSON until the stream ends."""
+        timeout = httpx.Timeout(5.0, read=None)
+        try:
+            async with self._http.stream("GET", "/control/events", timeout=timeout) as r:
+                if r.status_code >= 400:
+                    await r.aread()
+                    raise ApiError(r.status_code, _error_message(r))
+                data: list[str] = []
+                async for line in r.aiter_lines():
+                    if line.startswith("data:"):
+                        data.append(line[5:].strip())
+                    elif not line and data:
+                        payload, data = "\n".join(data), []
+                        try:
+                            event = json.loads(payload)
+                        except ValueError:
+                            continue
+                        if isinstance(event, dict):
+                            yield event
+        except httpx.TransportError as e:
+            raise ConnectionLost(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,64 @@
+"""The event log: policy swaps, instances up/down, failures, scaling, replay, connection notes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import RichLog
+
+from console.tui.fmt import Palette, palette_for, policy_label
+from console.tui.header import replay_label
+
+_SKIP = {"type", "time"}
+
+
+def describe(event: Mapping[str, Any], p: Palette) -> tuple[str, str, str]:
+    """(tag, text, style) for one control-API event."""
+    kind = str(event.get("type", "?"))
+    if kind == "policy":
+        new = policy_label({"name": event.get("new"), "params": event.get("params")})
+        text = f"{event.get('kind')}: {event.get('old') or '-'} → {new}  (source {event.get('source', '?')})"
+        return "SWAP", text, p.accent
+    if kind == "instance":
+        up = event.get("event") == "up"
+        detail = f": {event['detail']}" if event.get("detail") else ""
+        text = f"{event.get('instance')} ({event.get('role', '?')}) {'UP' if up else 'DOWN'}{detail}"
+        return ("UP", text, p.ok) if up else ("DOWN", text, p.bad)
+    if kind == "failure":
+        where = f"{event.get('prefill') or '-'} → {event.get('decode') or '-'}"
+        return "FAIL", f"request {event.get('request_id')} failed: {event.get('reason')}  ({where})", p.bad
+    if kind == "scale":
+        delta = event.get("delta")
+        sign = f"{int(delta):+d} " if isinstance(delta, int | float) else ""
+        rest = ", ".join(f"{k}={v}" for k, v in event.items() if k not in _SKIP | {"role", "delta"})
+        return "SCALE", f"{event.get('role', '?')} {sign}{rest}".strip(), p.warn
+    if kind == "replay":
+        return "REPLAY", replay_label(event) or "replay", ""
+    if kind == "note":
+        return "NOTE", str(event.get("message", "")), str(event.get("style") or p.muted)
+    rest = ", ".join(f"{k}={v}" for k, v in event.items() if k not in _SKIP)
+    return kind.upper()[:6], rest, ""
+
+
+class EventLog(RichLog):
+    """Bounded, append-only; the app feeds it events with `record()`."""
+
+    def __init__(self, *, max_lines: int = 1000, id: str | None = None) -> None:
+        super().__init__(max_lines=max_lines, wrap=False, markup=False, highlight=False, id=id)
+        self.recorded = 0
+        """How many events were written (tests and the border subtitle read it)."""
+
+    def record(self, event: Mapping[str, Any]) -> None:
+        tag, text, style = describe(event, palette_for(self.app))
+        ts = event.get("time")
+        stamp = time.strftime("%H:%M:%S", time.localtime(float(ts) if isinstance(ts, int | float) else None))
+        line = Text.assemble((stamp + " ", "dim"), (f"{tag:<6} ", f"bold {style}".strip()), (text, style))
+        self.write(line)
+        self.recorded += 1
+
+    def note(self, message: str, style: str = "") -> None:
+        """A line from the dashboard itself (connection lost, action failed...)."""
+        self.record({"type": "note", "time": time.time(), "message": message, "style": style})

@@ -1,0 +1,197 @@
+"""The instance table: one row per instance, prefill group then decode group, sortable, load bars."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import DataTable
+
+from console.tui.fmt import Palette, bar, load_of, num, palette_for, sparkline
+
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "instance"),
+    ("role", "role"),
+    ("health", "health"),
+    ("running", "run"),
+    ("waiting", "wait"),
+    ("kv", "KV"),
+    ("tps", "tok/s"),
+    ("load", "load"),
+    ("bar", "load vs busiest of role"),
+    ("trend", "trend"),
+)
+"""(column key, label) in display order."""
+SORTABLE: tuple[str, ...] = ("id", "health", "running", "waiting", "kv", "tps", "load")
+"""Columns the table can sort by, in the order the sort key cycles through them."""
+GROUP = {"prefill": 0, "both": 1, "decode": 2}
+BAR_WIDTH = 16
+TREND_WIDTH = 12
+
+
+def _queue(inst: Mapping[str, Any]) -> float:
+    return float(inst.get("running", 0) + inst.get("waiting", 0))
+
+
+def natural(text: str) -> tuple[Any, ...]:
+    """`d2` before `d10`: digit runs compare as numbers."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def _sort_value(inst: Mapping[str, Any], column: str) -> Any:
+    if column == "id":
+        return natural(str(inst["id"]))
+    if column == "health":
+        return bool(inst.get("healthy"))
+    if column == "kv":
+        return float(inst.get("kv_usage") or 0.0)
+    if column == "tps":
+        return float(inst.get("tokens_per_s") or 0.0)
+    if column == "load":
+        return load_of(inst)
+    return float(inst.get(column) or 0)
+
+
+class InstanceTable(DataTable[Any]):
+    """Live per-instance values. The app hands it each snapshot's instances through `show()`."""
+
+    sort_column: reactive[str] = reactive("id")
+    """Column key the rows are ordered by within each role group."""
+    sort_reverse: reactive[bool] = reactive(False)
+    """Descending order (numeric columns start descending: busiest first)."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self._instances: dict[str, Mapping[str, Any]] = {}
+        self._cells: dict[str, dict[str, Any]] = {}
+        self._history: dict[str, deque[float]] = {}
+        self._order: list[str] = []
+
+    def on_mount(self) -> None:
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._restyle())
+
+    # --- data in ----------------------------------------------------------------------------
+    def show(self, instances: Sequence[Mapping[str, Any]], *, record: bool = True) -> None:
+        """Update rows in place (add new instances, drop gone ones); O(instances).
+
+        `record` appends each load to the row's trend (False when only re-rendering).
+        """
+        palette = palette_for(self.app)
+        scale: dict[str, float] = {}
+        for inst in instances:
+            role = str(inst.get("role"))
+            scale[role] = max(scale.get(role, 0.0), load_of(inst))
+        # a role the policy projects no load for (prefill, usually) is drawn by its queue instead
+        queue_roles = {r for r, top in scale.items() if top <= 0}
+        for inst in instances:
+            if str(inst.get("role")) in queue_roles:
+                role = str(inst.get("role"))
+                scale[role] = max(scale[role], _queue(inst))
+        seen = set()
+        for inst in instances:
+            iid = str(inst["id"])
+            role = str(inst.get("role"))
+            seen.add(iid)
+            self._instances[iid] = inst
+            hist = self._history.setdefault(iid, deque(maxlen=TREND_WIDTH))
+            drawn = _queue(inst) if role in queue_roles else load_of(inst)
+            if record or not hist:
+                hist.append(drawn)
+            cells = self._render_row(inst, drawn, hist, scale.get(role, 1.0), palette)
+            old = self._cells.get(iid)
+            if old is None:
+                self.add_row(*cells.values(), key=iid)
+            else:
+                for key, value in cells.items():
+                    if old[key] != value:
+                        self.update_cell(iid, key, value)
+            self._cells[iid] = cells
+        for gone in [iid for iid in self._cells if iid not in seen]:
+            self.remove_row(gone)
+            for store in (self._cells, self._instances, self._history):
+                store.pop(gone, None)
+        self._resort()
+
+    def _render_row(
+        self, inst: Mapping[str, Any], drawn: float, hist: deque[float], scale: float, p: Palette
+    ) -> dict[str, Any]:
+        healthy = bool(inst.get("healthy"))
+        role = str(inst.get("role", "?"))
+        frac = drawn / scale if scale > 0 else 0.0
+        bar_style = p.accent if healthy else p.muted
+        kv = inst.get("kv_usage")
+        kv_style = p.bad if kv is not None and kv >= 0.95 else (p.warn if kv is not None and kv >= 0.8 else "")
+        return {
+            "id": str(inst["id"]),
+            "role": Text(role, style=p.accent if role == "prefill" else ""),
+            "health": Text("UP", style=p.ok) if healthy else Text("DOWN", style=p.bad),
+            "running": Text(str(inst.get("running", 0)), justify="right"),
+            "waiting": Text(str(inst.get("waiting", 0)), justify="right", style=p.warn if inst.get("waiting") else ""),
+            "kv": Text("-" if kv is None else f"{kv:.0%}", justify="right", style=kv_style),
+            "tps": Text(num(inst.get("tokens_per_s")), justify="right"),
+            "load": Text(num(inst.get("projected_load")), justify="right"),
+            "bar": Text(bar(frac, BAR_WIDTH), style=bar_style),
+            "trend": Text(sparkline(hist, scale, TREND_WIDTH), style=bar_style),
+        }
+
+    def _restyle(self) -> None:
+        """Re-render every row after a theme change (colours come from the theme)."""
+        self._cells.clear()
+        self.clear()
+        instances = list(self._instances.values())
+        self._instances.clear()
+        self._order = []
+        self.show(instances, record=False)
+
+    # --- sorting ----------------------------------------------------------------------------
+    def desired_order(self) -> list[str]:
+        """Instance ids as they should appear: role group first, then the sort column."""
+        col, rev = self.sort_column, self.sort_reverse
+        groups: dict[int, list[Mapping[str, Any]]] = {}
+        for inst in self._instances.values():
+            groups.setdefault(GROUP.get(str(inst.get("role")), 3), []).append(inst)
+        order: list[str] = []
+        for g in sorted(groups):
+            rows = sorted(groups[g], key=lambda i: natural(str(i["id"])))
+            rows.sort(key=lambda i: _sort_value(i, col), reverse=rev)
+            order.extend(str(i["id"]) for i in rows)
+        return order
+
+    def _resort(self) -> None:
+        order = self.desired_order()
+        if order == self._order:
+            return
+        rank = {iid: n for n, iid in enumerate(order)}
+        self.sort("id", key=lambda iid: rank.get(str(iid), len(rank)))
+        self._order = order
+
+    def sort_by(self, column: str, reverse: bool | None = None) -> None:
+        """Order by `column`; the same column again flips the direction."""
+        if column not in SORTABLE:
+            return
+        if reverse is None:
+            reverse = not self.sort_reverse if column == self.sort_column else column != "id"
+        self.sort_column, self.sort_reverse = column, reverse
+        self._order = []
+        self._resort()
+        label = dict(COLUMNS)[column]
+        self.border_subtitle = f"sorted by {label} {'↓' if reverse else '↑'}"
+
+    def cycle_sort(self) -> None:
+        """Sort by the next sortable column."""
+        i = SORTABLE.index(self.sort_column) if self.sort_column in SORTABLE else -1
+        self.sort_by(SORTABLE[(i + 1) % len(SORTABLE)])
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        event.stop()
+        self.sort_by(str(event.column_key.value))
+
+    def row_texts(self, instance_id: str) -> dict[str, str]:
+        """Plain text of one row by column key (for tests and the command palette)."""
+        return {k: str(v) for k, v in self._cells.get(instance_id, {}).items()}

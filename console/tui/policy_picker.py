@@ -1,0 +1,149 @@
+"""The policy picker: kind → registered policy → params form → swap through the control API."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, OptionList, Select, Static
+from textual.widgets.option_list import Option
+
+from console.tui.client import ApiError, ConnectionLost
+from console.tui.params_form import ParamsForm
+
+ApplyFn = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+"""Swaps a policy: (kind, name, params) → the API's {kind, old, new, params, source}."""
+
+
+class PolicyPicker(ModalScreen[dict[str, Any] | None]):
+    """Dismisses with the swap the console confirmed, or None when cancelled."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", id="picker.cancel"),
+        Binding("ctrl+s", "apply", "Apply", id="picker.apply"),
+    ]
+
+    def __init__(self, catalog: Mapping[str, Any], apply: ApplyFn, kind: str = "routing") -> None:
+        super().__init__()
+        self.available: list[Mapping[str, Any]] = list(catalog.get("available") or [])
+        """Every registered policy: {kind, name, summary, params_schema, defaults}."""
+        self.active: Mapping[str, Any] = catalog.get("active") or {}
+        """The active policy of each kind: {kind: {name, params}}."""
+        self._apply_fn = apply
+        kinds = list(dict.fromkeys(str(p["kind"]) for p in self.available))
+        self.kinds = kinds
+        """Kinds that have at least one registered policy."""
+        self.kind = kind if kind in kinds else (kinds[0] if kinds else kind)
+        """The kind being edited."""
+        self.policy: Mapping[str, Any] | None = None
+        """The highlighted policy's catalogue entry."""
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="picker"):
+            yield Static("Swap a policy", id="picker-title")
+            with Horizontal(id="picker-top"):
+                yield Select([(k, k) for k in self.kinds], value=self.kind, allow_blank=False, id="picker-kind", compact=True)
+                yield Static("", id="picker-active")
+            yield OptionList(id="picker-policies")
+            yield Static("", id="picker-summary")
+            yield VerticalScroll(id="picker-form")
+            yield Static("", id="picker-error")
+            with Horizontal(id="picker-buttons"):
+                yield Button("Apply (ctrl+s)", variant="primary", id="picker-apply", compact=True)
+                yield Button("Cancel (esc)", id="picker-cancel", compact=True)
+
+    def on_mount(self) -> None:
+        self._fill_policies()
+        self.query_one("#picker-policies", OptionList).focus()
+
+    def _policies(self) -> list[Mapping[str, Any]]:
+        return [p for p in self.available if p["kind"] == self.kind]
+
+    def _fill_policies(self) -> None:
+        active = (self.active.get(self.kind) or {}).get("name")
+        ol = self.query_one("#picker-policies", OptionList)
+        ol.clear_options()
+        policies = self._policies()
+        ol.add_options(
+            Option(f"{'● ' if p['name'] == active else '  '}{p['name']}  —  {p.get('summary', '')}", id=str(p["name"]))
+            for p in policies
+        )
+        self.query_one("#picker-active", Static).update(f"active: {active or '-'}")
+        names = [p["name"] for p in policies]
+        ol.highlighted = names.index(active) if active in names else (0 if names else None)
+        if ol.highlighted is not None:
+            self._show_policy(policies[ol.highlighted])
+
+    @on(Select.Changed, "#picker-kind")
+    def _kind_changed(self, event: Select.Changed) -> None:
+        if isinstance(event.value, str) and event.value != self.kind:
+            self.kind = event.value
+            self._fill_policies()
+
+    @on(OptionList.OptionHighlighted, "#picker-policies")
+    def _policy_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        chosen = [p for p in self._policies() if p["name"] == event.option.id]
+        if chosen and chosen[0] is not self.policy:
+            self._show_policy(chosen[0])
+
+    @on(OptionList.OptionSelected, "#picker-policies")
+    def _policy_selected(self, event: OptionList.OptionSelected) -> None:
+        """Enter on a policy moves to its first parameter (or to Apply when it has none)."""
+        form = self.query("#picker-form ParamsForm").first(ParamsForm)
+        editors = [w for w in form.query("Input, Select, Switch") if w.can_focus]
+        (editors[0] if editors else self.query_one("#picker-apply", Button)).focus()
+
+    def _show_policy(self, policy: Mapping[str, Any]) -> None:
+        self.policy = policy
+        active = self.active.get(self.kind) or {}
+        values = dict(policy.get("defaults") or {})
+        if active.get("name") == policy["name"]:
+            values.update(active.get("params") or {})
+        self.query_one("#picker-summary", Static).update(f"{policy['name']}: {policy.get('summary', '')}")
+        self.query_one("#picker-error", Static).update("")
+        holder = self.query_one("#picker-form", VerticalScroll)
+        holder.remove_children()
+        holder.mount(ParamsForm(policy.get("params_schema") or {}, values))
+
+    @on(Button.Pressed, "#picker-apply")
+    def _apply_pressed(self) -> None:
+        self.action_apply()
+
+    @on(Button.Pressed, "#picker-cancel")
+    def _cancel_pressed(self) -> None:
+        self.action_cancel()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def action_apply(self) -> None:
+        if self.policy is None:
+            return
+        form = self.query_one("#picker-form ParamsForm", ParamsForm)
+        params, errors = form.values()
+        form.show_errors(errors)
+        if errors:
+            self.query_one("#picker-error", Static).update("fix the fields marked above")
+            return
+        self.query_one("#picker-error", Static).update("applying…")
+        self._apply(self.kind, str(self.policy["name"]), params)
+
+    @work(exclusive=True, group="picker-apply", exit_on_error=False)
+    async def _apply(self, kind: str, name: str, params: dict[str, Any]) -> None:
+        error = self.query_one("#picker-error", Static)
+        try:
+            result = await self._apply_fn(kind, name, params)
+        except ApiError as e:
+            form = self.query_one("#picker-form ParamsForm", ParamsForm)
+            form.show_errors(form.fields_named_in(e.message))
+            error.update(f"the console refused ({e.status}): {e.message}")
+            return
+        except ConnectionLost as e:
+            error.update(f"cannot reach the console: {e}; try again when it is back")
+            return
+        self.dismiss(result)

@@ -1,0 +1,118 @@
+"""The dashboard against a real console with emulated vLLM instances: values, swap → SQLite, kill → DOWN."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from textual.css.query import NoMatches
+from textual.pilot import Pilot
+from textual.widgets import OptionList, Select
+
+from adapters.emulator.process import EmulatorProcess, start_many
+from adapters.store import RunStore
+from console.config import ConsoleConfig
+from console.serve import LiveConsole, run_console
+from console.tui.app import SibylDashboard
+from console.tui.client import DashboardClient
+from console.tui.instances import InstanceTable
+from console.tui.policy_picker import PolicyPicker
+
+
+async def until(pilot: Pilot[None], cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    def holds() -> bool:
+        try:
+            return cond()
+        except NoMatches:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while not holds():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await pilot.pause(0.05)
+
+
+@pytest.fixture
+def emulators(tmp_path: Path) -> Iterator[list[EmulatorProcess]]:
+    """1 prefill + 2 decode emulator processes on free ports."""
+    args = ["--profile", "h20-qwen3-32b"]
+    procs = start_many([("prefill", args), ("decode", args), ("decode", args)], log_dir=tmp_path, timeout_s=60)
+    yield procs
+    for p in procs:
+        p.stop()
+
+
+async def _traffic(url: str, n: int) -> None:
+    """A few long streaming completions so the decode instances have running requests."""
+    body = {"model": "sibyl-model", "prompt": [1] * 64, "max_tokens": 100, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+        async def one() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                async with client.stream("POST", "/v1/completions", json=body) as r:
+                    async for _ in r.aiter_bytes():
+                        pass
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
+
+def test_dashboard_on_an_emulated_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emulators: list[EmulatorProcess]) -> None:
+    monkeypatch.setenv("SIBYL_HOME", str(tmp_path / "home"))
+    p0, d0, d1 = emulators
+    config = ConsoleConfig(
+        attach={"prefill": [p0.url], "decode": [d0.url, d1.url]}, port=0, db=tmp_path / "runs.db",
+        headless=True, poll_interval_s=0.2, drain_timeout_s=0.5, policy="sibyl",
+    )
+    seen: dict[str, str] = {}
+
+    async def ui(live: LiveConsole) -> None:
+        seen["run_id"] = live.run_id
+        client = DashboardClient(live.url, live.token_file.read_text().strip())
+        app = SibylDashboard(client, poll_interval_s=0.2)
+        traffic = asyncio.create_task(_traffic(live.url, 6))
+        try:
+            async with app.run_test(size=(160, 48)) as pilot:
+                table = app.query_one(InstanceTable)
+                await until(pilot, lambda: table.row_count == 3)
+                assert [str(r.key.value) for r in table.ordered_rows] == ["p0", "d0", "d1"]
+                await until(pilot, lambda: sum(int(table.row_texts(d)["running"]) for d in ("d0", "d1")) > 0)
+                assert all(table.row_texts(i)["health"] == "UP" for i in ("p0", "d0", "d1"))
+                traffic.cancel()  # Pilot waits for an idle process after each key: keep the rest quiet
+
+                await pilot.press("p")
+                await until(pilot, lambda: isinstance(app.screen, PolicyPicker) and app.screen.policy is not None)
+                picker = app.screen
+                assert isinstance(picker, PolicyPicker)
+                # the keyboard path through the picker is covered in test_tui.py; here each key
+                # costs up to 2 s because Pilot waits for an idle process that also runs the console
+                picker.query_one("#picker-policies", OptionList).highlighted = 0
+                await until(pilot, lambda: picker.policy is not None and picker.policy["name"] == "least_load")
+                await until(pilot, lambda: picker.query_one("#param-by", Select).value == "requests")
+                picker.query_one("#param-by", Select).value = "tokens"
+                await pilot.press("ctrl+s")
+                await until(pilot, lambda: not isinstance(app.screen, PolicyPicker))
+                state = await client.state()  # checked through the control API, not the app
+                assert state["policies"]["routing"] == {"name": "least_load", "params": {"by": "tokens"}}
+
+                d1.kill()
+                await until(pilot, lambda: table.row_texts("d1")["health"] == "DOWN")
+                assert table.row_texts("d0")["health"] == "UP"
+        finally:
+            traffic.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await traffic
+            await client.aclose()
+
+    asyncio.run(run_console(config, lambda live: None, ui))
+    store = RunStore(tmp_path / "runs.db")
+    events = store.policy_events(seen["run_id"])
+    store.close()
+    swaps = [e for e in events if e["source"] == "tui"]
+    assert len(swaps) == 1
+    assert swaps[0]["kind"] == "routing" and swaps[0]["old"] == "sibyl" and swaps[0]["new"] == "least_load"
+    assert swaps[0]["params"] == {"by": "tokens"}

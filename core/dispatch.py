@@ -280,12 +280,11 @@ class Dispatcher:
         mask = v.decode_mask()
         if not mask.any():
             return
-        raw = v.running_counts() if self.ratio_load == "requests" else v.physical_load()
-        load = np.where(mask, raw, np.inf)
-        best = load.min() + 1e-6
+        load = v.running_counts() if self.ratio_load == "requests" else v.physical_load()
+        best = load[mask].min() + 1e-6
 
         def hit(j: int) -> bool:
-            return j >= 0 and bool(load[j] <= best)
+            return j >= 0 and bool(mask[j]) and bool(load[j] <= best)
 
         self.score.total += 1
         self.score.hits += hit(chosen)

@@ -24,6 +24,7 @@ class SurvivalEstimator:
         alpha: float = 0.99,
         max_len: int = 8192,
         prior_max: int | None = None,
+        fold_every: int = 8,
     ) -> None:
         if delta <= 0 or not 0.0 < alpha < 1.0 or max_len < delta:
             raise ValueError("survival estimator needs delta > 0, 0 < alpha < 1, max_len >= delta")
@@ -35,7 +36,9 @@ class SurvivalEstimator:
         self.values[0] = 1.0
         self.observations = 0
         self._pending: list[float] = []
-        self._slopes: np.ndarray | None = None
+        self.fold_every = fold_every
+        """Completions are folded in batches (exactly, in order); the EMA remembers ~1/(1−α) of them."""
+        self._dense: np.ndarray | None = None
 
     def observe(self, final_length: float) -> None:
         """Record one completed request's output length (folded in at the next query)."""
@@ -58,18 +61,22 @@ class SurvivalEstimator:
         self.values *= a**m
         self.values += np.cumsum(per_bucket[::-1])[::-1]
         self.values[0] = 1.0
-        self._slopes = None
+        self._dense = None
 
     def __call__(self, lengths: np.ndarray | float) -> Any:
-        """Ŝ at the given generated lengths ≥ 0 (vectorised; the grid is uniform, so no search)."""
+        """Ŝ at the given generated lengths ≥ 0, from a per-token table (one gather, no search)."""
+        if len(self._pending) >= self.fold_every:
+            self._fold()
+        if self._dense is None:
+            top = int(self.grid[-1])
+            self._dense = np.interp(np.arange(top + 1, dtype=float), self.grid, self.values)
+        idx = np.minimum(np.asarray(lengths), len(self._dense) - 1).astype(np.int64)
+        return self._dense[idx]
+
+    def flush(self) -> None:
+        """Fold in every buffered completion now."""
         if self._pending:
             self._fold()
-        if self._slopes is None:
-            self._slopes = np.append(np.diff(self.values), 0.0)
-        last = len(self.values) - 1
-        x = np.minimum(np.asarray(lengths, dtype=float) * (1.0 / self.delta), float(last))
-        i = x.astype(np.int64)
-        return self.values[i] + self._slopes[i] * (x - i)
 
 
 class PrefillTimeEstimator:
@@ -101,6 +108,8 @@ class PrefillTimeEstimator:
         self._dirty = False
         self.observations = 0
         self._pending: list[tuple[float, float]] = []
+        self._last = (-1.0, 0.0)
+        """The last scalar query and its answer (routing asks twice per request)."""
 
     def observe(self, prompt_tokens: float, seconds: float) -> None:
         """Record one prefill; every `refit_every` of them are folded in and the fit re-solved."""
@@ -135,6 +144,14 @@ class PrefillTimeEstimator:
     def __call__(self, prompt_tokens: np.ndarray | float) -> np.ndarray | float:
         if self._dirty:
             self._solve()
+            self._last = (-1.0, 0.0)
+        if isinstance(prompt_tokens, int | float):
+            if prompt_tokens == self._last[0]:
+                return self._last[1]
+            a, b, c = self.coef
+            value = float(a + b * prompt_tokens + c * prompt_tokens * prompt_tokens)
+            self._last = (float(prompt_tokens), value)
+            return value
         a, b, c = self.coef
         return a + b * prompt_tokens + c * np.square(prompt_tokens)
 

@@ -44,6 +44,8 @@ class RequestTable:
             if old is not None:
                 icol[: self.n] = old[: self.n]
             setattr(self, name, icol)
+        self._floats = tuple(getattr(self, n) for n in _FLOAT_COLUMNS)
+        self._all = self._floats + tuple(getattr(self, n) for n in _INT_COLUMNS)
 
     # Columns (declared for type checkers; allocated in _alloc).
     l_in: np.ndarray
@@ -74,8 +76,8 @@ class RequestTable:
         self.n += 1
         self.ids.append(rid)
         self.row[rid] = i
-        for name in _FLOAT_COLUMNS:
-            getattr(self, name)[i] = 0.0
+        for col in self._floats:
+            col[i] = 0.0
         self.inst[i] = -1
         self.prefill[i] = -1
         self.state[i] = PENDING
@@ -89,8 +91,7 @@ class RequestTable:
             moved = self.ids[last]
             self.ids[i] = moved
             self.row[moved] = i
-            for name in _FLOAT_COLUMNS + _INT_COLUMNS:
-                col = getattr(self, name)
+            for col in self._all:
                 col[i] = col[last]
         self.ids.pop()
         self.n = last

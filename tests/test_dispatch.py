@@ -25,6 +25,7 @@ def test_lifecycle_moves_counts_and_feeds_estimators() -> None:
     before = d.view.survival(128)
     d.on_finish("r1", 3.5, 200)
     assert "r1" not in d.view.table and d.view.running_n[i] == 0
+    d.view.survival.flush()  # completions are folded in batches; force this one in
     assert d.view.survival(128) > before  # a 200-token completion raises Ŝ(128)
     assert d.view.decode_rate.observations == 1
 

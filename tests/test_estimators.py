@@ -16,7 +16,7 @@ def test_survival_prior_is_uniform_and_interpolates() -> None:
 
 
 def test_survival_update_moves_every_bucket() -> None:
-    s = SurvivalEstimator(delta=100, alpha=0.5, max_len=1000)
+    s = SurvivalEstimator(delta=100, alpha=0.5, max_len=1000, fold_every=1)
     s.observe(150)
     # Ŝ(l) ← 0.5·Ŝ(l) + 0.5·[150 ≥ l]: buckets at 100 rise, buckets above 150 fall.
     assert s(100) == pytest.approx(0.5 * 0.9 + 0.5)
@@ -30,6 +30,7 @@ def test_survival_converges_to_the_empirical_tail() -> None:
     lengths = rng.exponential(1000, 5000)
     for x in lengths:
         s.observe(x)
+    s.flush()
     assert s(1000) == pytest.approx(np.exp(-1), abs=0.06)
     assert s(3000) == pytest.approx(np.exp(-3), abs=0.03)
 
@@ -61,10 +62,11 @@ def test_decode_rate_is_an_ema_of_completed_rates() -> None:
 def test_batched_survival_updates_equal_one_by_one_updates() -> None:
     rng = np.random.default_rng(5)
     lengths = rng.integers(0, 9000, 300)
-    batched = SurvivalEstimator(delta=64, alpha=0.97, max_len=8192)
+    batched = SurvivalEstimator(delta=64, alpha=0.97, max_len=8192, fold_every=1000)
     for x in lengths:
         batched.observe(float(x))
-    one_by_one = SurvivalEstimator(delta=64, alpha=0.97, max_len=8192)
+    batched.flush()
+    one_by_one = SurvivalEstimator(delta=64, alpha=0.97, max_len=8192, fold_every=1)
     for x in lengths:
         one_by_one.observe(float(x))
         one_by_one(0)  # a query folds each observation in on its own

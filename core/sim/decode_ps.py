@@ -54,10 +54,15 @@ class PSDecodeInstance:
 
     def next_event_time(self) -> float:
         self._drop_stale()
-        keys = [h[0][0] for h in (self._first, self._finish) if h]
-        if not keys or self.rate <= 0:
+        first, finish = self._first, self._finish
+        if self.rate <= 0 or not (first or finish):
             return float("inf")
-        return self.t_last + max(min(keys) - self.counter, 0.0) / self.rate
+        if first and finish:
+            key = first[0][0] if first[0][0] < finish[0][0] else finish[0][0]
+        else:
+            key = (first or finish)[0][0]
+        gap = key - self.counter
+        return self.t_last + (gap if gap > 0.0 else 0.0) / self.rate
 
     def _drop_stale(self) -> None:
         for h in (self._first, self._finish):

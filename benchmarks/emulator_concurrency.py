@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import aiohttp
 import numpy as np
 import orjson
 
@@ -25,21 +24,51 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adapters.emulator.process import EmulatorProcess, free_port  # noqa: E402
 
 
-async def one(session: aiohttp.ClientSession, url: str, tokens: int, errors: list[float]) -> int:
-    body = {"prompt": [1] * 32, "max_tokens": tokens, "ignore_eos": True, "stream": True}
+class _Stream(asyncio.Protocol):
+    """A minimal HTTP/1.1 client: send one request, timestamp every received chunk, parse later.
+
+    Parsing while receiving would put the client's own CPU time into the measurement (client and
+    server share the machine's two cores), so only time.time() and a list append happen per chunk.
+    """
+
+    def __init__(self, request: bytes, done: asyncio.Future[None]) -> None:
+        self.request, self.done = request, done
+        self.chunks: list[tuple[float, bytes]] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append((time.time(), data))
+        if b"data: [DONE]" in data:
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def one(host: str, port: int, tokens: int, errors: list[float]) -> int:
+    body = orjson.dumps({"prompt": [1] * 32, "max_tokens": tokens, "ignore_eos": True, "stream": True})
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"x-emulator-timing: 1\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    transport, proto = await loop.create_connection(lambda: _Stream(request, done), host, port)
+    await done
+    transport.close()
     got = 0
-    async with session.post(url, json=body, headers={"x-emulator-timing": "1"}) as r:
-        if r.status != 200:
-            return -1
-        buf = b""
-        async for chunk in r.content.iter_any():
-            now = time.time()
-            buf += chunk
-            *events, buf = buf.split(b"\n\n")
-            for ev in events:
-                if b"emu_deadline" in ev:
-                    errors.append(now - orjson.loads(ev[6:])["emu_deadline"])
-                    got += 1
+    buf = b""
+    for received, data in proto.chunks:
+        buf += data
+        *events, buf = buf.split(b"\n\n")
+        for ev in events:
+            start = ev.find(b"data: {")
+            if start >= 0 and b"emu_deadline" in ev:
+                errors.append(received - orjson.loads(ev[start + 6 :])["emu_deadline"])
+                got += 1
     return got
 
 
@@ -48,14 +77,11 @@ async def main_async(args: argparse.Namespace) -> None:
     emu = EmulatorProcess("decode", port, ["--profile", args.profile, "--max-num-seqs", str(args.concurrency), "--kv-capacity-tokens", str(10**8)]).start()
     try:
         emu.wait_ready(30)
-        url = f"{emu.url}/v1/completions"
         errors: list[float] = []
-        connector = aiohttp.TCPConnector(limit=args.concurrency)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
-            await one(session, url, 4, [])  # warm-up
-            t0 = time.perf_counter()
-            counts = await asyncio.gather(*(one(session, url, args.tokens, errors) for _ in range(args.concurrency)))
-            wall = time.perf_counter() - t0
+        await one(emu.host, port, 4, [])  # warm-up
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one(emu.host, port, args.tokens, errors) for _ in range(args.concurrency)))
+        wall = time.perf_counter() - t0
         e = np.array(errors) * 1000
         failed = sum(1 for c in counts if c != args.tokens)
         print(f"emulator profile {args.profile}: {args.concurrency} concurrent streams x {args.tokens} tokens")

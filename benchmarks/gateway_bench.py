@@ -1,0 +1,117 @@
+"""The gateway's own cost against zero-latency upstreams, side by side with vLLM's toy P/D proxy.
+
+Starts two of `shared/tools/fake_upstream.py` (a prefill and a decode stand-in that answer
+instantly), our gateway (`sibyl-console up --headless --attach ...`) and, with `--toy-proxy`,
+vLLM's `toy_proxy_server.py` (FastAPI + httpx; not shipped here: pass its path and a Python that
+has fastapi), then drives each with `shared/tools/loadgen.py` (streaming /v1/completions, 16
+tokens, P/D two legs) loaded and unloaded, in this one process, and prints one table.
+Targets (issue 4): >= 5x the toy proxy's req/s, <= 1.5 ms gateway CPU per request, <= 2 ms added
+p50 unloaded.
+Usage: python benchmarks/gateway_bench.py [--shared ../shared] [--toy-proxy PATH --toy-python PY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from adapters.emulator.process import free_port  # noqa: E402
+
+
+def wait_http(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def load(loadgen: Path, url: str, pid: int, concurrency: int, n: int) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, str(loadgen), "--url", url, "-c", str(concurrency), "-n", str(n), "--stream", "--max-tokens", "16",
+         "--warmup", "200", "--watch-pid", f"proxy={pid}", "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
+    ap.add_argument("--toy-proxy", type=Path, help="path of vLLM's toy_proxy_server.py")
+    ap.add_argument("--toy-python", default=sys.executable, help="a Python with fastapi + httpx for the toy proxy")
+    ap.add_argument("--requests", type=int, default=3000)
+    args = ap.parse_args()
+    tools = args.shared / "tools"
+    pp, dp = free_port(), free_port()
+    procs = [start([sys.executable, str(tools / "fake_upstream.py"), "--port", str(p)]) for p in (pp, dp)]
+    try:
+        for p in (pp, dp):
+            wait_http(f"http://127.0.0.1:{p}/health")
+        rows = []
+        home = tempfile.mkdtemp(prefix="sibyl-bench-")
+        gport = free_port()
+        env = {**os.environ, "SIBYL_HOME": home, "SIBYL_DB": f"{home}/runs.db"}
+        ours = start([sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(gport), "--backend", "vllm",
+                      "--attach", f"prefill=http://127.0.0.1:{pp};decode=http://127.0.0.1:{dp}"], env)
+        procs.append(ours)
+        wait_http(f"http://127.0.0.1:{gport}/health")
+        targets = [("sibyl-console gateway", f"http://127.0.0.1:{gport}", ours.pid)]
+        if args.toy_proxy:
+            tport = free_port()
+            toy = start([args.toy_python, str(args.toy_proxy), "--port", str(tport), "--prefiller-hosts", "127.0.0.1",
+                         "--prefiller-ports", str(pp), "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(dp)])
+            procs.append(toy)
+            wait_http(f"http://127.0.0.1:{tport}/healthcheck")
+            targets.append(("vLLM toy_proxy_server.py", f"http://127.0.0.1:{tport}", toy.pid))
+        direct = load(tools / "loadgen.py", f"http://127.0.0.1:{dp}", procs[1].pid, 1, 500)
+        for name, url, pid in targets:
+            loaded = load(tools / "loadgen.py", url, pid, 64, args.requests)
+            idle = load(tools / "loadgen.py", url, pid, 1, 500)
+            rows.append((name, loaded, idle))
+        print(f"{'proxy':<26} {'req/s @64':>10} {'CPU ms/req':>11} {'p50 ms @64':>11} {'p50 ms @1':>10} {'added p50 @1':>13} {'errors':>7}")
+        for name, loaded, idle in rows:
+            proxy_cpu = (loaded.get("cpu_pct") or {}).get("proxy")
+            cpu = proxy_cpu / 100 / loaded["req_per_s"] * 1000 if proxy_cpu is not None else float("nan")
+            print(f"{name:<26} {loaded['req_per_s']:>10.0f} {cpu:>11.2f} {loaded['p50_ms']:>11.2f} "
+                  f"{idle['p50_ms']:>10.2f} {idle['p50_ms'] - direct['p50_ms']:>13.2f} {loaded['errors'] + idle['errors']:>7}")
+        print(f"(direct to the decode fake, one leg, unloaded: p50 {direct['p50_ms']:.2f} ms)")
+        if len(rows) == 2:
+            print(f"throughput ratio ours / toy proxy: {rows[0][1]['req_per_s'] / rows[1][1]['req_per_s']:.1f}x (target >= 5x)")
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+if __name__ == "__main__":
+    main()

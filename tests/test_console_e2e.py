@@ -187,3 +187,33 @@ def test_sigkill_keeps_completed_requests_and_the_run_is_marked_interrupted(tmp_
         assert store.get_run(con.run_id).status == "interrupted"
     finally:
         kill_children(con.home)
+
+
+def test_prefill_retry_no_capacity_503_and_the_event_stream(tmp_path: Path) -> None:
+    con = start_console(tmp_path, *FAST, "--prefill", "2", "--decode", "1", "--policy", "round_robin")
+    try:
+        urls = {i["id"]: i["url"] for i in con.state()["instances"]}
+        with con.control() as ctl, ctl.stream("GET", "/control/events") as events:
+            lines = events.iter_lines()
+            first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+            assert first["type"] == "state" and first["state"]["run_id"] == con.run_id
+            # p0 now answers every request with 503: each one is retried on p1 and succeeds
+            httpx.put(urls["p0"] + "/admin/faults", json={"fail_rate": 1.0, "fail_status": 503})
+            c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
+            for _ in range(4):
+                assert c.completions.create(model="sibyl-model", prompt="retry", max_tokens=2).choices[0].text
+            con.cli("policy", "set", "routing", "least_load")
+            policy = next(json.loads(line[6:]) for line in lines if line.startswith("data: ") and '"type":"policy"' in line)
+            assert (policy["new"], policy["source"]) == ("least_load", "cli")
+        # the only decode instance reports unhealthy: requests get a clear 503
+        httpx.put(urls["d0"] + "/admin/faults", json={"unhealthy": True})
+        wait_for(lambda: not con.state()["instances"][-1]["healthy"], 5, "d0 to be marked down")
+        r = httpx.post(con.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and "no healthy decode instance" in r.json()["error"]["message"]
+        con.stop()
+        rows = RunStore(con.db).requests(con.run_id)
+        served = [r for r in rows if r["status"] == "ok"]
+        assert len(served) == 4 and all(r["prefill_instance"] == "p1" for r in served)
+    finally:
+        con.stop()
+        kill_children(con.home)

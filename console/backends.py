@@ -83,6 +83,8 @@ def make_backend(config: ConsoleConfig, run_dir: Path) -> Backend:
         from console.emulator_backend import EmulatorBackend
 
         return EmulatorBackend(config, run_dir)
-    if config.backend == "vllm":
-        raise ConfigError("--backend vllm needs --attach prefill=URL,...;decode=URL,... (launching: `--model PATH`)")
-    raise ConfigError(f"backend {config.backend!r} is not available yet; use emulator or vllm with --attach")
+    if config.backend == "sim":
+        from console.sim_backend import SimBackend
+
+        return SimBackend(config, run_dir)
+    raise ConfigError("--backend vllm needs --attach 'prefill=URL,...;decode=URL,...' (launching real vLLM is not built yet)")

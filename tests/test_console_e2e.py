@@ -217,3 +217,26 @@ def test_prefill_retry_no_capacity_503_and_the_event_stream(tmp_path: Path) -> N
     finally:
         con.stop()
         kill_children(con.home)
+
+
+def test_sim_backend_serves_with_the_simulators_timing(tmp_path: Path) -> None:
+    """`--backend sim`: processor-sharing decode paced to wall-clock; one request alone decodes at TPS(1)."""
+    from core.perf import get_profile
+
+    con = start_console(tmp_path, "--backend", "sim", "--prefill", "1", "--decode", "1", "--profile", "h20-qwen3-32b")
+    try:
+        assert con.state()["backend"] == "sim" and con.state()["instances"][0]["pid"] is None  # in-process
+        c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
+        stamps = []
+        t0 = time.monotonic()
+        for ch in c.completions.create(model="sibyl-model", prompt=[1] * 100, max_tokens=30, stream=True, extra_body={"ignore_eos": True}):
+            if ch.choices and ch.choices[0].text:
+                stamps.append(time.monotonic() - t0)
+        prof = get_profile("h20-qwen3-32b")
+        tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+        assert len(stamps) == 30
+        assert tpot == pytest.approx(1 / prof.per_request_rate(1), rel=0.15)
+        assert stamps[0] >= float(prof.prefill_time(100))
+    finally:
+        con.stop()
+        kill_children(con.home)

@@ -13,7 +13,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from adapters.emulator.engine import Engine, Sequence
+from adapters.emulator.engine import Engine, EngineLike, Sequence
 from adapters.emulator.kv import KVHolder, KVPuller, PullFailed
 from adapters.emulator.metrics import EngineMetrics
 from adapters.emulator.protocol import ApiError, Formatter, GenRequest, error_body, parse_request
@@ -42,10 +42,10 @@ async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, 
 class EmulatedInstance:
     """Engine + metrics + KV side channel behind vLLM's HTTP surface."""
 
-    def __init__(self, s: InstanceSettings) -> None:
+    def __init__(self, s: InstanceSettings, engine: EngineLike | None = None) -> None:
         self.s = s
         self.faults = s.faults
-        self.engine = Engine(
+        self.engine: EngineLike = engine or Engine(
             s.profile, s.faults, max_num_seqs=s.max_num_seqs, kv_capacity_tokens=s.kv_capacity_tokens,
             priority_scheduling=s.scheduling_policy == "priority",
         )
@@ -245,7 +245,7 @@ class EmulatedInstance:
                     setattr(self.faults, k, v)
             except (orjson.JSONDecodeError, AttributeError, ValueError, ValidationError) as e:
                 return await _send(send, 400, error_body(400, f"bad faults: {e}"))
-            self.engine._wake.set()
+            self.engine.wake()
             return await _send(send, 200, self.faults.model_dump_json().encode())
         if path == "/admin/exit" and method == "POST":
             await _send(send, 200, b'{"exiting": true}')

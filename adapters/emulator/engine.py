@@ -16,6 +16,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from adapters.emulator.faults import Faults
 from core.perf import PerfProfile
@@ -59,6 +60,30 @@ class Sequence:
 
 StepHook = Callable[[list[Sequence], float, int], None]
 FinishHook = Callable[[Sequence], None]
+
+
+class EngineLike(Protocol):
+    """What the HTTP layer and the metrics need from an engine (emulated or simulated)."""
+
+    running: list[Sequence]
+    preemptions: int
+    on_step: StepHook | None
+
+    @property
+    def waiting(self) -> int: ...
+
+    @property
+    def kv_usage(self) -> float: ...
+
+    def submit(self, s: Sequence) -> None: ...
+
+    def release_held(self, blocks: int) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class Engine:
@@ -120,6 +145,10 @@ class Engine:
     def submit(self, s: Sequence) -> None:
         s.order = next(self._order)
         self._push(s)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Re-run the scheduler now (faults changed, blocks were freed)."""
         self._wake.set()
 
     def blocks_for(self, tokens: int) -> int:

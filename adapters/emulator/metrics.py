@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from adapters.emulator.engine import Engine, Sequence
+from adapters.emulator.engine import EngineLike, Sequence
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
@@ -14,7 +14,7 @@ LONG_BUCKETS = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 12
 class EngineMetrics:
     """A registry per instance; every series carries model_name and engine labels, as vLLM's."""
 
-    def __init__(self, model: str, engine: Engine) -> None:
+    def __init__(self, model: str, engine: EngineLike) -> None:
         self.registry = r = CollectorRegistry()
         labels = ["model_name", "engine"]
         lv = {"model_name": model, "engine": "0"}

@@ -1,0 +1,62 @@
+"""The `sim` backend: simulated instances served in-process, in the gateway's own event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import uvicorn
+
+from adapters.emulator.app import EmulatedInstance
+from adapters.emulator.process import free_port
+from adapters.emulator.settings import InstanceSettings
+from adapters.serving import ManagedServer
+from adapters.sim_cluster import SimEngine
+from console.backends import BackendError, instance_ids
+from console.config import ConsoleConfig
+from console.instances import Instance
+from core.perf import get_profile
+from core.types import Role
+
+
+class SimBackend:
+    label = "sim"
+
+    def __init__(self, config: ConsoleConfig, run_dir: Path) -> None:
+        self.config = config
+        self.servers: list[ManagedServer] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> list[Instance]:
+        c = self.config
+        profile = get_profile(c.profile)
+        roles = [Role.PREFILL] * c.prefill + [Role.DECODE] * c.decode
+        urls = []
+        for k, role in enumerate(roles):
+            port = c.instance_base_port + k if c.instance_base_port else free_port()
+            settings = InstanceSettings(
+                role=role.value, port=port, profile=profile, model=c.served_model_name,
+                output_len_dist=c.emulator.output_len_dist or "uniform:1:256", seed=k,
+            )
+            app = EmulatedInstance(settings, engine=SimEngine(profile, settings.faults))
+            server = ManagedServer(uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", lifespan="on", log_level="warning", access_log=False))
+            self.servers.append(server)
+            self.tasks.append(asyncio.create_task(server.serve(), name=f"sim-{role.value}-{k}"))
+            urls.append(f"http://127.0.0.1:{port}")
+        for _ in range(500):
+            if all(s.started for s in self.servers):
+                break
+            failed = [t for t in self.tasks if t.done()]
+            if failed:
+                await self.stop()
+                raise BackendError(f"a simulated instance could not start: {failed[0].exception()}")
+            await asyncio.sleep(0.01)
+        else:
+            await self.stop()
+            raise BackendError("simulated instances did not start within 5 s")
+        return [Instance(i, r, u) for i, r, u in zip(instance_ids(roles), roles, urls, strict=True)]
+
+    async def stop(self) -> None:
+        for s in self.servers:
+            s.should_exit = True
+        await asyncio.gather(*self.tasks, return_exceptions=True)

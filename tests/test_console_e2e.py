@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.emulator.process import EmulatorProcess
 from adapters.store import RunStore
-from tests.procs import Console, kill_children, start_console, wait_for
+from tests.procs import Console, emulators, kill_children, start_console, wait_for
 
 FAST = ["--profile", "cpu-tiny-llama"]
 
@@ -81,6 +82,18 @@ def test_control_api_needs_the_token(console: Console) -> None:
     assert "sibyl_routing_decision_seconds_count" in metrics and "sibyl_gateway_requests_total" in metrics
 
 
+def decode_counts(console: Console) -> dict[str, float]:
+    """Requests per decode instance, from the gateway's Prometheus counter."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(console.url + "/metrics").text):
+        if fam.name == "sibyl_gateway_requests":
+            for sample in fam.samples:
+                if sample.name.endswith("_total"):
+                    d = sample.labels["decode"]
+                    out[d] = out.get(d, 0) + sample.value
+    return out
+
+
 def test_policy_swap_under_load_drops_nothing_and_is_recorded(console: Console) -> None:
     c = OpenAI(base_url=console.url + "/v1", api_key="x", max_retries=0)
     errors: list[Exception] = []
@@ -104,13 +117,14 @@ def test_policy_swap_under_load_drops_nothing_and_is_recorded(console: Console) 
     for t in threads:
         t.join()
     assert errors == [] and done == [30] * 36
-    before = {i["id"]: i["routed_running"] for i in console.state()["instances"]}
+    before = decode_counts(console)
     for _ in range(8):  # round robin now: eight requests cover the four decode instances twice
         c.completions.create(model="sibyl-model", prompt="rr", max_tokens=1)
+    after = decode_counts(console)
+    assert {d: after.get(d, 0) - before.get(d, 0) for d in after} == {"d0": 2, "d1": 2, "d2": 2, "d3": 2}
     status = json.loads(console.cli("status", "--json").stdout)
     assert status["policies"]["routing"]["name"] == "round_robin"
     assert {"id", "role", "url", "healthy", "running", "waiting", "kv_usage", "tokens_per_s"} <= status["instances"][0].keys()
-    del before
     wait_for(lambda: any(e["source"] == "cli" for e in RunStore(console.db).policy_events(console.run_id)), 5, "the swap to be stored")
     events = RunStore(console.db).policy_events(console.run_id)
     assert [(e["new"], e["source"]) for e in events][-1] == ("round_robin", "cli")
@@ -240,3 +254,20 @@ def test_sim_backend_serves_with_the_simulators_timing(tmp_path: Path) -> None:
     finally:
         con.stop()
         kill_children(con.home)
+
+
+def test_attach_to_running_instances_with_slo_classes_and_cli_errors(tmp_path: Path) -> None:
+    with emulators(("prefill", FAST), ("decode", FAST)) as (p, d):
+        con = start_console(tmp_path, "--backend", "vllm", "--attach", f"prefill={p.url};decode={d.url}")
+        try:
+            assert con.state()["cluster"] == "1P1D" and con.state()["backend"] == "vllm-attached"
+            r = httpx.post(con.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, "ignore_eos": True}, headers={"X-Sibyl-SLO-Class": "default"})
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == " t0 t1 t2"
+            bad = con.cli("policy", "set", "routing", "nope")
+            assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "available:" in bad.stderr
+            con.stop()
+            assert p.alive() and d.alive()  # attached instances belong to someone else
+            rows = RunStore(con.db).requests(con.run_id)
+            assert [(r["slo_class"], r["status"]) for r in rows] == [("default", "ok")]
+        finally:
+            con.stop()

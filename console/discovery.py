@@ -9,6 +9,7 @@ from pathlib import Path
 
 from platformdirs import user_data_dir
 
+from adapters.pids import pid_alive
 from core.errors import SibylError
 
 
@@ -52,16 +53,6 @@ def withdraw() -> None:
         _file().unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def locate(url: str | None = None, token: str | None = None) -> ConsoleAddress:
     """--url/--token if given (token also from SIBYL_TOKEN), else the local console's announcement."""
     token = token or os.environ.get("SIBYL_TOKEN")
@@ -71,7 +62,7 @@ def locate(url: str | None = None, token: str | None = None) -> ConsoleAddress:
         data = json.loads(_file().read_text())
     except (OSError, ValueError):
         raise ConsoleNotFound(f"no local console found ({_file()} is missing); start one with `sibyl-console up` or pass --url") from None
-    if not _alive(int(data.get("pid", 0))):
+    if not pid_alive(int(data.get("pid", 0))):
         raise ConsoleNotFound(f"the console that wrote {_file()} (pid {data.get('pid')}) is not running; pass --url")
     if token is None:
         try:

@@ -17,6 +17,7 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.pool import StaticPool
 from sqlmodel import SQLModel, create_engine
 
+from adapters.pids import pid_alive
 from adapters.store.paths import default_db_path
 from adapters.store.schema import (
     REQUEST_COLUMNS,
@@ -60,18 +61,6 @@ class RunInfo:
 
 def _new_run_id() -> str:
     return time.strftime("r-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(2)
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunStore:
@@ -141,7 +130,7 @@ class RunStore:
         """Runs left "running" by a process that is gone become "interrupted"."""
         with self._lock, self.engine.begin() as conn:
             rows = conn.execute(select(Run).where(Run.status == "running")).all()  # type: ignore[arg-type]
-            dead = [r.run_id for r in rows if not _pid_alive(r.pid)]
+            dead = [r.run_id for r in rows if not pid_alive(r.pid)]
             if dead:
                 conn.execute(update(Run).where(Run.run_id.in_(dead)).values(status="interrupted"))  # type: ignore[attr-defined]
         return dead

@@ -20,7 +20,7 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 
 ## up: bring the main job up on the embedded default (emulated 2P4D cluster, gateway on :8000)
 up: $(VENV)/.installed
-	$(SIBYL) up $(UP_ARGS)
+	$(SIBYL) up --replay demos/azure_conv_sample.csv --replay-speed 0.3 --loop $(UP_ARGS)
 
 ## demo-sim: the offline simulation of SIBYL's setting on a small scale
 demo-sim: $(VENV)/.installed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 
 import uvicorn
 
@@ -22,7 +22,7 @@ class ManagedServer(uvicorn.Server):
         yield
 
 
-def on_shutdown_signals(servers: Iterable[uvicorn.Server], also: asyncio.Event | None = None) -> None:
+def on_shutdown_signals(servers: Iterable[uvicorn.Server], also: Callable[[], None] | None = None) -> None:
     """First SIGINT/SIGTERM: graceful exit of every server; a second SIGINT forces it."""
     loop = asyncio.get_running_loop()
     targets = list(servers)
@@ -33,7 +33,7 @@ def on_shutdown_signals(servers: Iterable[uvicorn.Server], also: asyncio.Event |
                 s.force_exit = True
             s.should_exit = True
         if also is not None:
-            also.set()
+            also()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -74,6 +74,8 @@ class Controller:
         self.metrics = GatewayMetrics()
         self.slo = SlidingWindow(60.0, config.slo)
         self.served_models: set[str] = {config.served_model_name}
+        self.max_model_len: int | None = None
+        """The smallest context length the instances report (None when they do not say)."""
         self.token = os.environ.get("SIBYL_TOKEN") or secrets.token_urlsafe(32)
         self.t0 = time.monotonic()
         self.started_wall = time.time()
@@ -88,6 +90,9 @@ class Controller:
             on_sample=self._on_sample,
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self.replay: Any = None
+        """The Replayer started by `up --replay`, if any (console.replay.Replayer)."""
+        self.replay_label = ""
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
@@ -122,7 +127,12 @@ class Controller:
                 async with inst.session.get("/v1/models") as r:
                     if r.status == 200:
                         data = await r.json()
-                        self.served_models.update(m["id"] for m in data.get("data", []) if "id" in m)
+                        for m in data.get("data", []):
+                            if "id" in m:
+                                self.served_models.add(m["id"])
+                            if isinstance(m.get("max_model_len"), int):
+                                old = self.max_model_len
+                                self.max_model_len = m["max_model_len"] if old is None else min(old, m["max_model_len"])
 
     async def stop(self, status: str = "completed") -> None:
         """Drain in-flight requests (bounded), stop polling, close clients and the run record."""
@@ -283,6 +293,8 @@ class Controller:
             "requests": {"in_flight": self.in_flight, "total": self.total, "failed": self.failed},
             "assignment_ratio": self.dispatcher.assignment_ratios()["active"],
             "draining": self.draining,
+            "replay": {**self.replay.snapshot(), "label": self.replay_label} if self.replay is not None else None,
+            "capabilities": {"scale": False, "replay": self.replay is not None},
         }
 
     def summary(self) -> dict[str, Any]:

@@ -56,7 +56,13 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
                 access_log=False, lifespan="on", timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
             )
         )
-        on_shutdown_signals([server])
+        replay_task: asyncio.Task[None] | None = None
+
+        def stop_replay() -> None:
+            if controller.replay is not None:
+                controller.replay.stop()
+
+        on_shutdown_signals([server], stop_replay)
         serving = asyncio.create_task(server.serve(), name="gateway")
         while not server.started and not serving.done():
             await asyncio.sleep(0.02)
@@ -66,6 +72,8 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
         port = server.servers[0].sockets[0].getsockname()[1] if config.port == 0 else config.port
         live = LiveConsole(f"http://{config.host}:{port}", run_id, token_file, store.path, controller, server)
         discovery.announce(live.url, token_file, run_id)
+        if config.replay is not None:
+            replay_task = start_replay(config, controller, store, live.url)
         on_ready(live)
         if attach_ui is not None:
             ui: asyncio.Future[None] = asyncio.ensure_future(attach_ui(live))
@@ -75,6 +83,9 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
             await serving
         else:
             await serving
+        if replay_task is not None:
+            stop_replay()
+            await replay_task
         status = "completed"
     except (KeyboardInterrupt, asyncio.CancelledError):
         status = "interrupted"
@@ -88,3 +99,32 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
             store.finish_run(run_id, status=status)
         store.close()
     return status
+
+
+def start_replay(config: ConsoleConfig, controller: Controller, store: RunStore, url: str) -> asyncio.Task[None]:
+    """Replay `config.replay` into this console's own gateway, recorded as a child run."""
+    from adapters.store import RunRecorder
+    from console.replay import Replayer
+    from core.traces import read_trace
+
+    assert config.replay is not None
+    trace = read_trace(config.replay)
+    run_id = store.create_run(kind="replay", backend="client", workload=trace.source or trace.name, parent_run_id=controller.run_id,
+                              config={"trace": str(config.replay), "speed": config.replay_speed, "loop": config.replay_loop})
+    recorder = RunRecorder(store, run_id)
+    rep = Replayer(trace.arrivals.tolist(), trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), url,
+                   speed=config.replay_speed, loop=config.replay_loop, max_context=controller.max_model_len, on_result=recorder.request)
+    controller.replay = rep
+    controller.replay_label = f"{Path(config.replay).name} x{config.replay_speed:g}{' (loop)' if config.replay_loop else ''}"
+
+    async def run() -> None:
+        status = "completed"
+        try:
+            await rep.run(drain_timeout_s=config.drain_timeout_s)
+            if rep.status == "stopped":
+                status = "interrupted"
+        finally:
+            recorder.close(status=status, summary=rep.stats.snapshot())
+
+    return asyncio.create_task(run(), name="replay")
+

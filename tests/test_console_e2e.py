@@ -249,7 +249,7 @@ def test_sim_backend_serves_with_the_simulators_timing(tmp_path: Path) -> None:
         prof = get_profile("h20-qwen3-32b")
         tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
         assert len(stamps) == 30
-        assert tpot == pytest.approx(1 / prof.per_request_rate(1), rel=0.15)
+        assert tpot == pytest.approx(1 / prof.per_request_rate(1), rel=0.25)
         assert stamps[0] >= float(prof.prefill_time(100))
     finally:
         con.stop()

@@ -29,6 +29,9 @@ def up(
     headless: Annotated[bool, typer.Option(help="serve without the dashboard")] = False,
     db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
     attach: Annotated[str | None, typer.Option(help="manage running instances: 'prefill=URL,...;decode=URL,...'")] = None,
+    replay: Annotated[Path | None, typer.Option(help="replay this trace into the cluster once it is up")] = None,
+    replay_speed: Annotated[float | None, typer.Option(help="replay time compression (2 = twice as fast)")] = None,
+    loop: Annotated[bool, typer.Option("--loop", help="replay the trace again and again")] = False,
 ) -> None:
     """Start an emulated 2P4D cluster (or attach to vLLM) behind the gateway on 127.0.0.1:8000.
 
@@ -46,6 +49,9 @@ def up(
         "policy": policy, "host": host, "port": port, "db": db,
         "attach": parse_attach(attach) if attach else None,
         "headless": True if headless else None,
+        "replay": replay,
+        "replay_speed": replay_speed,
+        "replay_loop": True if loop else None,
     }
     if params:
         overrides["params"] = {**params.get("", {}), **params.get(policy or "", {})}
@@ -57,6 +63,8 @@ def up(
         out.print(f"  run id      {live.run_id}   (store: {live.db})")
         out.print(f"  control     {live.url}/control/state   token in {live.token_file}")
         out.print(f"  cluster     {live.controller.state()['cluster']} on backend {live.controller.backend}, routing: {cfg.policy}")
+        if cfg.replay is not None:
+            out.print(f"  replaying   {cfg.replay} x{cfg.replay_speed:g}{' in a loop' if cfg.replay_loop else ''} (demo traffic, recorded as a child run)")
         out.print("  Ctrl-C to drain and stop")
 
     ui = None

@@ -31,7 +31,7 @@ def build_app(controller: Controller, *, manage_lifecycle: bool = True) -> Any:
 
     async def models(_: Request) -> Response:
         created = int(c.started_wall)
-        data = [{"id": m, "object": "model", "created": created, "owned_by": "sibyl-console"} for m in sorted(c.served_models)]
+        data = [{"id": m, "object": "model", "created": created, "owned_by": "sibyl-console", "max_model_len": c.max_model_len} for m in sorted(c.served_models)]
         return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
     async def metrics(_: Request) -> Response:

@@ -79,6 +79,16 @@ def control_routes(c: Controller) -> list[Route]:
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
+    async def replay_action(request: Request) -> Response:
+        action = request.path_params["action"]
+        if c.replay is None:
+            return _error(404, "no replay is running (start one with `sibyl-console up --replay TRACE`)")
+        if action not in ("pause", "resume"):
+            return _error(404, f"unknown replay action {action!r}; actions: pause, resume")
+        getattr(c.replay, action)()
+        c.events.publish("replay", action=action, **c.replay.snapshot())
+        return _json(c.replay.snapshot())
+
     async def run(_: Request) -> Response:
         return _json({"run_id": c.run_id, "db": str(c.store.path), "run_dir": str(c.run_dir)})
 
@@ -88,4 +98,5 @@ def control_routes(c: Controller) -> list[Route]:
         Route("/control/policies", guard(policies), methods=["GET"]),
         Route("/control/policies/{kind}", guard(put_policy), methods=["PUT"]),
         Route("/control/run", guard(run), methods=["GET"]),
+        Route("/control/replay/{action}", guard(replay_action), methods=["POST"]),
     ]

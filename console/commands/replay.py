@@ -1,0 +1,126 @@
+"""`sibyl-console replay`: replay a trace against a console's gateway (or any OpenAI endpoint)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from adapters.store import RunRecorder, RunStore
+from console.discovery import ConsoleNotFound, locate
+from console.replay import Replayer
+from core.errors import ConfigError
+
+
+def load_window(trace: Path, fmt: str, seed: int, start: float, duration: float | None, limit: int | None) -> Any:
+    from core.traces import read_trace
+
+    t = read_trace(trace, fmt, seed=seed)
+    t = t.window(start=start, duration=duration, limit=limit)
+    if len(t) == 0:
+        raise ConfigError(f"{trace}: no requests in the window start={start}s duration={duration} limit={limit}")
+    return t
+
+
+def max_model_len(url: str, model: str | None) -> int | None:
+    """The served model's context length from /v1/models, when the server says it."""
+    try:
+        data = httpx.get(url.rstrip("/") + "/v1/models", timeout=5).json().get("data", [])
+    except (httpx.HTTPError, ValueError):
+        return None
+    lens = [m.get("max_model_len") for m in data if (model is None or m.get("id") == model) and isinstance(m.get("max_model_len"), int)]
+    return min(lens) if lens else None
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def replay(
+    trace: Annotated[Path, typer.Argument(help="trace file or ServeGen folder")],
+    format: Annotated[str, typer.Option("--format", help="auto|mooncake|azure|burstgpt|servegen")] = "auto",
+    url: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (default: the local console's gateway)")] = None,
+    model: Annotated[str | None, typer.Option(help="model name to send (default: the server's)")] = None,
+    speed: Annotated[float, typer.Option(help="time compression: 2 sends twice as fast as the trace")] = 1.0,
+    start: Annotated[float, typer.Option(help="skip the trace's first S seconds")] = 0.0,
+    duration: Annotated[float | None, typer.Option(help="replay D seconds of the trace")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="at most N requests")] = None,
+    max_concurrency: Annotated[int | None, typer.Option(min=1, help="cap on requests in flight")] = None,
+    max_context: Annotated[int | None, typer.Option(help="clip prompt + output to N tokens (default: the model's max_model_len)")] = None,
+    seed: Annotated[int, typer.Option(help="seed for ServeGen sampling")] = 0,
+    db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary at the end")] = False,
+) -> None:
+    """Open-loop replay of a trace: token-id prompts of each row's length, outputs forced with
+    max_tokens + ignore_eos, arrivals honoured (÷ --speed). Client-side TTFT/TPOT/E2E of every
+    request go to the run store, linked to the local console's run. Ctrl-C stops sending, waits
+    for in-flight requests (bounded) and keeps everything recorded.
+
+    Examples:
+      sibyl-console replay ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv --limit 500 --speed 4
+      sibyl-console replay ../shared/traces/mooncake_fast25/conversation_trace.jsonl --duration 60 --url http://10.0.0.9:8000
+    """
+    if speed <= 0:
+        raise ConfigError("--speed must be > 0")
+    t = load_window(trace, format, seed, start, duration, limit)
+    parent = None
+    if url is None:
+        try:
+            local = locate()
+        except ConsoleNotFound as e:
+            raise ConfigError(f"{e} (replay needs a target: start `sibyl-console up` or pass --url)") from None
+        url, parent = local.url, local.run_id
+    context = max_context or max_model_len(url, model)
+    store = RunStore(db)
+    store.mark_interrupted_runs()
+    run_id = store.create_run(kind="replay", backend="client", workload=t.source or t.name, seed=seed, parent_run_id=parent,
+                              config={"trace": str(trace), "url": url, "speed": speed, "start": start, "duration": duration, "limit": limit, "max_concurrency": max_concurrency, "max_context": context})
+    recorder = RunRecorder(store, run_id)
+    rep = Replayer(t.arrivals.tolist(), t.prompt_tokens.tolist(), t.output_tokens.tolist(), url, model=model, speed=speed,
+                   max_concurrency=max_concurrency, max_context=context, on_result=recorder.request)
+    err = Console(stderr=True)
+    started = time.monotonic()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, rep.stop)
+        runner = asyncio.create_task(rep.run())
+        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[line]}"))
+        with Progress(*cols, console=err, transient=as_json) as progress:
+            task = progress.add_task("replay", total=len(t), line="")
+            while not runner.done():
+                s = rep.stats.snapshot()
+                line = f"sent {s['sent']} done {s['done']} failed {s['failed']}  TTFT p50/p99 {_fmt(s['ttft_p50'])}/{_fmt(s['ttft_p99'])} ms  TPOT p50/p99 {_fmt(s['tpot_p50'])}/{_fmt(s['tpot_p99'])} ms"
+                progress.update(task, completed=s["done"] + s["failed"], line=line)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(runner), 0.5)
+            progress.update(task, completed=rep.stats.done + rep.stats.failed)
+        await runner
+
+    status = "completed"
+    try:
+        asyncio.run(main())
+        if rep.status == "stopped":
+            status = "interrupted"
+    finally:
+        s = rep.stats.snapshot()
+        recorder.close(status=status, summary={**s, "wall_s": time.monotonic() - started})
+    summary = {"run_id": run_id, "parent_run_id": parent, "requests": len(t), **s, "wall_s": time.monotonic() - started, "status": status}
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        err.print(f"replay run {run_id}: {s['done']} done, {s['failed']} failed of {len(t)} ({status})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("replay")(replay)

@@ -1,0 +1,224 @@
+"""Open-loop trace replay against an OpenAI-compatible endpoint, with client-side latencies.
+
+Each trace row becomes a streaming `/v1/completions` request whose prompt is a token-id list of
+the row's prompt length and whose output is forced with `max_tokens` + `ignore_eos`; requests are
+sent at their arrival times (÷ speed) whatever happened to earlier ones, up to an optional
+concurrency cap. Pause/resume shift the schedule; stop ends sending and lets in-flight requests
+finish (bounded). Every result goes to a callback (the run recorder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from adapters.vllm.pd_protocol import SSETokenCounter
+from core.slo import percentile
+
+ResultSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class ReplayStats:
+    total: int
+    sent: int = 0
+    done: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    laps: int = 0
+    recent_ttft: deque[float] = field(default_factory=lambda: deque(maxlen=500))
+    recent_tpot: deque[float] = field(default_factory=lambda: deque(maxlen=500))
+
+    def snapshot(self) -> dict[str, Any]:
+        import numpy as np
+
+        ttft, tpot = np.array(self.recent_ttft), np.array(self.recent_tpot)
+        return {
+            "total": self.total, "sent": self.sent, "done": self.done, "failed": self.failed, "in_flight": self.in_flight,
+            "laps": self.laps,
+            "ttft_p50": percentile(ttft, 50) if len(ttft) else None, "ttft_p99": percentile(ttft, 99) if len(ttft) else None,
+            "tpot_p50": percentile(tpot, 50) if len(tpot) else None, "tpot_p99": percentile(tpot, 99) if len(tpot) else None,
+        }
+
+
+def prompt_ids(n: int, salt: int) -> list[int]:
+    """A token-id prompt of length n (ids in [1, 1000], varied per request so no two are alike)."""
+    return [(salt * 131 + k * 17) % 1000 + 1 for k in range(n)]
+
+
+class Replayer:
+    """Sends a trace's requests on schedule; pause, resume and stop are safe from any task."""
+
+    def __init__(
+        self,
+        arrivals: list[float],
+        prompt_tokens: list[int],
+        output_tokens: list[int],
+        url: str,
+        *,
+        model: str | None = None,
+        speed: float = 1.0,
+        max_concurrency: int | None = None,
+        max_context: int | None = None,
+        loop: bool = False,
+        on_result: ResultSink | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if speed <= 0:
+            raise ValueError("speed must be > 0")
+        self.arrivals, self.prompts, self.outputs = arrivals, prompt_tokens, output_tokens
+        self.url = url.rstrip("/") + "/v1/completions"
+        self.model = model
+        self.speed = speed
+        self.max_context = max_context
+        self.loop = loop
+        self.on_result = on_result
+        self.headers = headers or {}
+        self.stats = ReplayStats(total=len(arrivals))
+        self._cap = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self._running = asyncio.Event()
+        self._running.set()
+        self._stopped = False
+        self._paused_at: float | None = None
+        self._shift = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.status = "running"
+
+    # --- control -----------------------------------------------------------------------------------
+    def pause(self) -> None:
+        if self._running.is_set() and not self._stopped:
+            self._running.clear()
+            self._paused_at = time.monotonic()
+            self.status = "paused"
+
+    def resume(self) -> None:
+        if not self._running.is_set():
+            if self._paused_at is not None:
+                self._shift += time.monotonic() - self._paused_at
+            self._paused_at = None
+            self._running.set()
+            self.status = "running"
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._running.set()
+        self.status = "stopping"
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"status": self.status, "paused": self.status == "paused", **self.stats.snapshot()}
+
+    # --- sending ----------------------------------------------------------------------------------------
+    def _clip(self, prompt: int, out: int) -> tuple[int, int]:
+        if self.max_context is None:
+            return prompt, out
+        out = max(1, min(out, self.max_context - 1))
+        return max(1, min(prompt, self.max_context - out)), out
+
+    async def run(self, drain_timeout_s: float = 30.0) -> None:
+        """Send everything (again and again with `loop`), then wait for in-flight requests (bounded)."""
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            try:
+                lap = 0
+                while not self._stopped:
+                    await self._lap(session, lap)
+                    lap += 1
+                    self.stats.laps = lap
+                    if not self.loop:
+                        break
+            finally:
+                self.status = "draining"
+                if self._tasks:
+                    _, pending = await asyncio.wait(self._tasks, timeout=drain_timeout_s)
+                    for t in pending:
+                        t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.gather(*pending, return_exceptions=True)
+                self.status = "stopped" if self._stopped else "finished"
+
+    async def _lap(self, session: aiohttp.ClientSession, lap: int) -> None:
+        if not self.arrivals:
+            return
+        start = time.monotonic()
+        self._shift = 0.0
+        first = self.arrivals[0]
+        for i, arrival in enumerate(self.arrivals):
+            if self._stopped:
+                return
+            await self._running.wait()
+            if self._stopped:
+                return
+            due = start + self._shift + (arrival - first) / self.speed
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                await self._running.wait()
+            if self._cap is not None:
+                await self._cap.acquire()
+            task = asyncio.create_task(self._send(session, i, lap, due - start))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, session: aiohttp.ClientSession, i: int, lap: int, scheduled: float) -> None:
+        prompt, out = self._clip(self.prompts[i], self.outputs[i])
+        body: dict[str, Any] = {
+            "prompt": prompt_ids(prompt, i), "max_tokens": out, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.model:
+            body["model"] = self.model
+        rid = f"replay-{lap}-{i}"
+        st = self.stats
+        st.sent += 1
+        st.in_flight += 1
+        sent = time.monotonic()
+        first: float | None = None
+        counter = SSETokenCounter()
+        status, reason = "failed", None
+        try:
+            async with session.post(self.url, data=orjson.dumps(body), headers={**self.headers, "Content-Type": "application/json", "X-Request-Id": rid}) as r:
+                if r.status != 200:
+                    reason = f"HTTP {r.status}: {(await r.read())[:200].decode(errors='replace')}"
+                else:
+                    async for chunk in r.content.iter_any():
+                        if counter.feed(chunk) and first is None:
+                            first = time.monotonic()
+                    if counter.done and counter.error is None:
+                        status = "ok"
+                    else:
+                        reason = f"stream ended early: {counter.error or 'no [DONE]'}"
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            reason = f"{type(e).__name__}: {e}"
+        except asyncio.CancelledError:
+            reason = "cancelled at shutdown"
+        finally:
+            st.in_flight -= 1
+            if self._cap is not None:
+                self._cap.release()
+        finish = time.monotonic()
+        n = counter.output_tokens
+        ttft = (first - sent) if status == "ok" and first is not None else None
+        tpot = ((finish - first) / (n - 1) if n > 1 else 0.0) if status == "ok" and first is not None else None
+        if status == "ok":
+            st.done += 1
+            if ttft is not None:
+                st.recent_ttft.append(ttft)
+            if tpot is not None:
+                st.recent_tpot.append(tpot)
+        else:
+            st.failed += 1
+        if self.on_result is not None:
+            self.on_result({
+                "request_id": rid, "arrival": scheduled, "prompt_tokens": prompt, "output_tokens": n if status == "ok" else None,
+                "max_tokens": out, "first_token": None if first is None else first - sent + scheduled,
+                "finish": finish - sent + scheduled, "ttft": ttft, "tpot": tpot, "e2e": finish - sent if status == "ok" else None,
+                "status": status, "reason": reason,
+            })

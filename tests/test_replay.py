@@ -1,0 +1,81 @@
+"""Trace replay against a real emulated console: `sibyl-console replay` and `up --replay`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from adapters.store import RunStore
+from core.traces import read_trace
+from tests.procs import ROOT, kill_children, start_console, wait_for
+
+SHARED = ROOT.parent / "shared" / "traces"
+DEMO = ROOT / "demos" / "azure_conv_sample.csv"
+
+
+def replay(con, *args: str) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    out = subprocess.run([sys.executable, "-m", "console.cli", "replay", *args, "--json"], cwd=ROOT, env=con.env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def test_replay_records_each_trace_slice_linked_to_the_console(tmp_path: Path) -> None:
+    con = start_console(tmp_path, "--profile", "cpu-tiny-llama", "--prefill", "1", "--decode", "2")
+    try:
+        slices = [(DEMO, 40, 20.0)]
+        if SHARED.exists():
+            slices += [(SHARED / "mooncake_fast25" / "conversation_trace.jsonl", 15, 50.0), (SHARED / "servegen_deepseek_r1", 15, 200.0)]
+        for trace, n, speed in slices:
+            summary = replay(con, str(trace), "--limit", str(n), "--speed", str(speed))
+            assert summary["requests"] == n and summary["done"] == n and summary["failed"] == 0, summary
+            assert summary["parent_run_id"] == con.run_id
+            rows = RunStore(con.db).requests(summary["run_id"])
+            assert len(rows) == n and all(r["status"] == "ok" for r in rows)
+            # open loop: request i is scheduled at its trace arrival / speed
+            t = read_trace(trace, limit=None).window(limit=n)
+            expected = sorted((t.arrivals - t.arrivals[0]) / speed)
+            got = sorted(r["arrival"] for r in rows)
+            assert got == pytest.approx(expected, abs=0.05)
+            # outputs were forced to the trace's lengths (clipped to the 1,024-token context)
+            assert sorted(r["output_tokens"] for r in rows) == sorted(min(o, 1023) for o in t.output_tokens.tolist())
+    finally:
+        con.stop()
+        kill_children(con.home)
+
+
+def test_bad_trace_and_missing_console_are_clear_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,abc,3\n")
+    env = {"SIBYL_HOME": str(tmp_path / "home"), "SIBYL_DB": str(tmp_path / "x.db"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(bad)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "bad.csv:2: field 'ContextTokens'" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(DEMO)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no local console" in out.stderr
+
+
+def test_up_replay_pauses_resumes_and_records_a_child_run(tmp_path: Path) -> None:
+    con = start_console(tmp_path, "--profile", "cpu-tiny-llama", "--prefill", "1", "--decode", "1", "--replay", str(DEMO), "--replay-speed", "4", "--loop")
+    try:
+        wait_for(lambda: (con.state()["replay"] or {}).get("sent", 0) >= 5, 15, "the replay to send")
+        with con.control() as c:
+            assert c.post("/control/replay/pause").json()["status"] == "paused"
+            sent = con.state()["replay"]["sent"]
+            time.sleep(0.6)
+            assert con.state()["replay"]["sent"] == sent and con.state()["replay"]["label"].startswith("azure_conv_sample.csv")
+            assert c.post("/control/replay/resume").json()["status"] == "running"
+            wait_for(lambda: con.state()["replay"]["sent"] > sent, 10, "sending to resume")
+            assert c.post("/control/replay/rewind").status_code == 404
+        assert httpx.post(con.url + "/control/replay/pause").status_code == 401
+        con.stop()
+        runs = {r.kind: r for r in RunStore(con.db).list_runs()}
+        assert runs["replay"].parent_run_id == con.run_id and runs["replay"].status == "interrupted"
+        assert runs["replay"].requests > 0 and runs["live"].status == "completed"
+    finally:
+        con.stop()
+        kill_children(con.home)

@@ -45,5 +45,9 @@ class ControlClient:
         result: dict[str, Any] = self._call("PUT", f"/control/policies/{kind}", json={"name": name, "params": params, "source": source})
         return result
 
+    def scale(self, role: str, delta: int, source: str = "cli") -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/control/scale", json={"role": role, "delta": delta, "source": source})
+        return result
+
     def close(self) -> None:
         self._http.close()

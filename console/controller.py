@@ -18,10 +18,15 @@ from console.gateway_metrics import GatewayMetrics
 from console.instances import Instance
 from console.poller import Poller
 from core.dispatch import Dispatcher
+from core.errors import SibylError
 from core.perf import get_profile
 from core.policies import registry
 from core.slo import SlidingWindow
 from core.types import PolicyEvent, Role
+
+
+class ScaleError(SibylError):
+    """A scale request the backend cannot carry out."""
 
 
 @dataclass
@@ -58,6 +63,7 @@ class Controller:
         run_id: str,
         run_dir: Path,
         backend_label: str | None = None,
+        backend: Any = None,
     ) -> None:
         self.config = config
         self.instances = {i.id: i for i in instances}
@@ -69,6 +75,9 @@ class Controller:
         self.run_id = run_id
         self.run_dir = run_dir
         self.backend = backend_label or config.backend
+        self._backend = backend
+        """The backend object; it can scale when it has async add(role, id) and remove(id)."""
+        self._draining_out: set[str] = set()
         self.recorder = RunRecorder(store, run_id)
         self.events = EventBus()
         self.metrics = GatewayMetrics()
@@ -220,6 +229,63 @@ class Controller:
             }
         )
 
+    # --- scaling ------------------------------------------------------------------------------------
+    @property
+    def can_scale(self) -> bool:
+        return hasattr(self._backend, "add") and hasattr(self._backend, "remove")
+
+    def _next_id(self, role: Role) -> str:
+        prefix = role.value[0]
+        used = [int(i[1:]) for i in self.dispatcher.view.instance_ids if i[0] == prefix and i[1:].isdigit()]
+        return f"{prefix}{max(used, default=-1) + 1}"
+
+    async def scale(self, role: str, delta: int, source: str = "api") -> dict[str, Any]:
+        """Add `delta` instances of a role (or remove -delta: routing stops at once, the process after draining)."""
+        if not self.can_scale:
+            raise ScaleError(f"the {self.backend} backend cannot add or remove instances")
+        if role not in ("prefill", "decode") or not isinstance(delta, int) or delta == 0:
+            raise ScaleError('expected {"role": "prefill"|"decode", "delta": a non-zero integer}')
+        r = Role(role)
+        changed: list[str] = []
+        if delta > 0:
+            for _ in range(delta):
+                iid = self._next_id(r)
+                inst = await self._backend.add(r, iid)
+                inst.open()
+                self.instances[iid] = inst
+                self.dispatcher.add_instance(iid, r)
+                self.metrics.instance_up.labels(instance=iid, role=r.value).set(1)
+                self._instance_event(inst, "added", source)
+                changed.append(iid)
+            return {"role": role, "delta": delta, "instances": changed}
+        active = [i for i in self.instances.values() if i.role == r and i.id not in self._draining_out]
+        if len(active) + delta < 1:
+            raise ScaleError(f"at least one {role} instance must remain ({len(active)} active)")
+        for inst in active[delta:]:
+            self._draining_out.add(inst.id)
+            self.dispatcher.remove_instance(inst.id)
+            self.metrics.instance_up.labels(instance=inst.id, role=r.value).set(0)
+            self._instance_event(inst, "removed", source)
+            changed.append(inst.id)
+            self._tasks.append(asyncio.create_task(self._retire(inst), name=f"retire-{inst.id}"))
+        return {"role": role, "delta": delta, "instances": changed}
+
+    async def _retire(self, inst: Instance) -> None:
+        """Wait (bounded) until nothing routed to the instance is in flight, then stop it."""
+        idx = self.dispatcher.index_of(inst.id)
+        view = self.dispatcher.view
+        deadline = time.monotonic() + max(self.config.drain_timeout_s, 1.0)
+        while (view.running_n[idx] or view.pending_n[idx]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        self.instances.pop(inst.id, None)
+        await inst.close()
+        await self._backend.remove(inst.id)
+        self._draining_out.discard(inst.id)
+
+    def _instance_event(self, inst: Instance, event: str, detail: str) -> None:
+        self.recorder.instance_event(t=time.monotonic() - self.t0, instance_id=inst.id, event=event, detail=detail)
+        self.events.publish("instance", instance=inst.id, role=inst.role.value, event=event, detail=detail)
+
     def upstream_failed(self, instance_id: str) -> None:
         """The proxy could not talk to an instance: poll now instead of waiting for the next round."""
         if instance_id in self.instances:
@@ -294,7 +360,7 @@ class Controller:
             "assignment_ratio": self.dispatcher.assignment_ratios()["active"],
             "draining": self.draining,
             "replay": {**self.replay.snapshot(), "label": self.replay_label} if self.replay is not None else None,
-            "capabilities": {"scale": False, "replay": self.replay is not None},
+            "capabilities": {"scale": self.can_scale, "replay": self.replay is not None},
         }
 
     def summary(self) -> dict[str, Any]:

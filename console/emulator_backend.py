@@ -19,6 +19,7 @@ class EmulatorBackend:
         self.config = config
         self.log_dir = run_dir / "logs"
         self.procs: list[EmulatorProcess] = []
+        self.by_id: dict[str, EmulatorProcess] = {}
 
     def _args(self) -> list[str]:
         c, e = self.config, self.config.emulator
@@ -44,15 +45,27 @@ class EmulatorBackend:
             await self.stop()
             raise
         ids = instance_ids(roles)
+        self.by_id = dict(zip(ids, self.procs, strict=True))
         return [Instance(i, r, p.url, pid=p.pid) for i, r, p in zip(ids, roles, self.procs, strict=True)]
+
+    async def add(self, role: Role, instance_id: str) -> Instance:
+        """Start one more emulator process (scale out)."""
+        port = free_port()
+        p = EmulatorProcess(role.value, port, [*self._args(), "--seed", str(len(self.procs))], log_path=self.log_dir / f"{role.value}-{port}.log").start()
+        self.procs.append(p)
+        self.by_id[instance_id] = p
+        try:
+            await asyncio.to_thread(p.wait_ready, 60.0)
+        except BaseException:
+            await asyncio.to_thread(p.stop)
+            raise
+        return Instance(instance_id, role, p.url, pid=p.pid)
+
+    async def remove(self, instance_id: str) -> None:
+        """Stop the process behind an instance (scale in)."""
+        p = self.by_id.pop(instance_id, None)
+        if p is not None:
+            await asyncio.to_thread(p.stop)
 
     async def stop(self) -> None:
         await asyncio.gather(*(asyncio.to_thread(p.stop) for p in self.procs))
-
-    def process(self, instance_id: str) -> EmulatorProcess | None:
-        """The process behind an instance id (p0, d3, …)."""
-        roles = [Role.PREFILL] * self.config.prefill + [Role.DECODE] * self.config.decode
-        for iid, p in zip(instance_ids(roles), self.procs, strict=False):
-            if iid == instance_id:
-                return p
-        return None

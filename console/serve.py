@@ -47,7 +47,7 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
     status = "failed"
     try:
         instances = await backend.start()
-        controller = Controller(config, instances, store=store, run_id=run_id, run_dir=run_dir, backend_label=backend.label)
+        controller = Controller(config, instances, store=store, run_id=run_id, run_dir=run_dir, backend_label=backend.label, backend=backend)
         token_file = controller.write_token()
         app = build_app(controller)
         server = ManagedServer(

@@ -271,3 +271,33 @@ def test_attach_to_running_instances_with_slo_classes_and_cli_errors(tmp_path: P
             assert [(r["slo_class"], r["status"]) for r in rows] == [("default", "ok")]
         finally:
             con.stop()
+
+
+def test_scale_out_and_in_while_serving(tmp_path: Path) -> None:
+    con = start_console(tmp_path, *FAST, "--prefill", "1", "--decode", "1", "--policy", "round_robin")
+    try:
+        assert con.state()["capabilities"]["scale"] is True
+        out = con.cli("scale", "decode", "1", "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["instances"] == ["d1"]
+        wait_for(lambda: any(i["id"] == "d1" and i["healthy"] for i in con.state()["instances"]), 10, "d1 to serve")
+        c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
+        for _ in range(4):
+            c.completions.create(model="sibyl-model", prompt="s", max_tokens=2)
+        assert decode_counts(con) == {"d0": 2, "d1": 2}  # the new instance takes its share at once
+        with con.control() as ctl:
+            assert ctl.post("/control/scale", json={"role": "prefill", "delta": -1}).status_code == 409  # the last one stays
+            assert ctl.post("/control/scale", json={"role": "gpu", "delta": 1}).status_code == 422
+            pid = next(i["pid"] for i in con.state()["instances"] if i["id"] == "d1")
+            assert ctl.post("/control/scale", json={"role": "decode", "delta": -1, "source": "tui"}).json()["instances"] == ["d1"]
+        wait_for(lambda: all(i["id"] != "d1" for i in con.state()["instances"]), 10, "d1 to be retired")
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "d1's process to stop")
+        for _ in range(2):
+            c.completions.create(model="sibyl-model", prompt="s", max_tokens=2)
+        assert decode_counts(con) == {"d0": 4, "d1": 2}
+        con.stop()
+        events = [(e["instance_id"], e["event"], e["detail"]) for e in RunStore(con.db).instance_events(con.run_id)]
+        assert ("d1", "added", "cli") in events and ("d1", "removed", "tui") in events
+    finally:
+        con.stop()
+        kill_children(con.home)

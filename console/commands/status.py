@@ -91,6 +91,22 @@ def policy_set(
         typer.echo(f"{ev['kind']}: {ev['old']} -> {ev['new']} {ev['params'] or ''}")
 
 
+def scale(
+    role: Annotated[str, typer.Argument(help="prefill | decode")],
+    delta: Annotated[int, typer.Argument(help="instances to add (negative: remove; routing stops at once, the process after draining)")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Add or remove instances of a running console (emulator and sim backends).
+
+    Examples: sibyl-console scale decode 2      sibyl-console scale decode -- -1
+    """
+    result = ControlClient(url, token).scale(role, delta)
+    typer.echo(json.dumps(result) if as_json else f"{role} {delta:+d}: {', '.join(result['instances'])}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("status")(status)
+    app.command("scale")(scale)
     app.add_typer(policy_app, name="policy")

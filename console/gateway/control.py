@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from console.controller import Controller
+from console.controller import Controller, ScaleError
 from console.gateway.errors import error_body
 from core.errors import ConfigError
 from core.types import PolicyKind
@@ -89,6 +89,19 @@ def control_routes(c: Controller) -> list[Route]:
         c.events.publish("replay", action=action, **c.replay.snapshot())
         return _json(c.replay.snapshot())
 
+    async def scale(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as e:
+            return _error(400, f"malformed JSON body: {e}")
+        if not isinstance(body, dict):
+            return _error(400, 'expected {"role": "prefill"|"decode", "delta": N}')
+        try:
+            result = await c.scale(str(body.get("role")), body.get("delta"), source=str(body.get("source") or "api"))  # type: ignore[arg-type]
+        except ScaleError as e:
+            return _error(409 if "must remain" in str(e) or "cannot" in str(e) else 422, str(e))
+        return _json(result)
+
     async def run(_: Request) -> Response:
         return _json({"run_id": c.run_id, "db": str(c.store.path), "run_dir": str(c.run_dir)})
 
@@ -99,4 +112,5 @@ def control_routes(c: Controller) -> list[Route]:
         Route("/control/policies/{kind}", guard(put_policy), methods=["PUT"]),
         Route("/control/run", guard(run), methods=["GET"]),
         Route("/control/replay/{action}", guard(replay_action), methods=["POST"]),
+        Route("/control/scale", guard(scale), methods=["POST"]),
     ]

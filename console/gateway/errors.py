@@ -8,6 +8,7 @@ _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
+    409: "ConflictError",
     413: "BadRequestError",
     422: "BadRequestError",
     500: "InternalServerError",

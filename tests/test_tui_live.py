@@ -116,3 +116,32 @@ def test_dashboard_on_an_emulated_cluster(tmp_path: Path, monkeypatch: pytest.Mo
     assert len(swaps) == 1
     assert swaps[0]["kind"] == "routing" and swaps[0]["old"] == "sibyl" and swaps[0]["new"] == "least_load"
     assert swaps[0]["params"] == {"by": "tokens"}
+
+
+def test_dashboard_pauses_a_replay_and_scales_a_real_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIBYL_HOME", str(tmp_path / "home"))
+    demo = Path(__file__).resolve().parents[1] / "demos" / "azure_conv_sample.csv"
+    config = ConsoleConfig(
+        prefill=1, decode=1, profile="cpu-tiny-llama", port=0, db=tmp_path / "runs.db", headless=True,
+        poll_interval_s=0.2, drain_timeout_s=0.5, replay=demo, replay_speed=2.0, replay_loop=True,
+    )
+
+    async def ui(live: LiveConsole) -> None:
+        client = DashboardClient(live.url, live.token_file.read_text().strip())
+        app = SibylDashboard(client, poll_interval_s=0.2)
+        try:
+            async with app.run_test(size=(160, 48)) as pilot:
+                await until(pilot, lambda: {"scale", "replay"} <= set(app.capabilities), 15)
+                await pilot.press("space")
+                await until(pilot, lambda: (app.state or {}).get("replay", {}).get("status") == "paused", 10)
+                assert (await client.state())["replay"]["status"] == "paused"
+                await pilot.press("space")
+                await until(pilot, lambda: (app.state or {}).get("replay", {}).get("status") == "running", 10)
+                await pilot.press("plus")
+                await until(pilot, lambda: len([i for i in (app.state or {}).get("instances", []) if i["role"] == "decode"]) == 2, 30)
+                state = await client.state()
+                assert [i["id"] for i in state["instances"] if i["role"] == "decode"] == ["d0", "d1"]
+        finally:
+            await client.aclose()
+
+    asyncio.run(run_console(config, lambda live: None, ui))

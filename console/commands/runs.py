@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from adapters.store import RunInfo, RunStore
+from adapters.store import RunInfo, RunStore, StoreError
 
 runs_app = typer.Typer(help="Runs recorded in the run store (SQLite).", no_args_is_help=True)
 DbOpt = Annotated[Path | None, typer.Option("--db", help="run store (default: user data dir; env SIBYL_DB)")]
@@ -110,6 +110,152 @@ def runs_show(run: Annotated[str, typer.Argument(help="run id (or a unique prefi
     for e in d["instance_events"]:
         con.print(f"  t={e['t']:.2f}s {e['instance_id']} {e['event']} {e['detail']}")
     con.print(f"config: {json.dumps(d['config'])}")
+
+
+def _fmt_metric(key: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    if key in ("requests", "failed"):
+        return str(v)
+    if key.startswith(("ttft", "tpot")):
+        return f"{v * 1000:.1f} ms"
+    if key == "slo_attainment":
+        return f"{v:.1%}"
+    return f"{v:.2f}"
+
+
+@runs_app.command("compare")
+def runs_compare(
+    runs: Annotated[list[str], typer.Argument(help="two or more run ids (or unique prefixes); the first is the baseline")],
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Side-by-side metrics, policy timelines and relative differences to the first run.
+
+    Example: sibyl-console runs compare r-20261122-1101 r-20261122-1102 r-20261122-1103
+    """
+    from console.analysis import LOWER_IS_BETTER, METRICS, compare
+
+    if len(runs) < 2:
+        raise StoreError("runs compare needs at least two run ids")
+    result = compare(open_store(db), runs)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+        return
+    t = Table(title=f"compared to {result[0]['run']['run_id']}")
+    t.add_column("metric")
+    for entry in result:
+        r = entry["run"]
+        t.add_column(f"{r['run_id']}\n{r['kind']} {r['policy'] or ''}", justify="right")
+    for key in METRICS:
+        cells = []
+        for k, entry in enumerate(result):
+            cell = _fmt_metric(key, entry["metrics"][key])
+            rel = entry["relative"][key]
+            if k and rel is not None:
+                better = rel < 0 if key in LOWER_IS_BETTER else rel > 0
+                cell += f" [{'green' if better else 'red'}]({rel:+.1%})[/]" if rel else " (=)"
+            cells.append(cell)
+        t.add_row(key, *cells)
+    t.add_row("policies", *["\n".join(e["policy_timeline"]) or "-" for e in result])
+    Console().print(t)
+
+
+@runs_app.command("export")
+def runs_export(
+    run: Annotated[str, typer.Argument(help="run id (or a unique prefix)")],
+    format: Annotated[str, typer.Option("--format", help="csv | json | parquet")] = "csv",
+    out: Annotated[Path | None, typer.Option("--out", help="file to write (default: stdout for csv/json)")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Per-request records of a run as CSV, JSON or Parquet.
+
+    Example: sibyl-console runs export r-20261122-1101 --format csv --out run.csv
+    """
+    import csv
+    import io
+
+    from adapters.store.schema import REQUEST_COLUMNS
+
+    store = open_store(db)
+    info = store.get_run(run)
+    rows = store.requests(info.run_id)
+    cols = ["request_id", *[c for c in REQUEST_COLUMNS if c != "request_id"]]
+    if format == "parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise StoreError("--format parquet needs pyarrow: pip install 'sibyl-console[plot]' or pip install pyarrow") from None
+        if out is None:
+            raise StoreError("--format parquet needs --out FILE")
+        pq.write_table(pa.Table.from_pylist([{c: r.get(c) for c in cols} for r in rows]), out)
+        return
+    if format == "json":
+        text = json.dumps([{c: r.get(c) for c in cols} for r in rows], indent=1)
+    elif format == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+        text = buf.getvalue()
+    else:
+        raise StoreError(f"--format {format!r}: expected csv, json or parquet")
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text)
+
+
+@runs_app.command("plot")
+def runs_plot(
+    run: Annotated[str, typer.Argument(help="run id (or a unique prefix)")],
+    metric: Annotated[str, typer.Option(help="tpot | ttft | attainment | load")] = "tpot",
+    out: Annotated[Path | None, typer.Option("--out", help="write a PNG instead of drawing in the terminal (needs matplotlib)")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Plot a run over time in the terminal (plotext), or to a PNG with --out.
+
+    Example: sibyl-console runs plot r-20261122-1101 --metric attainment --out attainment.png
+    """
+    from console.analysis import series
+
+    store = open_store(db)
+    info = store.get_run(run)
+    try:
+        data = series(store, info.run_id, metric)
+    except ValueError as e:
+        raise StoreError(str(e)) from None
+    if not any(xs for xs, _ in data.values()):
+        raise StoreError(f"run {info.run_id} has no data for {metric}")
+    title = f"{info.run_id} ({info.kind}, {info.policy or '-'}): {metric}"
+    if out is not None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise StoreError("--out needs matplotlib: pip install 'sibyl-console[plot]'") from None
+        fig, ax = plt.subplots(figsize=(10, 4))
+        for name, (xs, ys) in data.items():
+            ax.plot(xs, ys, ".", markersize=2, label=name) if metric in ("tpot", "ttft") else ax.plot(xs, ys, label=name)
+        ax.set_xlabel("time in run (s)")
+        ax.set_title(title)
+        ax.legend(loc="upper right", fontsize="small")
+        fig.tight_layout()
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        typer.echo(f"wrote {out}")
+        return
+    import plotext as plt_term
+
+    plt_term.clear_figure()
+    for name, (xs, ys) in data.items():
+        (plt_term.scatter if metric in ("tpot", "ttft") else plt_term.plot)(xs, ys, label=name)
+    plt_term.title(title)
+    plt_term.xlabel("time in run (s)")
+    plt_term.show()
 
 
 def register(app: typer.Typer) -> None:

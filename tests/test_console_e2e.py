@@ -301,3 +301,23 @@ def test_scale_out_and_in_while_serving(tmp_path: Path) -> None:
     finally:
         con.stop()
         kill_children(con.home)
+
+
+def test_client_disconnect_mid_stream_stops_the_relay_and_is_recorded(console: Console) -> None:
+    import socket
+
+    body = json.dumps({"prompt": "bye", "max_tokens": 900, "ignore_eos": True, "stream": True}).encode()
+    host, port = console.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Id: gone-1\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        received = b""
+        while b"data: " not in received:  # the stream started
+            chunk = s.recv(4096)
+            assert chunk, "connection closed before the first event"
+            received += chunk
+    # ~900 tokens take ~3 s on this profile; the relay must stop long before that
+    wait_for(lambda: console.state()["requests"]["in_flight"] == 0, 2.5, "the relay to stop")
+    wait_for(lambda: any(r["request_id"] == "gone-1" for r in RunStore(console.db).requests(console.run_id)), 5, "the record")
+    row = next(r for r in RunStore(console.db).requests(console.run_id) if r["request_id"] == "gone-1")
+    assert row["status"] == "failed" and row["reason"].startswith("client disconnected mid-stream")

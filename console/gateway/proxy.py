@@ -7,6 +7,7 @@ prefill instance if it fails before any byte reached the client) → leg 2 to de
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -128,7 +129,7 @@ class Proxy:
             first_token=None, finish=now, output_tokens=0, ok=False,
         )
         try:
-            await self._serve(scope["path"], body, fwd, rid, outcome, send)
+            await self._serve(scope["path"], body, fwd, rid, outcome, send, receive)
         finally:
             outcome.finish = time.monotonic()
             if outcome.ok:
@@ -185,7 +186,7 @@ class Proxy:
                 raise failure
             o.prefill_instance = new
 
-    async def _serve(self, path: str, body: dict[str, Any], fwd: list[tuple[str, str]], rid: str, o: RequestOutcome, send: Any) -> None:
+    async def _serve(self, path: str, body: dict[str, Any], fwd: list[tuple[str, str]], rid: str, o: RequestOutcome, send: Any, receive: Any) -> None:
         c = self.c
         try:
             reply = await self._prefill(path, body, fwd, rid, o)
@@ -222,13 +223,15 @@ class Proxy:
                 started = True
                 counter = SSETokenCounter()
                 progress = c.dispatcher.on_progress
-                async for chunk in r.content.iter_any():
-                    if counter.feed(chunk):
-                        now = time.monotonic()
-                        if o.first_token is None:
-                            o.first_token = now
-                        progress(rid, counter.tokens, now)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                gone = asyncio.Event()
+                watcher = asyncio.create_task(_watch_disconnect(receive, gone))
+                try:
+                    await self._relay(r, counter, progress, rid, o, send, gone)
+                finally:
+                    watcher.cancel()
+                if gone.is_set():
+                    o.reason = f"client disconnected mid-stream after {counter.tokens} tokens"
+                    return
                 o.output_tokens = counter.output_tokens
                 if counter.done and counter.error is None:
                     o.ok = True
@@ -242,3 +245,24 @@ class Proxy:
                 await send({"type": "http.response.body", "body": sse_error(502, o.reason), "more_body": False})
             else:
                 await respond(send, 502, error_body(502, o.reason))
+
+    @staticmethod
+    async def _relay(r: aiohttp.ClientResponse, counter: SSETokenCounter, progress: Any, rid: str, o: RequestOutcome, send: Any, gone: asyncio.Event) -> None:
+        """Forward the decode stream chunk by chunk, counting tokens; stop when the client is gone."""
+        async for chunk in r.content.iter_any():
+            if gone.is_set():
+                return
+            if counter.feed(chunk):
+                now = time.monotonic()
+                if o.first_token is None:
+                    o.first_token = now
+                progress(rid, counter.tokens, now)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+async def _watch_disconnect(receive: Any, gone: asyncio.Event) -> None:
+    """The request body is read already, so the next ASGI message is the client going away."""
+    while True:
+        if (await receive())["type"] == "http.disconnect":
+            gone.set()
+            return

@@ -137,7 +137,8 @@ class Replayer:
             finally:
                 self.status = "draining"
                 if self._tasks:
-                    _, pending = await asyncio.wait(self._tasks, timeout=drain_timeout_s)
+                    # A finished trace waits for its requests; a stopped one only for drain_timeout_s.
+                    _, pending = await asyncio.wait(self._tasks, timeout=drain_timeout_s if self._stopped else None)
                     for t in pending:
                         t.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

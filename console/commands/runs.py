@@ -258,5 +258,43 @@ def runs_plot(
     plt_term.show()
 
 
+@runs_app.command("whatif")
+def runs_whatif(
+    run: Annotated[str, typer.Argument(help="run id (or a unique prefix) of a live run")],
+    policy: Annotated[list[str], typer.Option("--policy", help="routing policy to try (repeat)")] = [],  # noqa: B006
+    param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
+    profile: Annotated[str | None, typer.Option(help="profile to simulate with (default: calibrated from the run)")] = None,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-simulate a run's recorded arrivals under other policies, next to what was recorded.
+
+    Example: sibyl-console runs whatif r-20261122-1101 --policy sibyl --policy least_load
+    """
+    from console.analysis import run_metrics
+    from console.calibration import calibrate, whatif
+    from core.perf import get_profile
+    from core.policies import parse_param_assignments
+
+    store = open_store(db)
+    info = store.get_run(run)
+    prof = get_profile(profile) if profile else calibrate(store, info.run_id)[0]
+    assigned = parse_param_assignments(param)
+    names = policy or [info.policy or "round_robin"]
+    predicted = whatif(store, info.run_id, [(n, {**assigned.get("", {}), **assigned.get(n, {})}) for n in names], prof)
+    recorded = run_metrics(store.requests(info.run_id))
+    if as_json:
+        typer.echo(json.dumps({"run_id": info.run_id, "profile": prof.name, "recorded": {"policy": info.policy, **recorded}, "predicted": predicted}, indent=2, default=str))
+        return
+    t = Table(title=f"what if: {info.run_id} re-simulated with {prof.name}")
+    t.add_column("metric")
+    t.add_column(f"recorded ({info.policy})", justify="right")
+    for p in predicted:
+        t.add_column(f"predicted {p['policy']}", justify="right")
+    for key in ("ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "throughput_tok_s"):
+        t.add_row(key, _fmt_metric(key, recorded.get(key)), *[_fmt_metric(key, p.get(key)) for p in predicted])
+    Console().print(t)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(runs_app, name="runs")

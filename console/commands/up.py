@@ -30,7 +30,7 @@ def up(
     db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
     attach: Annotated[str | None, typer.Option(help="manage running instances: 'prefill=URL,...;decode=URL,...'")] = None,
     replay: Annotated[Path | None, typer.Option(help="replay this trace into the cluster once it is up")] = None,
-    replay_speed: Annotated[float | None, typer.Option(help="replay time compression (2 = twice as fast)")] = None,
+    replay_speed: Annotated[float | None, typer.Option("--replay-speed", "--speed", help="replay time compression (2 = twice as fast)")] = None,
     loop: Annotated[bool, typer.Option("--loop", help="replay the trace again and again")] = False,
 ) -> None:
     """Start an emulated 2P4D cluster (or attach to vLLM) behind the gateway on 127.0.0.1:8000.

@@ -19,10 +19,9 @@ import numpy as np
 
 from adapters.store import RunStore, StoreError
 from console.cluster_spec import parse_cluster
-from core.dispatch import Dispatcher
+from console.simulate import SimPlan, run_one
 from core.perf import PerfProfile, get_profile
-from core.sim import Simulation
-from core.slo import summarize
+from core.slo import DEFAULT_SLO
 
 
 def _lstsq_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -108,13 +107,12 @@ def whatif(store: RunStore, run_id: str, policies: list[tuple[str, dict[str, Any
     if not rows:
         raise StoreError(f"run {info.run_id} has no requests to re-simulate")
     n_prefill, n_decode = parse_cluster(info.cluster or "1P1D")
-    arrivals = np.array([r["arrival"] or 0.0 for r in rows]) - (rows[0]["arrival"] or 0.0)
-    prompts = np.array([r["prompt_tokens"] or 1 for r in rows])
-    outputs = np.array([r["output_tokens"] or r["max_tokens"] or 1 for r in rows])
-    out = []
-    for name, params in policies:
-        sim = Simulation(arrivals=arrivals, prompt_tokens=prompts, output_tokens=outputs, profile=profile,
-                         n_prefill=n_prefill, n_decode=n_decode, dispatcher=Dispatcher(profile, name, params), mode=mode)  # type: ignore[arg-type]
-        r = sim.run()
-        out.append({"policy": name, "params": params, **summarize(arrival=r.arrival, first_token=r.first_token, finish=r.finish, output_tokens=r.output_tokens, ok=r.ok)})
-    return out
+    plan = SimPlan(
+        arrivals=np.array([r["arrival"] or 0.0 for r in rows]) - (rows[0]["arrival"] or 0.0),
+        prompt_tokens=np.array([r["prompt_tokens"] or 1 for r in rows]),
+        output_tokens=np.array([r["output_tokens"] or r["max_tokens"] or 1 for r in rows]),
+        workload=f"run {info.run_id}", profile=profile, n_prefill=n_prefill, n_decode=n_decode,
+        mode=mode,  # type: ignore[arg-type]
+        policies=policies, slo=DEFAULT_SLO, shadow=False,
+    )
+    return [run_one(plan, name, params)[0] for name, params in policies]

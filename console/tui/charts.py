@@ -60,7 +60,8 @@ class TimeChart(PlotextPlot):
         self.changed()
 
     def _clear_data(self) -> None:
-        raise NotImplementedError
+        """Drop the chart's samples; LoadChart and SloChart each override this."""
+        raise NotImplementedError(f"{type(self).__name__} must override _clear_data")
 
     def markers(self) -> list[tuple[float, str]]:
         return list(self._markers)
@@ -76,7 +77,8 @@ class TimeChart(PlotextPlot):
                 plt.text(label, x=t, y=y, color=MARKER_COLOR, alignment=align, yside=yside)
 
     def _draw(self) -> None:
-        raise NotImplementedError
+        """Plot the samples; LoadChart and SloChart each override this."""
+        raise NotImplementedError(f"{type(self).__name__} must override _draw")
 
     def render(self) -> RenderResult:
         key = (self._version, self.size, self.app.theme)

@@ -8,8 +8,12 @@ tests/v1/kv_connector/nixl_integration/toy_proxy_server.py; shared/design/vllm-i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+_EMPTY = re.compile(rb'"(?:text|content)":\s*""')
+"""An event that carries no text: vLLM's opening role chunk of a chat stream, or the finish chunk."""
 
 LEG1_KV_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -74,7 +78,7 @@ class SSETokenCounter:
                 self._read_usage(event)
             elif b'"error"' in event and b'"choices"' not in event:
                 self.error = event.decode(errors="replace")[6:]
-            elif event.startswith(b"data:"):
+            elif event.startswith(b"data:") and not _EMPTY.search(event):
                 self.tokens += 1
         return self.tokens - before
 

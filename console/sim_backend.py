@@ -11,7 +11,7 @@ from adapters.emulator.app import EmulatedInstance
 from adapters.emulator.process import free_port
 from adapters.emulator.settings import InstanceSettings
 from adapters.serving import ManagedServer
-from adapters.sim_cluster import SimEngine
+from adapters.sim_cluster import sim_scheduler
 from console.backends import BackendError, instance_ids
 from console.config import ConsoleConfig
 from console.instances import Instance
@@ -54,7 +54,7 @@ class SimBackend:
             role=role.value, port=port, profile=profile, model=c.served_model_name,
             output_len_dist=c.emulator.output_len_dist or "uniform:1:256", seed=seed,
         )
-        app = EmulatedInstance(settings, engine=SimEngine(profile, settings.faults))
+        app = EmulatedInstance(settings, sim_scheduler)
         server = ManagedServer(uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", lifespan="on", log_level="warning", access_log=False))
         self.servers.append(server)
         self.tasks.append(asyncio.create_task(server.serve(), name=f"sim-{role.value}-{port}"))

@@ -131,7 +131,7 @@ def test_expired_blocks_and_a_dead_prefill_fail_quickly() -> None:
 @pytest.mark.parametrize(
     ("body", "status", "etype"),
     [
-        (b"{not json", 400, "BadRequestError"),
+        (b"{not json", 400, "Bad Request"),  # vLLM's RequestValidationError handler: HTTPStatus.BAD_REQUEST.phrase
         (b'{"model": "other", "prompt": "x"}', 404, "NotFoundError"),
         (b'{"prompt": "x", "max_tokens": 0}', 400, "BadRequestError"),
         (b'{"prompt": [' + b",".join([b"1"] * 1100) + b"]}", 400, "BadRequestError"),

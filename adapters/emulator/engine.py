@@ -1,10 +1,26 @@
-"""The emulated engine: continuous batching with a waiting queue, KV blocks and preemption, timed by a PerfProfile.
+"""The emulated engine: vLLM-style continuous batching on asyncio, timed by a PerfProfile.
 
-One scheduler task per instance. Each step runs every admitted sequence for one token; its
-duration is step_time(batch, resident KV tokens), plus prefill_time(tokens to prefill) when the
-step includes new (or preempted, recomputed) prompts, times the fault slowdown. Steps are
-scheduled against absolute deadlines on the loop clock, so sleeping late never accumulates drift,
-and a step's tokens are released when its deadline passes.
+One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler does:
+
+* Running sequences are scheduled first (in admission order), each for the tokens it still has
+  to compute: 1 when decoding, a prompt chunk when (re)prefilling, all within a per-step token
+  budget (`max_num_batched_tokens`, vLLM's chunked prefill). Then, if no preemption happened in
+  this step, waiting sequences are admitted (FIFO, or lowest `(priority, arrival)` first under
+  the priority policy) while a running slot (`max_num_seqs`), budget and KV blocks remain.
+* KV lives in blocks of `profile.block_size` tokens. When a running sequence needs a block and
+  none is free, the most recently admitted sequence (the largest `(priority, arrival)` under the
+  priority policy) is preempted by recompute: its blocks are freed, it goes back to the front of
+  the waiting queue and, when readmitted, prefills prompt + generated tokens again.
+* A step of B sequences holding K KV tokens lasts `step_time(B, K)`; if it carries prefill
+  chunks it also pays `prefill_base_s` once plus, per chunk from token a to b,
+  `prefill_per_token_s·(b−a) + prefill_per_token2_s·(b²−a²)` (so a whole prompt of L tokens in
+  one chunk costs exactly `prefill_time(L)`); all of it times the fault slowdown.
+* Steps run on absolute deadlines of `time.monotonic()`: a step starts at the previous step's
+  deadline (so late wake-ups never accumulate drift) unless the engine was idle, or is more than a
+  whole step behind (a "slip", recorded in the step log). Before sleeping, the tokens the step
+  will produce are formatted by each sequence's sink; at the deadline they are written in one
+  pass, so a token reaches its client when its step ends and not earlier.
+* An idle engine awaits an event; the `hang` fault pauses it until cleared.
 """
 
 from __future__ import annotations
@@ -13,77 +29,31 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from adapters.emulator.faults import Faults
+from adapters.emulator.sequence import Sequence, StepRecord, TokenSink
 from core.perf import PerfProfile
 
+__all__ = ["Engine", "Sequence", "StepRecord", "TokenSink"]
 
-@dataclass(eq=False)
-class Sequence:
-    """One request inside the engine."""
-
-    id: str
-    prompt_tokens: int
-    max_tokens: int
-    """Tokens to generate before finishing (already drawn when ignore_eos is off)."""
-    stop_early: bool = False
-    """True when it ends before max_tokens of the client (finish_reason "stop")."""
-    priority: int = 0
-    arrival: float = 0.0
-    needs_prefill: bool = True
-    prefill_only: bool = False
-    hold_kv: bool = False
-    generated: int = 0
-    blocks: int = 0
-    order: int = 0
-    admitted_at: float | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    prev_token_at: float | None = None
-    finished_at: float | None = None
-    preemptions: int = 0
-    prefilled_tokens: int = 0
-    tokens: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
-    """Generated count after each step; -1 when finished."""
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    step_deadlines: list[float] | None = None
-    """Prescribed release time of each token (only when timing debug is on)."""
-
-    @property
-    def finish_reason(self) -> str:
-        return "stop" if self.stop_early else "length"
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+"""vLLM's default token budget per step for an API server on a large GPU."""
+SPIN_S = 0.001
+SPIN_MIN_STREAMS = 64
+"""When a step releases at least this many streams, busy-wait its last SPIN_S: waking late would
+delay every one of them."""
 
 
-StepHook = Callable[[list[Sequence], float, int], None]
-FinishHook = Callable[[Sequence], None]
+def release_all(sinks: list[TokenSink]) -> None:
+    for sink in sinks:
+        sink.release()
 
 
-class EngineLike(Protocol):
-    """What the HTTP layer and the metrics need from an engine (emulated or simulated)."""
-
-    running: list[Sequence]
-    preemptions: int
-    on_step: StepHook | None
-
-    @property
-    def waiting(self) -> int: ...
-
-    @property
-    def kv_usage(self) -> float: ...
-
-    def submit(self, s: Sequence) -> None: ...
-
-    def release_held(self, blocks: int) -> None: ...
-
-    def wake(self) -> None: ...
-
-    def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
+StepHook = Callable[[StepRecord, list[Sequence]], None]
+SeqHook = Callable[[Sequence], None]
 
 
 class Engine:
@@ -96,11 +66,15 @@ class Engine:
         *,
         max_num_seqs: int | None = None,
         kv_capacity_tokens: int | None = None,
+        max_num_batched_tokens: int | None = None,
         priority_scheduling: bool = False,
+        step_log: int = 20_000,
     ) -> None:
         self.profile = profile
         self.faults = faults
+        self.clock = time.monotonic
         self.max_num_seqs = max_num_seqs or profile.max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
         self.block_size = profile.block_size
         self.total_blocks = max(1, (kv_capacity_tokens or profile.kv_capacity_tokens) // self.block_size)
         self.free_blocks = self.total_blocks
@@ -109,24 +83,27 @@ class Engine:
         self.running: list[Sequence] = []
         self._fifo: deque[Sequence] = deque()
         self._heap: list[tuple[int, float, int, Sequence]] = []
+        self.waiting = 0
         self._order = itertools.count()
         self._wake = asyncio.Event()
         self.preemptions = 0
+        self.steps: deque[StepRecord] = deque(maxlen=step_log)
+        self.step_no = 0
         self.on_step: StepHook | None = None
-        self.on_finish: FinishHook | None = None
-        self.on_prefilled: FinishHook | None = None
+        self.on_finish: SeqHook | None = None
+        self.on_preempt: SeqHook | None = None
+        self.flush: Callable[[list[TokenSink]], None] = release_all
+        """Writes a step's prepared tokens at its deadline (the HTTP layer may parallelise it)."""
         self._task: asyncio.Task[None] | None = None
 
-    # --- queue ---------------------------------------------------------------------------------
-    @property
-    def waiting(self) -> int:
-        return len(self._heap) if self.priority_scheduling else len(self._fifo)
-
+    # --- queue ------------------------------------------------------------------------------
     @property
     def kv_usage(self) -> float:
         return 1.0 - self.free_blocks / self.total_blocks
 
     def _push(self, s: Sequence, front: bool = False) -> None:
+        s.in_waiting = True
+        self.waiting += 1
         if self.priority_scheduling:
             heapq.heappush(self._heap, (s.priority, s.arrival, s.order, s))
         elif front:
@@ -135,149 +112,250 @@ class Engine:
             self._fifo.append(s)
 
     def _peek(self) -> Sequence | None:
+        """Head of the waiting queue; entries aborted while waiting are dropped lazily."""
         if self.priority_scheduling:
+            while self._heap and not self._heap[0][3].in_waiting:
+                heapq.heappop(self._heap)
             return self._heap[0][3] if self._heap else None
+        while self._fifo and not self._fifo[0].in_waiting:
+            self._fifo.popleft()
         return self._fifo[0] if self._fifo else None
 
     def _pop(self) -> Sequence:
-        return heapq.heappop(self._heap)[3] if self.priority_scheduling else self._fifo.popleft()
+        s = heapq.heappop(self._heap)[3] if self.priority_scheduling else self._fifo.popleft()
+        s.in_waiting = False
+        self.waiting -= 1
+        return s
 
     def submit(self, s: Sequence) -> None:
+        """Queue a sequence; it is admitted at the next step boundary."""
         s.order = next(self._order)
         self._push(s)
         self._wake.set()
 
-    def wake(self) -> None:
-        """Re-run the scheduler now (faults changed, blocks were freed)."""
+    def abort(self, s: Sequence) -> None:
+        """The client went away: drop the sequence wherever it is and free its blocks."""
+        if s.finished:
+            return
+        if s.in_waiting:
+            s.in_waiting = False
+            self.waiting -= 1
+        if s.in_running:
+            self.running.remove(s)
+            s.in_running = False
+        self._finish(s, "abort", self.clock())
         self._wake.set()
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    # --- KV holding (prefill side of P/D) ------------------------------------------------------------
+    # --- KV holding (prefill side of P/D) ------------------------------------------------------
     def release_held(self, blocks: int) -> None:
+        """Blocks a finished prefill-only sequence kept are pulled or expired: free them."""
         self.held_blocks -= blocks
         self.free_blocks += blocks
         self._wake.set()
 
-    # --- scheduling --------------------------------------------------------------------------------------
+    # --- task --------------------------------------------------------------------------------
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="engine")
+        self._task = asyncio.create_task(self._run(), name="emulated-engine")
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
 
-    def _admit(self, now: float) -> None:
-        while len(self.running) < self.max_num_seqs:
-            s = self._peek()
-            if s is None:
-                return
-            need = self.blocks_for(s.prompt_tokens + s.generated + 1)
-            if need > self.total_blocks - self.held_blocks:
-                self._pop()  # can never fit: fail it rather than block the queue forever
-                s.finished_at = now
-                s.stop_early = True
-                s.max_tokens = s.generated
-                self._finish(s, now, error=True)
+    def kick(self) -> None:
+        """Re-evaluate now (e.g. faults changed)."""
+        self._wake.set()
+
+    # --- scheduling --------------------------------------------------------------------------
+    def _victim(self) -> Sequence:
+        if self.priority_scheduling:
+            return max(self.running, key=lambda s: (s.priority, s.arrival, s.order))
+        return self.running[-1]
+
+    def _preempt(self, s: Sequence) -> None:
+        self.running.remove(s)
+        s.in_running = False
+        self.free_blocks += s.blocks
+        s.blocks = 0
+        s.computed = 0
+        s.prefilling = True
+        s.external_tokens = 0
+        s.preemptions += 1
+        self.preemptions += 1
+        self._push(s, front=True)
+        if self.on_preempt is not None:
+            self.on_preempt(s)
+
+    def _schedule(self) -> tuple[list[Sequence], list[int], list[Sequence], bool]:
+        """This step's sequences, the tokens each computes, the newly admitted ones, preempted?"""
+        budget = self.max_num_batched_tokens
+        sched: list[Sequence] = []
+        new: list[int] = []
+        preempted = False
+        for s in list(self.running):
+            if not s.in_running or budget <= 0:
+                continue
+            n = min(s.context - s.computed, budget)
+            need = self.blocks_for(s.computed + n) - s.blocks
+            while need > self.free_blocks:
+                victim = self._victim()
+                if victim in sched:  # priority policy: an already scheduled one may be evicted
+                    k = sched.index(victim)
+                    budget += new.pop(k)
+                    sched.pop(k)
+                self._preempt(victim)
+                preempted = True
+                if victim is s:
+                    break
+            if not s.in_running:
+                continue
+            s.blocks += need
+            self.free_blocks -= need
+            sched.append(s)
+            new.append(n)
+            budget -= n
+        admitted: list[Sequence] = []
+        while not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            head = self._peek()
+            if head is None:
+                break
+            n = min(head.context - head.computed, budget)
+            need = self.blocks_for(head.computed + n)
+            if self.blocks_for(head.context) > self.total_blocks:
+                self._pop()  # larger than the whole cache: it could never run
+                self._finish(head, "error", self.clock())
                 continue
             if need > self.free_blocks:
-                return
+                break
             self._pop()
-            s.blocks = need
+            head.blocks = need
             self.free_blocks -= need
-            if s.admitted_at is None:
-                s.admitted_at = now
-            self.running.append(s)
+            head.in_running = True
+            self.running.append(head)
+            admitted.append(head)
+            sched.append(head)
+            new.append(n)
+            budget -= n
+        return sched, new, admitted, preempted
 
-    def _ensure_blocks(self) -> None:
-        """Every running sequence needs room for its next token; preempt (recompute) until it fits."""
-        while True:
-            extra = [s for s in self.running if self.blocks_for(s.prompt_tokens + s.generated + 1) > s.blocks]
-            if len(extra) <= self.free_blocks:
-                for s in extra:
-                    s.blocks += 1
-                    self.free_blocks -= 1
-                return
-            victim = max(self.running, key=lambda s: (s.priority, s.arrival, s.order)) if self.priority_scheduling else max(self.running, key=lambda s: s.order)
-            self.running.remove(victim)
-            self.free_blocks += victim.blocks
-            victim.blocks = 0
-            victim.needs_prefill = True
-            victim.preemptions += 1
-            self.preemptions += 1
-            self._push(victim, front=True)
+    def _duration(self, sched: list[Sequence], new: list[int]) -> tuple[float, int, list[tuple[int, int]]]:
+        p = self.profile
+        kv = 0
+        chunks: list[tuple[int, int]] = []
+        for s, n in zip(sched, new, strict=True):
+            kv += s.computed + n
+            if s.prefilling:
+                chunks.append((s.computed, s.computed + n))
+        dt = p.step_time(len(sched), kv)
+        if chunks:
+            dt += p.prefill_base_s + sum(
+                p.prefill_per_token_s * (b - a) + p.prefill_per_token2_s * (b * b - a * a) for a, b in chunks
+            )
+        return dt, kv, chunks
+
+    async def _sleep_until(self, deadline: float, spin: float = 0.0) -> None:
+        """Sleep to `deadline`; the last `spin` seconds busy-wait (timers are only ~1 ms precise)."""
+        clock = self.clock
+        delay = deadline - clock() - spin
+        while delay > 0:
+            await asyncio.sleep(delay)  # may return early: uvloop's timers have 1 ms granularity
+            delay = deadline - clock() - spin
+        while clock() < deadline:
+            pass
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_start = 0.0
+        prev_end: float | None = None
         while True:
-            now = loop.time()
-            self._admit(now)
-            if not self.running:
+            if self.faults.hang:
+                await self.faults.wait_unhung()
+                prev_end = None
+                continue
+            sched, new, admitted, preempted = self._schedule()
+            if not sched and preempted:
+                continue  # it evicted itself; try to readmit at once
+            if not sched:
                 self._wake.clear()
                 await self._wake.wait()
-                next_start = 0.0  # idle: the next step starts when work arrives
+                prev_end = None
                 continue
-            if self.faults.hang:
-                await asyncio.sleep(0.05)
-                continue
-            self._ensure_blocks()
-            batch = self.running
-            kv_tokens = sum(s.prompt_tokens + s.generated for s in batch)
-            to_prefill = sum(s.prompt_tokens + s.generated for s in batch if s.needs_prefill)
-            dt = self.profile.step_time(len(batch), kv_tokens)
-            if to_prefill:
-                dt += float(self.profile.prefill_time(to_prefill))
-            dt *= self.faults.slowdown
-            # Back-to-back steps start at the previous deadline, so waking up late from sleep does
-            # not accumulate; only when more than a whole step behind does the schedule slip.
-            start = next_start if next_start and now - next_start < dt else now
+            dt, kv, chunks = self._duration(sched, new)
+            slowdown = self.faults.slowdown
+            dt *= slowdown
+            now = self.clock()
+            if prev_end is None:
+                start, kind = now, "idle"
+            elif now - prev_end < dt:
+                start, kind = prev_end, "chain"
+            else:
+                start, kind = now, "slip"
+            for s in admitted:
+                if s.admitted_at is None:
+                    s.admitted_at = start
             deadline = start + dt
-            delay = deadline - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            next_start = deadline
-            self._step_done(deadline)
+            self.step_no += 1
+            sampled = [s for s, n in zip(sched, new, strict=True) if s.computed + n == s.context]
+            for s in sampled:
+                if s.sink is not None:
+                    last = s.prefill_only or s.generated + 1 >= s.max_tokens
+                    s.sink.prepare(s.generated, self._reason(s) if last else None, self.step_no, deadline)
+            streams = sum(1 for s in sampled if s.sink is not None)
+            await self._sleep_until(deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
+            woke = self.clock()
+            self.flush([s.sink for s in sampled if s.sink is not None and not s.finished])
+            released = self.clock()
+            self._complete(sched, new, deadline)
+            record = StepRecord(
+                self.step_no, start, deadline, len(sched), kv, sum(new), chunks, len(sampled), slowdown, kind, woke, released
+            )
+            self.steps.append(record)
+            if self.on_step is not None:
+                self.on_step(record, sampled)
+            prev_end = deadline
 
-    def _step_done(self, t: float) -> None:
+    @staticmethod
+    def _reason(s: Sequence) -> str:
+        return "stop" if s.stop_early and not s.prefill_only else "length"
+
+    def _complete(self, sched: list[Sequence], new: list[int], t: float) -> None:
         finished = []
-        for s in self.running:
-            if s.needs_prefill:
-                s.prefilled_tokens += s.prompt_tokens + s.generated
-                s.needs_prefill = False
-                if self.on_prefilled is not None:
-                    self.on_prefilled(s)
+        for s, n in zip(sched, new, strict=True):
+            if s.finished:  # aborted during the step
+                continue
+            if s.prefilling:
+                s.local_prefill_tokens += n
+            s.computed += n
+            if s.computed < s.context:
+                continue  # a prefill chunk that does not finish the prompt yet
+            s.prefilling = False
             s.generated += 1
             if s.first_token_at is None:
                 s.first_token_at = t
             s.prev_token_at = s.last_token_at
             s.last_token_at = t
-            if s.step_deadlines is not None:
-                s.step_deadlines.append(t)
-            if s.generated >= s.max_tokens or s.prefill_only:
+            if s.prefill_only or s.generated >= s.max_tokens:
                 finished.append(s)
-            else:
-                s.tokens.put_nowait(s.generated)
-        if self.on_step is not None:
-            self.on_step(self.running, t, len(self.running))
         if finished:
-            gone = set(map(id, finished))
-            self.running = [s for s in self.running if id(s) not in gone]
             for s in finished:
-                self._finish(s, t)
+                s.in_running = False
+            self.running = [s for s in self.running if s.in_running]
+            for s in finished:
+                self._finish(s, self._reason(s), t)
 
-    def _finish(self, s: Sequence, t: float, error: bool = False) -> None:
+    def _finish(self, s: Sequence, reason: str, t: float) -> None:
+        s.finish_reason = reason
         s.finished_at = t
-        if s.hold_kv and not error:
+        if s.hold_kv and reason == "length":
             self.held_blocks += s.blocks  # the prefill side keeps the KV until it is pulled
         else:
             self.free_blocks += s.blocks
             s.blocks = 0
-        if self.on_finish is not None and not error:
+        if self.on_finish is not None:
             self.on_finish(s)
-        s.tokens.put_nowait(s.generated if not error else -2)
-        s.tokens.put_nowait(-1)
+        if s.sink is not None:
+            s.sink.close()
         s.done.set()

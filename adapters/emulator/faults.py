@@ -1,22 +1,93 @@
-"""Fault injection: fail a share of requests with a status, slow down, hang, report unhealthy."""
+"""Fault injection: fail a share of requests, slow down, hang, report unhealthy, exit.
+
+Set at start with `emulate` flags, changed at run time with `PUT /admin/faults` (a partial
+update, validated as a whole before it applies) and `POST /admin/exit`.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
+import sys
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+EXIT_CODE = 3
+"""Exit status of an injected exit (any non-zero status looks like a crash to a supervisor)."""
 
-class Faults(BaseModel):
-    """Current faults of one instance; changed with flags or `PUT /admin/faults`."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class FaultConfig(BaseModel):
+    """The faults of one instance."""
 
-    fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of requests answered with fail_status")
-    fail_status: int = Field(503, ge=400, le=599)
-    slowdown: float = Field(1.0, ge=0.01, le=1000.0, description="multiplies every step and prefill time")
-    hang: bool = Field(False, description="accept requests but never answer them")
+    model_config = ConfigDict(extra="forbid")
+
+    fail_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of generation requests answered with fail_status")
+    fail_status: int = Field(503, ge=400, le=599, description="HTTP status of injected failures")
+    slowdown: float = Field(1.0, ge=0.01, le=1000.0, description="multiplies every step and KV-transfer time")
+    hang: bool = Field(False, description="accept requests but answer none (the engine pauses) until cleared")
     unhealthy: bool = Field(False, description="/health answers 503")
+    exit_after_requests: int | None = Field(None, ge=1, description="exit when this many generation requests have arrived")
+    exit_after_s: float | None = Field(None, gt=0, description="exit this many seconds after start (or after being set)")
 
-    def should_fail(self, rng: random.Random) -> bool:
-        return self.fail_rate > 0 and rng.random() < self.fail_rate
+
+class Faults:
+    """The live fault state: a FaultConfig plus what the engine and handlers wait on."""
+
+    def __init__(self, config: FaultConfig | None = None, seed: int = 0) -> None:
+        self.config = config or FaultConfig()
+        self.rng = random.Random(seed)
+        self.requests = 0
+        self._unhung = asyncio.Event()
+        self._exit_timer: asyncio.TimerHandle | None = None
+        if not self.config.hang:
+            self._unhung.set()
+
+    # the engine reads these on every step
+    @property
+    def slowdown(self) -> float:
+        return self.config.slowdown
+
+    @property
+    def hang(self) -> bool:
+        return self.config.hang
+
+    async def wait_unhung(self) -> None:
+        await self._unhung.wait()
+
+    def arm(self) -> None:
+        """Start the exit timer, if any (needs the running loop)."""
+        if self._exit_timer is not None:
+            self._exit_timer.cancel()
+            self._exit_timer = None
+        if self.config.exit_after_s is not None:
+            self._exit_timer = asyncio.get_running_loop().call_later(self.config.exit_after_s, exit_now, EXIT_CODE)
+
+    def update(self, changes: dict[str, Any]) -> FaultConfig:
+        """Apply a partial update; raises pydantic.ValidationError and changes nothing if invalid."""
+        new = FaultConfig.model_validate({**self.config.model_dump(), **changes})
+        timer_changed = new.exit_after_s != self.config.exit_after_s
+        self.config = new
+        if new.hang:
+            self._unhung.clear()
+        else:
+            self._unhung.set()
+        if timer_changed:
+            self.arm()
+        return new
+
+    def on_request(self) -> bool:
+        """Count a generation request; True if it must fail (the exit fault ends the process)."""
+        self.requests += 1
+        c = self.config
+        if c.exit_after_requests is not None and self.requests >= c.exit_after_requests:
+            exit_now(EXIT_CODE)
+        return c.fail_rate > 0 and self.rng.random() < c.fail_rate
+
+
+def exit_now(code: int = EXIT_CODE) -> None:
+    """End the whole process at once, like a crash: no graceful shutdown, connections drop."""
+    sys.stderr.write(f"sibyl-console emulate: injected exit with status {code}\n")
+    sys.stderr.flush()
+    os._exit(code)

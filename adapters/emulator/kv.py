@@ -1,28 +1,42 @@
 """P/D KV handoff: the prefill side holds blocks under a lease; the decode side pulls them over HTTP.
 
-The pull is a real loopback request to the prefill instance's HTTP port (`remote_host:remote_port`
-in `kv_transfer_params`): `POST /kv/pull {remote_engine_id, remote_request_id, remote_block_ids}`.
-The prefill instance answers after profile.kv_transfer_time(tokens) and frees the blocks.
-Mirrors vLLM's NIXL failure modes: nothing listening → retry until the handshake timeout, then
-fail; unknown engine, unknown or expired request → fail at once.
+The "side channel" is the prefill instance's own HTTP port: `kv_transfer_params.remote_host` /
+`remote_port` name it, and the decode instance pulls with a real loopback request
+`POST /kv/pull {"remote_engine_id", "remote_request_id", "remote_block_ids"}`. The prefill side
+answers after `profile.kv_transfer_time(tokens)` × slowdown (the transfer is modelled by the
+holder, which is where the bytes would come from), then frees the blocks. Failure modes follow
+vLLM 0.32's NixlConnector (shared/design/vllm-integration.md A.2):
+
+* nothing listening at remote_host:remote_port → keep trying until the handshake timeout
+  (vLLM: 5 s), then fail;
+* an engine this decode instance already pulled from is gone → fail at once (NIXL's
+  "remote disconnect"; a first contact cannot tell "gone" from "not up yet");
+* a live instance with another engine id (treated as an unknown engine), or no blocks under that
+  request id (never held, already pulled, or lease expired) → fail at once.
+
+Leases: held blocks are freed `lease_s` after the prefill finished (vLLM's kv_lease_duration,
+30 s) and counted in vllm:nixl_num_kv_expired_reqs_total; the expiry task sleeps until the next
+lease ends and waits on an event when nothing is held.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 
 class PullFailed(Exception):
     """The decode side could not get the KV it was told to pull."""
 
 
-@dataclass
+@dataclass(slots=True)
 class HeldKV:
     request_id: str
     blocks: int
@@ -32,29 +46,53 @@ class HeldKV:
 
 
 class KVHolder:
-    """The prefill side's table of KV waiting to be pulled."""
+    """The prefill side's table of KV waiting to be pulled, with lease expiry."""
 
-    def __init__(self, lease_s: float) -> None:
+    def __init__(self, lease_s: float, total_blocks: int, on_expire: Callable[[HeldKV], None]) -> None:
         self.lease_s = lease_s
+        self.total_blocks = total_blocks
+        self.on_expire = on_expire
         self.table: dict[str, HeldKV] = {}
-        self._ids = itertools.count(1)
-        self.expired = 0
+        """Insertion order is expiry order (every lease has the same length)."""
+        self._pos = 0
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
-    def hold(self, request_id: str, blocks: int, tokens: int, now: float) -> HeldKV:
-        ids = [next(self._ids) for _ in range(blocks)]
-        held = HeldKV(request_id, blocks, tokens, ids, now + self.lease_s)
+    def hold(self, request_id: str, blocks: int, tokens: int) -> HeldKV:
+        """Keep `blocks` for a pull; block ids are labels, consecutive and wrapping at the cache size."""
+        ids = [(self._pos + i) % self.total_blocks + 1 for i in range(blocks)]
+        self._pos = (self._pos + blocks) % self.total_blocks
+        held = HeldKV(request_id, blocks, tokens, ids, time.monotonic() + self.lease_s)
         self.table[request_id] = held
+        self._changed.set()
         return held
 
     def take(self, request_id: str) -> HeldKV | None:
+        """Remove and return the held KV of a request (None if unknown or expired)."""
         return self.table.pop(request_id, None)
 
-    def expire(self, now: float) -> list[HeldKV]:
-        gone = [h for h in self.table.values() if h.expires_at <= now]
-        for h in gone:
-            del self.table[h.request_id]
-        self.expired += len(gone)
-        return gone
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._expire_loop(), name="kv-lease-expiry")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _expire_loop(self) -> None:
+        while True:
+            if not self.table:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            first = next(iter(self.table.values()))
+            delay = first.expires_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            del self.table[first.request_id]
+            self.on_expire(first)
 
 
 class KVPuller:
@@ -63,12 +101,12 @@ class KVPuller:
     def __init__(self, handshake_timeout_s: float) -> None:
         self.handshake_timeout_s = handshake_timeout_s
         self._session: aiohttp.ClientSession | None = None
-        self._handshaked: set[str] = set()
+        self._known: set[str] = set()
         """Engines pulled from before: losing one fails at once, like NIXL_ERR_REMOTE_DISCONNECT."""
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         return self._session
 
     async def pull(self, params: dict[str, Any]) -> int:
@@ -77,23 +115,26 @@ class KVPuller:
         if not host or not port:
             raise PullFailed("kv_transfer_params lack remote_host/remote_port")
         url = f"http://{host}:{port}/kv/pull"
-        body = {k: params.get(k) for k in ("remote_engine_id", "remote_request_id", "remote_block_ids")}
+        body = orjson.dumps({k: params.get(k) for k in ("remote_engine_id", "remote_request_id", "remote_block_ids")})
         engine = str(params.get("remote_engine_id"))
-        deadline = asyncio.get_running_loop().time() + self.handshake_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.handshake_timeout_s
         while True:
+            left = deadline - loop.time()
             try:
-                async with self._client().post(url, json=body) as r:
+                timeout = aiohttp.ClientTimeout(total=None, sock_connect=max(0.05, min(1.0, left)))
+                async with self._client().post(url, data=body, timeout=timeout, headers={"content-type": "application/json"}) as r:
                     data = await r.json(content_type=None)
-                    if r.status == 200:
-                        self._handshaked.add(engine)
+                    if r.status == 200 and isinstance(data, dict):
+                        self._known.add(engine)
                         return int(data.get("tokens", 0))
-                    raise PullFailed(f"prefill side refused the pull: {r.status} {data.get('error', '')}")
-            except (TimeoutError, aiohttp.ClientConnectionError, OSError) as e:
-                if engine in self._handshaked:
+                    raise PullFailed(f"prefill side refused the pull: {r.status} {data}")
+            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ContentTypeError, OSError, ValueError) as e:
+                if engine in self._known:
                     raise PullFailed(f"remote engine {engine} at {host}:{port} disconnected") from None
-                if asyncio.get_running_loop().time() >= deadline:
+                if loop.time() >= deadline:
                     raise PullFailed(f"handshake with {host}:{port} timed out ({type(e).__name__})") from None
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
 
     async def close(self) -> None:
         if self._session is not None:

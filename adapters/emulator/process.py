@@ -1,4 +1,9 @@
-"""Start emulator processes on 127.0.0.1, wait until they answer /health, stop them by PID."""
+"""Start emulator processes, wait until they answer /health, stop them by PID.
+
+Used by tests, benchmarks and `sibyl-console up`. The child is `python -m adapters.emulator`
+(the same Typer command as `sibyl-console emulate`, without needing the console script), in a
+session of its own so `stop()`/`kill()` reach exactly it and nothing else.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -24,13 +31,33 @@ class EmulatorStartError(SibylError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> int:
+    """The first of `n` consecutive free ports (for --instances n)."""
+    for _ in range(50):
+        base = free_port(host)
+        if base + n > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for k in range(n):
+                    s = stack.enter_context(socket.socket())
+                    s.bind((host, base + k))
+            return base
+        except OSError:
+            continue
+    raise EmulatorStartError(f"found no {n} consecutive free ports on {host}")
+
+
 @dataclass
 class EmulatorProcess:
+    """One `emulate` process (with `--instances N` in args it serves ports port … port+N-1)."""
+
     role: str
     port: int
     args: list[str] = field(default_factory=list)
@@ -43,26 +70,46 @@ class EmulatorProcess:
         return f"http://{self.host}:{self.port}"
 
     @property
+    def instances(self) -> int:
+        if "--instances" in self.args:
+            return int(self.args[self.args.index("--instances") + 1])
+        return 1
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://{self.host}:{self.port + i}" for i in range(self.instances)]
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
     def start(self) -> EmulatorProcess:
         cmd = [sys.executable, "-m", "adapters.emulator", "--role", self.role, "--port", str(self.port), "--host", self.host, *self.args]
-        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # type: ignore[union-attr]
         return self
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Poll /health of every instance until 200; fail fast if the process exits."""
         deadline = time.monotonic() + timeout_s
+        pending = list(self.urls)
+        pause = 0.01
         with httpx.Client(timeout=1.0) as client:
             while time.monotonic() < deadline:
                 if self.proc is not None and self.proc.poll() is not None:
                     raise EmulatorStartError(f"emulator {self.role} on port {self.port} exited with {self.proc.returncode}{self._log_tail()}")
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(self.url + "/health").status_code == 200:
-                        return
-                time.sleep(0.05)
+                    while pending and client.get(pending[0] + "/health").status_code == 200:
+                        pending.pop(0)
+                if not pending:
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, 0.1)
         raise EmulatorStartError(f"emulator {self.role} on port {self.port} not healthy after {timeout_s:.0f} s{self._log_tail()}")
 
     def _log_tail(self) -> str:
@@ -78,10 +125,12 @@ class EmulatorProcess:
         """SIGKILL, like a crash."""
         if self.alive():
             assert self.proc is not None
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
     def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM (graceful), then SIGKILL after `grace_s`."""
         if not self.alive():
             return
         assert self.proc is not None
@@ -94,13 +143,21 @@ class EmulatorProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
 
+    def admin(self, method: str, path: str, body: dict[str, Any] | None = None, token: str | None = None, instance: int = 0) -> Any:
+        """Call an /admin/ endpoint (e.g. `admin("PUT", "faults", {"slowdown": 2})`); returns the JSON."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        r = httpx.request(method, f"{self.urls[instance]}/admin/{path}", json=body, headers=headers, timeout=5.0)
+        r.raise_for_status()
+        return r.json()
+
 
 def start_many(specs: list[tuple[str, list[str]]], log_dir: Path | None = None, timeout_s: float = 30.0) -> list[EmulatorProcess]:
     """Start every (role, extra args) on free ports, wait for all; on failure stop them all."""
-    procs = []
+    procs: list[EmulatorProcess] = []
     try:
         for k, (role, args) in enumerate(specs):
-            port = free_port()
+            n = int(args[args.index("--instances") + 1]) if "--instances" in args else 1
+            port = free_ports(n) if n > 1 else free_port()
             log = (log_dir / f"{role}-{k}-{port}.log") if log_dir else None
             procs.append(EmulatorProcess(role, port, args, log_path=log).start())
         for p in procs:
@@ -110,3 +167,14 @@ def start_many(specs: list[tuple[str, list[str]]], log_dir: Path | None = None, 
             p.stop()
         raise
     return procs
+
+
+@contextlib.contextmanager
+def running(*specs: tuple[str, list[str]], log_dir: Path | None = None, timeout_s: float = 30.0) -> Iterator[list[EmulatorProcess]]:
+    """`start_many` as a context manager that always stops the processes."""
+    procs = start_many(list(specs), log_dir, timeout_s)
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()

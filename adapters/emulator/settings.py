@@ -6,20 +6,26 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-from adapters.emulator.faults import Faults
+from adapters.emulator.faults import FaultConfig
 from core.errors import ConfigError
 from core.perf import PerfProfile
+
+Role = Literal["prefill", "decode", "both"]
 
 
 @dataclass
 class InstanceSettings:
-    role: Literal["prefill", "decode", "both"]
+    """Everything one emulated instance is started with (`emulate` flags)."""
+
+    role: Role
     port: int
     profile: PerfProfile
     host: str = "127.0.0.1"
     model: str = "sibyl-model"
     max_num_seqs: int | None = None
     kv_capacity_tokens: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
     output_len_dist: str = "uniform:1:256"
     seed: int = 0
     kv_lease_s: float = 30.0
@@ -27,30 +33,65 @@ class InstanceSettings:
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     admin_token: str | None = None
-    faults: Faults = field(default_factory=Faults)
+    writer_threads: int = 2
+    """Threads writing a large step's tokens at its deadline (1: the event loop alone)."""
+    faults: FaultConfig = field(default_factory=FaultConfig)
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_capacity_tokens or self.profile.kv_capacity_tokens
+
+    @property
+    def context_len(self) -> int:
+        """The served max_model_len: the profile's (or --max-model-len), at most the KV capacity.
+
+        vLLM refuses to start when one max-length request cannot fit in the KV cache; the emulator
+        serves the shorter context instead (and says so at start).
+        """
+        want = self.max_model_len or self.profile.max_model_len
+        cache = self.kv_tokens // self.profile.block_size * self.profile.block_size
+        return max(2, min(want, cache))
+
+    @property
+    def advertised_host(self) -> str:
+        """The host a decode instance should pull from (a wildcard bind advertises loopback)."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
 
 
 class OutputLengths:
-    """`uniform:A:B`, `fixed:N` or `exp:MEAN` tokens when a request does not set ignore_eos."""
+    """Output length of a request without ignore_eos.
+
+    `uniform:A:B` (integers A..B), `fixed:N`, `exp:MEAN` (exponential, at least 1) or
+    `normal:MEAN:STD` (rounded, at least 1). Draws come from one RNG seeded with --seed, in
+    arrival order; a request that sets `seed` gets a draw that depends only on both seeds.
+    """
 
     def __init__(self, spec: str, seed: int) -> None:
         kind, _, rest = spec.partition(":")
-        args = rest.split(":") if rest else []
         try:
-            nums = [float(a) for a in args]
+            nums = [float(a) for a in rest.split(":")] if rest else []
         except ValueError:
             nums = []
-        ok = (kind == "uniform" and len(nums) == 2 and 1 <= nums[0] <= nums[1]) or (
-            kind in ("fixed", "exp") and len(nums) == 1 and nums[0] >= 1
+        ok = (
+            (kind == "uniform" and len(nums) == 2 and 1 <= nums[0] <= nums[1])
+            or (kind in ("fixed", "exp") and len(nums) == 1 and nums[0] >= 1)
+            or (kind == "normal" and len(nums) == 2 and nums[0] >= 1 and nums[1] >= 0)
         )
         if not ok:
-            raise ConfigError(f"--output-len-dist {spec!r}: expected uniform:A:B (1 <= A <= B), fixed:N or exp:MEAN")
+            raise ConfigError(
+                f"--output-len-dist {spec!r}: expected uniform:A:B (1 <= A <= B), fixed:N, exp:MEAN or normal:MEAN:STD"
+            )
         self.kind, self.args = kind, nums
+        self.seed = seed
         self.rng = random.Random(seed)
 
-    def draw(self) -> int:
+    def draw(self, request_seed: int | None = None) -> int:
+        rng = self.rng if request_seed is None else random.Random(f"{self.seed}:{request_seed}")
+        a = self.args
         if self.kind == "uniform":
-            return self.rng.randint(int(self.args[0]), int(self.args[1]))
+            return rng.randint(int(a[0]), int(a[1]))
         if self.kind == "fixed":
-            return int(self.args[0])
-        return max(1, round(self.rng.expovariate(1.0 / self.args[0])))
+            return int(a[0])
+        if self.kind == "exp":
+            return max(1, round(rng.expovariate(1.0 / a[0])))
+        return max(1, round(rng.gauss(a[0], a[1])))

@@ -1,17 +1,20 @@
-"""How the emulator counts prompt text as tokens and what text it generates.
+"""How the emulator counts prompts as tokens and what text it generates.
 
-Counting: a token-id list counts as its length; text counts as ⌈UTF-8 bytes / 4⌉ (at least 1),
-the usual rule of thumb for BPE tokenizers on English; chat messages count the concatenated
-contents plus 4 tokens of template per message. Generation is deterministic: token i of a
-request is the text " t<i>" (so outputs through a P/D pair equal single-instance outputs).
+Counting (there is no tokenizer): a token-id list counts as its length; text counts as
+⌈UTF-8 bytes / 4⌉ tokens (at least 1), the usual rule of thumb for BPE tokenizers on English;
+a chat request counts the text of every message plus 4 template tokens per message and 3 for the
+assistant turn's header. Generation is deterministic: token i of every output is the text
+" t<i>", so a P/D pair returns exactly what a single instance returns.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 BYTES_PER_TOKEN = 4
-CHAT_TEMPLATE_TOKENS = 4
+CHAT_TOKENS_PER_MESSAGE = 4
+CHAT_TOKENS_FOR_REPLY = 3
 
 
 def count_text(text: str) -> int:
@@ -21,9 +24,9 @@ def count_text(text: str) -> int:
 def count_prompt(prompt: Any) -> int | None:
     """Tokens of a completions `prompt` (text, token ids, or a one-element batch); None if invalid."""
     if isinstance(prompt, str):
-        return count_text(prompt)
+        return count_text(prompt) if prompt else None
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(x, int) for x in prompt):
+        if all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in prompt):
             return len(prompt)
         if len(prompt) == 1:
             return count_prompt(prompt[0])
@@ -31,18 +34,31 @@ def count_prompt(prompt: Any) -> int | None:
 
 
 def count_messages(messages: Any) -> int | None:
+    """Tokens of a chat `messages` list; None if it is not a non-empty list of message objects."""
     if not isinstance(messages, list) or not messages:
         return None
-    total = 0
+    total = CHAT_TOKENS_FOR_REPLY
     for m in messages:
         if not isinstance(m, dict):
             return None
-        content = m.get("content", "")
+        content = m.get("content") or ""
         if isinstance(content, list):  # OpenAI content parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        total += count_text(str(content)) + CHAT_TEMPLATE_TOKENS
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        total += CHAT_TOKENS_PER_MESSAGE + (count_text(str(content)) if content else 0)
     return total
 
 
 def token_text(i: int) -> str:
+    """Text of generated token i."""
     return f" t{i}"
+
+
+@lru_cache(maxsize=65536)
+def token_json(i: int) -> bytes:
+    """Token i's text as a JSON string literal."""
+    return b'" t%d"' % i
+
+
+def output_text(n: int) -> str:
+    """The first n generated tokens."""
+    return "".join(f" t{i}" for i in range(n))

@@ -1,0 +1,149 @@
+"""P/D through a prefill and a decode emulator: vLLM's two-leg protocol, real KV pulls, failure modes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from adapters.emulator.process import EmulatorProcess, free_port, running
+from tests.emulator_fixtures import (
+    FAST_PROFILE,
+    complete,
+    delta,
+    profile_file,
+    scrape,
+    sse,
+    wait_for,
+)
+
+HANDSHAKE_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmulatorProcess, EmulatorProcess]]:
+    d = tmp_path_factory.mktemp("emu-pd")
+    args = ["--profile", profile_file(d), "--kv-handshake-timeout-s", str(HANDSHAKE_S)]
+    with running(("prefill", args), ("decode", args), log_dir=d) as (p, dec):
+        yield p, dec
+
+
+def leg1(p: EmulatorProcess, prompt: Any, rid: str | None = None) -> dict[str, Any]:
+    """The proxy's prefill leg (vLLM toy_proxy_server.py)."""
+    params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
+              "remote_host": None, "remote_port": None}
+    headers = {"X-Request-Id": rid} if rid else {}
+    r = httpx.post(p.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1, "stream": False, "kv_transfer_params": params},
+                   headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_two_legs_return_the_single_instance_tokens_and_move_counters_on_both(pair: tuple[EmulatorProcess, EmulatorProcess]) -> None:
+    p, d = pair
+    before_p, before_d = scrape(p.url), scrape(d.url)
+    prompt = list(range(300))
+    reply = leg1(p, prompt, rid="r42")
+    kv = reply["kv_transfer_params"]
+    assert reply["choices"][0]["text"] == " t0" and reply["choices"][0]["finish_reason"] == "length"
+    assert reply["id"] == "cmpl-r42" and reply["usage"]["completion_tokens"] == 1
+    assert kv["do_remote_prefill"] is True and kv["do_remote_decode"] is False
+    assert kv["remote_request_id"].startswith("cmpl-r42-0-") and kv["remote_host"] == "127.0.0.1" and kv["remote_port"] == p.port
+    assert kv["remote_num_tokens"] == 300 and kv["transfer_mode"] == "pull" and kv["remote_blocks_expiry_time"] is None
+    assert len(kv["remote_block_ids"]) == 1 and len(kv["remote_block_ids"][0]) == 19  # ceil(300 / 16)
+    assert {"tp_size", "dcp_size", "pp_size", "remote_engine_id", "remote_prefill_cached_tokens"} <= kv.keys()
+    assert scrape(p.url)["vllm:kv_cache_usage_perc"] > 0  # held until pulled
+
+    t0 = time.monotonic()
+    stream = complete(d.url, prompt=prompt, max_tokens=6, ignore_eos=True, stream=True, kv_transfer_params=kv)
+    waited = time.monotonic() - t0
+    assert "".join(e["choices"][0]["text"] for e in sse(stream.content) if isinstance(e, dict)) == " t0 t1 t2 t3 t4 t5"
+    assert waited >= FAST_PROFILE.kv_transfer_time(300)  # the pull took the profile's transfer time
+    single = complete(d.url, prompt=prompt, max_tokens=6, ignore_eos=True).json()
+    assert single["choices"][0]["text"] == " t0 t1 t2 t3 t4 t5"
+
+    after_p, after_d = scrape(p.url), scrape(d.url)
+    assert after_p["vllm:kv_cache_usage_perc"] == 0.0  # freed by the pull
+    assert delta(after_p, before_p, "vllm:prompt_tokens_total") == 300
+    assert delta(after_p, before_p, "vllm:generation_tokens_total") == 1
+    assert delta(after_p, before_p, "vllm:request_success_total{finished_reason=length}") == 1
+    assert delta(after_d, before_d, "vllm:prompt_tokens_by_source_total{source=external_kv_transfer}") == 300
+    assert delta(after_d, before_d, "vllm:prompt_tokens_by_source_total{source=local_compute}") == 300  # the single run
+    assert delta(after_d, before_d, "vllm:prompt_tokens_total") == 600
+    assert delta(after_d, before_d, "vllm:generation_tokens_total") == 12
+    assert delta(after_d, before_d, "vllm:request_success_total{finished_reason=length}") == 2
+    assert delta(after_d, before_d, "vllm:nixl_xfer_time_seconds_count") == 1
+
+
+def test_chat_legs_work_too(pair: tuple[EmulatorProcess, EmulatorProcess]) -> None:
+    p, d = pair
+    body = {"messages": [{"role": "user", "content": "tell me"}], "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+    kv = httpx.post(p.url + "/v1/chat/completions", json=body).json()["kv_transfer_params"]
+    assert kv["remote_request_id"].startswith("chatcmpl-")
+    r = httpx.post(d.url + "/v1/chat/completions", json={"messages": body["messages"], "max_tokens": 2, "ignore_eos": True, "kv_transfer_params": kv})
+    assert r.json()["choices"][0]["message"]["content"] == " t0 t1"
+
+
+def test_nothing_listening_fails_after_the_handshake_timeout_or_recomputes(pair: tuple[EmulatorProcess, EmulatorProcess]) -> None:
+    _, d = pair
+    dead = {"do_remote_prefill": True, "remote_engine_id": "nobody", "remote_request_id": "x", "remote_block_ids": [[1]],
+            "remote_host": "127.0.0.1", "remote_port": free_port()}
+    before = scrape(d.url)
+    t0 = time.monotonic()
+    r = complete(d.url, prompt="hi", max_tokens=2, kv_transfer_params=dead)
+    waited = time.monotonic() - t0
+    assert r.status_code == 500 and r.json()["error"] == {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}
+    assert HANDSHAKE_S * 0.9 <= waited < HANDSHAKE_S + 1.5
+    r = complete(d.url, prompt="hi", max_tokens=2, ignore_eos=True, kv_transfer_params={**dead, "kv_load_failure_policy": "recompute"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == " t0 t1"
+    after = scrape(d.url)
+    assert delta(after, before, "vllm:nixl_num_failed_transfers_total") == 2
+    assert delta(after, before, "vllm:request_success_total{finished_reason=error}") == 1
+    assert delta(after, before, "vllm:prompt_tokens_by_source_total{source=local_compute}") == 1  # recomputed
+    assert httpx.get(d.url + "/health").status_code == 200
+
+
+def test_a_live_instance_with_another_engine_id_fails_at_once(pair: tuple[EmulatorProcess, EmulatorProcess]) -> None:
+    p, d = pair
+    kv = leg1(p, "abc")["kv_transfer_params"]
+    t0 = time.monotonic()
+    r = complete(d.url, prompt="abc", max_tokens=2, kv_transfer_params={**kv, "remote_engine_id": "someone-else"})
+    assert r.status_code == 500 and time.monotonic() - t0 < HANDSHAKE_S / 2
+    assert complete(d.url, prompt="abc", max_tokens=2, kv_transfer_params=kv).status_code == 200  # the real one still works
+
+
+def test_expired_blocks_and_a_dead_prefill_fail_quickly_and_decode_stays_healthy(tmp_path: Any) -> None:
+    args = ["--profile", profile_file(tmp_path), "--kv-handshake-timeout-s", "3"]
+    with running(("prefill", [*args, "--kv-lease-s", "0.3"]), ("decode", args), log_dir=tmp_path) as (p, d):
+        ok = complete(d.url, prompt="abc", max_tokens=2, kv_transfer_params=leg1(p, "abc")["kv_transfer_params"])
+        assert ok.status_code == 200  # d has now pulled from p's engine once
+        kv = leg1(p, "abc")["kv_transfer_params"]
+        assert scrape(p.url)["vllm:kv_cache_usage_perc"] > 0
+        wait_for(lambda: scrape(p.url)["vllm:nixl_num_kv_expired_reqs_total"] == 1, 5, "the lease to expire")
+        assert scrape(p.url)["vllm:kv_cache_usage_perc"] == 0  # freed by the expiry
+        before = scrape(d.url)
+        t0 = time.monotonic()
+        r = complete(d.url, prompt="abc", max_tokens=2, kv_transfer_params=kv)
+        assert r.status_code == 500 and time.monotonic() - t0 < 0.5
+        kv = leg1(p, "abc")["kv_transfer_params"]
+        p.kill()
+        t0 = time.monotonic()
+        r = complete(d.url, prompt="abc", max_tokens=2, kv_transfer_params=kv)
+        assert r.status_code == 500 and time.monotonic() - t0 < 0.5  # a known engine gone: no handshake wait
+        after = scrape(d.url)
+        assert delta(after, before, "vllm:nixl_num_failed_transfers_total") == 2
+        assert delta(after, before, "vllm:request_success_total{finished_reason=error}") == 2
+        assert httpx.get(d.url + "/health").status_code == 200
+        assert complete(d.url, prompt="still fine", max_tokens=2).status_code == 200
+
+
+def test_decode_started_with_the_recompute_policy(tmp_path: Any) -> None:
+    args = ["--profile", profile_file(tmp_path), "--kv-handshake-timeout-s", "0.2", "--kv-load-failure-policy", "recompute"]
+    with running(("decode", args), log_dir=tmp_path) as (d,):
+        dead = {"do_remote_prefill": True, "remote_engine_id": "x", "remote_request_id": "y", "remote_host": "127.0.0.1", "remote_port": free_port()}
+        r = complete(d.url, prompt=[3] * 20, max_tokens=3, ignore_eos=True, kv_transfer_params=dead)
+        assert r.status_code == 200 and r.json()["usage"] == {"prompt_tokens": 20, "total_tokens": 23, "completion_tokens": 3, "prompt_tokens_details": None}
+        assert scrape(d.url)["vllm:nixl_num_failed_transfers_total"] == 1

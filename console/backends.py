@@ -87,4 +87,8 @@ def make_backend(config: ConsoleConfig, run_dir: Path) -> Backend:
         from console.sim_backend import SimBackend
 
         return SimBackend(config, run_dir)
-    raise ConfigError("--backend vllm needs --attach 'prefill=URL,...;decode=URL,...' (launching real vLLM is not built yet)")
+    if config.backend == "vllm":
+        from console.vllm_backend import VllmBackend
+
+        return VllmBackend(config, run_dir)
+    raise ConfigError(f"unknown backend {config.backend!r}: emulator, sim or vllm")

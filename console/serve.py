@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from console.backends import make_backend
 from console.config import ConsoleConfig
 from console.controller import Controller
 from console.gateway.app import build_app
+from console.instances import Instance
 
 Announce = Callable[["LiveConsole"], None]
 
@@ -34,6 +36,32 @@ class LiveConsole:
     server: ManagedServer
 
 
+async def _starting(start: Coroutine[object, object, list[Instance]]) -> list[Instance]:
+    """Await a backend's start-up; SIGINT/SIGTERM meanwhile cancel it (the backend then stops what
+    it launched) instead of killing the console with its instances left running."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(start)
+    received: list[signal.Signals] = []
+
+    def interrupt(sig: signal.Signals) -> None:
+        received.append(sig)
+        task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, interrupt, sig)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if received:
+            raise KeyboardInterrupt(f"{received[0].name} during start-up") from None
+        raise
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
 async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Callable[[LiveConsole], Coroutine[object, object, None]] | None = None) -> str:
     """Serve until Ctrl-C/SIGTERM (or until `attach_ui` returns). Returns the run's final status."""
     store = RunStore(config.db)
@@ -46,7 +74,7 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
     backend = make_backend(config, run_dir)
     status = "failed"
     try:
-        instances = await backend.start()
+        instances = await _starting(backend.start())
         controller = Controller(config, instances, store=store, run_id=run_id, run_dir=run_dir, backend_label=backend.label, backend=backend)
         token_file = controller.write_token()
         app = build_app(controller)

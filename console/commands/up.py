@@ -32,15 +32,25 @@ def up(
     replay: Annotated[Path | None, typer.Option(help="replay this trace into the cluster once it is up")] = None,
     replay_speed: Annotated[float | None, typer.Option("--replay-speed", "--speed", help="replay time compression (2 = twice as fast)")] = None,
     loop: Annotated[bool, typer.Option("--loop", help="replay the trace again and again")] = False,
+    vllm_venv: Annotated[Path | None, typer.Option("--vllm-venv", help="--backend vllm: virtualenv whose bin/vllm runs the instances (default: $VLLM_VENV, the `make vllm-cpu` venv, else PATH)")] = None,
+    vllm_arg: Annotated[list[str], typer.Option("--vllm-arg", help="--backend vllm: one more `vllm serve` argument for every instance (repeat)")] = [],  # noqa: B006
 ) -> None:
-    """Start an emulated 2P4D cluster (or attach to vLLM) behind the gateway on 127.0.0.1:8000.
+    """Start an emulated 2P4D cluster (or real vLLM) behind the gateway on 127.0.0.1:8000.
+
+    Backends: `emulator` (default; one GPU-free emulator process per instance), `sim` (the
+    simulator's instance model in-process), `vllm` (one `vllm serve` per instance with
+    NixlConnector P/D, logs in the run directory; the [vllm] table of CONFIG sets the connector,
+    KV cache size, kv_load_failure_policy, extra args...). `--attach` manages instances started
+    elsewhere instead.
 
     Prints the gateway URL, the run id and the control token's file; Ctrl-C drains in-flight
-    requests, stops what it started and closes the run record.
+    requests, stops what it started and closes the run record (Ctrl-C during start-up stops
+    the instances launched so far).
 
     Examples:
       sibyl-console up --headless
       sibyl-console up --prefill 1 --decode 2 --policy least_load --param by=tokens --port 0
+      sibyl-console up --backend vllm --model ./tiny-llama --prefill 1 --decode 1 --vllm-arg=--enforce-eager
       sibyl-console up --backend vllm --attach 'prefill=http://10.0.0.5:8100;decode=http://10.0.0.6:8200'
     """
     params = parse_param_assignments(param)
@@ -52,6 +62,8 @@ def up(
         "replay": replay,
         "replay_speed": replay_speed,
         "replay_loop": True if loop else None,
+        "vllm.venv": vllm_venv,
+        "vllm.extra_args": vllm_arg or None,
     }
     if params:
         overrides["params"] = {**params.get("", {}), **params.get(policy or "", {})}

@@ -95,6 +95,7 @@ class Controller:
             lambda: list(self.instances.values()),
             interval_s=config.poll_interval_s,
             down_after=config.down_after_failures,
+            probe_timeout_s=config.probe_timeout_s,
             on_status=self._on_status,
             on_sample=self._on_sample,
         )
@@ -120,7 +121,7 @@ class Controller:
 
     async def start(self) -> None:
         for inst in self.instances.values():
-            inst.open()
+            inst.open(connect_timeout_s=self.config.connect_timeout_s)
             self.metrics.instance_up.labels(instance=inst.id, role=inst.role.value).set(1)
         await self._discover_models()
         first = self.dispatcher.policy_events[0]
@@ -251,7 +252,7 @@ class Controller:
             for _ in range(delta):
                 iid = self._next_id(r)
                 inst = await self._backend.add(r, iid)
-                inst.open()
+                inst.open(connect_timeout_s=self.config.connect_timeout_s)
                 self.instances[iid] = inst
                 self.dispatcher.add_instance(iid, r)
                 self.metrics.instance_up.labels(instance=iid, role=r.value).set(1)
@@ -342,6 +343,13 @@ class Controller:
                     "routed_pending": int(d.pending_n[idx]),
                     "failures": inst.failed,
                     "pid": inst.pid,
+                    "scraped": {  # the instance's own cumulative counters at the last /metrics scrape
+                        "prompt_tokens_total": s.prompt_tokens_total,
+                        "generation_tokens_total": s.generation_tokens_total,
+                        "success_total": s.success_total,
+                        "preemptions_total": s.preemptions_total,
+                        "failed_transfers_total": s.failed_transfers_total,
+                    },
                 }
             )
         n_p = sum(1 for i in self.instances.values() if i.role.serves_prefill())

@@ -29,13 +29,15 @@ class Instance:
     pid: int | None = None
     """Local process id when the console started this instance."""
 
-    def open(self, limit: int = 1024) -> None:
+    def open(self, limit: int = 1024, connect_timeout_s: float = 30.0) -> None:
         """Create the pooled client (inside the running event loop)."""
-        connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=30, ttl_dns_cache=300)
+        # Idle pooled connections are dropped after 4 s: vLLM's uvicorn closes them after 5 s, and a
+        # request written to a connection the server is closing fails ("Can not write request body").
+        connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=4, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(
             base_url=self.url,
             connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
             auto_decompress=False,
         )
 

@@ -25,12 +25,14 @@ class Poller:
         *,
         interval_s: float,
         down_after: int,
+        probe_timeout_s: float = 2.0,
         on_status: StatusChange,
         on_sample: SampleSink,
     ) -> None:
         self._instances = instances
         self.interval_s = interval_s
         self.down_after = down_after
+        self.probe_timeout_s = probe_timeout_s
         self._on_status = on_status
         self._on_sample = on_sample
         self._task: asyncio.Task[None] | None = None
@@ -62,7 +64,7 @@ class Poller:
         await asyncio.gather(*(self._probe(i) for i in self._instances()))
 
     async def _probe(self, inst: Instance) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(self.interval_s, 0.5))
+        timeout = aiohttp.ClientTimeout(total=self.probe_timeout_s)
         reason = ""
         sample: MetricsSample | None = None
         try:

@@ -228,6 +228,8 @@ def test_prefill_retry_no_capacity_503_and_the_event_stream(tmp_path: Path) -> N
         rows = RunStore(con.db).requests(con.run_id)
         served = [r for r in rows if r["status"] == "ok"]
         assert len(served) == 4 and all(r["prefill_instance"] == "p1" for r in served)
+        rejected = [r for r in rows if r["status"] != "ok"]  # the 503 is recorded too, with why
+        assert len(rejected) == 1 and rejected[0]["decode_instance"] is None and "no healthy decode instance" in rejected[0]["reason"]
     finally:
         con.stop()
         kill_children(con.home)

@@ -117,6 +117,13 @@ class Proxy:
             c.metrics.decision.observe(time.perf_counter() - t)
         except NoCapacityError as e:
             await respond(send, 503, error_body(503, f"no capacity: {e}; try again when instances recover"))
+            c.request_started()  # recorded like any other failure: the run store keeps every request
+            c.request_done(RequestOutcome(
+                request_id=rid, arrival=now, prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
+                slo_class=slo_class, priority=priority, prefill_instance=None, decode_instance=None, prefill_start=None,
+                prefill_end=None, decode_start=None, first_token=None, finish=time.monotonic(), output_tokens=0, ok=False,
+                reason=f"no capacity: {e}",
+            ))
             return
         fwd = [("X-Request-Id", rid)]
         if b"authorization" in headers:

@@ -21,7 +21,7 @@ from tests.test_tui_client import FakeConsole
 SIZE = (160, 48)
 
 
-async def until(pilot: Pilot[None], cond: Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(pilot: Pilot[None], cond: Callable[[], bool], timeout: float = 10.0) -> None:
     """Wait for `cond` (a widget it queries may not be mounted yet) while the app runs."""
 
     def holds() -> bool:
@@ -78,7 +78,9 @@ def test_policy_swap_through_picker_reaches_the_console() -> None:
             await until(pilot, lambda: picker.policy is not None and picker.policy["name"] == "least_load")
             await pilot.press("enter")  # into the form: the `by` select
             await until(pilot, lambda: app.focused is not None and app.focused.id == "param-by")
-            await pilot.press("enter", "down", "enter")  # open, move to "tokens", choose
+            await pilot.press("enter")  # open the select; keys reach its overlay only once it is shown
+            await until(pilot, lambda: picker.query_one("#param-by", Select).expanded)
+            await pilot.press("down", "enter")  # move to "tokens", choose
             await until(pilot, lambda: picker.query_one("#param-by", Select).value == "tokens")
             await pilot.press("ctrl+s")
             await until(pilot, lambda: not isinstance(app.screen, PolicyPicker))

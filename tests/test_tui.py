@@ -94,6 +94,22 @@ def test_policy_swap_through_picker_reaches_the_console() -> None:
     asyncio.run(body())
 
 
+def test_state_arriving_while_a_modal_is_open_updates_the_dashboard_behind_it() -> None:
+    async def body() -> None:
+        fake = FakeConsole(1, 2)
+        app = app_for(fake)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.state is not None)
+            await app.run_action("pick_policy('routing')")
+            await until(pilot, lambda: isinstance(app.screen, PolicyPicker))
+            state = fake.state()
+            app.on_state_arrived(StateArrived(state))  # the modal is the active screen: no NoMatches
+            assert app.screen_stack[0].query_one("#header").state is state  # type: ignore[attr-defined]
+            assert isinstance(app.screen, PolicyPicker)
+
+    asyncio.run(body())
+
+
 def test_server_refusal_and_local_checks_show_inline() -> None:
     async def body() -> None:
         fake = FakeConsole(1, 2)

@@ -82,11 +82,17 @@ class SibylDashboard(App[None]):
         yield EventLog(id="log")
         yield Footer()
 
+    @property
+    def dashboard(self) -> Screen[object]:
+        """The dashboard's own screen: App.query_one looks at the active screen, which is a
+        modal (policy picker, help, confirm) while one is open and state keeps arriving."""
+        return self.screen_stack[0]
+
     def on_mount(self) -> None:
-        header = self.query_one(DashboardHeader)
+        header = self.dashboard.query_one(DashboardHeader)
         header.url, header.owns_cluster = self.client.url, self.owns_cluster
         for wid, title in (("instances", "instances"), ("slo", "SLO"), ("log", "events")):
-            self.query_one(f"#{wid}").border_title = title
+            self.dashboard.query_one(f"#{wid}").border_title = title
         if self.autopoll:
             self.poll_state()
             self.read_events()
@@ -131,7 +137,7 @@ class SibylDashboard(App[None]):
         if event.state != WorkerState.ERROR:
             return
         worker = event.worker
-        self.query_one(EventLog).note(f"{worker.name} failed: {worker.error!r}", "bold red")
+        self.dashboard.query_one(EventLog).note(f"{worker.name} failed: {worker.error!r}", "bold red")
         restart = {"poll-state": self.poll_state, "events": self.read_events}.get(worker.group)
         if restart is not None:
             self.set_timer(2.0, restart)
@@ -147,13 +153,13 @@ class SibylDashboard(App[None]):
         if restarted:
             self._console_restarted(s)
         instances = s.get("instances") or []
-        self.query_one(DashboardHeader).state = s
-        self.query_one(InstanceTable).show(instances)
-        slo = self.query_one(SloPanel)
+        self.dashboard.query_one(DashboardHeader).state = s
+        self.dashboard.query_one(InstanceTable).show(instances)
+        slo = self.dashboard.query_one(SloPanel)
         slo.uptime_s, slo.requests, slo.slo = t, s.get("requests") or {}, s.get("slo") or {}
         decode = {str(i["id"]): load_of(i) for i in instances if i.get("role") in ("decode", "both")}
-        self.query_one(LoadChart).push(t, decode)
-        self.query_one(SloChart).push(t, s.get("slo") or {})
+        self.dashboard.query_one(LoadChart).push(t, decode)
+        self.dashboard.query_one(SloChart).push(t, s.get("slo") or {})
         caps = {k for k, v in (s.get("capabilities") or {}).items() if v}
         if s.get("replay"):
             caps.add("replay")
@@ -166,22 +172,22 @@ class SibylDashboard(App[None]):
 
     def _console_restarted(self, s: dict[str, Any]) -> None:
         """A new run behind the same URL: its timeline starts over."""
-        for chart in (self.query_one(LoadChart), self.query_one(SloChart)):
+        for chart in (self.dashboard.query_one(LoadChart), self.dashboard.query_one(SloChart)):
             chart.reset()
         self.swaps.reset()
-        self.query_one(EventLog).note(f"the console restarted: run {s.get('run_id')}", "bold")
+        self.dashboard.query_one(EventLog).note(f"the console restarted: run {s.get('run_id')}", "bold")
 
     def _show_swap(self, event: dict[str, Any], *, fallback: bool = False) -> None:
         """Log a swap and mark it on both charts (a fallback only if not shown yet)."""
         if not self.swaps.accept(event, fallback=fallback):
             return
-        self.query_one(EventLog).record(event)
+        self.dashboard.query_one(EventLog).record(event)
         t = event.get("t")
         if not isinstance(t, int | float):
             t = float((self.state or {}).get("uptime_s") or 0.0)
         label = f"{event.get('kind')}→{event.get('new')}"
-        self.query_one(SloChart).add_marker(float(t), label)
-        self.query_one(LoadChart).add_marker(float(t), label)
+        self.dashboard.query_one(SloChart).add_marker(float(t), label)
+        self.dashboard.query_one(LoadChart).add_marker(float(t), label)
 
     def on_console_event(self, message: ConsoleEvent) -> None:
         event = message.event
@@ -192,23 +198,23 @@ class SibylDashboard(App[None]):
         if event.get("type") == "policy":
             self._show_swap(event)
         else:
-            self.query_one(EventLog).record(event)
+            self.dashboard.query_one(EventLog).record(event)
 
     def on_connection_changed(self, message: ConnectionChanged) -> None:
-        log = self.query_one(EventLog)
+        log = self.dashboard.query_one(EventLog)
         if message.error is None:
             log.note(f"reconnected to {self.client.url}", "green")
         else:
             if self.connection_error is None:  # log the loss once, not every retry
                 log.note(f"connection lost to {self.client.url}: {message.error}", "bold red")
-            self.query_one("#banner", Static).update(
+            self.dashboard.query_one("#banner", Static).update(
                 f"⚠ connection lost to {self.client.url} — retrying in {message.retry_in_s:.0f}s"
                 f"   ({message.error}); the values below are from before the loss"
             )
         self.connection_error = message.error
 
     def watch_connection_error(self, error: str | None) -> None:
-        self.query_one("#banner", Static).display = error is not None
+        self.dashboard.query_one("#banner", Static).display = error is not None
         self.screen.set_class(error is not None, "-disconnected")
 
     def watch_capabilities(self) -> None:
@@ -246,7 +252,7 @@ class SibylDashboard(App[None]):
             self._show_swap({"type": "policy", **result}, fallback=True)
 
     def action_sort(self) -> None:
-        self.query_one(InstanceTable).cycle_sort()
+        self.dashboard.query_one(InstanceTable).cycle_sort()
 
     @work(group="control-actions", exit_on_error=False)
     async def action_scale(self, role: str, delta: int) -> None:
@@ -264,7 +270,7 @@ class SibylDashboard(App[None]):
             await call
         except (ConnectionLost, ApiError) as e:
             self.notify(f"{what} failed: {e}", severity="error")
-            self.query_one(EventLog).note(f"{what} failed: {e}", "bold red")
+            self.dashboard.query_one(EventLog).note(f"{what} failed: {e}", "bold red")
             return
         self.notify(f"{what}: done")
 

@@ -4,10 +4,11 @@ Prefill: the prefill leg's duration (prefill start → end, as the gateway measu
 prompt tokens. Queueing at the prefill instance only ever adds time, so the fit uses the lower
 envelope: least squares on t = a + b·l (+ c·l² when it helps), refitted a few times on the fifth
 of the points with the smallest residuals, after subtracting the one engine step (fitted below)
-that a prefill runs in. Decode: each request's TPOT is
-its mean step time; its batch is the decode instance's `running` count over the request's decode
-window (from the per-instance samples), each sample weighted by the steps taken in it (∝ 1/step,
-so the fit is iterated); the medians of ten batch-size bins are fitted as step = s0 + s1·B. The KV transfer is the
+that a prefill runs in and the HTTP round trip to that instance (the median of the console's
+/health probes, kept in the run summary). Decode: each request's TPOT is
+its mean step time; its batch is the number of requests decoding on the same instance over the
+request's decode window (exact, from every recorded request's first-token-to-finish interval),
+each stretch weighted by the steps taken in it (∝ 1/step, so the fit is iterated); the medians of ten batch-size bins are fitted as step = s0 + s1·B. The KV transfer is the
 handoff (decode start → first token) minus one step, against prompt tokens.
 """
 
@@ -36,6 +37,19 @@ def _lstsq_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         keep = [k for k, c in zip(keep, coef, strict=True) if c >= 0] or [keep[0]]
 
 
+def _batch_over(start: float, end: float, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The decode batch over [start, end) as (batch sizes, durations) of its constant stretches,
+    from every request's decoding interval on the same instance (the request's own included)."""
+    near = (starts < end) & (ends > start)
+    a, b = starts[near], ends[near]
+    cuts = np.unique(np.concatenate(([start, end], a[(a > start) & (a < end)], b[(b > start) & (b < end)])))
+    if len(cuts) < 2:
+        return np.array([1.0]), np.array([1.0])
+    mids = (cuts[:-1] + cuts[1:]) / 2
+    batch = ((a[None, :] <= mids[:, None]) & (mids[:, None] < b[None, :])).sum(axis=1)
+    return np.maximum(batch, 1).astype(float), np.diff(cuts)
+
+
 def calibrate(store: RunStore, run_id: str, base: PerfProfile | None = None) -> tuple[PerfProfile, dict[str, Any]]:
     info = store.get_run(run_id)
     base = base or get_profile(str(info.config.get("profile") or "h20-qwen3-32b"))
@@ -43,29 +57,31 @@ def calibrate(store: RunStore, run_id: str, base: PerfProfile | None = None) -> 
     pre = [r for r in rows if r["prefill_start"] is not None and r["prefill_end"] is not None]
     if len(pre) < 10:
         raise StoreError(f"run {info.run_id} has {len(pre)} completed requests with prefill timings; calibration needs at least 10 (a live run)")
-    samples: dict[str, list[tuple[float, float]]] = {}
-    for s in store.instance_samples(info.run_id):
-        samples.setdefault(s["instance_id"], []).append((s["t"], s["running"]))
-    windows: list[np.ndarray] = []
+    if not store.instance_samples(info.run_id):
+        raise StoreError(f"run {info.run_id} has no instance samples: calibration needs a live run (`up`), not a {info.kind} run")
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for r in store.requests(info.run_id):  # failed requests took decode steps too
+        if r["decode_instance"] and r["first_token"] is not None and r["finish"] is not None:
+            spans.setdefault(r["decode_instance"], []).append((r["first_token"], r["finish"]))
+    empty = (np.zeros(0), np.zeros(0))
+    decoding = {k: (np.array([a for a, _ in v]), np.array([b for _, b in v])) for k, v in spans.items()}
+    windows: list[tuple[np.ndarray, np.ndarray]] = []
     step, handoff, prompts = [], [], []
     for r in rows:
         if r["tpot"] is None or r["output_tokens"] is None or r["output_tokens"] < 4 or r["first_token"] is None:
             continue
-        window = [run for ts, run in samples.get(r["decode_instance"] or "", []) if r["first_token"] <= ts <= r["finish"]]
-        if not window:
-            continue
-        windows.append(np.maximum(np.array(window, dtype=float), 1.0))
+        windows.append(_batch_over(r["first_token"], r["finish"], *decoding.get(r["decode_instance"] or "", empty)))
         step.append(r["tpot"])
         if r["decode_start"] is not None:
             handoff.append(r["first_token"] - r["decode_start"] - r["tpot"])
             prompts.append(r["prompt_tokens"])
     if len(step) < 10:
-        raise StoreError(f"run {info.run_id} has too few decoding requests with instance samples to fit decode steps ({len(step)})")
+        raise StoreError(f"run {info.run_id} has too few decoding requests to fit decode steps ({len(step)})")
     sy = np.array(step)
     s0, s1 = base.decode_step_base_s, base.decode_step_per_seq_s
     for _ in range(4):
-        # TPOT averages over steps, samples over time: weight each sample by the steps it held (∝ 1/step).
-        bx = np.array([float(np.average(w, weights=1.0 / (s0 + s1 * w))) for w in windows])
+        # TPOT averages over steps: weight each stretch of constant batch by the steps it held (∝ 1/step).
+        bx = np.array([float(np.average(b, weights=d / (s0 + s1 * b))) for b, d in windows])
         # Median TPOT per batch-size bin, so a burst of many similar requests does not outweigh the rest.
         b_edges = np.unique(np.quantile(bx, np.linspace(0, 1, 11)))
         b_bins = np.clip(np.searchsorted(b_edges, bx, side="right") - 1, 0, max(len(b_edges) - 2, 0))
@@ -74,7 +90,10 @@ def calibrate(store: RunStore, run_id: str, base: PerfProfile | None = None) -> 
         s0, s1 = _lstsq_nonneg(np.stack([np.ones_like(mb), mb], axis=1), ms)
         s0 = max(float(s0), 1e-5)
     lens = np.array([r["prompt_tokens"] for r in pre], dtype=float)
-    durations = np.array([r["prefill_end"] - r["prefill_start"] for r in pre]) - (s0 + s1)
+    # A prefill leg as the gateway timed it = one HTTP round trip + one engine step + the prefill.
+    rtt = (info.summary or {}).get("health_rtt_s") or {}
+    overhead = np.array([float(rtt.get(r["prefill_instance"] or "", 0.0)) for r in pre])
+    durations = np.array([r["prefill_end"] - r["prefill_start"] for r in pre]) - overhead - (s0 + s1)
     x = np.stack([np.ones_like(lens), lens, lens * lens], axis=1)
     keep = np.ones(len(lens), dtype=bool)
     for _ in range(6):  # lower envelope: refit on the points least delayed by queueing

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from adapters.store import RunRecorder, RunStore
 from console.config import ConsoleConfig
 from console.events import EventBus
@@ -373,7 +375,8 @@ class Controller:
 
     def summary(self) -> dict[str, Any]:
         snap = self.slo.snapshot(time.monotonic())["run"]
-        return {**snap, "requests_total": self.total, "failed": self.failed}
+        rtt = {i.id: float(np.median(i.health_rtt_s)) for i in self.instances.values() if i.health_rtt_s}
+        return {**snap, "requests_total": self.total, "failed": self.failed, "health_rtt_s": rtt}
 
     async def _publish_state(self) -> None:
         while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -28,6 +29,9 @@ class Instance:
     session: aiohttp.ClientSession | None = None
     pid: int | None = None
     """Local process id when the console started this instance."""
+    health_rtt_s: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    """Round trips of the latest /health probes: the HTTP cost of one request to this instance
+    as the gateway sees it (calibration takes it out of the prefill legs it measured)."""
 
     def open(self, limit: int = 1024, connect_timeout_s: float = 30.0) -> None:
         """Create the pooled client (inside the running event loop)."""

@@ -69,9 +69,12 @@ class Poller:
         sample: MetricsSample | None = None
         try:
             assert inst.session is not None
+            t0 = time.monotonic()
             async with inst.session.get("/health", timeout=timeout) as r:
                 ok = r.status == 200
                 reason = "" if ok else f"/health answered {r.status}"
+            if ok:
+                inst.health_rtt_s.append(time.monotonic() - t0)
             if ok:
                 async with inst.session.get("/metrics", timeout=timeout) as r:
                     if r.status == 200:

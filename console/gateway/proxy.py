@@ -23,6 +23,7 @@ from adapters.vllm.pd_protocol import (
 )
 from console.controller import Controller, RequestOutcome
 from console.gateway.errors import error_body, sse_error
+from console.instances import Instance
 from core.errors import NoCapacityError
 from core.types import Request
 
@@ -172,8 +173,7 @@ class Proxy:
             o.prefill_start = time.monotonic()
             c.dispatcher.on_prefill_start(rid, o.prefill_start)
             try:
-                assert inst.session is not None
-                async with inst.session.post(path, data=payload, headers=[*fwd, ("Content-Type", "application/json")]) as r:
+                async with await _post(inst, path, payload, fwd) as r:
                     raw = await r.read()
                     if r.status == 200:
                         o.prefill_end = time.monotonic()
@@ -209,8 +209,7 @@ class Proxy:
         c.dispatcher.on_decode_start(rid, o.decode_start)
         started = False
         try:
-            assert dec.session is not None
-            async with dec.session.post(path, data=payload, headers=[*fwd, ("Content-Type", "application/json")]) as r:
+            async with await _post(dec, path, payload, fwd) as r:
                 if r.status != 200:
                     raw = await r.read()
                     o.reason = f"decode {dec.id} answered {r.status}: {raw[:200].decode(errors='replace')}"
@@ -265,6 +264,20 @@ class Proxy:
                     o.first_token = now
                 progress(rid, counter.tokens, now)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+async def _post(inst: Instance, path: str, payload: bytes, fwd: list[tuple[str, str]]) -> aiohttp.ClientResponse:
+    """POST one leg. A request that could not even be written (a pooled connection the instance
+    closed meanwhile, e.g. its keep-alive ran out while this side was slow) never reached the
+    instance, so it is sent once more on another connection."""
+    assert inst.session is not None
+    headers = [*fwd, ("Content-Type", "application/json")]
+    try:
+        return await inst.session.post(path, data=payload, headers=headers)
+    except aiohttp.ClientOSError as e:
+        if "Can not write request body" not in str(e):
+            raise
+        return await inst.session.post(path, data=payload, headers=headers)
 
 
 async def _watch_disconnect(receive: Any, gone: asyncio.Event) -> None:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,17 +56,6 @@ def sse(body: bytes) -> list[Any]:
             payload = event[6:]
             out.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
     return out
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll `predicate` (HTTP errors count as False) until true or `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if predicate():
-                return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout:.1f} s waiting for {what}")
 
 
 def complete(url: str, **body: Any) -> httpx.Response:

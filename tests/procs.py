@@ -20,7 +20,17 @@ from adapters.emulator.process import EmulatorProcess, free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def alive(pid: int) -> bool:
+    """The process runs (it exists and is not a zombie nobody has reaped yet)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rfind(")") + 2] != "Z"
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll `predicate` (HTTP errors count as False) until true or `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):

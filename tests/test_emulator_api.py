@@ -13,7 +13,8 @@ import pytest
 from openai import OpenAI
 
 from adapters.emulator.process import EmulatorProcess, running
-from tests.emulator_fixtures import complete, delta, profile_file, scrape, sse, wait_for
+from tests.emulator_fixtures import complete, delta, profile_file, scrape, sse
+from tests.procs import wait_for
 
 
 @pytest.fixture(scope="module")

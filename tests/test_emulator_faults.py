@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from adapters.emulator.process import EmulatorProcess, running
 from console.commands import emulate
 from core.errors import ConfigError
-from tests.emulator_fixtures import FAST_PROFILE, complete, profile_file, scrape, wait_for
+from tests.emulator_fixtures import FAST_PROFILE, complete, profile_file, scrape
+from tests.procs import wait_for
 
 TOKEN = {"Authorization": "Bearer s3cret"}
 

@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.emulator.metrics import ITL_BUCKETS, LONG_BUCKETS, TTFT_BUCKETS
 from adapters.emulator.process import EmulatorProcess, running
-from tests.emulator_fixtures import complete, profile_file, scrape, wait_for
+from tests.emulator_fixtures import complete, profile_file, scrape
+from tests.procs import wait_for
 
 REQUIRED = [
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prompt_tokens",

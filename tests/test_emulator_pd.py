@@ -10,15 +10,8 @@ import httpx
 import pytest
 
 from adapters.emulator.process import EmulatorProcess, free_port, running
-from tests.emulator_fixtures import (
-    FAST_PROFILE,
-    complete,
-    delta,
-    profile_file,
-    scrape,
-    sse,
-    wait_for,
-)
+from tests.emulator_fixtures import FAST_PROFILE, complete, delta, profile_file, scrape, sse
+from tests.procs import wait_for
 
 HANDSHAKE_S = 1.0
 

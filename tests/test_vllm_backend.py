@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.procs import ROOT, free_port, start_console, wait_for
+from tests.procs import ROOT, alive, free_port, start_console, wait_for
 
 EMULATING_VLLM = """
 import json, os, sys
@@ -50,14 +50,6 @@ def fake_venv(tmp: Path, body: str) -> Path:
     exe.write_text(f"#!{sys.executable}\n{body}")
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return venv
-
-
-def alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rfind(")") + 2] != "Z"
 
 
 def up_args(tmp: Path, venv: Path) -> list[str]:

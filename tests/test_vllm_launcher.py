@@ -31,6 +31,7 @@ from adapters.vllm.platform import PlatformReport, cpu_facts, memory_gib, what_i
 from console.commands import doctor
 from core.errors import ConfigError
 from core.types import Role
+from tests.procs import alive
 
 MODEL = "/models/tiny-llama"
 
@@ -144,15 +145,6 @@ def fake_vllm(tmp_path: Path, body: str) -> Path:
     return path
 
 
-def gone(pid: int) -> bool:
-    """The process no longer runs (absent, or a zombie nobody has reaped yet)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return text[text.rfind(")") + 2] == "Z"
-
-
 FAILING = """
 import sys
 for i in range(50):
@@ -217,7 +209,7 @@ def test_launch_timeout_stops_the_process(tmp_path: Path) -> None:
                           health_timeout_s=1.0, poll_interval_s=0.1, stop_grace_s=5)
     with pytest.raises(VllmLaunchError, match=r"not healthy after 1 s"):
         cluster.start()
-    assert gone(cluster.instances[0].pid)
+    assert not alive(cluster.instances[0].pid)
 
 
 def test_launch_serves_attaches_and_stop_kills_the_process_group(tmp_path: Path) -> None:
@@ -237,7 +229,7 @@ def test_launch_serves_attaches_and_stop_kills_the_process_group(tmp_path: Path)
     finally:
         stop_all(instances, grace_s=5)
     for inst, info in zip(instances, infos, strict=True):
-        assert inst.proc.returncode is not None and gone(inst.pid) and gone(info["engine_pid"])
+        assert inst.proc.returncode is not None and not alive(inst.pid) and not alive(info["engine_pid"])
         with pytest.raises(ProcessLookupError):
             os.kill(inst.pid, 0)
 
@@ -250,7 +242,7 @@ def test_interrupt_during_start_up_stops_what_was_started(tmp_path: Path) -> Non
     cluster = Interrupted([cpu_spec(Role.PREFILL, free_port())], tmp_path / "logs", fake_vllm(tmp_path, SILENT), stop_grace_s=5)
     with pytest.raises(KeyboardInterrupt):
         cluster.start()
-    assert cluster.instances and gone(cluster.instances[0].pid)
+    assert cluster.instances and not alive(cluster.instances[0].pid)
 
 
 def test_missing_executable_is_a_launch_error(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from adapters.store import RunStore
 from adapters.vllm.pd_protocol import decode_leg_body, prefill_leg_body
 from adapters.vllm.platform import find_vllm_executable
 from adapters.vllm.scrape import parse_metrics
-from tests.procs import ROOT, Console, start_console, wait_for
+from tests.procs import ROOT, Console, alive, start_console, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -93,7 +93,7 @@ def cluster(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
         _warm_up(con)
         yield con
         assert con.stop(timeout=120) == 0
-        assert not [p for p in pids if _alive(p)], "vLLM processes the console started outlived it"
+        assert not [p for p in pids if alive(p)], "vLLM processes the console started outlived it"
     finally:
         con.stop(signal.SIGKILL)
 
@@ -108,14 +108,6 @@ def _warm_up(con: Console) -> None:
             return
         say(f"[test-vllm] first P/D request attempt {attempt + 1}: {r.status_code} {r.text[:200]}")
     pytest.fail("no P/D request succeeded after three attempts")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rfind(")") + 2] != "Z"
 
 
 def _metric(text: str, name: str, label: str = "") -> float:
@@ -141,7 +133,7 @@ def test_up_starts_a_1p1d_cluster_of_real_vllm(cluster: Console) -> None:
     assert state["backend"] == "vllm" and state["cluster"] == "1P1D"
     inst = _instances(con)
     assert inst["p0"]["healthy"] and inst["d0"]["healthy"]
-    assert all(_alive(i["pid"]) for i in inst.values())
+    assert all(alive(i["pid"]) for i in inst.values())
     for i in inst.values():
         version = httpx.get(i["url"] + "/version", timeout=30).json()["version"]
         assert version.startswith("0.32.0"), version  # real vLLM, not the emulator ("+emulated")
@@ -300,7 +292,7 @@ def test_killing_the_prefill_instance_fails_cleanly_recomputes_and_marks_it_down
     with httpx.Client(timeout=300) as http:
         held = http.post(p_url + "/v1/completions", json=prefill_leg_body(body), headers={"X-Request-Id": uuid.uuid4().hex}).json()
         os.killpg(inst["p0"]["pid"], signal.SIGKILL)
-        wait_for(lambda: not _alive(inst["p0"]["pid"]), 60, "the prefill instance to die")
+        wait_for(lambda: not alive(inst["p0"]["pid"]), 60, "the prefill instance to die")
         t = time.monotonic()
         recomputed = http.post(d_url + "/v1/completions", json=decode_leg_body(body, held["kv_transfer_params"]))
         recompute_s = time.monotonic() - t

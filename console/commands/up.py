@@ -37,15 +37,9 @@ def up(
 ) -> None:
     """Start an emulated 2P4D cluster (or real vLLM) behind the gateway on 127.0.0.1:8000.
 
-    Backends: `emulator` (default; one GPU-free emulator process per instance), `sim` (the
-    simulator's instance model in-process), `vllm` (one `vllm serve` per instance with
-    NixlConnector P/D, logs in the run directory; the [vllm] table of CONFIG sets the connector,
-    KV cache size, kv_load_failure_policy, extra args...). `--attach` manages instances started
-    elsewhere instead.
+    Backends: `emulator` (default; one GPU-free emulator process per instance), `sim` (the simulator's instance model, in-process), `vllm` (one `vllm serve` per instance with NixlConnector P/D, logs in the run directory; the \\[vllm] table of CONFIG sets the connector, KV cache size, kv_load_failure_policy, extra args...). `--attach` manages instances started elsewhere instead.
 
-    Prints the gateway URL, the run id and the control token's file; Ctrl-C drains in-flight
-    requests, stops what it started and closes the run record (Ctrl-C during start-up stops
-    the instances launched so far).
+    Prints the gateway URL, the run id and the control token's file; Ctrl-C drains in-flight requests, stops what it started and closes the run record (Ctrl-C during start-up stops the instances launched so far).
 
     Examples:
       sibyl-console up --headless
@@ -53,6 +47,7 @@ def up(
       sibyl-console up --backend vllm --model ./tiny-llama --prefill 1 --decode 1 --vllm-arg=--enforce-eager
       sibyl-console up --backend vllm --attach 'prefill=http://10.0.0.5:8100;decode=http://10.0.0.6:8200'
     """
+
     params = parse_param_assignments(param)
     overrides: dict[str, object] = {
         "backend": backend, "prefill": prefill, "decode": decode, "profile": profile, "model": model,

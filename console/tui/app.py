@@ -12,6 +12,7 @@ from typing import Any
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Horizontal
+from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Static
@@ -134,7 +135,7 @@ class SibylDashboard(App[None]):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one place unexpected worker failures land: log them and restart pollers."""
-        if event.state != WorkerState.ERROR:
+        if event.state != WorkerState.ERROR or not self.screen_stack:
             return
         worker = event.worker
         self.dashboard.query_one(EventLog).note(f"{worker.name} failed: {worker.error!r}", "bold red")
@@ -143,7 +144,19 @@ class SibylDashboard(App[None]):
             self.set_timer(2.0, restart)
 
     # --- data in ------------------------------------------------------------------------------
+    def _not_ready(self, message: Message) -> bool:
+        """Messages can arrive before the dashboard is composed (then they are handled after the
+        next refresh) or while the app shuts down (then they are dropped)."""
+        if not self.screen_stack:
+            return True
+        if not self.dashboard.query(DashboardHeader):
+            self.call_after_refresh(self.post_message, message)
+            return True
+        return False
+
     def on_state_arrived(self, message: StateArrived) -> None:
+        if self._not_ready(message):
+            return
         s, previous = message.state, self.state
         self.state = s
         t = float(s.get("uptime_s") or 0.0)
@@ -190,6 +203,8 @@ class SibylDashboard(App[None]):
         self.dashboard.query_one(LoadChart).add_marker(float(t), label)
 
     def on_console_event(self, message: ConsoleEvent) -> None:
+        if self._not_ready(message):
+            return
         event = message.event
         key = json.dumps(event, sort_keys=True, default=str)
         if key in self._seen:  # the stream replays recent history after a reconnect
@@ -201,6 +216,8 @@ class SibylDashboard(App[None]):
             self.dashboard.query_one(EventLog).record(event)
 
     def on_connection_changed(self, message: ConnectionChanged) -> None:
+        if self._not_ready(message):
+            return
         log = self.dashboard.query_one(EventLog)
         if message.error is None:
             log.note(f"reconnected to {self.client.url}", "green")

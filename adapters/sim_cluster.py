@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from adapters.emulator.engine import release_all
 from adapters.emulator.faults import Faults
 from adapters.emulator.sequence import Sequence, StepRecord, TokenSink
 from adapters.emulator.settings import InstanceSettings
@@ -28,11 +29,6 @@ from core.perf import PerfProfile
 from core.sim.decode_ps import PSDecodeInstance
 
 STEP_LOG = 20_000
-
-
-def _release_all(sinks: list[TokenSink]) -> None:
-    for sink in sinks:
-        sink.release()
 
 
 class SimEngine:
@@ -55,7 +51,7 @@ class SimEngine:
         self.on_step: Callable[[StepRecord, list[Sequence]], None] | None = None
         self.on_finish: Callable[[Sequence], None] | None = None
         self.on_preempt: Callable[[Sequence], None] | None = None
-        self.flush: Callable[[list[TokenSink]], None] = _release_all
+        self.flush: Callable[[list[TokenSink]], None] = release_all
         self.decoder = PSDecodeInstance(profile)
         self._queue: deque[Sequence] = deque()
         self._prefilling: tuple[Sequence, float, float] | None = None
@@ -138,17 +134,13 @@ class SimEngine:
             self._task = None
 
     # --- the model ----------------------------------------------------------------------------------
-    @staticmethod
-    def _reason(s: Sequence) -> str:
-        return "stop" if s.stop_early and not s.prefill_only else "length"
-
     def _start_decode(self, s: Sequence, now: float) -> None:
         if s.admitted_at is None:
             s.admitted_at = now
         s.prefilling = False
         s.computed = s.context
         if s.generated >= s.max_tokens:
-            self._finish(s, self._reason(s), now)
+            self._finish(s, s.done_reason, now)
             return
         key = next(self._keys)
         self._key_of[s], self._by_key[key], self._base[key] = key, s, s.generated
@@ -175,7 +167,7 @@ class SimEngine:
         for s in sampled:
             if s.sink is not None:
                 last = s.prefill_only or s.generated + 1 >= s.max_tokens
-                s.sink.prepare(s.generated, self._reason(s) if last else None, self.step_no, t)
+                s.sink.prepare(s.generated, s.done_reason if last else None, self.step_no, t)
                 sinks.append(s.sink)
             s.generated += 1
             s.prev_token_at, s.last_token_at = s.last_token_at, t
@@ -199,7 +191,7 @@ class SimEngine:
                 s.local_prefill_tokens += s.context
                 self._emit([s], start, end, 1, s.context)  # the prefill produces the first token
                 if s.prefill_only or s.generated >= s.max_tokens:
-                    self._finish(s, self._reason(s), end)
+                    self._finish(s, s.done_reason, end)
                 else:
                     self._start_decode(s, end)
             if not self._queue:
@@ -234,7 +226,7 @@ class SimEngine:
         if finished:
             self.running = [s for s in self.running if s.in_running]
             for s in finished:
-                self._finish(s, self._reason(s), now)
+                self._finish(s, s.done_reason, now)
 
     async def _run(self) -> None:
         while True:

@@ -27,7 +27,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adapters.emulator.process import free_port  # noqa: E402
+from adapters.ports import free_port  # noqa: E402
 
 
 def wait_http(url: str, timeout: float = 30) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from adapters.emulator.process import EmulatorProcess, free_port
+from adapters.emulator.process import EmulatorProcess
+from adapters.ports import free_port
 from console.backends import instance_ids
 from console.config import ConsoleConfig
 from console.instances import Instance

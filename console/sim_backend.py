@@ -8,8 +8,8 @@ from pathlib import Path
 import uvicorn
 
 from adapters.emulator.app import EmulatedInstance
-from adapters.emulator.process import free_port
 from adapters.emulator.settings import InstanceSettings
+from adapters.ports import free_port
 from adapters.serving import ManagedServer
 from adapters.sim_cluster import sim_scheduler
 from console.backends import BackendError, instance_ids

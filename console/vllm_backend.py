@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from adapters.vllm.launcher import LaunchedInstance, VllmCluster, VllmInstanceSpec, free_port
+from adapters.ports import free_port
+from adapters.vllm.launcher import LaunchedInstance, VllmCluster, VllmInstanceSpec
 from adapters.vllm.platform import SETUP_HINT, detect_device, find_vllm_executable
 from console.backends import BackendError, instance_ids
 from console.config import ConsoleConfig

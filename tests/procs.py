@@ -15,7 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from adapters.emulator.process import EmulatorProcess, free_port
+from adapters.emulator.process import EmulatorProcess
+from adapters.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from adapters.emulator.process import EmulatorProcess, free_port, running
+from adapters.emulator.process import EmulatorProcess, running
+from adapters.ports import free_port
 from tests.emulator_fixtures import FAST_PROFILE, complete, delta, profile_file, scrape, sse
 from tests.procs import wait_for
 

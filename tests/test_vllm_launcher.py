@@ -14,7 +14,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from adapters.ports import free_port
 from adapters.vllm.launcher import (
+    LaunchedInstance,
     VllmAttachError,
     VllmCluster,
     VllmInstanceSpec,
@@ -22,7 +24,6 @@ from adapters.vllm.launcher import (
     attach,
     build_command,
     build_env,
-    free_port,
     launch,
     plan_specs,
     stop_all,
@@ -236,7 +237,7 @@ def test_launch_serves_attaches_and_stop_kills_the_process_group(tmp_path: Path)
 
 def test_interrupt_during_start_up_stops_what_was_started(tmp_path: Path) -> None:
     class Interrupted(VllmCluster):
-        def _wait_healthy(self) -> None:
+        def _check_alive(self, inst: LaunchedInstance) -> None:
             raise KeyboardInterrupt
 
     cluster = Interrupted([cpu_spec(Role.PREFILL, free_port())], tmp_path / "logs", fake_vllm(tmp_path, SILENT), stop_grace_s=5)

@@ -302,7 +302,7 @@ class Engine:
             for s in sampled:
                 if s.sink is not None:
                     last = s.prefill_only or s.generated + 1 >= s.max_tokens
-                    s.sink.prepare(s.generated, self._reason(s) if last else None, self.step_no, deadline)
+                    s.sink.prepare(s.generated, s.done_reason if last else None, self.step_no, deadline)
             streams = sum(1 for s in sampled if s.sink is not None)
             await self._sleep_until(deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
             woke = self.clock()
@@ -316,10 +316,6 @@ class Engine:
             if self.on_step is not None:
                 self.on_step(record, sampled)
             prev_end = deadline
-
-    @staticmethod
-    def _reason(s: Sequence) -> str:
-        return "stop" if s.stop_early and not s.prefill_only else "length"
 
     def _complete(self, sched: list[Sequence], new: list[int], t: float) -> None:
         finished = []
@@ -344,7 +340,7 @@ class Engine:
                 s.in_running = False
             self.running = [s for s in self.running if s.in_running]
             for s in finished:
-                self._finish(s, self._reason(s), t)
+                self._finish(s, s.done_reason, t)
 
     def _finish(self, s: Sequence, reason: str, t: float) -> None:
         s.finish_reason = reason

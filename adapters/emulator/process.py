@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from adapters.ports import free_port
 from core.errors import SibylError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,13 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class EmulatorStartError(SibylError):
     """An emulator process exited or did not become healthy in time."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> int:

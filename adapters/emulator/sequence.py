@@ -76,6 +76,11 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def done_reason(self) -> str:
+        """The finish_reason once its last token is out: "stop" for a drawn early end, else "length"."""
+        return "stop" if self.stop_early and not self.prefill_only else "length"
+
 
 @dataclass(slots=True)
 class StepRecord:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,6 +26,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from adapters.ports import free_port
 from core.errors import ConfigError, SibylError
 from core.types import Role
 
@@ -185,17 +185,6 @@ def available_cores() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
-def free_port(host: str = "127.0.0.1", avoid: frozenset[int] = frozenset()) -> int:
-    """A TCP port nothing listens on right now, not in `avoid`."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        if port not in avoid:
-            return port
-    raise VllmLaunchError(f"found no free port on {host}")
-
-
 def plan_specs(specs: Sequence[VllmInstanceSpec], cores: Sequence[int] | None = None) -> list[VllmInstanceSpec]:
     """Check ports are unique; give NIXL instances free side-channel ports and, when there are
     enough cores for one each, pin every CPU instance to a core of its own."""
@@ -341,13 +330,7 @@ class VllmCluster:
 
     def start(self) -> list[LaunchedInstance]:
         """Spawn every instance and block until all are healthy (stopping them all on failure)."""
-        try:
-            self.spawn_all()
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self.instances
+        return asyncio.run(self.start_async())
 
     async def start_async(self) -> list[LaunchedInstance]:
         """`start` for an event loop: polls /health without blocking it; cancellation (Ctrl-C)
@@ -427,21 +410,6 @@ class VllmCluster:
                 f"vLLM {inst.spec.name} not healthy after {self.health_timeout_s:.0f} s "
                 f"(GET {inst.url}/health); last lines of {inst.log_path}:\n{inst.log_tail()}"
             )
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.health_timeout_s
-        pending = list(self.instances)
-        with httpx.Client(timeout=2.0) as client:
-            while pending:
-                for inst in list(pending):
-                    self._check_alive(inst)
-                    with contextlib.suppress(httpx.HTTPError):
-                        if client.get(inst.url + "/health").status_code == 200:
-                            inst.ready_s = time.monotonic() - inst.started_at
-                            pending.remove(inst)
-                if pending:
-                    self._check_deadline(pending[0], deadline)
-                    time.sleep(self.poll_interval_s)
 
 
 def launch(

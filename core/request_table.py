@@ -21,7 +21,7 @@ class RequestTable:
     Columns: `inst` decode instance index (-1 unbound), `prefill` prefill instance index, `state`
     PENDING/RUNNING, `l_in` prompt tokens, `l_obs` generated tokens at the last observation `t_obs`,
     `v` observed decode rate (tokens/s), `tau` projected decode start (pending rows), `arrival`,
-    `decode_start`, `max_out` max output tokens.
+    `decode_start`, `max_out` max output tokens (the true output length in the simulator).
     """
 
     def __init__(self, capacity: int = 1024) -> None:
@@ -100,4 +100,5 @@ class RequestTable:
         """Estimated generated tokens of running rows at `now`: l_obs + v·(now − t_obs)."""
         sel = slice(0, self.n) if rows is None else rows
         est = self.l_obs[sel] + self.v[sel] * np.maximum(now - self.t_obs[sel], 0.0)
-        return np.minimum(est, np.maximum(self.max_out[sel] - 1, self.l_obs[sel]))
+        out: np.ndarray = np.minimum(est, np.maximum(self.max_out[sel] - 1, self.l_obs[sel]))
+        return out

@@ -1,9 +1,10 @@
-"""Plain data types shared by every layer: requests, instance roles and states, routing decisions."""
+"""Plain data types shared by every layer: requests, instances and their phases, policy decisions."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
 
 
 class Role(StrEnum):
@@ -42,6 +43,32 @@ class Request:
     slo_class: str = "default"
     priority: int = 0
     """Lower runs earlier, as in vLLM's priority scheduling."""
+    tenant: str = ""
+    """Who sent it; queue policies share a priority band fairly between tenants."""
+
+
+class InstancePhase(StrEnum):
+    """Where an instance is in its life: only ACTIVE instances are routed to."""
+
+    STARTING = "starting"
+    """Added, still loading weights (cold start); not routable yet."""
+    ACTIVE = "active"
+    """Serving and routable."""
+    DRAINING = "draining"
+    """Takes no new work; finishes what it holds, then stops."""
+    STOPPED = "stopped"
+    """Gone; kept in the view so indices stay stable."""
+
+
+class Admission(StrEnum):
+    """What the dispatcher's admission control says about a new request."""
+
+    ROUTE = "route"
+    """There is capacity: route it now."""
+    QUEUED = "queued"
+    """Held by the queue policy until `release` returns it (or it expires)."""
+    SHED = "shed"
+    """The queue is full: reject it (HTTP 429)."""
 
 
 @dataclass(slots=True)
@@ -74,19 +101,40 @@ class Assignment:
 class Migration:
     """Move a running request's KV and decoding from one decode instance to another."""
 
-    request_id: str
+    request_id: str | int
     source: str
+    """Decode instance the request runs on now."""
     target: str
+    """Decode instance it should continue on."""
+    reason: str = ""
+    """Why, quoting the numbers that triggered it."""
+
+
+ScaleVerb = Literal["add", "remove", "flip"]
 
 
 @dataclass(frozen=True, slots=True)
 class ScaleAction:
-    """Add or remove an instance, or flip its role."""
+    """Add or remove an instance, or flip its role; executed by the backend (or the simulator)."""
 
-    action: str
-    """One of "add", "remove", "flip"."""
+    action: ScaleVerb
+    """add: a new instance of `role`; remove: drain `instance_id`, then stop it;
+    flip: `instance_id` takes `role` (its new role) once it has drained its old work."""
     role: Role
     instance_id: str | None = None
+    reason: str = ""
+    """Human-readable, quoting the numbers that triggered the action."""
+
+
+@dataclass(slots=True)
+class PeriodicDecisions:
+    """What the periodic policies proposed at one decision point."""
+
+    migrations: list[Migration] = field(default_factory=list)
+    scale: list[ScaleAction] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.migrations or self.scale)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,27 @@ import numpy as np
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
 from core.perf import PerfProfile
 from core.request_table import RUNNING, RequestTable
-from core.types import InstanceState, Role
+from core.types import InstancePhase, Role
+
+PHASES: tuple[InstancePhase, ...] = tuple(InstancePhase)
+"""Phase codes as stored in `ClusterView.phase` (index into this tuple)."""
+ACTIVE_CODE = PHASES.index(InstancePhase.ACTIVE)
+
+
+def phase_code(phase: InstancePhase) -> int:
+    return PHASES.index(phase)
+
+
+def _bools() -> np.ndarray:
+    return np.zeros(0, dtype=bool)
+
+
+def _floats() -> np.ndarray:
+    return np.zeros(0)
+
+
+def _ints() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
 
 
 @dataclass
@@ -25,30 +45,44 @@ class ClusterView:
     instance_ids: list[str] = field(default_factory=list)
     """Every instance ever added, by index; an index is never reused."""
     roles: list[Role] = field(default_factory=list)
-    serves_prefill: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    serves_decode: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    healthy: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    present: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    prefill_free_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    serves_prefill: np.ndarray = field(default_factory=_bools)
+    serves_decode: np.ndarray = field(default_factory=_bools)
+    healthy: np.ndarray = field(default_factory=_bools)
+    phase: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
+    """InstancePhase code per index (see PHASES); only ACTIVE instances are routable."""
+    prefill_free_at: np.ndarray = field(default_factory=_floats)
     """When each prefill instance is projected to have finished what was routed to it."""
-    observed: dict[str, InstanceState] = field(default_factory=dict)
-    """The latest polled state of each instance (live backends)."""
-    running_n: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    kv_usage: np.ndarray = field(default_factory=_floats)
+    """Observed KV usage in [0, 1] per index (live polling); NaN when never observed."""
+    waiting_obs: np.ndarray = field(default_factory=_ints)
+    """Observed engine-side waiting requests per index (live polling); 0 when unknown."""
+    running_n: np.ndarray = field(default_factory=_ints)
     """Running (decoding) requests per instance index, kept incrementally by the dispatcher."""
-    pending_n: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    pending_n: np.ndarray = field(default_factory=_ints)
     """Requests bound to each decode instance that have not started decoding yet."""
+    prefill_n: np.ndarray = field(default_factory=_ints)
+    """Requests routed to each prefill instance whose prefill has not ended yet."""
     _masks: dict[Role, np.ndarray] = field(default_factory=dict)
+    _n_routable: dict[Role, int] = field(default_factory=dict)
 
     def invalidate(self) -> None:
         """Forget cached masks after instances are added, removed, flipped or change health."""
         self._masks.clear()
+        self._n_routable.clear()
+
+    def routable_count(self, role: Role) -> int:
+        """How many instances are routable for `role` (cached like the masks)."""
+        n = self._n_routable.get(role)
+        if n is None:
+            n = self._n_routable[role] = int(np.count_nonzero(self.routable(role)))
+        return n
 
     def routable(self, role: Role) -> np.ndarray:
-        """Boolean mask over instance indices that are present, healthy and serve `role`."""
+        """Boolean mask over instance indices that are ACTIVE, healthy and serve `role`."""
         mask = self._masks.get(role)
         if mask is None:
             serves = self.serves_decode if role == Role.DECODE else self.serves_prefill
-            mask = self._masks[role] = serves & self.healthy & self.present
+            mask = self._masks[role] = serves & self.healthy & (self.phase == ACTIVE_CODE)
         return mask
 
     def decode_mask(self) -> np.ndarray:
@@ -57,22 +91,23 @@ class ClusterView:
     def prefill_mask(self) -> np.ndarray:
         return self.routable(Role.PREFILL)
 
+    def phase_of(self, i: int) -> InstancePhase:
+        return PHASES[int(self.phase[i])]
+
     @property
     def n_instances(self) -> int:
         return len(self.instance_ids)
-
-    def counts(self, state: int) -> np.ndarray:
-        """Requests per instance index in `state`, recounted from the table (PENDING: bound only)."""
-        t = self.table
-        inst = t.inst[: t.n]
-        sel = (t.state[: t.n] == state) & (inst >= 0)
-        return np.bincount(inst[sel], minlength=self.n_instances)
 
     def running_counts(self) -> np.ndarray:
         return self.running_n
 
     def pending_counts(self) -> np.ndarray:
         return self.pending_n
+
+    def in_flight(self) -> np.ndarray:
+        """Per index: requests in prefill on it, plus pending and running on it as decode."""
+        out: np.ndarray = self.prefill_n + self.pending_n + self.running_n
+        return out
 
     def physical_load(self) -> np.ndarray:
         """KV tokens (prompt + generated so far) of running requests, per instance index."""
@@ -81,3 +116,9 @@ class ClusterView:
         run = t.state[:n] == RUNNING
         tokens = t.l_in[:n] + t.generated_at(self.now)
         return np.bincount(t.inst[:n][run], weights=tokens[run], minlength=self.n_instances)
+
+    def kv_estimate(self) -> np.ndarray:
+        """KV usage per index: observed when polled, else physical load / KV capacity (at most 1,
+        like the engine's gauge: the processor-sharing model does not bound resident KV)."""
+        est = np.minimum(self.physical_load() / float(self.profile.kv_capacity_tokens), 1.0)
+        return np.where(np.isnan(self.kv_usage), est, self.kv_usage)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from core.dispatch import Dispatcher
 from core.errors import PolicyError
-from core.types import PolicyKind, Request
-from tests.helpers import cluster
+from core.types import InstancePhase, InstanceState, PolicyKind, Request, Role
+from tests.helpers import add_pending, add_running, cluster, toy_profile
 
 
 def test_lifecycle_moves_counts_and_feeds_estimators() -> None:
@@ -51,12 +52,20 @@ def test_hot_swap_builds_first_records_and_keeps_bindings() -> None:
     old.close = lambda: closed.append(True)  # type: ignore[method-assign]
     ev = d.set_policy("routing", "least_load", {"by": "tokens"}, source="cli", now=3.0)
     assert (ev.kind, ev.old, ev.new, ev.params, ev.source, ev.time) == (
-        PolicyKind.ROUTING, "round_robin", "least_load", {"by": "tokens"}, "cli", 3.0,
+        PolicyKind.ROUTING, "round_robin", "least_load", {"by": "tokens", "bind": "arrival"}, "cli", 3.0,
     )
     assert closed == [True]
     assert d.view.table.inst[d.view.table.row["r1"]] == d.index_of(a.decode)
-    assert [e.new for e in d.policy_events] == ["round_robin", "least_load"]
-    assert d.active_policies() == {"routing": {"name": "least_load", "params": {"by": "tokens"}}}
+    assert [(e.kind, e.new, e.source) for e in d.policy_events] == [
+        ("routing", "round_robin", "config"),
+        ("queue", "fcfs", "config"),
+        ("reschedule", "none", "config"),
+        ("scaling", "static", "config"),
+        ("routing", "least_load", "cli"),
+    ]
+    active = d.active_policies()
+    assert active["routing"] == {"name": "least_load", "params": {"by": "tokens", "bind": "arrival"}}
+    assert [active[k]["name"] for k in ("queue", "reschedule", "scaling")] == ["fcfs", "none", "static"]
 
 
 def test_unknown_kind_is_rejected() -> None:
@@ -92,3 +101,95 @@ def test_retry_prefill_moves_to_an_untried_healthy_instance() -> None:
     assert d.view.prefill_free_at[d.index_of("p0")] == 0.0
     assert d.view.prefill_free_at[d.index_of("p1")] == 1.0
     assert d.retry_prefill("r1", ["p0", "p1"], 0.0) is None
+
+
+def test_instance_lifecycle_phases_and_in_flight() -> None:
+    d = cluster("round_robin", decode=1)
+    d.add_instance("d1", Role.DECODE, phase=InstancePhase.STARTING)
+    assert d.phase_of("d1") is InstancePhase.STARTING
+    assert not d.view.decode_mask()[d.index_of("d1")]
+    d.set_phase("d1", InstancePhase.ACTIVE)
+    assert d.view.decode_mask()[d.index_of("d1")]
+    a = d.route(Request("r1", 0.0, 10, 5), 0.0)
+    assert (a.prefill, a.decode) == ("p0", "d0")
+    assert d.in_flight("p0") == 1 and d.in_flight("d0") == 1
+    d.on_prefill_end("r1", 1.0)
+    assert d.in_flight("p0") == 0 and d.in_flight("d0") == 1
+    d.begin_drain("d0")
+    assert d.phase_of("d0") is InstancePhase.DRAINING
+    assert d.route(Request("r2", 1.0, 10, 5), 1.0).decode == "d1"
+    d.on_decode_start("r1", 1.0)
+    assert d.in_flight("d0") == 1  # draining still tracks what it holds
+    d.on_finish("r1", 2.0, 5)
+    assert d.in_flight("d0") == 0
+    d.remove_instance("d0")
+    assert d.phase_of("d0") is InstancePhase.STOPPED
+    d.flip_role("d1", Role.PREFILL)
+    assert d.view.prefill_mask()[d.index_of("d1")] and not d.view.decode_mask().any()
+    d.observe_instance(InstanceState("d1", Role.PREFILL, kv_usage=0.25, waiting=3))
+    d.observe_instance(InstanceState("zz", Role.PREFILL))  # unknown: ignored
+    assert d.view.kv_usage[d.index_of("d1")] == 0.25
+
+
+def late_binding_state(bind: str) -> Dispatcher:
+    """At arrival d1 is busier than d0; by prefill end d0 has filled up and d1 has emptied."""
+    d = cluster("least_load", {"bind": bind}, decode=2)
+    add_running(d, "old1", "d1", prompt=10, generated=5, rate=10, now=0)
+    add_running(d, "old2", "d1", prompt=10, generated=5, rate=10, now=0)
+    d.route(Request("r", 0.0, 10, 50), 0.0)
+    d.on_prefill_start("r", 0.0)
+    d.on_finish("old1", 0.5, 10)
+    d.on_finish("old2", 0.5, 10)
+    for k in range(3):
+        add_running(d, f"new{k}", "d0", prompt=10, generated=0, rate=10, now=0.5)
+    d.on_prefill_end("r", 1.0)
+    return d
+
+
+def test_late_binding_chooses_the_least_loaded_decode_at_prefill_end() -> None:
+    early = late_binding_state("arrival")
+    assert early.decode_of("r") == "d0"  # chosen at arrival, when d0 was idle
+    late = late_binding_state("prefill_end")
+    assert late.decode_of("r") is None
+    assert late.bind_late("r", 1.0) == "d1"  # the fresher state at handoff
+    assert late.view.pending_n[late.index_of("d1")] == 1
+    with pytest.raises(ValueError, match="already bound"):
+        late.bind_late("r", 1.0)
+    late.on_decode_start("r", 1.1)
+    assert late.view.running_n[late.index_of("d1")] == 1
+    assert late.score.hits == 1  # d1 was the least loaded at handoff
+
+
+def test_late_binding_is_done_by_the_policy_that_routed_the_request() -> None:
+    d = cluster("least_load", {"bind": "prefill_end"}, decode=2)
+    d.route(Request("r", 0.0, 10, 50), 0.0)
+    add_pending(d, "p0", "d0", prompt=10, handoff=5.0)
+    add_pending(d, "p1", "d0", prompt=10, handoff=5.0)
+    add_running(d, "run", "d1", prompt=10, generated=0, rate=10, now=0)
+    d.set_policy("routing", "req_level", now=0.5)  # counts pending: it would pick d1
+    assert d.bind_late("r", 1.0) == "d0"  # least_load counts running only
+
+
+def test_oracle_policies_run_only_with_true_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
+    from core.policies.least_load import LeastLoad
+
+    monkeypatch.setattr(LeastLoad, "needs_true_lengths", True)
+    msg = "least_load knows every request's true output length, so it runs only in the simulator"
+    with pytest.raises(PolicyError, match=msg):
+        Dispatcher(toy_profile(), "least_load")
+    with pytest.raises(PolicyError, match=msg):
+        Dispatcher(toy_profile(), "round_robin", shadow=[("least_load", {})])
+    d = Dispatcher(toy_profile(), "round_robin")
+    with pytest.raises(PolicyError, match=msg):
+        d.set_policy("routing", "least_load")
+    assert d.routing.name == "round_robin"
+    assert Dispatcher(toy_profile(), "least_load", true_lengths=True).routing.name == "least_load"
+
+
+def test_projected_loads_use_the_policy_display_load() -> None:
+    d = cluster("least_load", {"by": "tokens"}, decode=2)
+    add_running(d, "a", "d0", prompt=100, generated=0, rate=0, now=0)
+    add_pending(d, "b", "d1", prompt=10, handoff=1.0)
+    assert d.projected_loads()["d0"] == 100.0 and d.projected_loads()["d1"] == 0.0
+    d.set_policy("routing", "round_robin")
+    assert d.projected_loads()["d1"] == 1.0  # the base: running + pending

@@ -21,11 +21,18 @@ from rich.progress import (
 from rich.table import Table
 
 from console.cluster_spec import parse_cluster
-from console.simulate import SimPlan, request_rows, run_one, validate_policies
+from console.simulate import (
+    SimPlan,
+    instance_event_rows,
+    request_rows,
+    run_one,
+    validate_policies,
+)
 from core.errors import ConfigError
 from core.perf import get_profile
 from core.policies import parse_param_assignments
 from core.slo import SLOClass
+from core.types import PolicyKind
 
 FORMATS = "auto|mooncake|azure|burstgpt|servegen"
 
@@ -70,17 +77,27 @@ def _advance(progress: Progress, task: TaskID, _policy: str, done: int, _total: 
     progress.update(task, completed=done)
 
 
-def _policy_list(policies: list[str], params: list[str]) -> list[tuple[str, dict[str, Any]]]:
+def _policy_list(
+    policies: list[str], params: list[str], others: dict[PolicyKind, str] | None = None
+) -> tuple[list[tuple[str, dict[str, Any]]], dict[PolicyKind, tuple[str, dict[str, Any]]]]:
+    """Routing policies to compare, and the queue/reschedule/scaling policy every run uses.
+
+    `--param name.key=value` goes to the policy called `name` (of any kind); an unprefixed
+    `key=value` goes to every routing policy.
+    """
     assigned = parse_param_assignments(params)
     names = policies or ["sibyl", "least_load", "round_robin"]
-    unknown = set(assigned) - set(names) - {""}
+    other_names = dict(others or {})
+    unknown = set(assigned) - set(names) - set(other_names.values()) - {""}
     if unknown:
+        running = names + list(other_names.values())
         raise ConfigError(
-            f"--param names policies not being run: {', '.join(sorted(unknown))}; running: {', '.join(names)}"
+            f"--param names policies not being run: {', '.join(sorted(unknown))}; running: {', '.join(running)}"
         )
     out = [(n, {**assigned.get("", {}), **assigned.get(n, {})}) for n in names]
-    validate_policies(out)
-    return out
+    kinds = {k: (n, dict(assigned.get(n, {}))) for k, n in other_names.items()}
+    validate_policies(out, kinds)
+    return out, kinds
 
 
 def _fmt_ms(x: float | None) -> str:
@@ -102,6 +119,9 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         "TPOT p99.9",
         "SLO att.",
         "opt. assign",
+        "shed",
+        "expired",
+        "scale ev.",
     ):
         table.add_column(col, justify="left" if col in ("policy", "run") else "right")
     for r in rows:
@@ -123,6 +143,9 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             "-"
             if math.isnan(r["optimal_assignment_ratio"])
             else f"{r['optimal_assignment_ratio']:.1%}",
+            str(r["shed"]),
+            str(r["expired"]),
+            str(r["scale_events"]),
         )
     return table
 
@@ -167,6 +190,15 @@ def sim(
         list[str], typer.Option("--policy", help="routing policy to run (repeat)")
     ] = [],  # noqa: B006
     param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
+    queue: Annotated[
+        str, typer.Option("--queue", help="queue (admission) policy: fcfs | priority")
+    ] = "fcfs",
+    scaling: Annotated[
+        str, typer.Option("--scaling", help="scaling policy: static | threshold")
+    ] = "static",
+    reschedule: Annotated[
+        str, typer.Option("--reschedule", help="reschedule policy: none")
+    ] = "none",
     seed: Annotated[int, typer.Option(help="seed for synthetic/ServeGen sampling")] = 0,
     slo_ttft_ms: Annotated[float, typer.Option(help="TTFT SLO in ms")] = 2000.0,
     slo_tpot_ms: Annotated[float, typer.Option(help="TPOT SLO in ms")] = 100.0,
@@ -190,7 +222,11 @@ def sim(
         raise ConfigError(f"--mode {mode!r}: expected ps or iteration")
     n_prefill, n_decode = parse_cluster(cluster)
     prof = get_profile(profile)
-    policies = _policy_list(policy, param)
+    policies, kinds = _policy_list(
+        policy,
+        param,
+        {PolicyKind.QUEUE: queue, PolicyKind.RESCHEDULE: reschedule, PolicyKind.SCALING: scaling},
+    )
     t = _load_trace(trace, format, workload, requests, rate, rate_scale, limit, seed, burstiness)
     plan = SimPlan(
         arrivals=t.arrivals,
@@ -205,6 +241,10 @@ def sim(
         slo=SLOClass(ttft_s=slo_ttft_ms / 1000, tpot_s=slo_tpot_ms / 1000),
         seed=seed,
         shadow=shadow,
+        queue=kinds[PolicyKind.QUEUE],
+        reschedule=kinds[PolicyKind.RESCHEDULE],
+        scaling=kinds[PolicyKind.SCALING],
+        priorities=getattr(t, "priority", None),
     )
     store = None
     if not no_db:
@@ -238,6 +278,9 @@ def sim(
                         "mode": mode,
                         "policy": name,
                         "params": params,
+                        "queue": {"name": plan.queue[0], "params": plan.queue[1]},
+                        "reschedule": {"name": plan.reschedule[0], "params": plan.reschedule[1]},
+                        "scaling": {"name": plan.scaling[0], "params": plan.scaling[1]},
                         "slo": plan.slo.model_dump(),
                         "requests": len(plan.arrivals),
                     },
@@ -256,6 +299,9 @@ def sim(
             row["run_id"] = run_id
             if store is not None and run_id is not None:
                 store.add_requests(run_id, request_rows(result, plan.slo))
+                events = instance_event_rows(result)
+                if events:
+                    store.write_batch(run_id, [], [], [], events)
                 for ev in result.policy_events:
                     store.add_policy_event(
                         run_id,

@@ -1,14 +1,17 @@
-"""The policy protocols and the typed-params base every policy builds on."""
+"""The policy protocols of every kind and the small bases (kind, params, close) they build on."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from core.types import Assignment, PolicyKind, Request
+from core.errors import NoCapacityError
+from core.types import Assignment, Migration, PolicyKind, Request, ScaleAction
 
 if TYPE_CHECKING:
+    from core.periodic import ScalingSignals
     from core.view import ClusterView
 
 BindPoint = Literal["prefill_start", "prefill_end"]
@@ -24,6 +27,25 @@ class NoParams(PolicyParams):
     """This policy takes no parameters."""
 
 
+class PolicyBase:
+    """Shared plumbing of every policy: name (set by the registry), kind, params, close()."""
+
+    kind: ClassVar[PolicyKind]
+    name: str = ""
+
+    def __init__(self, params: PolicyParams) -> None:
+        self.params = params
+
+    def close(self) -> None:
+        """Release anything the policy holds; called once after it is swapped out."""
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.params.model_dump()})"
+
+
+# --- routing -------------------------------------------------------------------------------
+
+
 @runtime_checkable
 class RoutingPolicy(Protocol):
     """Chooses a prefill instance and a decode instance for one request; pure, no I/O."""
@@ -35,25 +57,161 @@ class RoutingPolicy(Protocol):
     """When the decode instance is chosen: with the prefill (SIBYL and baselines) or after it."""
     needs_progress: bool
     """Whether decisions read per-request decode progress (lets the simulator skip syncing it)."""
+    needs_true_lengths: bool
+    """Whether decisions read every request's true output length (simulator only)."""
 
     def route(self, request: Request, view: ClusterView) -> Assignment: ...
+
+    def choose_decode(self, request: Request, view: ClusterView) -> int: ...
+
+    def display_load(self, view: ClusterView) -> np.ndarray: ...
 
     def close(self) -> None: ...
 
 
-class RoutingPolicyBase:
-    """Shared plumbing for routing policies: kind, params, defaults for bind point and close()."""
+class RoutingPolicyBase(PolicyBase):
+    """Defaults for routing policies: bind with the prefill, late choice and load by requests."""
 
     kind: ClassVar[PolicyKind] = PolicyKind.ROUTING
-    name: str = ""
     bind_at: BindPoint = "prefill_start"
     needs_progress: bool = False
+    needs_true_lengths: bool = False
+    """True for oracles that read `table.max_out` as the true output length (simulator only)."""
 
-    def __init__(self, params: PolicyParams) -> None:
-        self.params = params
+    def route(self, request: Request, view: ClusterView) -> Assignment:
+        raise NotImplementedError
 
-    def close(self) -> None:
-        """Release anything the policy holds; called once after it is swapped out."""
+    def display_load(self, view: ClusterView) -> np.ndarray:
+        """Load per instance index as this policy weighs it (dashboards): running + pending here."""
+        load: np.ndarray = (view.running_counts() + view.pending_counts()).astype(float)
+        return load
 
-    def __repr__(self) -> str:
-        return f"{self.name}({self.params.model_dump()})"
+    def choose_decode(self, request: Request, view: ClusterView) -> int:
+        """The decode instance index for a request bound late (at prefill end).
+
+        Default: the routable decode instance with the least `display_load`, lowest index on ties.
+        """
+        mask = view.decode_mask()
+        if not mask.any():
+            raise NoCapacityError("no healthy decode instance")
+        return int(np.argmin(np.where(mask, self.display_load(view), np.inf)))
+
+
+# --- queue ---------------------------------------------------------------------------------
+
+
+class QueueParams(PolicyParams):
+    """Admission limits every queue policy shares."""
+
+    max_in_flight_per_instance: int = Field(
+        256,
+        ge=1,
+        description=(
+            "requests in flight per routable decode instance (vLLM's default max_num_seqs); "
+            "arrivals beyond limit × routable decode instances are held"
+        ),
+    )
+    max_queued: int = Field(
+        1024, ge=0, description="held requests at most; beyond it new arrivals are shed (429)"
+    )
+    ttl_s: float = Field(
+        60.0, gt=0, description="a request held longer than this many seconds is failed"
+    )
+
+
+@runtime_checkable
+class QueuePolicy(Protocol):
+    """Orders the requests admission holds while the cluster is saturated."""
+
+    name: str
+    kind: ClassVar[PolicyKind]
+    params: QueueParams
+
+    def push(self, request: Request, now: float) -> None: ...
+
+    def pop(self, now: float) -> Request | None: ...
+
+    def remove(self, request_id: str | int) -> Request | None: ...
+
+    def __len__(self) -> int: ...
+
+    def items(self) -> list[Request]: ...
+
+    def depth_by_class(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+class QueuePolicyBase(PolicyBase):
+    """Base of queue policies: kind and typed params."""
+
+    kind: ClassVar[PolicyKind] = PolicyKind.QUEUE
+    params: QueueParams
+
+    def __init__(self, params: QueueParams) -> None:
+        super().__init__(params)
+
+
+# --- periodic kinds ------------------------------------------------------------------------
+
+
+class PeriodicParams(PolicyParams):
+    """Params every periodic policy has."""
+
+    period_s: float = Field(5.0, gt=0, description="seconds between two decisions")
+
+
+@runtime_checkable
+class ReschedulePolicy(Protocol):
+    """Periodically proposes moves of running requests between decode instances."""
+
+    name: str
+    kind: ClassVar[PolicyKind]
+    params: PeriodicParams
+    acts: bool
+    """False for the no-op baseline: the dispatcher then schedules no periodic calls for it."""
+
+    def propose(self, view: ClusterView, now: float) -> list[Migration]: ...
+
+    def close(self) -> None: ...
+
+
+class ReschedulePolicyBase(PolicyBase):
+    kind: ClassVar[PolicyKind] = PolicyKind.RESCHEDULE
+    acts: bool = True
+    params: PeriodicParams
+
+    def __init__(self, params: PeriodicParams) -> None:
+        super().__init__(params)
+
+    def propose(self, view: ClusterView, now: float) -> list[Migration]:
+        raise NotImplementedError
+
+
+@runtime_checkable
+class ScalingPolicy(Protocol):
+    """Periodically proposes adding, removing (after draining) or flipping instances."""
+
+    name: str
+    kind: ClassVar[PolicyKind]
+    params: PeriodicParams
+    acts: bool
+    """False for the no-op baseline: the dispatcher then schedules no periodic calls for it."""
+
+    def propose(
+        self, signals: ScalingSignals, view: ClusterView, now: float
+    ) -> list[ScaleAction]: ...
+
+    def close(self) -> None: ...
+
+
+class ScalingPolicyBase(PolicyBase):
+    kind: ClassVar[PolicyKind] = PolicyKind.SCALING
+    acts: bool = True
+    params: PeriodicParams
+
+    def __init__(self, params: PeriodicParams) -> None:
+        super().__init__(params)
+
+    def propose(self, signals: ScalingSignals, view: ClusterView, now: float) -> list[ScaleAction]:
+        raise NotImplementedError

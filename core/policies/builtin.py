@@ -1,3 +1,11 @@
 """Imports every built-in policy module so each registers itself."""
 
-from core.policies import least_load, req_level, round_robin, sibyl  # noqa: F401
+from core.policies import (  # noqa: F401
+    least_load,
+    queue,
+    req_level,
+    reschedule,
+    round_robin,
+    scaling,
+    sibyl,
+)

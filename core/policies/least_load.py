@@ -7,7 +7,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from core.policies.base import PolicyParams, RoutingPolicyBase
+from core.policies.base import BindPoint, PolicyParams, RoutingPolicyBase
 from core.policies.choice import (
     RotatingArgmin,
     decode_candidates,
@@ -24,6 +24,13 @@ class LeastLoadParams(PolicyParams):
         "requests",
         description="requests: fewest running requests; tokens: fewest KV tokens (prompt + generated)",
     )
+    bind: Literal["arrival", "prefill_end"] = Field(
+        "arrival",
+        description=(
+            "arrival: choose the decode instance when the request is routed; prefill_end: choose it "
+            "at the handoff, on the fresher load of that moment (late binding)"
+        ),
+    )
 
 
 @register(
@@ -38,6 +45,7 @@ class LeastLoad(RoutingPolicyBase):
     def __init__(self, params: LeastLoadParams) -> None:
         super().__init__(params)
         self.needs_progress = params.by == "tokens"
+        self.bind_at: BindPoint = "prefill_end" if params.bind == "prefill_end" else "prefill_start"
         self._argmin = RotatingArgmin()
 
     def load(self, view: ClusterView) -> np.ndarray:
@@ -45,11 +53,14 @@ class LeastLoad(RoutingPolicyBase):
             return view.running_counts().astype(float)
         return view.physical_load()
 
+    def display_load(self, view: ClusterView) -> np.ndarray:
+        return self.load(view)
+
+    def choose_decode(self, request: Request, view: ClusterView) -> int:
+        return self._argmin(self.load(view), decode_candidates(view))
+
     def route(self, request: Request, view: ClusterView) -> Assignment:
         p, prefill_end = least_queued_prefill(request, view)
-        d = self._argmin(self.load(view), decode_candidates(view))
-        return Assignment(
-            view.instance_ids[p],
-            view.instance_ids[d],
-            projected_handoff(request, prefill_end, view),
-        )
+        late = self.params.bind == "prefill_end"
+        d = None if late else view.instance_ids[self.choose_decode(request, view)]
+        return Assignment(view.instance_ids[p], d, projected_handoff(request, prefill_end, view))

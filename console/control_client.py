@@ -7,10 +7,10 @@ from typing import Any
 import httpx
 
 from console.discovery import ConsoleAddress, locate
-from core.errors import SibylError
+from console.errors import ConsoleError
 
 
-class ControlError(SibylError):
+class ControlError(ConsoleError):
     """The control API refused or could not be reached."""
 
 
@@ -47,6 +47,10 @@ class ControlClient:
 
     def scale(self, role: str, delta: int, source: str = "cli") -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", "/control/scale", json={"role": role, "delta": delta, "source": source})
+        return result
+
+    def flip(self, instance: str, role: str, source: str = "cli") -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/control/flip", json={"instance": instance, "role": role, "source": source})
         return result
 
     def close(self) -> None:

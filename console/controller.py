@@ -1,4 +1,4 @@
-"""The running console: backend instances, dispatcher, poller, recorder, SLO window, events, metrics."""
+"""The running console's wiring: backend, dispatcher, poller, periodic policies, recorder, events, metrics."""
 
 from __future__ import annotations
 
@@ -7,50 +7,43 @@ import contextlib
 import os
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from adapters.backends import Backend, Capability
 from adapters.store import RunRecorder, RunStore
+from adapters.vllm.instances import Instance
+from adapters.vllm.poller import Poller
 from console.config import ConsoleConfig
+from console.errors import ConsoleError
 from console.events import EventBus
 from console.gateway_metrics import GatewayMetrics
-from console.instances import Instance
-from console.poller import Poller
+from console.scaler import Scaler
 from core.dispatch import Dispatcher
-from core.errors import SibylError
+from core.errors import ConfigError, PolicyError, SibylError
 from core.perf import get_profile
 from core.policies import registry
 from core.slo import SlidingWindow
-from core.types import PolicyEvent, Role
+from core.types import PolicyEvent, PolicyKind, Role, ScaleAction
+
+if TYPE_CHECKING:
+    from console.live_request import LiveRequest
+
+PERIODIC_TICK_S = 0.1
+"""How often the controller expires queued requests and asks whether periodic policies are due."""
 
 
-class ScaleError(SibylError):
+class ScaleError(ConsoleError):
     """A scale request the backend cannot carry out."""
 
 
-@dataclass
-class RequestOutcome:
-    """What the proxy learned about one request, in monotonic seconds."""
-
-    request_id: str
-    arrival: float
-    prompt_tokens: int
-    max_tokens: int
-    slo_class: str
-    priority: int
-    prefill_instance: str | None
-    decode_instance: str | None
-    prefill_start: float | None
-    prefill_end: float | None
-    decode_start: float | None
-    first_token: float | None
-    finish: float
-    output_tokens: int
-    ok: bool
-    reason: str | None = None
+POLICY_NEEDS: dict[PolicyKind, Capability] = {
+    PolicyKind.RESCHEDULE: Capability.MIGRATION,
+    PolicyKind.SCALING: Capability.SCALE,
+}
+"""Periodic policies act through the backend: any but the do-nothing baseline needs this capability."""
 
 
 class Controller:
@@ -64,26 +57,30 @@ class Controller:
         store: RunStore,
         run_id: str,
         run_dir: Path,
-        backend_label: str | None = None,
-        backend: Any = None,
+        backend: Backend,
     ) -> None:
         self.config = config
         self.instances = {i.id: i for i in instances}
         self.profile = get_profile(config.profile)
-        self.dispatcher = Dispatcher(self.profile, config.policy, config.params)
+        self.backend = backend
+        self.dispatcher = Dispatcher(
+            self.profile, config.policy, config.params,
+            queue=(config.queue.name, config.queue.params),
+            reschedule=(config.reschedule.name, config.reschedule.params),
+            scaling=(config.scaling.name, config.scaling.params),
+        )
+        for kind in POLICY_NEEDS:
+            check_capability(backend, kind, self.dispatcher.policies[kind].name)
         for inst in instances:
             self.dispatcher.add_instance(inst.id, inst.role)
         self.store = store
         self.run_id = run_id
         self.run_dir = run_dir
-        self.backend = backend_label or config.backend
-        self._backend = backend
-        """The backend object; it can scale when it has async add(role, id) and remove(id)."""
-        self._draining_out: set[str] = set()
         self.recorder = RunRecorder(store, run_id)
         self.events = EventBus()
         self.metrics = GatewayMetrics()
         self.slo = SlidingWindow(60.0, config.slo)
+        self.scaler = Scaler(self)
         self.served_models: set[str] = {config.served_model_name}
         self.max_model_len: int | None = None
         """The smallest context length the instances report (None when they do not say)."""
@@ -93,6 +90,9 @@ class Controller:
         self.in_flight = 0
         self.total = 0
         self.failed = 0
+        self.shed = 0
+        self._held: dict[str, LiveRequest] = {}
+        """Requests the queue policy holds, by id (their futures are resolved on release)."""
         self.poller = Poller(
             lambda: list(self.instances.values()),
             interval_s=config.poll_interval_s,
@@ -126,11 +126,13 @@ class Controller:
             inst.open(connect_timeout_s=self.config.connect_timeout_s)
             self.metrics.instance_up.labels(instance=inst.id, role=inst.role.value).set(1)
         await self._discover_models()
-        first = self.dispatcher.policy_events[0]
-        self.recorder.policy_event(t=0.0, kind=first.kind.value, old=None, new=first.new, params=first.params, source="config")
+        for ev in self.dispatcher.policy_events:
+            self.recorder.policy_event(t=0.0, kind=ev.kind.value, old=None, new=ev.new, params=ev.params, source="config")
         await self.poller.poll_once()
         self.poller.start()
+        self.dispatcher.start_periodic(time.monotonic())
         self._tasks.append(asyncio.create_task(self._publish_state(), name="state-publisher"))
+        self._tasks.append(asyncio.create_task(self._periodic(), name="periodic-policies"))
 
     async def _discover_models(self) -> None:
         for inst in self.instances.values():
@@ -147,7 +149,7 @@ class Controller:
                                 self.max_model_len = m["max_model_len"] if old is None else min(old, m["max_model_len"])
 
     async def stop(self, status: str = "completed") -> None:
-        """Drain in-flight requests (bounded), stop polling, close clients and the run record."""
+        """Drain in-flight requests (bounded), stop polling and periodic work, close clients and the run record."""
         self.draining = True
         if self.in_flight:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -158,6 +160,7 @@ class Controller:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        await self.scaler.stop()
         for inst in self.instances.values():
             await inst.close()
         self.recorder.close(status=status, summary=self.summary())
@@ -168,126 +171,191 @@ class Controller:
 
     # --- policies ------------------------------------------------------------------------------
     def set_policy(self, kind: str, name: str, params: dict[str, Any] | None, source: str) -> PolicyEvent:
-        ev = self.dispatcher.set_policy(kind, name, params, source=source, now=time.monotonic())
+        try:
+            k = PolicyKind(kind)
+        except ValueError:
+            raise PolicyError(f"unknown policy kind {kind!r}; kinds: {', '.join(PolicyKind)}") from None
+        check_capability(self.backend, k, name)
+        ev = self.dispatcher.set_policy(k, name, params, source=source, now=time.monotonic())
         rel = ev.time - self.t0
         self.recorder.policy_event(t=rel, kind=ev.kind.value, old=ev.old, new=ev.new, params=ev.params, source=source)
         self.metrics.policy.labels(kind=ev.kind.value).info({"name": ev.new, "params": str(ev.params)})
         self.events.publish("policy", kind=ev.kind.value, old=ev.old, new=ev.new, params=ev.params, source=source, t=rel)
+        if k == PolicyKind.QUEUE:
+            self.release_queued()  # a new limit may let held requests go
         return ev
 
     def policy_catalog(self) -> list[dict[str, Any]]:
-        return [
-            {"kind": s.kind.value, "name": s.name, "summary": s.summary, "params_schema": s.schema(), "defaults": s.defaults()}
-            for s in registry.specs()
-        ]
+        return catalog(live=True)
 
-    # --- request accounting (called by the proxy) ------------------------------------------------
-    def request_started(self) -> None:
+    # --- requests (called by LiveRequest) ---------------------------------------------------------
+    def request_started(self, live: LiveRequest) -> None:
         self.in_flight += 1
         self.total += 1
         self._idle.clear()
         self.metrics.in_flight.set(self.in_flight)
 
-    def request_done(self, o: RequestOutcome) -> None:
+    def hold(self, live: LiveRequest) -> None:
+        """The queue policy holds `live` until `release_queued` or the periodic expiry resolves it."""
+        self._held[live.id] = live
+        self.metrics.queue_depth.set(len(self._held))
+
+    def unhold(self, live: LiveRequest) -> None:
+        self._held.pop(live.id, None)
+        self.metrics.queue_depth.set(len(self._held))
+
+    def release_queued(self) -> None:
+        """Let held requests go while the cluster has room (the queue policy picks which)."""
+        if not self._held:
+            return
+        for req in self.dispatcher.release(time.monotonic()):
+            live = self._held.pop(str(req.id), None)
+            if live is not None and live.released is not None and not live.released.done():
+                live.released.set_result(None)
+        self.metrics.queue_depth.set(len(self._held))
+
+    def _expire_queued(self) -> None:
+        if not self._held:
+            return
+        from console.live_request import Rejected
+
+        ttl = self.dispatcher.policies[PolicyKind.QUEUE].params.ttl_s
+        for req in self.dispatcher.expire(time.monotonic()):
+            live = self._held.pop(str(req.id), None)
+            if live is not None and live.released is not None and not live.released.done():
+                live.released.set_exception(Rejected(503, f"queued longer than the queue policy's ttl_s={ttl:g} s while every instance was saturated", self.retry_after_s()))
+        self.metrics.queue_depth.set(len(self._held))
+
+    def retry_after_s(self) -> float:
+        """What a rejected client is told to wait: a poll period plus the decode time of a typical request."""
+        return max(1.0, self.config.poll_interval_s + self.profile.max_model_len / max(self.dispatcher.view.decode_rate.value, 1.0) / 8)
+
+    def request_done(self, live: LiveRequest) -> None:
+        from console.live_request import Step
+
+        d = self.dispatcher
+        rid = live.request.id
+        finish = live.times[live.step]
+        if live.ok:
+            d.on_finish(rid, finish, live.output_tokens)
+        else:
+            d.on_fail(rid, finish)
         self.in_flight -= 1
         self.metrics.in_flight.set(self.in_flight)
         if self.in_flight == 0:
             self._idle.set()
-        ttft = (o.first_token - o.arrival) if o.ok and o.first_token is not None else None
+        self.release_queued()
+        req = live.request
+        first = live.first_token_at
+        ttft = (first - req.arrival) if live.ok and first is not None else None
         tpot = None
-        if o.ok and o.first_token is not None:
-            tpot = (o.finish - o.first_token) / (o.output_tokens - 1) if o.output_tokens > 1 else 0.0
-        met = self.slo.add(o.finish, ttft if ttft is not None else float("inf"), tpot if tpot is not None else float("inf"), o.ok, o.slo_class)
-        if not o.ok:
+        if live.ok and first is not None:
+            tpot = (finish - first) / (live.output_tokens - 1) if live.output_tokens > 1 else 0.0
+        met = self.slo.add(finish, ttft if ttft is not None else float("inf"), tpot if tpot is not None else float("inf"), live.ok, req.slo_class)
+        if not live.ok:
             self.failed += 1
-            self.events.publish("failure", request_id=o.request_id, reason=o.reason, prefill=o.prefill_instance, decode=o.decode_instance)
+            self.events.publish("failure", request_id=live.id, reason=live.reason, prefill=live.prefill_instance, decode=live.decode_instance)
         else:
             if ttft is not None:
                 self.metrics.ttft.observe(ttft)
-            if tpot is not None and o.output_tokens > 1:
+            if tpot is not None and live.output_tokens > 1:
                 self.metrics.tpot.observe(tpot)
-        self.metrics.requests.labels(prefill=o.prefill_instance or "-", decode=o.decode_instance or "-", outcome="ok" if o.ok else "failed").inc()
+        self.metrics.requests.labels(prefill=live.prefill_instance or "-", decode=live.decode_instance or "-", outcome="ok" if live.ok else "failed").inc()
+        rel = self.rel
         self.recorder.request(
             {
-                "request_id": o.request_id,
-                "arrival": self.rel(o.arrival),
-                "prompt_tokens": o.prompt_tokens,
-                "output_tokens": o.output_tokens,
-                "max_tokens": o.max_tokens,
-                "slo_class": o.slo_class,
-                "priority": o.priority,
-                "prefill_instance": o.prefill_instance,
-                "decode_instance": o.decode_instance,
-                "prefill_start": self.rel(o.prefill_start),
-                "prefill_end": self.rel(o.prefill_end),
-                "decode_start": self.rel(o.decode_start),
-                "first_token": self.rel(o.first_token),
-                "finish": self.rel(o.finish),
+                "request_id": live.id,
+                "arrival": rel(req.arrival),
+                "prompt_tokens": req.prompt_tokens,
+                "output_tokens": live.output_tokens,
+                "max_tokens": req.max_tokens,
+                "slo_class": req.slo_class,
+                "priority": req.priority,
+                "prefill_instance": live.prefill_instance,
+                "decode_instance": live.decode_instance,
+                "queued": rel(live.at(Step.QUEUED)),
+                "prefill_start": rel(live.at(Step.PREFILL)),
+                "prefill_end": rel(live.at(Step.DECODE_BOUND)),
+                "decode_start": rel(live.at(Step.DECODING)),
+                "first_token": rel(first),
+                "finish": rel(finish),
                 "ttft": ttft,
                 "tpot": tpot,
-                "e2e": o.finish - o.arrival if o.ok else None,
-                "status": "ok" if o.ok else "failed",
-                "reason": o.reason,
+                "e2e": finish - req.arrival if live.ok else None,
+                "status": "ok" if live.ok else "failed",
+                "reason": live.reason,
                 "slo_met": met,
             }
         )
 
-    # --- scaling ------------------------------------------------------------------------------------
+    # --- periodic decisions and scaling -----------------------------------------------------------
+    async def _periodic(self) -> None:
+        """Wall-clock driver of the periodic decision point (the simulator drives it on virtual time)."""
+        while True:
+            await asyncio.sleep(PERIODIC_TICK_S)
+            self._expire_queued()
+            now = time.monotonic()
+            if now < self.dispatcher.next_periodic_at():
+                continue
+            decisions = self.dispatcher.periodic(now)
+            for action in decisions.scale:
+                with contextlib.suppress(SibylError):  # a refusal is recorded as an event by the scaler
+                    self.scaler.execute(action, source=f"policy:{self.dispatcher.policies[PolicyKind.SCALING].name}")
+            for m in decisions.migrations:
+                self.instance_event(m.source, None, "refused", f"migration of {m.request_id} to {m.target}: the {self.backend.label} backend cannot migrate", "policy")
+
     @property
     def can_scale(self) -> bool:
-        return hasattr(self._backend, "add") and hasattr(self._backend, "remove")
-
-    def _next_id(self, role: Role) -> str:
-        prefix = role.value[0]
-        used = [int(i[1:]) for i in self.dispatcher.view.instance_ids if i[0] == prefix and i[1:].isdigit()]
-        return f"{prefix}{max(used, default=-1) + 1}"
+        return Capability.SCALE in self.backend.capabilities
 
     async def scale(self, role: str, delta: int, source: str = "api") -> dict[str, Any]:
         """Add `delta` instances of a role (or remove -delta: routing stops at once, the process after draining)."""
         if not self.can_scale:
-            raise ScaleError(f"the {self.backend} backend cannot add or remove instances")
-        if role not in ("prefill", "decode") or not isinstance(delta, int) or delta == 0:
+            raise ScaleError(f"the {self.backend.label} backend cannot add or remove instances")
+        if role not in ("prefill", "decode") or not isinstance(delta, int) or isinstance(delta, bool) or delta == 0:
             raise ScaleError('expected {"role": "prefill"|"decode", "delta": a non-zero integer}')
         r = Role(role)
         changed: list[str] = []
+        reason = f"operator via {source}"
         if delta > 0:
             for _ in range(delta):
-                iid = self._next_id(r)
-                inst = await self._backend.add(r, iid)
-                inst.open(connect_timeout_s=self.config.connect_timeout_s)
-                self.instances[iid] = inst
-                self.dispatcher.add_instance(iid, r)
-                self.metrics.instance_up.labels(instance=iid, role=r.value).set(1)
-                self._instance_event(inst, "added", source)
+                iid = self.scaler.execute(ScaleAction("add", r, reason=reason), source)
+                assert iid is not None
                 changed.append(iid)
             return {"role": role, "delta": delta, "instances": changed}
-        active = [i for i in self.instances.values() if i.role == r and i.id not in self._draining_out]
-        if len(active) + delta < 1:
-            raise ScaleError(f"at least one {role} instance must remain ({len(active)} active)")
-        for inst in active[delta:]:
-            self._draining_out.add(inst.id)
-            self.dispatcher.remove_instance(inst.id)
-            self.metrics.instance_up.labels(instance=inst.id, role=r.value).set(0)
-            self._instance_event(inst, "removed", source)
+        routable = [i for i in self.instances.values() if i.role == r and self.dispatcher.phase_of(i.id) == "active"]
+        if len(routable) + delta < 1:
+            raise ScaleError(f"at least one {role} instance must remain ({len(routable)} active)")
+        for inst in routable[delta:]:
+            self.scaler.execute(ScaleAction("remove", r, inst.id, reason=reason), source)
             changed.append(inst.id)
-            self._tasks.append(asyncio.create_task(self._retire(inst), name=f"retire-{inst.id}"))
         return {"role": role, "delta": delta, "instances": changed}
 
-    async def _retire(self, inst: Instance) -> None:
-        """Wait (bounded) until nothing routed to the instance is in flight, then stop it."""
-        idx = self.dispatcher.index_of(inst.id)
-        view = self.dispatcher.view
-        deadline = time.monotonic() + max(self.config.drain_timeout_s, 1.0)
-        while (view.running_n[idx] or view.pending_n[idx]) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        self.instances.pop(inst.id, None)
-        await inst.close()
-        await self._backend.remove(inst.id)
-        self._draining_out.discard(inst.id)
+    async def flip(self, instance_id: str, role: str, source: str = "api") -> dict[str, Any]:
+        """Make an instance serve the other role (routing changes; requests on it finish where they are)."""
+        try:
+            r = Role(role)
+        except ValueError:
+            raise ScaleError(f"unknown role {role!r}: prefill or decode") from None
+        inst = self.instances.get(instance_id)
+        if inst is None:
+            raise ScaleError(f"no instance {instance_id!r}; instances: {', '.join(self.instances)}")
+        if inst.role == r:
+            raise ScaleError(f"{instance_id} already serves {role}")
+        others = [i for i in self.instances.values() if i.role == inst.role and i.id != instance_id and self.dispatcher.phase_of(i.id) == "active"]
+        if not others:
+            raise ScaleError(f"{instance_id} is the last active {inst.role.value} instance")
+        try:
+            self.scaler.execute(ScaleAction("flip", r, instance_id, reason=f"operator via {source}"), source)
+        except ConfigError as e:
+            raise ScaleError(str(e)) from None
+        return {"instance": instance_id, "role": role}
 
-    def _instance_event(self, inst: Instance, event: str, detail: str) -> None:
-        self.recorder.instance_event(t=time.monotonic() - self.t0, instance_id=inst.id, event=event, detail=detail)
-        self.events.publish("instance", instance=inst.id, role=inst.role.value, event=event, detail=detail)
+    def instance_event(self, instance_id: str, role: Role | None, event: str, detail: str, source: str = "") -> None:
+        t = time.monotonic() - self.t0
+        text = f"{detail} [{source}]" if source else detail
+        self.recorder.instance_event(t=t, instance_id=instance_id, event=event, detail=text)
+        self.events.publish("instance", instance=instance_id, role=role.value if role else None, event=event, detail=detail, source=source, t=t)
 
     def upstream_failed(self, instance_id: str) -> None:
         """The proxy could not talk to an instance: poll now instead of waiting for the next round."""
@@ -299,9 +367,9 @@ class Controller:
     def _on_status(self, inst: Instance, healthy: bool, reason: str) -> None:
         self.dispatcher.set_health(inst.id, healthy)
         self.metrics.instance_up.labels(instance=inst.id, role=inst.role.value).set(1 if healthy else 0)
-        event = "up" if healthy else "down"
-        self.recorder.instance_event(t=self.rel(time.monotonic()) or 0.0, instance_id=inst.id, event=event, detail=reason)
-        self.events.publish("instance", instance=inst.id, role=inst.role.value, event=event, detail=reason)
+        self.instance_event(inst.id, inst.role, "up" if healthy else "down", reason)
+        if healthy:
+            self.release_queued()
 
     def _on_sample(self, inst: Instance, now: float) -> None:
         self.dispatcher.observe_instance(inst.state())
@@ -323,26 +391,28 @@ class Controller:
     # --- views -------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         now = time.monotonic()
-        self.dispatcher.view.now = now
-        loads = self.dispatcher.projected_loads()
-        d = self.dispatcher.view
+        d = self.dispatcher
+        d.view.now = now
+        loads = d.projected_loads()
         instances = []
         for inst in self.instances.values():
-            idx = self.dispatcher.index_of(inst.id)
+            idx = d.index_of(inst.id)
             s = inst.sample
             instances.append(
                 {
                     "id": inst.id,
                     "role": inst.role.value,
+                    "phase": str(d.phase_of(inst.id)),
                     "url": inst.url,
                     "healthy": inst.healthy,
+                    "managed": inst.managed,
                     "running": int(s.running),
                     "waiting": int(s.waiting),
                     "kv_usage": s.kv_usage,
                     "tokens_per_s": inst.tokens_per_s,
                     "projected_load": loads.get(inst.id),
-                    "routed_running": int(d.running_n[idx]),
-                    "routed_pending": int(d.pending_n[idx]),
+                    "routed_running": int(d.view.running_n[idx]),
+                    "routed_pending": int(d.view.pending_n[idx]),
                     "failures": inst.failed,
                     "pid": inst.pid,
                     "scraped": {  # the instance's own cumulative counters at the last /metrics scrape
@@ -354,23 +424,35 @@ class Controller:
                     },
                 }
             )
-        n_p = sum(1 for i in self.instances.values() if i.role.serves_prefill())
-        n_d = sum(1 for i in self.instances.values() if i.role.serves_decode())
+        starting = [iid for iid in d.view.instance_ids if str(d.phase_of(iid)) == "starting"]
+        for iid in starting:  # not reachable yet: shown so the operator sees the scale-out under way
+            role = d.view.roles[d.index_of(iid)]
+            instances.append({"id": iid, "role": role.value, "phase": "starting", "url": "", "healthy": False, "managed": True,
+                              "running": 0, "waiting": 0, "kv_usage": 0.0, "tokens_per_s": 0.0, "projected_load": None,
+                              "routed_running": 0, "routed_pending": 0, "failures": 0, "pid": None, "scraped": {}})
+        active = [i for i in self.instances.values() if str(d.phase_of(i.id)) == "active"]
+        n_p = sum(1 for i in active if i.role.serves_prefill())
+        n_d = sum(1 for i in active if i.role.serves_decode())
+        queue = d.policies[PolicyKind.QUEUE].params
+        caps: dict[str, bool] = {c.value: True for c in self.backend.capabilities}
+        caps["replay"] = self.replay is not None
         return {
             "run_id": self.run_id,
-            "backend": self.backend,
+            "backend": self.backend.label,
             "cluster": f"{n_p}P{n_d}D",
             "model": sorted(self.served_models),
             "uptime_s": now - self.t0,
             "started_at": self.started_wall,
             "instances": instances,
-            "policies": self.dispatcher.active_policies(),
+            "policies": d.active_policies(),
             "slo": {"classes": {k: v.model_dump() for k, v in self.config.slo.items()}, **self.slo.snapshot(now)},
             "requests": {"in_flight": self.in_flight, "total": self.total, "failed": self.failed},
-            "assignment_ratio": self.dispatcher.assignment_ratios()["active"],
+            "queue": {"depth": d.queue_depth(), "by_class": d.queue_depth_by_class(), "max_queued": queue.max_queued,
+                      "max_in_flight_per_instance": queue.max_in_flight_per_instance, "ttl_s": queue.ttl_s},
+            "assignment_ratio": d.assignment_ratios()["active"],
             "draining": self.draining,
             "replay": {**self.replay.snapshot(), "label": self.replay_label} if self.replay is not None else None,
-            "capabilities": {"scale": self.can_scale, "replay": self.replay is not None},
+            "capabilities": caps,
         }
 
     def summary(self) -> dict[str, Any]:
@@ -389,5 +471,35 @@ class Controller:
             self.events.publish("state", state=self.state())
 
 
-def role_of(text: str) -> Role:
-    return Role(text)
+def check_capability(backend: Backend, kind: PolicyKind, name: str, params: dict[str, Any] | None = None) -> None:
+    """Refuse a periodic policy that acts through the backend when the backend cannot carry it out."""
+    need = POLICY_NEEDS.get(kind)
+    if need is None or need in backend.capabilities or not registry.build(kind, name, params).acts:
+        return
+    have = ", ".join(sorted(c.value for c in backend.capabilities)) or "none"
+    what = "moves running requests between decode instances" if need == Capability.MIGRATION else "adds and removes instances"
+    raise PolicyError(
+        f"{kind} policy {name!r} {what}, which the {backend.label} backend cannot do "
+        f"(it declares no {need.value} capability; its capabilities: {have})"
+    )
+
+
+def check_policies(config: ConsoleConfig, backend: Backend) -> None:
+    """Build every configured policy once (bad names and params fail before anything starts)."""
+    registry.build(PolicyKind.ROUTING, config.policy, config.params)
+    for kind, choice in ((PolicyKind.QUEUE, config.queue), (PolicyKind.RESCHEDULE, config.reschedule), (PolicyKind.SCALING, config.scaling)):
+        registry.build(kind, choice.name, choice.params)
+        check_capability(backend, kind, choice.name, choice.params)
+
+
+def catalog(live: bool = False) -> list[dict[str, Any]]:
+    """Every registered policy of every kind with its params schema and defaults; `live` leaves out
+    the simulator-only ones (a clairvoyant needs true output lengths no live console knows)."""
+    out = []
+    for s in registry.specs():
+        sim_only = bool(getattr(s.factory, "needs_true_lengths", False))
+        if live and sim_only:
+            continue
+        out.append({"kind": s.kind.value, "name": s.name, "summary": s.summary, "params_schema": s.schema(),
+                    "defaults": s.defaults(), "sim_only": sim_only})
+    return out

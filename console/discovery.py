@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -10,10 +11,10 @@ from pathlib import Path
 from platformdirs import user_data_dir
 
 from adapters.pids import pid_alive
-from core.errors import SibylError
+from console.errors import ConsoleError
 
 
-class ConsoleNotFound(SibylError):
+class ConsoleNotFound(ConsoleError):
     """No running local console, and no --url given."""
 
 
@@ -53,20 +54,49 @@ def withdraw() -> None:
         _file().unlink(missing_ok=True)
 
 
-def locate(url: str | None = None, token: str | None = None) -> ConsoleAddress:
-    """--url/--token if given (token also from SIBYL_TOKEN), else the local console's announcement."""
-    token = token or os.environ.get("SIBYL_TOKEN")
-    if url:
-        return ConsoleAddress(url.rstrip("/"), token)
+def _local() -> dict[str, object] | None:
+    """The running local console's announcement, or None."""
     try:
         data = json.loads(_file().read_text())
     except (OSError, ValueError):
-        raise ConsoleNotFound(f"no local console found ({_file()} is missing); start one with `sibyl-console up` or pass --url") from None
-    if not pid_alive(int(data.get("pid", 0))):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _same_console(a: str, b: str) -> bool:
+    """Whether two URLs name the same console (localhost and 127.0.0.1 alike, trailing slash ignored)."""
+    def norm(u: str) -> str:
+        return u.rstrip("/").replace("://localhost:", "://127.0.0.1:")
+
+    return norm(a) == norm(b)
+
+
+def locate(url: str | None = None, token: str | None = None) -> ConsoleAddress:
+    """--url/--token if given (token also from SIBYL_TOKEN), else the local console's announcement.
+
+    A --url that names the local console without a token uses that console's token file."""
+    token = token or os.environ.get("SIBYL_TOKEN")
+    data = _local()
+    if url:
+        if token is None and data is not None and _same_console(url, str(data.get("url", ""))) and pid_alive(int(str(data.get("pid") or 0))):
+            with contextlib.suppress(OSError):
+                token = Path(str(data["token_file"])).read_text().strip()
+        return ConsoleAddress(url.rstrip("/"), token)
+    if data is None:
+        raise ConsoleNotFound(f"no local console found ({_file()} is missing); start one with `sibyl-console up` or pass --url")
+    if not pid_alive(int(str(data.get("pid") or 0))):
         raise ConsoleNotFound(f"the console that wrote {_file()} (pid {data.get('pid')}) is not running; pass --url")
     if token is None:
         try:
-            token = Path(data["token_file"]).read_text().strip()
+            token = Path(str(data["token_file"])).read_text().strip()
         except OSError as e:
             raise ConsoleNotFound(f"cannot read the control token {data['token_file']}: {e.strerror}; pass --token") from None
-    return ConsoleAddress(data["url"], token, data.get("run_id"), data.get("pid"))
+    run_id = data.get("run_id")
+    pid = data.get("pid")
+    return ConsoleAddress(str(data["url"]), token, str(run_id) if run_id else None, int(str(pid)) if pid else None)
+
+
+def local_running() -> bool:
+    """Whether a local console is announced and its process is alive."""
+    data = _local()
+    return data is not None and pid_alive(int(str(data.get("pid") or 0)))

@@ -28,4 +28,5 @@ class GatewayMetrics:
         self.ttft = Histogram("sibyl_ttft_seconds", "time to first token seen by the gateway", buckets=_LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("sibyl_tpot_seconds", "time per output token seen by the gateway", buckets=_TPOT_BUCKETS, registry=r)
         self.in_flight = Gauge("sibyl_gateway_in_flight", "requests being proxied", registry=r)
+        self.queue_depth = Gauge("sibyl_gateway_queue_depth", "requests held by the queue policy", registry=r)
         self.instance_up = Gauge("sibyl_instance_up", "1 when the instance is routable", ["instance", "role"], registry=r)

@@ -12,14 +12,16 @@ from pathlib import Path
 
 import uvicorn
 
-from adapters.serving import ManagedServer, on_shutdown_signals
+from adapters import orphans
+from adapters.backends import registry as backends
+from adapters.redact import redact_config
+from adapters.serving import SHUTDOWN_SIGNALS, ManagedServer, on_shutdown_signals
 from adapters.store import RunStore
+from adapters.vllm.instances import Instance
 from console import discovery
-from console.backends import make_backend
 from console.config import ConsoleConfig
-from console.controller import Controller
+from console.controller import Controller, check_policies
 from console.gateway.app import build_app
-from console.instances import Instance
 
 Announce = Callable[["LiveConsole"], None]
 
@@ -34,6 +36,8 @@ class LiveConsole:
     db: Path
     controller: Controller
     server: ManagedServer
+    reaped: list[orphans.Leftover]
+    """Instances an earlier, crashed console had left running, stopped before this one started."""
 
 
 async def _starting(start: Coroutine[object, object, list[Instance]]) -> list[Instance]:
@@ -47,7 +51,7 @@ async def _starting(start: Coroutine[object, object, list[Instance]]) -> list[In
         received.append(sig)
         task.cancel()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in SHUTDOWN_SIGNALS:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, interrupt, sig)
     try:
@@ -57,30 +61,32 @@ async def _starting(start: Coroutine[object, object, list[Instance]]) -> list[In
             raise KeyboardInterrupt(f"{received[0].name} during start-up") from None
         raise
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in SHUTDOWN_SIGNALS:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
 
 
 async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Callable[[LiveConsole], Coroutine[object, object, None]] | None = None) -> str:
     """Serve until Ctrl-C/SIGTERM (or until `attach_ui` returns). Returns the run's final status."""
+    reaped = orphans.reap(discovery.runs_dir())  # instances a crashed console left running
     store = RunStore(config.db)
     store.mark_interrupted_runs()
     run_id = store.create_run(
         kind="live", backend=config.backend, cluster=f"{config.prefill}P{config.decode}D",
-        workload=str(config.replay or ""), policy=config.policy, config=config.model_dump(mode="json"),
+        workload=str(config.replay or ""), policy=config.policy, config=redact_config(config.model_dump(mode="json")),
     )
     run_dir = discovery.runs_dir() / run_id
-    backend = make_backend(config, run_dir)
+    backend = backends.create(config.backend, config.backend_settings(), run_dir)
     status = "failed"
     try:
+        check_policies(config, backend)
         instances = await _starting(backend.start())
-        controller = Controller(config, instances, store=store, run_id=run_id, run_dir=run_dir, backend_label=backend.label, backend=backend)
+        controller = Controller(config, instances, store=store, run_id=run_id, run_dir=run_dir, backend=backend)
         token_file = controller.write_token()
         app = build_app(controller)
         server = ManagedServer(
             uvicorn.Config(
-                app, host=config.host, port=config.port, http="httptools", log_level="warning",
+                app, host=config.host, port=config.port, http="httptools", log_level="warning", proxy_headers=False,
                 access_log=False, lifespan="on", timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
             )
         )
@@ -98,7 +104,7 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
             serving.result()
             raise OSError(f"the gateway could not listen on {config.host}:{config.port}")
         port = server.servers[0].sockets[0].getsockname()[1] if config.port == 0 else config.port
-        live = LiveConsole(f"http://{config.host}:{port}", run_id, token_file, store.path, controller, server)
+        live = LiveConsole(f"http://{config.host}:{port}", run_id, token_file, store.path, controller, server, reaped)
         discovery.announce(live.url, token_file, run_id)
         if config.replay is not None:
             replay_task = start_replay(config, controller, store, live.url)

@@ -51,7 +51,7 @@ def test_sim_reads_a_trace_file(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["sim", "--cluster", "4X"], "expected <prefill>P<decode>D"),
-        (["sim", "--policy", "nope", "--no-db"], "available: least_load, req_level, round_robin, sibyl"),
+        (["sim", "--policy", "nope", "--no-db"], "unknown routing policy 'nope'; available: "),
         (["sim", "--profile", "nope", "--no-db"], "built-in profiles"),
         (["sim", "--param", "sibyl.bogus=1", "--no-db", "--requests", "10"], "bogus"),
         (["runs", "show", "r-nope"], "unknown run"),
@@ -68,3 +68,19 @@ def test_bench_decision_json() -> None:
     assert code == 0, out
     data = json.loads(out)
     assert data["tracked_requests"] == 8 * (8 + 4) and 0 < data["p50_us"] <= data["p99_us"]
+
+
+def test_policy_list_works_without_a_console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIBYL_HOME", str(tmp_path))  # no console announced here
+    code, out = invoke("policy", "list", "--json")
+    assert code == 0
+    listed = json.loads(out)
+    assert listed["active"] == {}
+    by_kind: dict[str, set[str]] = {}
+    for p in listed["available"]:
+        by_kind.setdefault(p["kind"], set()).add(p["name"])
+    assert by_kind["queue"] >= {"fcfs", "priority"} and by_kind["scaling"] >= {"static", "threshold"}
+    assert by_kind["reschedule"] >= {"none"} and by_kind["routing"] >= {"least_load", "sibyl", "clairvoyant"}
+    assert next(p for p in listed["available"] if p["name"] == "clairvoyant")["sim_only"] is True
+    code, out = invoke("policy", "list", "--kind", "scaling")
+    assert code == 0 and "threshold" in out and "no console running" in out

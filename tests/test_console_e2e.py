@@ -78,8 +78,16 @@ def test_control_api_needs_the_token(console: Console) -> None:
         assert r.status_code == 422
         catalog = c.get("/control/policies").json()
         assert {"sibyl", "least_load", "round_robin", "req_level"} <= {p["name"] for p in catalog["available"]}
+        assert {p["kind"] for p in catalog["available"]} == {"routing", "queue", "reschedule", "scaling"}
+        assert "clairvoyant" not in {p["name"] for p in catalog["available"]}  # simulator only
     metrics = httpx.get(console.url + "/metrics").text
     assert "sibyl_routing_decision_seconds_count" in metrics and "sibyl_gateway_requests_total" in metrics
+    # --url naming the local console needs no --token: its token file is found
+    named = console.cli("status", "--json", "--url", console.url.replace("127.0.0.1", "localhost"))
+    assert named.returncode == 0, named.stderr
+    assert json.loads(named.stdout)["run_id"] == console.run_id
+    listed = console.cli("policy", "list", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout)["active"]["queue"]["name"] == "fcfs"
 
 
 def decode_counts(console: Console) -> dict[str, float]:
@@ -299,7 +307,10 @@ def test_scale_out_and_in_while_serving(tmp_path: Path) -> None:
         assert decode_counts(con) == {"d0": 4, "d1": 2}
         con.stop()
         events = [(e["instance_id"], e["event"], e["detail"]) for e in RunStore(con.db).instance_events(con.run_id)]
-        assert ("d1", "added", "cli") in events and ("d1", "removed", "tui") in events
+        steps = [(i, ev) for i, ev, _ in events if i == "d1"]
+        assert steps == [("d1", "starting"), ("d1", "added"), ("d1", "draining"), ("d1", "removed")]
+        detail = {ev: d for i, ev, d in events if i == "d1"}
+        assert "operator via cli" in detail["added"] and detail["draining"].endswith("[tui]") and detail["removed"].startswith("drained")
     finally:
         con.stop()
         kill_children(con.home)

@@ -84,12 +84,12 @@ def test_policy_swap_through_picker_reaches_the_console() -> None:
             await until(pilot, lambda: picker.query_one("#param-by", Select).value == "tokens")
             await pilot.press("ctrl+s")
             await until(pilot, lambda: not isinstance(app.screen, PolicyPicker))
-            assert fake.puts == [("routing", {"name": "least_load", "params": {"by": "tokens"}, "source": "tui"})]
+            assert fake.puts == [("routing", {"name": "least_load", "params": {"by": "tokens", "bind": "arrival"}, "source": "tui"})]
             await until(pilot, lambda: app.query_one(SloChart).markers() != [])
             assert app.query_one(SloChart).markers()[0][1] == "routing→least_load"
             log = app.query_one(EventLog)
-            assert any("least_load(by=tokens)" in str(line.text) and "source tui" in str(line.text) for line in log.lines)
-            await until(pilot, lambda: "least_load(by=tokens)" in str(app.query_one("#header").render()))
+            assert any("least_load(by=tokens, bind=arrival)" in str(line.text) and "source tui" in str(line.text) for line in log.lines)
+            await until(pilot, lambda: "least_load(by=tokens, bind=arrival)" in str(app.query_one("#header").render()))
 
     asyncio.run(body())
 
@@ -135,14 +135,15 @@ def test_server_refusal_and_local_checks_show_inline() -> None:
             assert field_error.display and "Input should be" in str(field_error.render())
             assert isinstance(app.screen, PolicyPicker)  # still open for a fix
             # local checks: an integer below its minimum never reaches the server
-            picker.query_one("#picker-kind", Select).value = "scaling"
-            await until(pilot, lambda: bool(picker.query("#param-decode")))
-            await pilot.click("#param-decode")
+            picker.query_one("#picker-kind", Select).value = "queue"
+            field = "#param-max_in_flight_per_instance"
+            await until(pilot, lambda: bool(picker.query(field)))
+            await pilot.click(field)
             await pilot.press("ctrl+a", "backspace", "0")  # ctrl+a/backspace may vary: set it directly too
-            picker.query_one("#param-decode").value = "0"  # type: ignore[attr-defined]
+            picker.query_one(field).value = "0"  # type: ignore[attr-defined]
             puts = len(fake.puts)
             await pilot.press("ctrl+s")
-            await until(pilot, lambda: "must be ≥ 1" in str(picker.query_one("#param-decode-error", Static).render()))
+            await until(pilot, lambda: "must be ≥ 1" in str(picker.query_one(field + "-error", Static).render()))
             assert len(fake.puts) == puts
             await pilot.press("escape")
             await until(pilot, lambda: not isinstance(app.screen, PolicyPicker))

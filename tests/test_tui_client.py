@@ -22,27 +22,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from console.controller import catalog
 from console.tui.client import ApiError, ConnectionLost, DashboardClient
 from core.errors import PolicyError
 from core.policies import registry
 
 TOKEN = "test-token"
-STATIC_SCALING = {
-    "kind": "scaling",
-    "name": "static",
-    "summary": "keep the instance counts fixed",
-    "params_schema": {
-        "additionalProperties": False,
-        "properties": {
-            "prefill": {"default": 2, "description": "prefill instances", "minimum": 1, "title": "Prefill", "type": "integer"},
-            "decode": {"default": 4, "description": "decode instances", "minimum": 1, "title": "Decode", "type": "integer"},
-        },
-        "title": "StaticParams",
-        "type": "object",
-    },
-    "defaults": {"prefill": 2, "decode": 4},
-}
-"""A scaling policy the fake offers on top of the real registry (exercises integer fields)."""
 
 
 class FakeConsole:
@@ -55,8 +40,8 @@ class FakeConsole:
         self.instances = [{"id": f"p{i}", "role": "prefill", "healthy": True} for i in range(prefill)]
         self.instances += [{"id": f"d{i}", "role": "decode", "healthy": True} for i in range(decode)]
         self.policies: dict[str, dict[str, Any]] = {
-            "routing": {"name": "sibyl", "params": registry.spec("routing", "sibyl").defaults()},
-            "scaling": {"name": "static", "params": {"prefill": prefill, "decode": decode}},
+            kind: {"name": name, "params": registry.spec(kind, name).defaults()}
+            for kind, name in (("routing", "sibyl"), ("queue", "fcfs"), ("reschedule", "none"), ("scaling", "static"))
         }
         self.puts: list[tuple[str, dict[str, Any]]] = []
         """Every PUT /control/policies/{kind}: (kind, body)."""
@@ -119,11 +104,7 @@ class FakeConsole:
         return out
 
     def catalog(self) -> dict[str, Any]:
-        available = [
-            {"kind": s.kind.value, "name": s.name, "summary": s.summary, "params_schema": s.schema(), "defaults": s.defaults()}
-            for s in registry.specs()
-        ]
-        return {"active": self.policies, "available": [*available, STATIC_SCALING]}
+        return {"active": self.policies, "available": catalog(live=True)}
 
     # --- events --------------------------------------------------------------------------------
     def publish(self, event_type: str, **fields: Any) -> None:
@@ -162,11 +143,7 @@ class FakeConsole:
             body = body or {}
             self.puts.append((kind, body))
             try:
-                if kind == "scaling":
-                    if any(int(v) < 1 for v in (body.get("params") or {}).values()):
-                        raise PolicyError("bad params for scaling policy 'static': decode: must be >= 1")
-                else:
-                    registry.build(kind, body["name"], body.get("params"))
+                registry.build(kind, body["name"], body.get("params"))
             except PolicyError as e:
                 return 422, {"error": {"message": str(e), "type": "invalid_request_error", "code": 422}}
             old = self.policies.get(kind, {}).get("name")

@@ -97,7 +97,7 @@ def test_dashboard_on_an_emulated_cluster(tmp_path: Path, monkeypatch: pytest.Mo
                 await pilot.press("ctrl+s")
                 await until(pilot, lambda: not isinstance(app.screen, PolicyPicker))
                 state = await client.state()  # checked through the control API, not the app
-                assert state["policies"]["routing"] == {"name": "least_load", "params": {"by": "tokens"}}
+                assert state["policies"]["routing"] == {"name": "least_load", "params": {"by": "tokens", "bind": "arrival"}}
 
                 d1.kill()
                 await until(pilot, lambda: table.row_texts("d1")["health"] == "DOWN")
@@ -115,7 +115,7 @@ def test_dashboard_on_an_emulated_cluster(tmp_path: Path, monkeypatch: pytest.Mo
     swaps = [e for e in events if e["source"] == "tui"]
     assert len(swaps) == 1
     assert swaps[0]["kind"] == "routing" and swaps[0]["old"] == "sibyl" and swaps[0]["new"] == "least_load"
-    assert swaps[0]["params"] == {"by": "tokens"}
+    assert swaps[0]["params"] == {"by": "tokens", "bind": "arrival"}
 
 
 def test_dashboard_pauses_a_replay_and_scales_a_real_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
 
 from adapters.emulator.faults import FaultConfig
 from adapters.emulator.settings import InstanceSettings, OutputLengths
+from adapters.ports import is_loopback
 from core.errors import ConfigError
 from core.perf import get_profile, profile_names
 
@@ -76,6 +78,9 @@ def emulate(
     except ValueError as e:
         raise ConfigError(f"bad fault flags: {e}") from None
     OutputLengths(output_len_dist, seed)  # validate before starting anything
+    if not is_loopback(host) and not admin_token:
+        print(f"emulate: warning: bound to {host} without --admin-token: anyone who can reach it can inject faults or stop it "
+              "through /admin/ (bind 127.0.0.1, or set --admin-token)", file=sys.stderr)
     base = InstanceSettings(
         role=role, port=port, host=host, profile=get_profile(profile), model=model,  # type: ignore[arg-type]
         max_num_seqs=max_num_seqs, kv_capacity_tokens=kv_capacity_tokens, max_num_batched_tokens=max_num_batched_tokens,

@@ -21,13 +21,14 @@ from typing import Any
 
 import httpx
 
+from adapters.errors import BackendError
+from adapters.orphans import guarded
 from adapters.ports import free_port
-from core.errors import SibylError
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class EmulatorStartError(SibylError):
+class EmulatorStartError(BackendError):
     """An emulator process exited or did not become healthy in time."""
 
 
@@ -78,7 +79,8 @@ class EmulatorProcess:
         return self.proc.pid if self.proc else None
 
     def start(self) -> EmulatorProcess:
-        cmd = [sys.executable, "-m", "adapters.emulator", "--role", self.role, "--port", str(self.port), "--host", self.host, *self.args]
+        """Launch it; it stops by itself if this process dies (adapters.parent_watch)."""
+        cmd = guarded([sys.executable, "-m", "adapters.emulator", "--role", self.role, "--port", str(self.port), "--host", self.host, *self.args])
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
         try:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: first release. 2: requests.queued (when the gateway queue held a request)."""
+
+MIGRATIONS: dict[int, list[str]] = {
+    2: ["ALTER TABLE requests ADD COLUMN queued FLOAT"],
+}
+"""Statements that bring a store of version N-1 to N (tables created afresh need none)."""
 
 
 class Run(SQLModel, table=True):
@@ -41,6 +47,7 @@ class RequestRecord(SQLModel, table=True):
     priority: int | None = None
     prefill_instance: str | None = None
     decode_instance: str | None = None
+    queued: float | None = Field(default=None, description="when the gateway queue took it (None: routed at once)")
     prefill_start: float | None = None
     prefill_end: float | None = None
     decode_start: float | None = None
@@ -90,7 +97,7 @@ class InstanceEvent(SQLModel, table=True):
     run_id: str = Field(index=True)
     t: float
     instance_id: str
-    event: str = Field(description="up | down | added | removed | role_changed")
+    event: str = Field(description="up | down | starting | added | draining | removed | flipped | failed | refused")
     detail: str = ""
 
 

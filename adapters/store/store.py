@@ -17,9 +17,11 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.pool import StaticPool
 from sqlmodel import SQLModel, create_engine
 
+from adapters.errors import AdapterError
 from adapters.pids import pid_alive
 from adapters.store.paths import default_db_path
 from adapters.store.schema import (
+    MIGRATIONS,
     REQUEST_COLUMNS,
     SAMPLE_COLUMNS,
     SCHEMA_VERSION,
@@ -29,10 +31,9 @@ from adapters.store.schema import (
     RequestRecord,
     Run,
 )
-from core.errors import SibylError
 
 
-class StoreError(SibylError):
+class StoreError(AdapterError):
     """The run store cannot be opened, or a run id is unknown."""
 
 
@@ -91,6 +92,10 @@ class RunStore:
                 version = conn.execute(text("PRAGMA user_version")).scalar() or 0
                 if version > SCHEMA_VERSION:
                     raise StoreError(f"{self.path}: schema version {version} is newer than this sibyl-console ({SCHEMA_VERSION}); upgrade")
+                if version and conn.execute(text("SELECT name FROM sqlite_master WHERE name = 'requests'")).first():
+                    for v in range(version + 1, SCHEMA_VERSION + 1):
+                        for statement in MIGRATIONS.get(v, []):
+                            conn.execute(text(statement))
                 SQLModel.metadata.create_all(conn)
                 conn.execute(text(f"PRAGMA user_version = {SCHEMA_VERSION}"))
         except (DatabaseError, OperationalError) as e:

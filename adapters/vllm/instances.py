@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from adapters.http.upstream import UpstreamPool
 from adapters.vllm.scrape import MetricsSample
 from core.types import InstanceState, Role
 
@@ -27,14 +28,20 @@ class Instance:
     routed: int = 0
     failed: int = 0
     session: aiohttp.ClientSession | None = None
+    """For probes and discovery (/health, /metrics, /v1/models)."""
+    upstream: UpstreamPool | None = None
+    """For the P/D legs: the gateway's lean hot-path client (adapters/http/upstream.py)."""
     pid: int | None = None
     """Local process id when the console started this instance."""
+    managed: bool = True
+    """Started by this console's backend (False: attached, never stopped by the console)."""
     health_rtt_s: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     """Round trips of the latest /health probes: the HTTP cost of one request to this instance
     as the gateway sees it (calibration takes it out of the prefill legs it measured)."""
 
     def open(self, limit: int = 1024, connect_timeout_s: float = 30.0) -> None:
-        """Create the pooled client (inside the running event loop)."""
+        """Create the pooled clients (inside the running event loop)."""
+        self.upstream = UpstreamPool(self.url, connect_timeout_s=connect_timeout_s)
         # Idle pooled connections are dropped after 4 s: vLLM's uvicorn closes them after 5 s, and a
         # request written to a connection the server is closing fails ("Can not write request body").
         connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=4, ttl_dns_cache=300)
@@ -46,6 +53,9 @@ class Instance:
         )
 
     async def close(self) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
+            self.upstream = None
         if self.session is not None:
             await self.session.close()
             self.session = None

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -26,8 +27,11 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from adapters.errors import BackendError
+from adapters.orphans import guarded
 from adapters.ports import free_port
-from core.errors import ConfigError, SibylError
+from adapters.redact import redact_args, redact_env
+from core.errors import ConfigError
 from core.types import Role
 
 Device = Literal["cpu", "cuda"]
@@ -37,11 +41,11 @@ NIXL_CONNECTORS = frozenset({"NixlConnector", "NixlPullConnector", "NixlPushConn
 LOG_TAIL_LINES = 30
 
 
-class VllmLaunchError(SibylError):
+class VllmLaunchError(BackendError):
     """A vLLM instance could not be started, exited during start-up, or never became healthy."""
 
 
-class VllmAttachError(SibylError):
+class VllmAttachError(BackendError):
     """A given vLLM URL does not answer `/health` or `/v1/models` as a vLLM server does."""
 
 
@@ -374,15 +378,20 @@ class VllmCluster:
         self.stop()
 
     def _spawn(self, spec: VllmInstanceSpec) -> LaunchedInstance:
+        if shutil.which(self.vllm_bin) is None:  # the guard execs it later: say so now, not as an exit code
+            raise VllmLaunchError(
+                f"cannot run {self.vllm_bin!r} for vLLM {spec.name}: not an executable file; "
+                "set up vLLM first (`make vllm-cpu` on CPU) or pass the vllm executable's path"
+            )
         cmd = build_command(spec, self.vllm_bin)
         env = build_env(spec)
         log_path = self.log_dir / f"{spec.name}.log"
         with open(log_path, "wb") as log:
-            log.write(f"$ {' '.join(cmd)}\n# env: {json.dumps(env, sort_keys=True)}\n".encode())
+            log.write(f"$ {' '.join(redact_args(cmd))}\n# env: {json.dumps(redact_env(env), sort_keys=True)}\n".encode())
             log.flush()
             try:
                 proc = subprocess.Popen(
-                    cmd,
+                    guarded(cmd),  # stops by itself if the console dies; the log shows `cmd`
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,

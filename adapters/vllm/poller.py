@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import aiohttp
 
+from adapters.vllm.instances import Instance
 from adapters.vllm.scrape import MetricsSample, parse_metrics
-from console.instances import Instance
 
 StatusChange = Callable[[Instance, bool, str], None]
 SampleSink = Callable[[Instance, float], None]

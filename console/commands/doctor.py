@@ -1,4 +1,4 @@
-"""`sibyl-console doctor`: report whether this machine can run real vLLM, and what to do if not."""
+"""`sibyl-console doctor`: the installed backends, and whether this machine can run real vLLM (and what to do if not)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from adapters.backends import registry as backends
 from adapters.vllm.platform import default_vllm_venv, detect_platform, venv_python, what_is_missing
 
 
@@ -24,7 +25,8 @@ def doctor(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
 ) -> None:
-    """Report the vLLM platform: vLLM/torch/NIXL in the vLLM venv, CPU flags, cores, memory.
+    """Report the installed backends and their capabilities, and the vLLM platform: vLLM/torch/NIXL
+    in the vLLM venv, CPU flags, cores, memory.
 
     Always exits 0: missing pieces are listed with the command that fixes them.
 
@@ -32,9 +34,19 @@ def doctor(
     """
     report = detect_platform(venv_python(vllm_venv or default_vllm_venv()))
     missing = what_is_missing(report)
+    installed = backends.specs()
     if as_json:
-        typer.echo(json.dumps({**report.to_dict(), "missing": missing}, indent=2))
+        listed = [{"name": b.name, "target": b.target, "summary": b.summary, "capabilities": sorted(b.capabilities), "error": b.error} for b in installed]
+        typer.echo(json.dumps({**report.to_dict(), "missing": missing, "backends": listed}, indent=2))
         return
+    con = Console()
+    bt = Table(title="installed backends (`up --backend NAME`)")
+    for col in ("backend", "capabilities (some need settings)", "summary"):
+        bt.add_column(col)
+    for b in installed:
+        caps = ", ".join(sorted(b.capabilities)) or "-"
+        bt.add_row(b.name, caps if b.error is None else "[red]cannot load[/]", b.summary or f"[red]{b.error}[/]")
+    con.print(bt)
     t = Table(title="vLLM platform")
     t.add_column("check")
     t.add_column("value")
@@ -49,7 +61,6 @@ def doctor(
     t.add_row("avx2 / avx512", f"{_yes(report.avx2)} / {_yes(report.avx512)}")
     t.add_row("cores", str(report.cores))
     t.add_row("memory", f"{report.memory_available_gib:.1f} GiB available of {report.memory_total_gib:.1f} GiB")
-    con = Console()
     con.print(t)
     if missing:
         con.print("[bold]missing:[/]")

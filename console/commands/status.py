@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from console.control_client import ControlClient
+from console.discovery import local_running
+from core.errors import ConfigError
 from core.policies import parse_param_assignments
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="console URL (default: the local console)")]
@@ -54,24 +56,42 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
 
 
 @policy_app.command("list")
-def policy_list(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
-    """Registered policies with their params (from the running console)."""
-    p = ControlClient(url, token).policies()
+def policy_list(
+    kind: Annotated[str | None, typer.Option("--kind", help="only this kind: routing | queue | reschedule | scaling")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Every installed policy of every kind with its params; `*` marks the active ones when a console runs.
+
+    Works without a running console (from the registry). Examples:
+      sibyl-console policy list
+      sibyl-console policy list --kind scaling --json
+    """
+    from console.controller import catalog
+
+    active: dict[str, Any] = {}
+    if url or token or local_running():
+        active = ControlClient(url, token).policies()["active"]
+    available = [p for p in catalog() if kind is None or p["kind"] == kind]
+    if kind is not None and not available:
+        raise ConfigError(f"unknown policy kind {kind!r}; kinds: routing, queue, reschedule, scaling")
     if as_json:
-        typer.echo(json.dumps(p, indent=2))
+        typer.echo(json.dumps({"active": active, "available": available}, indent=2))
         return
-    t = Table(title="policies (* = active)")
+    t = Table(title="policies" + (" (* = active)" if active else " (no console running)"))
     for col in ("kind", "name", "params (defaults)", "summary"):
         t.add_column(col)
-    for spec in p["available"]:
-        active = p["active"].get(spec["kind"], {}).get("name") == spec["name"]
-        t.add_row(spec["kind"], ("* " if active else "  ") + spec["name"], json.dumps(spec["defaults"]), spec["summary"])
+    for spec in available:
+        on = active.get(spec["kind"], {}).get("name") == spec["name"]
+        summary = spec["summary"] + ("  (simulator only)" if spec.get("sim_only") else "")
+        t.add_row(spec["kind"], ("* " if on else "  ") + spec["name"], json.dumps(spec["defaults"]), summary)
     Console().print(t)
 
 
 @policy_app.command("set")
 def policy_set(
-    kind: Annotated[str, typer.Argument(help="routing | reschedule | queue | scaling")],
+    kind: Annotated[str, typer.Argument(help="routing | queue | reschedule | scaling")],
     name: Annotated[str, typer.Argument(help="policy name (see `policy list`)")],
     param: Annotated[list[str], typer.Option("--param", help="key=value (repeat)")] = [],  # noqa: B006
     url: UrlOpt = None,
@@ -80,7 +100,13 @@ def policy_set(
 ) -> None:
     """Hot-swap a policy while traffic flows; the swap is recorded with source `cli`.
 
-    Example: sibyl-console policy set routing least_load --param by=tokens
+    Params are validated before the swap; a periodic policy the backend cannot carry out
+    (e.g. a scaling policy on attached instances) is refused with the reason.
+
+    Examples:
+      sibyl-console policy set routing least_load --param by=tokens
+      sibyl-console policy set queue priority --param max_in_flight_per_instance=32
+      sibyl-console policy set scaling threshold --param max_decode=8
     """
     assigned = parse_param_assignments(param)
     params = {**assigned.get("", {}), **assigned.get(name, {})}
@@ -98,7 +124,7 @@ def scale(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Add or remove instances of a running console (emulator and sim backends).
+    """Add or remove instances of a running console (backends that declare scale: emulator, sim, vllm).
 
     Examples: sibyl-console scale decode 2      sibyl-console scale decode -- -1
     """
@@ -106,7 +132,25 @@ def scale(
     typer.echo(json.dumps(result) if as_json else f"{role} {delta:+d}: {', '.join(result['instances'])}")
 
 
+def flip(
+    instance: Annotated[str, typer.Argument(help="instance id, e.g. d3 (see `status`)")],
+    role: Annotated[str, typer.Argument(help="the role it serves from now on: prefill | decode")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Flip an instance between prefill and decode (backends that declare role_flip: emulator, sim,
+    vLLM with kv_role=kv_both). New requests follow the new role at once; requests already on
+    the instance finish where they are.
+
+    Example: sibyl-console flip d3 prefill
+    """
+    result = ControlClient(url, token).flip(instance, role)
+    typer.echo(json.dumps(result) if as_json else f"{result['instance']} now serves {result['role']}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("status")(status)
     app.command("scale")(scale)
+    app.command("flip")(flip)
     app.add_typer(policy_app, name="policy")

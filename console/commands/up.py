@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from adapters.ports import is_loopback
 from console.config import load_config, parse_attach
 from console.serve import LiveConsole, run_console
 from core.errors import ConfigError
@@ -17,13 +18,16 @@ from core.policies import parse_param_assignments
 
 def up(
     config_file: Annotated[Path | None, typer.Argument(metavar="CONFIG", help="TOML or YAML file with any of the options below")] = None,
-    backend: Annotated[str | None, typer.Option(help="emulator (default) | sim | vllm")] = None,
+    backend: Annotated[str | None, typer.Option(help="an installed backend: emulator (default) | sim | vllm | ... (`sibyl-console doctor` lists them)")] = None,
     prefill: Annotated[int | None, typer.Option(help="prefill instances (default 2)")] = None,
     decode: Annotated[int | None, typer.Option(help="decode instances (default 4)")] = None,
     profile: Annotated[str | None, typer.Option(help="performance profile (default h20-qwen3-32b)")] = None,
     model: Annotated[str | None, typer.Option(help="model path (--backend vllm)")] = None,
     policy: Annotated[str | None, typer.Option(help="routing policy at start (default sibyl)")] = None,
-    param: Annotated[list[str], typer.Option("--param", help="routing policy key=value (repeat)")] = [],  # noqa: B006
+    queue: Annotated[str | None, typer.Option(help="queue policy at start: fcfs (default) | priority")] = None,
+    scaling: Annotated[str | None, typer.Option(help="scaling policy at start: static (default) | threshold")] = None,
+    reschedule: Annotated[str | None, typer.Option(help="reschedule policy at start: none (default)")] = None,
+    param: Annotated[list[str], typer.Option("--param", help="key=value for the routing policy, or policy.key=value for any policy (repeat)")] = [],  # noqa: B006
     host: Annotated[str | None, typer.Option(help="gateway address (default 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="gateway port (default 8000; 0 picks a free one)")] = None,
     headless: Annotated[bool, typer.Option(help="serve without the dashboard")] = False,
@@ -44,6 +48,7 @@ def up(
     Examples:
       sibyl-console up --headless
       sibyl-console up --prefill 1 --decode 2 --policy least_load --param by=tokens --port 0
+      sibyl-console up --scaling threshold --param threshold.max_decode=8 --queue priority
       sibyl-console up --backend vllm --model ./tiny-llama --prefill 1 --decode 1 --vllm-arg=--enforce-eager
       sibyl-console up --backend vllm --attach 'prefill=http://10.0.0.5:8100;decode=http://10.0.0.6:8200'
     """
@@ -61,15 +66,24 @@ def up(
         "vllm.extra_args": vllm_arg or None,
     }
     if params:
-        overrides["params"] = {**params.get("", {}), **params.get(policy or "", {})}
+        overrides["params"] = {**params.get("", {}), **params.get(policy or "", {})} or None
+    for kind, name in (("queue", queue), ("scaling", scaling), ("reschedule", reschedule)):
+        if name is not None:
+            overrides[kind] = {"name": name, "params": params.get(name, {})}
     cfg = load_config(config_file, overrides)
     out = Console(stderr=True)
 
     def ready(live: LiveConsole) -> None:
+        if not is_loopback(cfg.host):
+            out.print(f"[yellow]warning:[/] the gateway listens on {cfg.host}: its OpenAI endpoints answer anyone who can reach it "
+                      "(the control API still needs the token); bind 127.0.0.1 unless a proxy in front authenticates clients")
+        for left in live.reaped:
+            what = "stopped" if left.stopped else "could NOT stop (not ours to signal); kill it by hand:"
+            out.print(f"[yellow]left behind by crashed run {left.run_id}:[/] {left.instance} pid {left.pid} {what}")
         out.print(f"[bold green]sibyl-console[/] serving [bold]{live.url}[/] (OpenAI API: {live.url}/v1)")
         out.print(f"  run id      {live.run_id}   (store: {live.db})")
         out.print(f"  control     {live.url}/control/state   token in {live.token_file}")
-        out.print(f"  cluster     {live.controller.state()['cluster']} on backend {live.controller.backend}, routing: {cfg.policy}")
+        out.print(f"  cluster     {live.controller.state()['cluster']} on backend {live.controller.backend.label}, routing: {cfg.policy}")
         if cfg.replay is not None:
             out.print(f"  replaying   {cfg.replay} x{cfg.replay_speed:g}{' in a loop' if cfg.replay_loop else ''} (demo traffic, recorded as a child run)")
         out.print("  Ctrl-C to drain and stop")

@@ -1,4 +1,4 @@
-"""The control API under /control/: state, server-sent events, policy catalogue and hot swap."""
+"""The control API under /control/: state, server-sent events, policies of every kind, scale and flip."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ from starlette.routing import Route
 
 from console.controller import Controller, ScaleError
 from console.gateway.errors import error_body
-from core.errors import ConfigError
+from core.errors import ConfigError, SibylError
 from core.types import PolicyKind
+
+MAX_SCALE_DELTA = 16
+"""The most instances one POST /control/scale may add or drain: a bigger delta is refused (422)
+instead of starting that many processes from one request."""
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -28,7 +32,9 @@ def _error(status: int, message: str) -> Response:
 def _authorized(request: Request, token: str) -> bool:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), token)
+    # bytes: compare_digest refuses str with non-ASCII characters (a TypeError, so a 500); header
+    # values arrive latin-1 decoded, so this gives back the bytes the client sent
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode("latin-1"), token.encode())
 
 
 def control_routes(c: Controller) -> list[Route]:
@@ -96,10 +102,28 @@ def control_routes(c: Controller) -> list[Route]:
             return _error(400, f"malformed JSON body: {e}")
         if not isinstance(body, dict):
             return _error(400, 'expected {"role": "prefill"|"decode", "delta": N}')
+        delta = body.get("delta")
+        if type(delta) is int and abs(delta) > MAX_SCALE_DELTA:
+            return _error(422, f"delta must be between -{MAX_SCALE_DELTA} and {MAX_SCALE_DELTA} per request, got {delta}")
         try:
             result = await c.scale(str(body.get("role")), body.get("delta"), source=str(body.get("source") or "api"))  # type: ignore[arg-type]
         except ScaleError as e:
             return _error(409 if "must remain" in str(e) or "cannot" in str(e) else 422, str(e))
+        except SibylError as e:  # the backend refused (a missing capability, an instance that did not start)
+            return _error(409, str(e))
+        return _json(result)
+
+    async def flip(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as e:
+            return _error(400, f"malformed JSON body: {e}")
+        if not isinstance(body, dict) or not isinstance(body.get("instance"), str) or not isinstance(body.get("role"), str):
+            return _error(400, 'expected {"instance": "<id>", "role": "prefill"|"decode"}')
+        try:
+            result = await c.flip(body["instance"], body["role"], source=str(body.get("source") or "api"))
+        except SibylError as e:
+            return _error(409, str(e))
         return _json(result)
 
     async def run(_: Request) -> Response:
@@ -113,4 +137,5 @@ def control_routes(c: Controller) -> list[Route]:
         Route("/control/run", guard(run), methods=["GET"]),
         Route("/control/replay/{action}", guard(replay_action), methods=["POST"]),
         Route("/control/scale", guard(scale), methods=["POST"]),
+        Route("/control/flip", guard(flip), methods=["POST"]),
     ]

@@ -24,7 +24,7 @@ class DashboardAction:
     show: bool = True
     """Whether the footer shows it."""
     requires: str | None = None
-    """Capability the console must advertise (`scale`, `replay`); hidden without it."""
+    """Capability the console must advertise (`scale`, `role_flip`, `replay`); hidden without it."""
 
 
 ACTIONS: tuple[DashboardAction, ...] = (
@@ -34,6 +34,7 @@ ACTIONS: tuple[DashboardAction, ...] = (
     DashboardAction("dashboard.decode_down", "-", "scale('decode', -1)", "Decode-1", "Remove one decode instance.", requires="scale"),
     DashboardAction("dashboard.prefill_up", ">", "scale('prefill', 1)", "Prefill+1", "Add one prefill instance.", show=False, requires="scale"),
     DashboardAction("dashboard.prefill_down", "<", "scale('prefill', -1)", "Prefill-1", "Remove one prefill instance.", show=False, requires="scale"),
+    DashboardAction("dashboard.flip", "f", "flip_selected", "Flip", "Flip the selected instance between prefill and decode.", requires="role_flip"),
     DashboardAction("dashboard.replay", "space", "toggle_replay", "Pause/resume", "Pause or resume the replay started by `up --replay`.", requires="replay"),
     DashboardAction("dashboard.theme", "t", "toggle_theme", "Light/dark", "Switch between the dark and the light theme."),
     DashboardAction("dashboard.help", "?", "help", "Help", "Show every key binding."),
@@ -50,7 +51,7 @@ TABLE_KEYS: tuple[tuple[str, str], ...] = (
 )
 """Keys that come from widgets or Textual itself, listed on the help screen."""
 
-POLICY_KINDS: tuple[str, ...] = ("routing", "reschedule", "queue", "scaling")
+POLICY_KINDS: tuple[str, ...] = ("routing", "queue", "reschedule", "scaling")
 
 
 def bindings() -> list[BindingType]:

@@ -42,7 +42,7 @@ class SibylDashboard(App[None]):
     connection_error: reactive[str | None] = reactive(None)
     """Why the control API is unreachable (None while it answers); drives the banner."""
     capabilities: reactive[frozenset[str]] = reactive(frozenset())
-    """What the console offers beyond the basics (`scale`, `replay`); gates bindings."""
+    """What the console offers beyond the basics (`scale`, `role_flip`, `replay`, ...); gates bindings."""
 
     def __init__(
         self,
@@ -274,6 +274,17 @@ class SibylDashboard(App[None]):
     @work(group="control-actions", exit_on_error=False)
     async def action_scale(self, role: str, delta: int) -> None:
         await self._control(f"scale {role} {delta:+d}", self.client.scale(role, delta))
+
+    @work(group="control-actions", exit_on_error=False)
+    async def action_flip_selected(self) -> None:
+        table = self.dashboard.query_one(InstanceTable)
+        iid = table.selected_id()
+        if iid is None:
+            self.notify("select an instance in the table first", severity="warning")
+            return
+        role = table.row_role(iid)
+        target = "decode" if role == "prefill" else "prefill"
+        await self._control(f"flip {iid} to {target}", self.client.flip(iid, target))
 
     @work(group="control-actions", exit_on_error=False)
     async def action_toggle_replay(self) -> None:

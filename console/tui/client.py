@@ -86,6 +86,11 @@ class DashboardClient:
         result: dict[str, Any] = await self._call("POST", "/control/scale", {"role": role, "delta": delta})
         return result
 
+    async def flip(self, instance: str, role: str) -> dict[str, Any]:
+        """`POST /control/flip`: make an instance serve the other role."""
+        result: dict[str, Any] = await self._call("POST", "/control/flip", {"instance": instance, "role": role, "source": "tui"})
+        return result
+
     async def replay(self, action: str) -> dict[str, Any]:
         """`POST /control/replay/{pause|resume}` for a replay started by `up --replay`."""
         if action not in ("pause", "resume"):

@@ -23,10 +23,15 @@ def describe(event: Mapping[str, Any], p: Palette) -> tuple[str, str, str]:
         text = f"{event.get('kind')}: {event.get('old') or '-'} → {new}  (source {event.get('source', '?')})"
         return "SWAP", text, p.accent
     if kind == "instance":
-        up = event.get("event") == "up"
+        what = str(event.get("event", "?"))
         detail = f": {event['detail']}" if event.get("detail") else ""
-        text = f"{event.get('instance')} ({event.get('role', '?')}) {'UP' if up else 'DOWN'}{detail}"
-        return ("UP", text, p.ok) if up else ("DOWN", text, p.bad)
+        source = f"  (source {event['source']})" if event.get("source") else ""
+        text = f"{event.get('instance')} ({event.get('role') or '?'}) {what.upper()}{detail}{source}"
+        if what == "up":
+            return "UP", text, p.ok
+        if what in ("down", "failed", "refused"):
+            return what.upper()[:6], text, p.bad
+        return "SCALE", text, p.warn  # starting, added, draining, removed, flipped
     if kind == "failure":
         where = f"{event.get('prefill') or '-'} → {event.get('decode') or '-'}"
         return "FAIL", f"request {event.get('request_id')} failed: {event.get('reason')}  ({where})", p.bad

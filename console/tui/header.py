@@ -12,7 +12,7 @@ from textual.widget import Widget
 
 from console.tui.fmt import duration, palette_for, pct, policy_label
 
-KIND_ORDER = ("routing", "reschedule", "queue", "scaling")
+KIND_ORDER = ("routing", "queue", "reschedule", "scaling")
 
 
 def replay_label(replay: Mapping[str, Any] | None) -> str | None:
@@ -65,7 +65,14 @@ class DashboardHeader(Widget):
         kinds = [k for k in KIND_ORDER if k in policies] + [k for k in policies if k not in KIND_ORDER]
         for kind in kinds:
             line2.append(f" {kind} ", style=p.muted)
-            line2.append(policy_label(policies[kind]), style=f"bold {p.accent}")
+            # routing with its params; the other kinds by name (their params are in `p` and `status`)
+            label = policy_label(policies[kind]) if kind == "routing" else str(policies[kind].get("name", "?"))
+            line2.append(label, style=f"bold {p.accent}")
+        queue = s.get("queue") or {}
+        if queue.get("depth"):
+            by_class = queue.get("by_class") or {}
+            parts = ", ".join(f"{k} {v}" for k, v in by_class.items() if v)
+            line2.append(f"   queued {queue['depth']}/{queue.get('max_queued', '?')}" + (f" ({parts})" if parts else ""), style=p.warn)
         replay = replay_label(s.get("replay"))
         if replay:
             line2.append("   " + replay, style=p.warn if "paused" in replay else "")

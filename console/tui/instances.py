@@ -37,6 +37,16 @@ def _queue(inst: Mapping[str, Any]) -> float:
     return float(inst.get("running", 0) + inst.get("waiting", 0))
 
 
+def _health(inst: Mapping[str, Any], p: Palette) -> Text:
+    """UP / DOWN, or the lifecycle phase while an instance starts or drains."""
+    phase = str(inst.get("phase") or "active")
+    if phase == "starting":
+        return Text("STARTING", style=p.warn)
+    if phase == "draining":
+        return Text("DRAINING", style=p.warn)
+    return Text("UP", style=p.ok) if inst.get("healthy") else Text("DOWN", style=p.bad)
+
+
 def natural(text: str) -> tuple[Any, ...]:
     """`d2` before `d10`: digit runs compare as numbers."""
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
@@ -130,7 +140,7 @@ class InstanceTable(DataTable[Any]):
         return {
             "id": str(inst["id"]),
             "role": Text(role, style=p.accent if role == "prefill" else ""),
-            "health": Text("UP", style=p.ok) if healthy else Text("DOWN", style=p.bad),
+            "health": _health(inst, p),
             "running": Text(str(inst.get("running", 0)), justify="right"),
             "waiting": Text(str(inst.get("waiting", 0)), justify="right", style=p.warn if inst.get("waiting") else ""),
             "kv": Text("-" if kv is None else f"{kv:.0%}", justify="right", style=kv_style),
@@ -191,6 +201,15 @@ class InstanceTable(DataTable[Any]):
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         event.stop()
         self.sort_by(str(event.column_key.value))
+
+    def selected_id(self) -> str | None:
+        """The instance under the cursor (None in an empty table)."""
+        if not self.row_count:
+            return None
+        return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
+
+    def row_role(self, instance_id: str) -> str:
+        return str(self._instances.get(instance_id, {}).get("role", ""))
 
     def row_texts(self, instance_id: str) -> dict[str, str]:
         """Plain text of one row by column key (for tests and the command palette)."""

@@ -1,0 +1,100 @@
+"""The embedded default backend: one emulator process per instance, so one can fail alone."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import ClassVar
+
+from adapters import orphans
+from adapters.backends.base import BackendBase, Capability, instance_ids
+from adapters.backends.settings import BackendSettings
+from adapters.emulator.process import EmulatorProcess
+from adapters.ports import free_port
+from adapters.vllm.instances import Instance
+from core.types import Role
+
+READY_TIMEOUT_S = 60.0
+
+
+class EmulatorBackend(BackendBase):
+    """GPU-free emulated vLLM instances (`sibyl-console emulate`), one process each.
+
+    Every emulated instance serves both P/D legs (like vLLM's kv_both), so a role flip is a
+    routing change; scale-out starts a process, scale-in stops a drained one."""
+
+    name: ClassVar[str] = "emulator"
+    summary: ClassVar[str] = "emulated vLLM processes on this machine (no GPU); the default"
+    capabilities = frozenset({Capability.SCALE, Capability.ROLE_FLIP, Capability.PRIORITY})
+
+    def __init__(self, settings: BackendSettings, run_dir: Path) -> None:
+        super().__init__(settings, run_dir)
+        caps = {Capability.SCALE, Capability.ROLE_FLIP}
+        if settings.emulator.scheduling_policy == "priority":
+            caps.add(Capability.PRIORITY)
+        self.capabilities = frozenset(caps)
+        self.procs: dict[str, EmulatorProcess] = {}
+        self._seeds = 0
+
+    def _args(self) -> list[str]:
+        s, e = self.settings, self.settings.emulator
+        args = ["--profile", s.profile, "--model", s.served_model_name, "--scheduling-policy", e.scheduling_policy]
+        if e.max_num_seqs:
+            args += ["--max-num-seqs", str(e.max_num_seqs)]
+        if e.kv_capacity_tokens:
+            args += ["--kv-capacity-tokens", str(e.kv_capacity_tokens)]
+        if e.output_len_dist:
+            args += ["--output-len-dist", e.output_len_dist]
+        return args + list(e.extra_args)
+
+    def _spawn(self, role: Role, port: int) -> EmulatorProcess:
+        seed = self._seeds
+        self._seeds += 1
+        log = self.log_dir / f"{role.value}-{port}.log"
+        return EmulatorProcess(role.value, port, [*self._args(), "--seed", str(seed)], log_path=log).start()
+
+    async def start(self) -> list[Instance]:
+        roles = self.settings.initial_roles()
+        base = self.settings.instance_base_port
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        ids = instance_ids(roles)
+        for k, (iid, role) in enumerate(zip(ids, roles, strict=True)):
+            self.procs[iid] = self._spawn(role, base + k if base else free_port())
+            orphans.record(self.run_dir, iid, self.procs[iid].pid or 0)
+        try:
+            await asyncio.gather(*(asyncio.to_thread(p.wait_ready, READY_TIMEOUT_S) for p in self.procs.values()))
+        except BaseException:
+            await self.stop()
+            raise
+        return [Instance(iid, role, self.procs[iid].url, pid=self.procs[iid].pid) for iid, role in zip(ids, roles, strict=True)]
+
+    async def add(self, role: Role, instance_id: str) -> Instance:
+        """Start one more emulator process and wait until it answers /health."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        p = self.procs[instance_id] = self._spawn(role, free_port())
+        orphans.record(self.run_dir, instance_id, p.pid or 0)
+        try:
+            await asyncio.to_thread(p.wait_ready, READY_TIMEOUT_S)
+        except BaseException:
+            self.procs.pop(instance_id, None)
+            await asyncio.to_thread(p.stop)
+            orphans.forget(self.run_dir, instance_id)
+            raise
+        return Instance(instance_id, role, p.url, pid=p.pid)
+
+    async def remove(self, instance_id: str) -> None:
+        """Stop the (drained) process behind an instance."""
+        p = self.procs.pop(instance_id, None)
+        if p is not None:
+            await asyncio.to_thread(p.stop)
+            orphans.forget(self.run_dir, instance_id)
+
+    async def flip(self, instance_id: str, role: Role) -> None:
+        """Emulated instances serve both legs: the flip is the console's routing change."""
+        self.require(Capability.ROLE_FLIP)
+
+    async def stop(self) -> None:
+        procs, self.procs = dict(self.procs), {}
+        await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs.values()))
+        for iid in procs:
+            orphans.forget(self.run_dir, iid)

@@ -1,0 +1,1 @@
+"""HTTP clients the adapters use on the gateway's hot path."""

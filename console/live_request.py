@@ -1,0 +1,288 @@
+"""LiveRequest: the one object that owns a live request from admission to its outcome.
+
+Its life, each step stamped with the time it was entered:
+
+    admitted → [queued] → prefill (retried once elsewhere) → decode bound → decoding → finished
+                                                                                    ↘ failed
+
+The gateway handler parses the HTTP request, builds a LiveRequest and calls `run` with a channel
+to its client; from then on this object asks the controller's dispatcher for every decision (at
+arrival, after a queue wait, at prefill end for policies that bind late), drives the two P/D legs
+through adapters.vllm.forward, relays the decode stream to the client, and hands its outcome to
+the controller once. Nothing else builds or mutates the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from adapters.vllm.forward import (
+    StreamBroken,
+    UpstreamFailure,
+    decode_leg,
+    prefill_leg,
+    relay_stream,
+)
+from adapters.vllm.pd_protocol import completion_tokens, decode_leg_body, prefill_leg_body
+from console.gateway.errors import error_body, sse_error
+from core.errors import NoCapacityError
+from core.types import Admission, Request
+
+if TYPE_CHECKING:
+    from console.controller import Controller
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+PREFILL_ATTEMPTS = 2
+"""A prefill leg that fails (instance unreachable or 5xx) is sent once more, to another instance."""
+
+
+class Step(StrEnum):
+    """Where a live request is in its life."""
+
+    ADMITTED = "admitted"
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE_BOUND = "decode_bound"
+    DECODING = "decoding"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class Rejected(Exception):
+    """The request leaves before reaching an instance (queue full, expired, no capacity)."""
+
+    def __init__(self, status: int, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+class ClientChannel:
+    """The gateway's side of the client connection: what a LiveRequest may send it."""
+
+    __slots__ = ("_send", "_receive", "gone", "_watcher")
+
+    def __init__(self, send: Callable[[dict[str, Any]], Awaitable[None]], receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        self._send = send
+        self._receive = receive
+        self.gone = asyncio.Event()
+        """Set when the client disconnects (watched only while streaming or queued)."""
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def error(self, status: int, message: str, retry_after_s: float | None = None) -> None:
+        headers = JSON_HEADERS if retry_after_s is None else [*JSON_HEADERS, (b"retry-after", str(max(1, round(retry_after_s))).encode())]
+        await self.respond(status, error_body(status, message), headers)
+
+    async def start_stream(self, request_id: str) -> None:
+        await self._send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, (b"x-request-id", request_id.encode())]})
+
+    async def write(self, chunk: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def end(self, last: bytes = b"") -> None:
+        await self._send({"type": "http.response.body", "body": last, "more_body": False})
+
+    def watch(self) -> None:
+        """Notice a disconnect from now on (the body is read, so the next message is the client leaving)."""
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self.gone.set()
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+
+class LiveRequest:
+    """One request through the gateway; see the module docstring for its life."""
+
+    __slots__ = (
+        "request", "path", "body", "stream", "forward_headers", "step", "times", "prefill_instance",
+        "decode_instance", "tried_prefill", "output_tokens", "reason", "ok", "released", "first_token_at",
+    )
+
+    def __init__(self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes) -> None:
+        self.request = request
+        self.path = path
+        self.body = body
+        self.stream = bool(body.get("stream"))
+        self.forward_headers = forward_headers
+        """Header lines both legs carry (X-Request-Id, the client's Authorization)."""
+        self.step = Step.ADMITTED
+        self.times: dict[Step, float] = {Step.ADMITTED: request.arrival}
+        """When each step was entered (monotonic seconds)."""
+        self.prefill_instance: str | None = None
+        self.decode_instance: str | None = None
+        self.tried_prefill: list[str] = []
+        self.output_tokens = 0
+        self.reason: str | None = None
+        self.ok = False
+        self.released: asyncio.Future[None] | None = None
+        """Resolved by the controller when a queued request may be routed."""
+        self.first_token_at: float | None = None
+
+    @property
+    def id(self) -> str:
+        return str(self.request.id)
+
+    def enter(self, step: Step, now: float | None = None) -> float:
+        """Move to `step` and stamp it."""
+        t = time.monotonic() if now is None else now
+        self.step = step
+        self.times[step] = t
+        return t
+
+    def at(self, step: Step) -> float | None:
+        return self.times.get(step)
+
+    # --- the life ---------------------------------------------------------------------------------
+    async def run(self, c: Controller, client: ClientChannel) -> None:
+        """Serve this request end to end; the outcome reaches the controller exactly once."""
+        c.request_started(self)
+        try:
+            await self._admit(c, client)
+            reply = await self._prefill(c)
+            await self._decode(c, client, reply)
+        except Rejected as e:
+            self.reason = str(e)
+            if not client.gone.is_set():
+                await client.error(e.status, str(e), e.retry_after_s)
+        except UpstreamFailure as e:
+            self.reason = str(e)
+            if e.status < 500 and e.body:
+                await client.respond(e.status, e.body)  # the instance's own 4xx, as vLLM's proxy does
+            else:
+                await client.error(502, str(e))
+        finally:
+            client.close()
+            self.enter(Step.FINISHED if self.ok else Step.FAILED)
+            c.request_done(self)
+
+    async def _admit(self, c: Controller, client: ClientChannel) -> None:
+        """The queue policy's decision, then the routing policy's."""
+        d = c.dispatcher
+        decision = d.admit(self.request, self.request.arrival)
+        if decision == Admission.SHED:
+            raise Rejected(429, f"the gateway queue is full ({d.queue_depth()} requests held); retry later", c.retry_after_s())
+        if decision == Admission.QUEUED:
+            self.enter(Step.QUEUED)
+            self.released = asyncio.get_running_loop().create_future()
+            c.hold(self)
+            client.watch()
+            gone: asyncio.Future[Any] = asyncio.ensure_future(client.gone.wait())
+            waiting: set[asyncio.Future[Any]] = {self.released, gone}
+            try:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            if not self.released.done():
+                d.cancel(self.request.id)
+                c.unhold(self)
+                raise Rejected(499, "client disconnected while queued")
+            self.released.result()  # raises Rejected when the request expired in the queue
+        now = time.monotonic()
+        try:
+            t = time.perf_counter()
+            assignment = d.route(self.request, now)
+            c.metrics.decision.observe(time.perf_counter() - t)
+        except NoCapacityError as e:
+            raise Rejected(503, f"no capacity: {e}; try again when instances recover", c.retry_after_s()) from None
+        self.prefill_instance = assignment.prefill
+        self.decode_instance = assignment.decode
+
+    async def _prefill(self, c: Controller) -> dict[str, Any]:
+        """Leg 1, sent once more to another prefill instance if the first one is at fault."""
+        d = c.dispatcher
+        payload = orjson.dumps(prefill_leg_body(self.body))
+        rid = self.request.id
+        while True:
+            inst = c.instances[self.prefill_instance or ""]
+            now = self.enter(Step.PREFILL)
+            d.on_prefill_start(rid, now)
+            try:
+                reply = await prefill_leg(inst, self.path, payload, self.forward_headers)
+            except UpstreamFailure as e:
+                if not e.instance_fault:
+                    raise
+                c.upstream_failed(inst.id)
+                self.tried_prefill.append(inst.id)
+                retry = d.retry_prefill(rid, self.tried_prefill, time.monotonic()) if len(self.tried_prefill) < PREFILL_ATTEMPTS else None
+                if retry is None:
+                    raise
+                self.prefill_instance = retry
+                continue
+            end = time.monotonic()
+            d.on_prefill_end(rid, end, end - now)
+            inst.routed += 1
+            return reply
+
+    async def _decode(self, c: Controller, client: ClientChannel, reply: dict[str, Any]) -> None:
+        """Bind the decode instance if the policy binds late, then leg 2, relayed to the client."""
+        d = c.dispatcher
+        rid = self.request.id
+        if self.decode_instance is None:
+            self.decode_instance = d.bind_late(rid, time.monotonic())
+        self.enter(Step.DECODE_BOUND)
+        dec = c.instances[self.decode_instance]
+        payload = orjson.dumps(decode_leg_body(self.body, reply.get("kv_transfer_params")))
+        d.on_decode_start(rid, self.enter(Step.DECODING))
+        try:
+            async with decode_leg(dec, self.path, payload, self.forward_headers) as r:
+                dec.routed += 1
+                if not self.stream:
+                    raw = await r.read()
+                    self.first_token_at = time.monotonic()  # a whole reply: its first token arrives with the last
+                    self.output_tokens = completion_tokens(orjson.loads(raw))
+                    self.ok = True
+                    await client.respond(200, raw, [*JSON_HEADERS, (b"x-request-id", self.id.encode())])
+                    return
+                await client.start_stream(self.id)
+                client.watch()
+                await self._relay(c, client, r, dec.id)
+        except UpstreamFailure as e:
+            if e.instance_fault:
+                c.upstream_failed(dec.id)
+            raise
+
+    async def _relay(self, c: Controller, client: ClientChannel, r: Any, decode_id: str) -> None:
+        progress = c.dispatcher.on_progress
+        rid = self.request.id
+
+        def on_tokens(n: int) -> None:
+            now = time.monotonic()
+            if self.first_token_at is None:
+                self.first_token_at = now
+            progress(rid, n, now)
+
+        try:
+            counter = await relay_stream(r, client.write, on_tokens, client.gone)
+        except StreamBroken as e:
+            self.output_tokens = e.counter.tokens
+            self.reason = f"decode {decode_id} failed mid-stream: {e}"
+            c.upstream_failed(decode_id)
+            await client.end(sse_error(502, self.reason))
+            return
+        self.output_tokens = counter.output_tokens
+        if client.gone.is_set():
+            self.reason = f"client disconnected mid-stream after {counter.tokens} tokens"
+            return
+        if counter.done and counter.error is None:
+            self.ok = True
+        else:
+            self.reason = f"decode {decode_id} stream ended early: {counter.error or 'no [DONE]'}"
+        await client.end()

@@ -1,0 +1,220 @@
+"""The control plane end to end on emulated processes: scaling by a policy, role flips, the priority
+queue, capability refusals, and the same scaling policy in the simulator at the same load."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from openai import OpenAI
+
+from adapters.store import RunStore
+from core.dispatch import Dispatcher
+from core.perf import get_profile
+from core.sim import Simulation
+from tests.procs import Console, emulators, kill_children, start_console, wait_for
+
+PROFILE = "cpu-tiny-llama"
+# Scale out when the decode instances average ≥ 6.4 requests in flight (of the profile's 256
+# slots), back in after 2 s below 2.56; decisions every 0.5 s. The same params drive the simulator.
+THRESHOLD = {"role": "decode", "period_s": 0.5, "util_high": 0.025, "util_low": 0.01, "kv_high": 0.99, "kv_low": 0.98,
+             "cooldown_s": 1.0, "scale_in_after_s": 2.0, "min_instances": 1, "max_instances": 2}
+RATE, SECONDS, OUTPUT = 5.0, 6.0, 200
+"""Open-loop load: 30 requests of 200 tokens at 5/s keep ≈ 8 in flight on one decode instance."""
+
+
+def write_config(tmp: Path, text: str) -> Path:
+    path = tmp / "console.toml"
+    path.write_text(text)
+    return path
+
+
+def instance_steps(con: Console, iid: str) -> list[tuple[str, str]]:
+    return [(e["event"], e["detail"]) for e in RunStore(con.db).instance_events(con.run_id) if e["instance_id"] == iid]
+
+
+def open_loop(url: str, n: int, rate: float, max_tokens: int, errors: list[str]) -> list[threading.Thread]:
+    """Send n streaming requests at a fixed rate, each from its own thread."""
+    client = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+    def one(k: int) -> None:
+        try:
+            stream = client.completions.create(model="sibyl-model", prompt=[7] * 8, max_tokens=max_tokens, stream=True,
+                                               extra_body={"ignore_eos": True})
+            tokens = sum(1 for ch in stream if ch.choices and ch.choices[0].text)
+            if tokens != max_tokens:
+                errors.append(f"request {k}: {tokens} tokens")
+        except Exception as e:  # noqa: BLE001 - every failure is a finding
+            errors.append(f"request {k}: {type(e).__name__}: {e}")
+
+    threads = []
+    t0 = time.monotonic()
+    for k in range(n):
+        time.sleep(max(0.0, t0 + k / rate - time.monotonic()))
+        th = threading.Thread(target=one, args=(k,))
+        th.start()
+        threads.append(th)
+    return threads
+
+
+def test_threshold_scales_out_under_load_then_drains_back_with_no_failed_request(tmp_path: Path) -> None:
+    params = ", ".join(f"{k} = {json.dumps(v)}" for k, v in THRESHOLD.items())
+    cfg = write_config(tmp_path, f'prefill = 1\ndecode = 1\nprofile = "{PROFILE}"\npolicy = "least_load"\n'
+                                 f'[scaling]\nname = "threshold"\nparams = {{ {params} }}\n')
+    con = start_console(tmp_path, str(cfg))
+    try:
+        errors: list[str] = []
+        threads = open_loop(con.url, int(RATE * SECONDS), RATE, OUTPUT, errors)
+        wait_for(lambda: any(ev == "added" for ev, _ in instance_steps_live(con, "d1")), 20, "the policy to add d1")
+        for th in threads:
+            th.join(60)
+        assert errors == []
+        wait_for(lambda: any(ev == "removed" for ev, _ in instance_steps_live(con, "d1")), 30, "d1 to be drained away")
+        assert all(i["id"] != "d1" for i in con.state()["instances"])
+        con.stop()
+        steps = instance_steps(con, "d1")
+        assert [ev for ev, _ in steps] == ["starting", "added", "draining", "removed"]
+        assert "utilisation" in steps[0][1] and "[policy:threshold]" in steps[0][1]  # the reason quotes the numbers
+        assert steps[3][1].startswith("drained")
+        rows = RunStore(con.db).requests(con.run_id)
+        assert len(rows) == RATE * SECONDS and all(r["status"] == "ok" for r in rows)
+        assert any(r["decode_instance"] == "d1" for r in rows)  # added while the load lasted, and used
+    finally:
+        con.stop()
+        kill_children(con.home)
+
+
+def instance_steps_live(con: Console, iid: str) -> list[tuple[str, str]]:
+    """Instance events from the console's own event stream history (before the run is flushed)."""
+    with con.control() as c, c.stream("GET", "/control/events") as r:
+        out = []
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            ev = json.loads(line[6:])
+            if ev["type"] == "state":
+                return out
+            if ev["type"] == "instance" and ev["instance"] == iid:
+                out.append((ev["event"], ev["detail"]))
+    return out
+
+
+def test_the_same_threshold_policy_in_the_simulator_scales_at_the_same_load() -> None:
+    """The load of the live test above, simulated: one decode instance added while it lasts and
+    removed after it; a tenth of that load adds nothing."""
+    prof = get_profile(PROFILE).model_copy(update={"cold_start_s": 1.0})  # an emulator process starts in ≈ 1 s
+
+    def simulate(rate: float) -> list[tuple[float, str, str]]:
+        n = int(rate * SECONDS)
+        d = Dispatcher(prof, "least_load", scaling=("threshold", THRESHOLD))
+        sim = Simulation(arrivals=np.arange(n) / rate, prompt_tokens=np.full(n, 8), output_tokens=np.full(n, OUTPUT),
+                         profile=prof, n_prefill=1, n_decode=1, dispatcher=d, mode="iteration")
+        r = sim.run()
+        assert r.ok.all()
+        return [(e.time, e.action, e.phase) for e in r.scale_events]
+
+    busy = simulate(RATE)
+    starts = [t for t, action, phase in busy if action == "add" and phase == "starting"]
+    assert len(starts) == 1 and starts[0] < SECONDS
+    assert [phase for _, action, phase in busy if action == "remove"][-1] == "stopped"
+    assert simulate(RATE / 10) == []
+
+
+def test_a_role_flip_changes_where_requests_go(tmp_path: Path) -> None:
+    con = start_console(tmp_path, "--profile", PROFILE, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+    try:
+        c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
+        for _ in range(4):
+            c.completions.create(model="sibyl-model", prompt="before", max_tokens=2)
+        out = con.cli("flip", "d1", "prefill", "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == {"instance": "d1", "role": "prefill"}
+        state = con.state()
+        assert {i["id"]: i["role"] for i in state["instances"]} == {"p0": "prefill", "d0": "decode", "d1": "prefill"}
+        assert state["cluster"] == "2P1D"
+        # concurrent arrivals: prefill goes to the instance that frees up first, now p0 or d1
+        threads = [threading.Thread(target=c.completions.create, kwargs={"model": "sibyl-model", "prompt": "after", "max_tokens": 2}) for _ in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        refused = con.cli("flip", "d0", "prefill")  # the last decode instance stays
+        assert refused.returncode != 0 and "last active decode instance" in refused.stderr
+        con.stop()
+        rows = RunStore(con.db).requests(con.run_id)
+        before, after = rows[:4], rows[4:]
+        assert {r["decode_instance"] for r in before} == {"d0", "d1"} and {r["prefill_instance"] for r in before} == {"p0"}
+        assert {r["decode_instance"] for r in after} == {"d0"}
+        assert "d1" in {r["prefill_instance"] for r in after}
+        assert ("flipped", "decode -> prefill: operator via cli [cli]") in instance_steps(con, "d1")
+    finally:
+        con.stop()
+        kill_children(con.home)
+
+
+def test_priority_queue_releases_urgent_requests_first_and_sheds_past_its_bound(tmp_path: Path) -> None:
+    """One request in flight at a time (max_in_flight_per_instance 1 × 1 decode instance): while a
+    long request runs, three low-priority requests and then an urgent one wait; the urgent one goes
+    first. The queue holds at most 4: the next arrival is shed with 429 and Retry-After."""
+    con = start_console(tmp_path, "--profile", PROFILE, "--prefill", "1", "--decode", "1", "--queue", "priority",
+                        "--param", "priority.max_in_flight_per_instance=1", "--param", "priority.max_queued=4")
+    try:
+        body = {"model": "sibyl-model", "prompt": [1] * 8, "ignore_eos": True}
+        results: dict[str, int] = {}
+
+        def send(name: str, priority: int, max_tokens: int) -> None:
+            r = httpx.post(con.url + "/v1/completions", json={**body, "max_tokens": max_tokens, "priority": priority},
+                           headers={"X-Request-Id": name}, timeout=60)
+            results[name] = r.status_code
+
+        threads = [threading.Thread(target=send, args=("long", 5, 1000))]  # ≈ 3 s of decode
+        threads[0].start()
+        wait_for(lambda: con.state()["requests"]["in_flight"] == 1, 10, "the long request to run")
+        for k, (name, prio) in enumerate([("low-0", 5), ("low-1", 5), ("low-2", 5), ("urgent", 0)]):
+            threads.append(threading.Thread(target=send, args=(name, prio, 4)))
+            threads[-1].start()
+            wait_for(lambda k=k: con.state()["queue"]["depth"] == k + 1, 10, f"{name} to be queued")
+        assert con.state()["queue"]["by_class"] == {"0": 1, "5": 3}
+        shed = httpx.post(con.url + "/v1/completions", json={**body, "max_tokens": 4}, timeout=10)
+        assert shed.status_code == 429 and int(shed.headers["retry-after"]) >= 1
+        assert "queue is full" in shed.json()["error"]["message"]
+        for th in threads:
+            th.join(60)
+        assert results == {"long": 200, "low-0": 200, "low-1": 200, "low-2": 200, "urgent": 200}
+        con.stop()
+        rows = {r["request_id"]: r for r in RunStore(con.db).requests(con.run_id)}
+        started = sorted(("long", "low-0", "low-1", "low-2", "urgent"), key=lambda n: rows[n]["prefill_start"])
+        assert started == ["long", "urgent", "low-0", "low-1", "low-2"]
+        assert all(rows[n]["queued"] is not None for n in started[1:]) and rows["long"]["queued"] is None
+        shed_rows = [r for r in rows.values() if r["status"] == "failed"]
+        assert len(shed_rows) == 1 and "queue is full" in shed_rows[0]["reason"]
+    finally:
+        con.stop()
+        kill_children(con.home)
+
+
+def test_what_a_backend_cannot_do_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """Attached instances are never started or stopped by the console: a scaling policy and a
+    flip are refused, saying which capability is missing; nothing changes."""
+    with emulators(("prefill", ["--profile", PROFILE]), ("decode", ["--profile", PROFILE])) as (p, d):
+        con = start_console(tmp_path, "--backend", "vllm", "--attach", f"prefill={p.url};decode={d.url}")
+        try:
+            assert con.state()["capabilities"] == {"replay": False}
+            with con.control() as ctl:
+                r = ctl.put("/control/policies/scaling", json={"name": "threshold"})
+                assert r.status_code == 422
+                assert "cannot do" in r.json()["error"]["message"] and "no scale capability" in r.json()["error"]["message"]
+                r = ctl.put("/control/policies/routing", json={"name": "clairvoyant"})
+                assert r.status_code == 422 and "runs only in the simulator" in r.json()["error"]["message"]
+                r = ctl.post("/control/flip", json={"instance": "d0", "role": "prefill"})
+                assert r.status_code == 409
+            out = con.cli("scale", "decode", "1")
+            assert out.returncode != 0 and "cannot add or remove instances" in out.stderr
+            assert con.state()["policies"]["scaling"]["name"] == "static"
+        finally:
+            con.stop()
+            kill_children(con.home)

@@ -218,3 +218,24 @@ def test_what_a_backend_cannot_do_is_refused_with_the_reason(tmp_path: Path) -> 
         finally:
             con.stop()
             kill_children(con.home)
+
+
+def test_a_request_queued_past_its_ttl_gets_a_prompt_503_with_retry_after(tmp_path: Path) -> None:
+    con = start_console(tmp_path, "--profile", PROFILE, "--prefill", "1", "--decode", "1", "--queue", "fcfs",
+                        "--param", "fcfs.max_in_flight_per_instance=1", "--param", "fcfs.ttl_s=1")
+    try:
+        body = {"model": "sibyl-model", "prompt": [1] * 8, "ignore_eos": True}
+        long = threading.Thread(target=httpx.post, args=(con.url + "/v1/completions",),
+                                kwargs={"json": {**body, "max_tokens": 1000}, "timeout": 60})
+        long.start()
+        wait_for(lambda: con.state()["requests"]["in_flight"] == 1, 10, "the long request to run")
+        started = time.monotonic()
+        r = httpx.post(con.url + "/v1/completions", json={**body, "max_tokens": 4}, timeout=30)
+        waited = time.monotonic() - started
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+        assert "ttl_s=1" in r.json()["error"]["message"] and r.json()["error"]["type"] == "ServiceUnavailableError"
+        assert 1.0 <= waited < 10  # held for its ttl, then answered; never an unbounded wait
+        long.join(60)
+    finally:
+        con.stop()
+        kill_children(con.home)

@@ -27,7 +27,7 @@ PAPER = {  # sim, 64 decode instances (SIBYL Table/§5, shared/design/papers/sib
 }
 MEAN_OUTPUT = {"reasoning-chat": 5657.0, "reasoning-code": 6500.0}
 POLICIES: list[tuple[str, dict[str, object]]] = [
-    ("sibyl", {}), ("sibyl", {"unit": "requests"}), ("least_load", {}), ("round_robin", {}),
+    ("sibyl", {"unit": "tokens"}), ("sibyl", {"unit": "requests"}), ("least_load", {}), ("round_robin", {}),
 ]
 
 
@@ -55,7 +55,7 @@ def main() -> None:
         )
         rows = {}
         for name, params in POLICIES:
-            label = name + ("(unit=requests)" if params else "")
+            label = name + ("(unit=requests)" if params.get("unit") == "requests" else "")
             rows[label], _ = run_one(plan, name, params)
         print(f"\n== {workload}: {args.requests} requests at {rate:.2f} req/s (load {args.load}, burstiness {args.burstiness}), 64 decode")
         print(f"{'policy':<24} {'TPOT mean ms':>12} {'p99 ms':>8} {'p99.9 ms':>9} {'TTFT p99 s':>10} {'opt.assign':>10}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
@@ -26,7 +27,10 @@ def loaded_dispatcher(
 ) -> Dispatcher:
     """A dispatcher whose table holds the given running and pending requests per decode instance."""
     rng = np.random.default_rng(seed)
-    d = Dispatcher(profile, policy, params, survival_prior_max=8192)
+    kw: dict[str, Any] = {}
+    if "true_lengths" in inspect.signature(Dispatcher.__init__).parameters:
+        kw["true_lengths"] = True  # a synthetic state: max_out is the "true" length oracles read
+    d = Dispatcher(profile, policy, params, survival_prior_max=8192, **kw)
     for i in range(prefill_instances):
         d.add_instance(f"p{i}", Role.PREFILL)
     decode_idx = [d.add_instance(f"d{i}", Role.DECODE) for i in range(decode_instances)]
@@ -47,6 +51,18 @@ def loaded_dispatcher(
     for L in rng.integers(1, 8192, 500):  # a warmed-up survival curve
         v.survival.observe(int(L))
     return d
+
+
+def split_policy_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """`sibyl` or `sibyl:horizon=lifetime,unit=requests` → (name, params) for `bench decision`."""
+    name, _, rest = spec.partition(":")
+    params: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--policy {spec!r}: expected NAME or NAME:key=value[,key=value]")
+        params[key] = value
+    return name, params
 
 
 def decision_latency(d: Dispatcher, iterations: int = 3000, warmup: int = 200, seed: int = 1) -> dict[str, float]:

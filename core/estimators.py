@@ -39,6 +39,9 @@ class SurvivalEstimator:
         self.fold_every = fold_every
         """Completions are folded in batches (exactly, in order); the EMA remembers ~1/(1−α) of them."""
         self._dense: np.ndarray | None = None
+        self._integral: tuple[np.ndarray, np.ndarray] | None = None
+        self._steps = np.arange(delta, dtype=float)
+        self._tpot: tuple[np.ndarray, np.ndarray] | None = None
 
     def observe(self, final_length: float) -> None:
         """Record one completed request's output length (folded in at the next query)."""
@@ -63,15 +66,93 @@ class SurvivalEstimator:
         self.values[0] = 1.0
         self._dense = None
 
-    def __call__(self, lengths: np.ndarray | float) -> Any:
-        """Ŝ at the given generated lengths ≥ 0, from a per-token table (one gather, no search)."""
+    def _tables(self) -> np.ndarray:
         if len(self._pending) >= self.fold_every:
             self._fold()
         if self._dense is None:
-            top = int(self.grid[-1])
-            self._dense = np.interp(np.arange(top + 1, dtype=float), self.grid, self.values)
-        idx = np.minimum(np.asarray(lengths), len(self._dense) - 1).astype(np.int64)
-        return self._dense[idx]
+            # np.interp on the uniform grid, bucket by bucket: slope·k + Ŝ(l_j) for k < Δ (the
+            # same arithmetic, several times faster than a 40k-point interp after every fold).
+            v = self.values
+            slope = np.diff(v) / np.diff(self.grid)
+            dense = np.empty((len(v) - 1) * self.delta + 1)
+            np.multiply(slope[:, None], self._steps, out=dense[:-1].reshape(len(v) - 1, self.delta))
+            dense[:-1].reshape(len(v) - 1, self.delta)[...] += v[:-1, None]
+            dense[-1] = v[-1]
+            self._dense = dense
+            self._integral = None
+            self._tpot = None
+        return self._dense
+
+    def __call__(self, lengths: np.ndarray | float) -> Any:
+        """Ŝ at the given generated lengths ≥ 0, from a per-token table (one gather, no search)."""
+        dense = self._tables()
+        if isinstance(lengths, np.ndarray):
+            # Truncate to a token, then gather with indices clipped to the table (one pass).
+            return np.take(dense, lengths.astype(np.int64), mode="clip")
+        idx = np.minimum(np.asarray(lengths), len(dense) - 1).astype(np.int64)
+        return dense[idx]
+
+    def integrals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-token tables (Ŝ, I, J) with I(x) = ∫₀ˣ Ŝ and J(x) = ∫₀ˣ u·Ŝ(u) du (trapezoid).
+
+        I(x) is the expected number of tokens a request of age 0 generates in its first x, so
+        [I(x₁) − I(x₀)]/Ŝ(x₀) is how long (in tokens) a request aged x₀ is expected to stay alive
+        within the next x₁ − x₀ tokens. J does the same for its KV tokens. Beyond the table the
+        curve keeps its last value (see `integral_at`).
+        """
+        dense = self._tables()
+        if self._integral is None:
+            u = np.arange(len(dense), dtype=float)
+            mid = 0.5 * (dense[1:] + dense[:-1])
+            umid = 0.5 * (u[1:] * dense[1:] + u[:-1] * dense[:-1])
+            integ = np.zeros(len(dense))
+            mom = np.zeros(len(dense))
+            np.cumsum(mid, out=integ[1:])
+            np.cumsum(umid, out=mom[1:])
+            self._integral = (integ, mom)
+        return dense, self._integral[0], self._integral[1]
+
+    def integral_at(self, x: np.ndarray, moment: bool = False) -> np.ndarray:
+        """I(x) (or J(x) with `moment`) at real x ≥ 0, linear within a token, extrapolated beyond."""
+        dense, integ, mom = self.integrals()
+        top = len(dense) - 1
+        xc = np.minimum(x, float(top))
+        i = xc.astype(np.int64)
+        frac = xc - i
+        last = dense[top]
+        if not moment:
+            out = integ[i] + frac * dense[i]
+            return np.asarray(out + last * (x - xc) if last > 0 else out)
+        out = mom[i] + frac * i * dense[i]
+        return np.asarray(out + last * 0.5 * (x * x - xc * xc) if last > 0 else out)
+
+    def tpot_weight_cdf(self, x: np.ndarray) -> np.ndarray:
+        """C(x) = E[min(x, L)/L]: the share of a new request's expected TPOT spent in its first x tokens.
+
+        A request of length L spreads its TPOT evenly over its L tokens, so the token at age u
+        weighs w(u) = E[1{L > u}/L] and C(x) = ∫₀ˣ w = Σ_l P(L = l)·min(x, l)/l, with
+        P(L = l) = Ŝ(l − 1) − Ŝ(l) (the mass left at the table's end counts as L = end).
+        """
+        dense = self._tables()
+        if self._tpot is None:
+            top = len(dense) - 1
+            pmf = np.zeros(top + 1)
+            pmf[1:] = dense[:-1] - dense[1:]
+            pmf[top] += dense[top]
+            lengths = np.maximum(np.arange(top + 1, dtype=float), 1.0)
+            cum_p = np.cumsum(pmf)  # P(L ≤ l)
+            inv = pmf / lengths
+            tail_inv = np.cumsum(inv[::-1])[::-1]  # Σ_{l ≥ x} P(l)/l
+            self._tpot = (cum_p, np.append(tail_inv[1:], 0.0))  # Σ_{l > x} P(l)/l
+        cum_p, tail = self._tpot
+        xi = np.clip(np.asarray(x, dtype=float), 0, len(cum_p) - 1).astype(np.int64)
+        out: np.ndarray = cum_p[xi] + xi * tail[xi]
+        return out
+
+    def mean_length(self) -> float:
+        """E[output length] under Ŝ, truncated at the table's end (∫₀^max Ŝ)."""
+        _, integ, _ = self.integrals()
+        return float(integ[-1])
 
     def flush(self) -> None:
         """Fold in every buffered completion now."""
@@ -153,7 +234,7 @@ class PrefillTimeEstimator:
             self._last = (float(prompt_tokens), value)
             return value
         a, b, c = self.coef
-        return a + b * prompt_tokens + c * np.square(prompt_tokens)
+        return np.asarray(a + b * prompt_tokens + c * np.square(prompt_tokens))
 
 
 class DecodeRateEstimator:

@@ -24,7 +24,7 @@ DEFAULT_SLO = SLOClass()
 
 
 def ttft(arrival: np.ndarray, first_token: np.ndarray) -> np.ndarray:
-    return first_token - arrival
+    return np.asarray(first_token - arrival)
 
 
 def tpot(first_token: np.ndarray, finish: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:

@@ -21,8 +21,8 @@ def route(d, n: int = 1, prompt: int = 10, now: float = 0.0) -> list[str]:
 
 def test_registry_lists_builtins_and_rejects_unknown_names_and_params() -> None:
     names = {s.name for s in specs(PolicyKind.ROUTING)}
-    assert {"round_robin", "least_load", "req_level", "sibyl"} <= names
-    with pytest.raises(PolicyError, match="available: least_load, req_level, round_robin, sibyl"):
+    assert {"round_robin", "least_load", "req_level", "sibyl", "clairvoyant"} <= names
+    with pytest.raises(PolicyError, match="available: clairvoyant, least_load, req_level, round_robin, sibyl"):
         build("routing", "nope")
     with pytest.raises(PolicyError, match="bogus.*params: prob_at_1"):
         build("routing", "sibyl", {"bogus": 1})
@@ -82,8 +82,9 @@ def test_least_load_by_tokens_weighs_kv_tokens() -> None:
 
 
 def sibyl_state(params: dict | None = None):
-    """d0: one running request; d1: one pending that starts before τ; d2: one that starts after."""
-    d = cluster("sibyl", params, decode=4, survival_delta=100, survival_prior_max=1000)
+    """d0: one running request; d1: one pending that starts before τ; d2: one that starts after.
+    In the paper's token unit (the equations below are the paper's)."""
+    d = cluster("sibyl", {"unit": "tokens", **(params or {})}, decode=4, survival_delta=100, survival_prior_max=1000)
     d.view.decode_rate.value = 10.0  # v̄_sys
     add_running(d, "run", "d0", prompt=100, generated=200, rate=10, now=0)
     add_pending(d, "early", "d1", prompt=50, handoff=2.0)

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from console.benchmarking import decision_latency, loaded_dispatcher
+from console.benchmarking import decision_latency, loaded_dispatcher, split_policy_spec
 from core.perf import get_profile
 from core.policies import parse_param_assignments
 
@@ -18,7 +18,7 @@ bench_app = typer.Typer(help="Benchmarks of the console's own hot paths.", no_ar
 
 @bench_app.command("decision")
 def decision(
-    policy: Annotated[list[str], typer.Option("--policy", help="routing policy (repeat to compare)")] = ["sibyl"],  # noqa: B006
+    policy: Annotated[list[str], typer.Option("--policy", help="routing policy, optionally NAME:key=value,... (repeat to compare)")] = ["sibyl"],  # noqa: B006
     param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
     decode_instances: Annotated[int, typer.Option(min=1)] = 64,
     prefill_instances: Annotated[int, typer.Option(min=1)] = 4,
@@ -32,18 +32,23 @@ def decision(
 
     Example: sibyl-console bench decision --policy sibyl --decode-instances 64 \\
         --running-per-instance 64 --pending-per-instance 4 --json
+    Compare settings of one policy: --policy sibyl --policy sibyl:horizon=lifetime
     """
     prof = get_profile(profile)
     assigned = parse_param_assignments(param)
     rows = []
-    for name in policy:
-        params = {**assigned.get("", {}), **assigned.get(name, {})}
+    for spec in policy:
+        try:
+            name, inline = split_policy_spec(spec)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+        params = {**assigned.get("", {}), **assigned.get(name, {}), **inline}
         d = loaded_dispatcher(
             prof, name, params,
             prefill_instances=prefill_instances, decode_instances=decode_instances,
             running_per_instance=running_per_instance, pending_per_instance=pending_per_instance,
         )
-        rows.append({"policy": name, "params": params, "decode_instances": decode_instances, **decision_latency(d, iterations)})
+        rows.append({"policy": spec, "params": params, "decode_instances": decode_instances, **decision_latency(d, iterations)})
     if as_json:
         typer.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return

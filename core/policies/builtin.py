@@ -1,6 +1,7 @@
 """Imports every built-in policy module so each registers itself."""
 
 from core.policies import (  # noqa: F401
+    clairvoyant,
     least_load,
     queue,
     req_level,

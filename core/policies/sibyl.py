@@ -4,6 +4,22 @@ L_j(τ) = Σ_running L_I + Σ_pending,τ_k≤τ L_II + Σ_pending,τ_k>τ L_III 
   L_I   = (l_in + l(τ)) · Ŝ(l(τ)) / Ŝ(l(now)),  l(τ) = l(now) + v_k·(τ − now)
   L_II  = (l_in + l) · Ŝ(l),                      l = (τ − τ_k)·v̄_sys
   L_III = max(0, l_in − v̄_sys·(τ_k − τ))           (eq. 8; Algorithm 1's line 17 has the sign wrong)
+
+`horizon="lifetime"` (ours, not the paper's) replaces the snapshot at τ by the average load over
+the new request's expected decode lifetime W = [τ, τ + T], T = E[L]/v̄_sys with E[L] = ∫Ŝ: a
+request's TPOT depends on how many requests share its instance (processor sharing) or on the
+step time (iteration mode) over its whole decode, not at its first token. With the prefix
+integrals I(x) = ∫₀ˣŜ and J(x) = ∫₀ˣ u·Ŝ(u) du every row costs O(1):
+  running k (age l_k(now), rate v_k):  P̄_k = [I(l_k(τ+T)) − I(l_k(τ))] / (v_k·T·Ŝ(l_k(now)))
+  pending k (decode from τ_k):         P̄_k = [I(x₁) − I(x₀)] / (v̄·T),  x = max(0, (t − τ_k)·v̄)
+and the KV tokens it holds on average over W likewise with l_in·ΔI + ΔJ. A pending request that
+starts after τ is simply alive for part of W (no separate Type 3 rule).
+`lifetime_weighting="tpot"` weighs the moment when the newcomer is u tokens old by its share of
+the newcomer's expected TPOT, w(u) = E[1{L > u}/L] (from Ŝ), on a 7-cell quadrature.
+
+Measured (benchmarks/README.md, "Routing sweep"): the τ projection in request units reaches the
+clairvoyant reference wherever there is headroom; the lifetime horizon dilutes the near-term
+count because the router re-balances within seconds, so it is an option, not the default.
 """
 
 from __future__ import annotations
@@ -37,11 +53,39 @@ class SibylParams(PolicyParams):
     no_type3: bool = Field(
         False, description="ablation: ignore pending requests that start after τ"
     )
-    unit: Literal["tokens", "requests"] = Field(
-        "tokens",
+    unit: Literal["auto", "tokens", "requests", "step_time"] = Field(
+        "requests",
         description=(
+            "requests (default, the best in benchmarks/README.md's routing sweep); "
             "tokens: physical pressure (prompt + generated KV tokens) as in the paper; "
-            "requests: expected number of requests alive at τ (Type 3 adds its decayed share)"
+            "requests: expected number of requests alive (Type 3 adds its decayed share at τ); "
+            "step_time: the decode step time they add, per_seq·requests + per_kv_token·tokens "
+            "from the profile; auto: tokens with horizon=tau (the paper), and with "
+            "horizon=lifetime requests when the profile's decode speed depends on the request "
+            "count only (a TPS(N) curve or no per-KV-token step cost), else step_time"
+        ),
+    )
+    horizon: Literal["tau", "lifetime"] = Field(
+        "tau",
+        description=(
+            "tau: the paper's projection to the handoff moment τ; lifetime: the survival-weighted "
+            "load averaged over the new request's expected decode lifetime [τ, τ + E[L]/v̄_sys]"
+        ),
+    )
+    lifetime_tokens: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "horizon=lifetime, lifetime_weighting=uniform: window length in output tokens "
+            "(default E[L] from Ŝ)"
+        ),
+    )
+    lifetime_weighting: Literal["uniform", "tpot"] = Field(
+        "uniform",
+        description=(
+            "horizon=lifetime: uniform — every moment of [τ, τ + E[L]/v̄] counts the same; "
+            "tpot — moment τ + s counts by its share of the new request's expected TPOT, "
+            "E[1{L > v̄·s}/L] (a short request's TPOT depends only on its first seconds)"
         ),
     )
 
@@ -50,7 +94,8 @@ class SibylParams(PolicyParams):
     PolicyKind.ROUTING,
     "sibyl",
     SibylParams,
-    "least projected load at the handoff moment (residual survival + shadow load)",
+    "least projected load at the handoff moment (residual survival + shadow load); "
+    "horizon=lifetime averages it over the new request's expected decode lifetime",
 )
 class Sibyl(RoutingPolicyBase):
     params: SibylParams
@@ -59,9 +104,179 @@ class Sibyl(RoutingPolicyBase):
     def __init__(self, params: SibylParams) -> None:
         super().__init__(params)
         self._argmin = RotatingArgmin()
+        self._nodes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def unit(self, view: ClusterView) -> str:
+        """The load unit actually used (resolves unit=auto against the horizon and profile)."""
+        u = self.params.unit
+        if u != "auto":
+            return u
+        if self.params.horizon == "tau":
+            return "tokens"
+        prof = view.profile
+        if prof.tps_curve is not None or prof.decode_step_per_kv_token_s == 0:
+            return "requests"
+        return "step_time"
 
     def projected_load(self, tau: float, view: ClusterView) -> np.ndarray:
-        """L_j(τ) for every instance index, over whole table columns (no boolean gathers)."""
+        """The load of every instance index as this policy's horizon and unit define it."""
+        if self.params.horizon == "lifetime":
+            return self.lifetime_load(tau, view)
+        return self.tau_load(tau, view)
+
+    def display_load(self, view: ClusterView) -> np.ndarray:
+        """The projected load at view.now, for dashboards."""
+        return self.projected_load(view.now, view)
+
+    _EDGES = np.array([0.0, 8.0, 32.0, 128.0, 512.0, 2048.0, 8192.0, 32768.0])
+    """Token ages of the new request bounding the quadrature cells of lifetime_weighting=tpot."""
+
+    def _tpot_nodes(self, view: ClusterView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ages in tokens, their TPOT weights, Ŝ table with a leading 0 for ages < 0)."""
+        sv = view.survival
+        dense = sv._tables()  # folds buffered completions first
+        cached = self._nodes
+        if cached is not None and cached[0] is dense:
+            return cached[1], cached[2], cached[3]
+        top = float(len(dense) - 1)
+        edges = np.unique(np.append(np.minimum(self._EDGES, top), top))
+        weights = np.diff(sv.tpot_weight_cdf(edges))
+        mids = np.where(edges[:-1] > 0, np.sqrt(edges[:-1] * edges[1:]), 0.5 * edges[1:])
+        keep = weights > 1e-9
+        ages, weights = mids[keep], weights[keep] / max(weights[keep].sum(), _EPS)
+        ext = np.concatenate([[0.0], np.ones_like(dense) if self.params.prob_at_1 else dense])
+        self._nodes = (dense, ages, weights, ext)
+        return ages, weights, ext
+
+    def _tpot_weighted(
+        self, tau: float, view: ClusterView, run: np.ndarray, unit: str
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per row: TPOT-weighted expected presence (and KV tokens) over the new request's life."""
+        t, now = view.table, view.now
+        n = t.n
+        v_sys = max(view.decode_rate.value, _EPS)
+        ages, cw, ext = self._tpot_nodes(view)
+        v = np.where(run, t.v[:n], v_sys)
+        v = np.where(v > _EPS, v, v_sys)
+        l_now = np.where(run, t.l_obs[:n] + t.v[:n] * (now - t.t_obs[:n]), 0.0)
+        # Age at τ (negative for a pending request that starts after τ), +1 for the padded table.
+        a = np.where(run, l_now + v * (tau - now), (tau - t.tau[:n]) * v_sys) + 1.0
+        b = v / v_sys  # tokens this row generates while the new request generates one
+        acc = np.zeros(n)
+        tok = np.zeros(n) if unit != "requests" else None
+        for age, c in zip(ages.tolist(), cw.tolist(), strict=True):
+            x = b * age
+            x += a
+            p = np.take(ext, x.astype(np.int64), mode="clip")
+            p *= c
+            acc += p
+            if tok is not None:
+                x -= 1.0
+                np.maximum(x, 0.0, out=x)
+                x += t.l_in[:n]
+                x *= p
+                tok += x
+        norm = 1.0 if self.params.prob_at_1 else np.maximum(view.survival(l_now), _EPS)
+        return acc / norm, (None if tok is None else tok / norm)
+
+    def lifetime_load(self, tau: float, view: ClusterView) -> np.ndarray:
+        """Average load over [τ, τ + T] per instance index (see the module docstring)."""
+        t, prm, now = view.table, self.params, view.now
+        if prm.lifetime_weighting == "tpot":
+            return self._tpot_load(tau, view)
+        n = t.n
+        inst = t.inst[:n]
+        run = t.state[:n] == RUNNING
+        sv = view.survival
+        v_sys = max(view.decode_rate.value, _EPS)
+        life = float(prm.lifetime_tokens or max(sv.mean_length(), 1.0))
+        T = life / v_sys
+        # Per-row rate and age at τ, and the stretch of its life [x0, x1] (tokens) inside W.
+        # Pending rows have l_obs = v = 0 and decode from τ_k at v̄_sys.
+        v = np.where(run, t.v[:n], v_sys)
+        v = np.where(v > _EPS, v, v_sys)
+        l_now = np.where(run, t.l_obs[:n] + t.v[:n] * (now - t.t_obs[:n]), 0.0)
+        start = np.where(run, now, t.tau[:n])
+        x0 = np.maximum(l_now + v * (tau - start), l_now)
+        x1 = np.maximum(l_now + v * (tau + T - start), l_now)
+        norm = v * T
+        if not prm.prob_at_1:
+            norm = norm * np.maximum(sv(l_now), _EPS)
+            d_int = sv.integral_at(x1) - sv.integral_at(x0)
+        else:
+            d_int = x1 - x0
+        unit = self.unit(view)
+        if unit == "requests":
+            weights = d_int / norm
+        else:
+            d_mom = (
+                sv.integral_at(x1, moment=True) - sv.integral_at(x0, moment=True)
+                if not prm.prob_at_1
+                else 0.5 * (x1 * x1 - x0 * x0)
+            )
+            tokens = (t.l_in[:n] * d_int + d_mom) / norm
+            if unit == "tokens":
+                weights = tokens
+            else:
+                prof = view.profile
+                weights = (
+                    prof.decode_step_per_seq_s * d_int / norm
+                    + prof.decode_step_per_kv_token_s * tokens
+                )
+        if prm.no_type1:
+            weights = np.where(run, 0.0, weights)
+        if prm.no_type2 or prm.no_type3:
+            before = t.tau[:n] <= tau
+            if prm.no_type2:
+                weights = np.where(~run & before, 0.0, weights)
+            if prm.no_type3:
+                weights = np.where(~run & ~before, 0.0, weights)
+        bound = inst >= 0
+        return np.bincount(
+            np.where(bound, inst, 0),
+            weights=np.where(bound, weights, 0.0),
+            minlength=view.n_instances,
+        )
+
+    def _tpot_load(self, tau: float, view: ClusterView) -> np.ndarray:
+        t, prm = view.table, self.params
+        n = t.n
+        inst = t.inst[:n]
+        run = t.state[:n] == RUNNING
+        unit = self.unit(view)
+        presence, tokens = self._tpot_weighted(tau, view, run, unit)
+        if unit == "requests":
+            weights = presence
+        elif unit == "tokens":
+            assert tokens is not None
+            weights = tokens
+        else:
+            assert tokens is not None
+            prof = view.profile
+            weights = (
+                prof.decode_step_per_seq_s * presence + prof.decode_step_per_kv_token_s * tokens
+            )
+        if prm.no_type1:
+            weights = np.where(run, 0.0, weights)
+        if prm.no_type2 or prm.no_type3:
+            before = t.tau[:n] <= tau
+            if prm.no_type2:
+                weights = np.where(~run & before, 0.0, weights)
+            if prm.no_type3:
+                weights = np.where(~run & ~before, 0.0, weights)
+        bound = inst >= 0
+        return np.bincount(
+            np.where(bound, inst, 0),
+            weights=np.where(bound, weights, 0.0),
+            minlength=view.n_instances,
+        )
+
+    def tau_load(self, tau: float, view: ClusterView) -> np.ndarray:
+        """L_j(τ) for every instance index, over whole table columns (no boolean gathers).
+
+        Written for the simulator's hot path: temporaries are reused in place and the common
+        case (every tracked request bound) skips the masking of unbound rows.
+        """
         t, prm, now = view.table, self.params, view.now
         n = t.n
         inst, l_in = t.inst[:n], t.l_in[:n]
@@ -69,28 +284,49 @@ class Sibyl(RoutingPolicyBase):
         v_sys = view.decode_rate.value
         v = t.v[:n]
         # Pending rows have l_obs = v = 0, so l(now) is 0 for them without masking.
-        l_now = t.l_obs[:n] + v * (now - t.t_obs[:n])
+        l_now = now - t.t_obs[:n]
+        l_now *= v
+        l_now += t.l_obs[:n]
         gap = tau - t.tau[:n]
         # Running rows: l(τ) = l(now) + v·(τ − now). Pending rows (Type 2): l = (τ − τ_k)·v̄_sys.
-        l_eval = np.where(run, l_now + v * (tau - now), np.maximum(gap, 0.0) * v_sys)
+        l_run = v * (tau - now)
+        l_run += l_now
+        l_pend = np.maximum(gap, 0.0)
+        l_pend *= v_sys
+        l_eval = np.where(run, l_run, l_pend)
+        unit = self.unit(view)
         if prm.prob_at_1:
-            weights = l_in + l_eval if prm.unit == "tokens" else np.ones(n)
+            prob = np.ones(n)
         else:
             survival = view.survival
             # Ŝ(0) = 1, so pending rows divide by one.
-            prob = survival(l_eval) / np.maximum(survival(l_now), _EPS)
-            weights = (l_in + l_eval) * prob if prm.unit == "tokens" else prob
-        after = ~run & (gap < 0)
-        decayed = np.maximum(0.0, l_in + v_sys * gap)  # l_in − v̄·(τ_k − τ), eq. 8
-        if prm.unit == "requests":
-            decayed = decayed / np.maximum(l_in, 1.0)
-        weights = np.where(after, decayed, weights)
+            prob = survival(l_eval)
+            prob /= np.maximum(survival(l_now), _EPS)
+        after = np.greater(gap < 0, run)  # pending and starting after τ
+        decayed = v_sys * gap
+        decayed += l_in
+        np.maximum(decayed, 0.0, out=decayed)  # l_in − v̄·(τ_k − τ), eq. 8
+        if unit == "tokens":
+            weights = l_eval
+            weights += l_in
+            weights *= prob
+        elif unit == "requests":
+            weights = prob
+            decayed /= np.maximum(l_in, 1.0)
+        else:
+            prof = view.profile
+            a, b = prof.decode_step_per_seq_s, prof.decode_step_per_kv_token_s
+            weights = (a + b * (l_in + l_eval)) * prob
+            decayed = a * decayed / np.maximum(l_in, 1.0) + b * decayed
+        np.copyto(weights, decayed, where=after)
         if prm.no_type1:
             weights = np.where(run, 0.0, weights)
         if prm.no_type2:
             weights = np.where(~run & ~after, 0.0, weights)
         if prm.no_type3:
             weights = np.where(after, 0.0, weights)
+        if n == 0 or inst.min() >= 0:
+            return np.bincount(inst, weights=weights, minlength=view.n_instances)
         bound = inst >= 0
         return np.bincount(
             np.where(bound, inst, 0),

@@ -1,0 +1,460 @@
+"""Where each routing policy wins: a resumable sweep over workloads, decode models, cluster sizes,
+P:D ratios, loads and arrival patterns, with the clairvoyant reference as the bound.
+
+Every (cell, policy) result is appended to a JSONL file as soon as it finishes; a re-run skips
+what is already there, so an interrupted sweep resumes. At the end (and with --report-only) the
+whole file is turned into a markdown and a JSON table next to it (OUT.md, OUT.json).
+
+Load is the arrival rate as a share of decode saturation: n_decode × peak instance throughput
+(max over N ≤ max_num_seqs of TPS(N), 1,177 tok/s for the H20 profile) / the trace's mean output
+length. The same rate is used in iteration mode (whose H20 step model is fitted to TPS(N) up to
+its peak, so it saturates a little later). Bursty arrivals are gamma gaps of shape 0.2.
+
+Usage:
+  python benchmarks/routing_sweep.py --grid quick [--requests 8000] [--out routing_sweep.jsonl]
+  python benchmarks/routing_sweep.py --grid full --requests 20000            # the whole grid
+  python benchmarks/routing_sweep.py --only workload=reasoning-chat --only decode=64 \\
+      --only policy=least_load,clairvoyant
+  python benchmarks/routing_sweep.py --report-only --out routing_sweep.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from console.simulate import SimPlan, run_one  # noqa: E402
+from core.perf import PerfProfile, get_profile  # noqa: E402
+from core.slo import SLOClass  # noqa: E402
+from core.traces import synthetic_trace  # noqa: E402
+
+BURSTY = 0.2
+"""Gamma shape of the bursty arrivals (vllm bench serve --burstiness)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    workload: str
+    mode: str
+    decode: int
+    pd: str
+    """P:D ratio, "1:4" or "1:1"."""
+    load: float
+    arrival: str
+    """poisson or bursty."""
+
+    @property
+    def prefill(self) -> int:
+        p, d = (int(x) for x in self.pd.split(":"))
+        return max(1, round(self.decode * p / d))
+
+    @property
+    def burstiness(self) -> float:
+        return 1.0 if self.arrival == "poisson" else BURSTY
+
+    @property
+    def key(self) -> str:
+        return (
+            f"{self.workload}/{self.mode}/{self.prefill}P{self.decode}D/"
+            f"load{self.load:g}/{self.arrival}"
+        )
+
+
+@dataclass(frozen=True)
+class PolicyCase:
+    label: str
+    name: str
+    params: dict[str, Any]
+
+    def params_for(self, mode: str) -> dict[str, Any]:
+        """The clairvoyant is told the simulator's decode model (it is an oracle anyway)."""
+        if self.name == "clairvoyant" and "model" not in self.params:
+            return {**self.params, "model": "ps" if mode == "ps" else "iteration"}
+        return dict(self.params)
+
+
+POLICIES: list[PolicyCase] = [
+    PolicyCase("round_robin", "round_robin", {}),
+    PolicyCase("least_load", "least_load", {}),
+    PolicyCase("least_load(tokens)", "least_load", {"by": "tokens"}),
+    PolicyCase("req_level", "req_level", {}),
+    PolicyCase("sibyl(paper)", "sibyl", {"unit": "tokens"}),
+    PolicyCase("sibyl(requests)", "sibyl", {"unit": "requests"}),
+    PolicyCase("sibyl(lifetime)", "sibyl", {"horizon": "lifetime", "unit": "auto"}),
+    PolicyCase("clairvoyant", "clairvoyant", {}),
+]
+BASELINE = "least_load"
+ORACLE = "clairvoyant"
+LIFETIME = "sibyl(lifetime)"
+
+GRIDS: dict[str, dict[str, list[Any]]] = {
+    "full": {
+        "workload": ["reasoning-chat", "reasoning-code", "random"],
+        "mode": ["ps", "iteration"],
+        "decode": [16, 64],
+        "pd": ["1:4", "1:1"],
+        "load": [0.8, 0.9, 0.95],
+        "arrival": ["poisson", "bursty"],
+    },
+    "prefill-bound": {
+        "workload": ["reasoning-chat", "reasoning-code"],
+        "mode": ["ps", "iteration"],
+        "decode": [64],
+        "pd": ["1:16", "1:8"],
+        "load": [0.95],
+        "arrival": ["poisson", "bursty"],
+    },
+    "quick": {
+        "workload": ["reasoning-chat", "reasoning-code", "random"],
+        "mode": ["ps", "iteration"],
+        "decode": [16, 64],
+        "pd": ["1:4"],
+        "load": [0.95],
+        "arrival": ["poisson", "bursty"],
+    },
+}
+
+
+def cells_of(grid: dict[str, list[Any]]) -> list[Cell]:
+    keys = ["workload", "mode", "decode", "pd", "load", "arrival"]
+    return [
+        Cell(**dict(zip(keys, values, strict=True)))
+        for values in itertools.product(*(grid[k] for k in keys))
+    ]
+
+
+def parse_only(items: Iterable[str]) -> dict[str, set[str]]:
+    """`--only key=a,b` (repeatable) → {key: {"a", "b"}}; keys: the Cell fields and `policy`."""
+    allowed = {"workload", "mode", "decode", "pd", "load", "arrival", "policy"}
+    out: dict[str, set[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or key not in allowed:
+            raise SystemExit(
+                f"--only {item!r}: expected KEY=V1,V2 with KEY one of {sorted(allowed)}"
+            )
+        out.setdefault(key, set()).update(v.strip() for v in values.split(","))
+    return out
+
+
+def _matches(cell: Cell, only: dict[str, set[str]]) -> bool:
+    for key, values in only.items():
+        if key == "policy":
+            continue
+        got = getattr(cell, key)
+        if isinstance(got, float):
+            if not any(math.isclose(got, float(v)) for v in values):
+                return False
+        elif str(got) not in values:
+            return False
+    return True
+
+
+def saturation_tps(profile: PerfProfile) -> float:
+    """Peak throughput of one decode instance (tokens/s) over N ≤ max_num_seqs running."""
+    return max(profile.total_tps(n) for n in range(1, profile.max_num_seqs + 1))
+
+
+def plan_for(cell: Cell, requests: int, seed: int, profile: PerfProfile) -> SimPlan:
+    lengths = synthetic_trace(cell.workload, requests=requests, rate=1.0, seed=seed)
+    mean_out = float(lengths.output_tokens.mean())
+    rate = cell.load * cell.decode * saturation_tps(profile) / mean_out
+    trace = synthetic_trace(
+        cell.workload, requests=requests, rate=rate, seed=seed, burstiness=cell.burstiness
+    )
+    return SimPlan(
+        arrivals=trace.arrivals,
+        prompt_tokens=trace.prompt_tokens,
+        output_tokens=trace.output_tokens,
+        workload=cell.workload,
+        profile=profile,
+        n_prefill=cell.prefill,
+        n_decode=cell.decode,
+        mode=cell.mode,  # type: ignore[arg-type]
+        policies=[],
+        slo=SLOClass(),
+        seed=seed,
+        shadow=False,
+    )
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    return x
+
+
+def run_cell(
+    cell: Cell,
+    policies: Sequence[PolicyCase],
+    *,
+    requests: int,
+    seed: int,
+    profile: PerfProfile,
+    done: set[tuple[str, str]] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Simulate every policy not yet `done` on one cell; returns (and hands to `on_row`) the rows."""
+    todo = [p for p in policies if done is None or (cell.key, p.label) not in done]
+    if not todo:
+        return []
+    plan = plan_for(cell, requests, seed, profile)
+    rows = []
+    for case in todo:
+        params = case.params_for(cell.mode)
+        metrics, _ = run_one(plan, case.name, params)
+        row = {
+            "cell": cell.key,
+            **asdict(cell),
+            "prefill": cell.prefill,
+            "policy": case.label,
+            "name": case.name,
+            "params": params,
+            "requests": requests,
+            "seed": seed,
+            "profile": profile.name,
+            "rate_rps": float(len(plan.arrivals) / plan.arrivals[-1])
+            if len(plan.arrivals) > 1
+            else None,
+            **{
+                k: _clean(metrics.get(k))
+                for k in (
+                    "tpot_p99",
+                    "tpot_p999",
+                    "tpot_mean",
+                    "tpot_p50",
+                    "ttft_p99",
+                    "slo_attainment",
+                    "completed",
+                    "failed",
+                    "preemptions",
+                    "sim_wall_s",
+                )
+            },
+        }
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def parse_policy_case(text: str) -> PolicyCase:
+    """`LABEL=NAME[:key=value,...]` → a PolicyCase (values are parsed by the policy's params)."""
+    label, sep, spec = text.partition("=")
+    if not sep or not label or not spec:
+        raise SystemExit(f"--add-policy {text!r}: expected LABEL=NAME[:key=value,...]")
+    name, _, rest = spec.partition(":")
+    params: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"--add-policy {text!r}: {item!r} is not key=value")
+        params[key] = value
+    return PolicyCase(label, name, params)
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by an interrupted run
+    return rows
+
+
+def sweep(
+    cells: Sequence[Cell],
+    policies: Sequence[PolicyCase],
+    out: Path,
+    *,
+    requests: int,
+    seed: int,
+    profile: PerfProfile,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> list[dict[str, Any]]:
+    """Run what `out` does not hold yet (same requests and seed), appending each row as it lands."""
+    rows = load_rows(out)
+    done = {
+        (r["cell"], r["policy"])
+        for r in rows
+        if r.get("requests") == requests
+        and r.get("seed") == seed
+        and r.get("profile") == profile.name
+    }
+    total = len(cells) * len(policies)
+    already = sum((c.key, p.label) in done for c in cells for p in policies)
+    log(f"{total} runs in {len(cells)} cells; {already} already in {out}, {total - already} to go")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    count = already
+
+    def append(row: dict[str, Any]) -> None:
+        nonlocal count
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        rows.append(row)
+        count += 1
+        log(
+            f"[{count}/{total}] {row['cell']} {row['policy']}: P99 TPOT "
+            f"{(row['tpot_p99'] or float('nan')) * 1e3:.1f} ms ({row['sim_wall_s']:.1f} s; "
+            f"{time.perf_counter() - started:.0f} s elapsed)"
+        )
+
+    for cell in cells:
+        run_cell(
+            cell, policies, requests=requests, seed=seed, profile=profile, done=done, on_row=append
+        )
+    return rows
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def summarize_cells(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per cell: every policy's metrics, the clairvoyant's P99 headroom over least_load and how
+    much of it sibyl(lifetime) closes."""
+    by_cell: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_cell.setdefault(r["cell"], {})[r["policy"]] = r  # the last run of a label wins
+    out = []
+    for cell, pol in by_cell.items():
+        base = pol.get(BASELINE, {}).get("tpot_p99")
+        oracle = pol.get(ORACLE, {}).get("tpot_p99")
+        life = pol.get(LIFETIME, {}).get("tpot_p99")
+        entry: dict[str, Any] = {"cell": cell, "policies": pol}
+        if base and oracle is not None:
+            entry["headroom"] = (base - oracle) / base
+            if life is not None:
+                gap = base - oracle
+                entry["lifetime_closes"] = (base - life) / gap if gap > 0 else None
+                entry["lifetime_vs_baseline"] = life / base - 1
+        out.append(entry)
+    return out
+
+
+def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
+    cells = summarize_cells(rows)
+    lines = [
+        "P99 TPOT (ms) per cell; headroom = (least_load − clairvoyant) / least_load; "
+        "closes = share of that headroom sibyl(lifetime) closes; Δlife = sibyl(lifetime) vs least_load.",
+        "",
+        "| cell | " + " | ".join(policies) + " | headroom | closes | Δlife |",
+        "|---|" + "---:|" * (len(policies) + 3),
+    ]
+    for c in cells:
+        pol = c["policies"]
+        vals = [_ms(pol.get(p, {}).get("tpot_p99")) for p in policies]
+        head = c.get("headroom")
+        closes = c.get("lifetime_closes")
+        dl = c.get("lifetime_vs_baseline")
+        lines.append(
+            f"| {c['cell']} | "
+            + " | ".join(vals)
+            + f" | {'-' if head is None else f'{head:+.1%}'}"
+            + f" | {'-' if closes is None else f'{closes:.0%}'}"
+            + f" | {'-' if dl is None else f'{dl:+.1%}'} |"
+        )
+    lines += [
+        "",
+        "All metrics (TPOT in ms, SLO attainment: TTFT ≤ 2 s and TPOT ≤ 100 ms):",
+        "",
+        "| cell | policy | P99 | P99.9 | mean | SLO att. | TTFT P99 s | preempt. | ΔP99 vs least_load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in cells:
+        pol = c["policies"]
+        base = pol.get(BASELINE, {}).get("tpot_p99")
+        for p in policies:
+            r = pol.get(p)
+            if r is None:
+                continue
+            d = "-" if not base or r.get("tpot_p99") is None else f"{r['tpot_p99'] / base - 1:+.1%}"
+            slo = r.get("slo_attainment")
+            ttft = r.get("ttft_p99")
+            lines.append(
+                f"| {c['cell']} | {p} | {_ms(r.get('tpot_p99'))} | {_ms(r.get('tpot_p999'))} | "
+                f"{_ms(r.get('tpot_mean'))} | {'-' if slo is None else f'{slo:.1%}'} | "
+                f"{'-' if ttft is None else f'{ttft:.2f}'} | {r.get('preemptions', '-')} | {d} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    rows: Sequence[dict[str, Any]], out: Path, policies: Sequence[str]
+) -> tuple[Path, Path]:
+    md, js = out.with_suffix(".md"), out.with_suffix(".json")
+    md.write_text(markdown(rows, policies))
+    cells = summarize_cells(rows)
+    js.write_text(json.dumps(cells, indent=1, default=str) + "\n")
+    return md, js
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--grid", choices=sorted(GRIDS), default="quick")
+    ap.add_argument(
+        "--requests", type=int, default=8000, help="requests per cell (same for every cell)"
+    )
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--profile", default="h20-qwen3-32b")
+    ap.add_argument("--out", type=Path, default=Path("routing_sweep.jsonl"))
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="KEY=V1,V2 filter (repeatable): workload, mode, decode, pd, load, arrival, policy",
+    )
+    ap.add_argument(
+        "--add-policy",
+        action="append",
+        default=[],
+        help="LABEL=NAME[:key=value,...] run one more policy setting (repeatable), e.g. "
+        "'life256=sibyl:horizon=lifetime,lifetime_tokens=256'",
+    )
+    ap.add_argument("--report-only", action="store_true", help="only rebuild OUT.md/OUT.json")
+    args = ap.parse_args(argv)
+    only = parse_only(args.only)
+    extra = [parse_policy_case(x) for x in args.add_policy]
+    policies = [
+        p
+        for p in [*POLICIES, *extra]
+        if "policy" not in only or p.label in only["policy"] or p.name in only["policy"]
+    ]
+    cells = [c for c in cells_of(GRIDS[args.grid]) if _matches(c, only)]
+    profile = get_profile(args.profile)
+    if args.report_only:
+        rows = load_rows(args.out)
+    else:
+        rows = sweep(
+            cells, policies, args.out, requests=args.requests, seed=args.seed, profile=profile
+        )
+    labels = [p.label for p in POLICIES] + [p.label for p in extra]
+    labels += sorted({r["policy"] for r in rows} - set(labels))
+    md, js = write_report(rows, args.out, labels)
+    print(md.read_text())
+    print(f"wrote {md} and {js}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

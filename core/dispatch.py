@@ -58,6 +58,8 @@ class _Tracked:
     router: RoutingPolicy
     """The routing policy that routed it; it also binds it late, whatever is active by then."""
     prefill_est: float
+    prefill_due: float
+    """When its prefill was projected to end on its prefill instance (FIFO behind the backlog)."""
     in_prefill: bool = True
     """Routed and its prefill has not ended (counted in view.prefill_n)."""
     shadow_choices: list[int] = field(default_factory=list)
@@ -363,7 +365,7 @@ class Dispatcher:
         a = router.route(request, v)
         p = self._index[a.prefill]
         est = float(v.prefill_time(request.prompt_tokens))
-        v.prefill_free_at[p] = max(v.prefill_free_at[p], now) + est
+        due = v.prefill_free_at[p] = max(v.prefill_free_at[p], now) + est
         v.prefill_n[p] += 1
         t = v.table
         i = t.add(request.id)
@@ -375,7 +377,7 @@ class Dispatcher:
         if a.decode is not None:
             d = t.inst[i] = self._index[a.decode]
             v.pending_n[d] += 1
-        tracked = _Tracked(request, router, est)
+        tracked = _Tracked(request, router, est, float(due))
         for _, shadow in self.shadows:
             try:
                 choice = shadow.route(request, v).decode
@@ -416,13 +418,19 @@ class Dispatcher:
             now + self._tracked[rid].prefill_est + self.view.profile.kv_transfer_time(t.l_in[i])
         )
 
-    def _end_prefill(self, tracked: _Tracked, p: int, now: float) -> None:
-        """Settle the projection: this request's estimate leaves the instance's backlog."""
+    def _end_prefill(self, tracked: _Tracked, p: int, now: float, completed: bool = True) -> None:
+        """Settle the projection. The instance's free-at time already has this request's work in
+        it: a prefill that ends shifts it by how late (or early) it ended against its projected
+        end; one that leaves unfinished takes what was left of its work out."""
         v = self.view
         if tracked.in_prefill:
             tracked.in_prefill = False
             v.prefill_n[p] -= 1
-            v.prefill_free_at[p] = max(now, v.prefill_free_at[p] - tracked.prefill_est)
+            if completed:
+                shift = now - tracked.prefill_due
+            else:
+                shift = -min(tracked.prefill_est, max(tracked.prefill_due - now, 0.0))
+            v.prefill_free_at[p] = max(now, v.prefill_free_at[p] + shift)
 
     def on_prefill_end(self, rid: Hashable, now: float, seconds: float | None = None) -> None:
         """Prefill finished (KV transfer may follow); `seconds` is the measured prefill duration."""
@@ -447,12 +455,11 @@ class Dispatcher:
         tracked = self._tracked[rid]
         est = tracked.prefill_est
         old = int(t.prefill[i])
-        if tracked.in_prefill:
-            v.prefill_n[old] -= 1
-            v.prefill_free_at[old] = max(now, v.prefill_free_at[old] - est)
+        self._end_prefill(tracked, old, now, completed=False)
         start = np.where(mask, np.maximum(v.prefill_free_at, now), np.inf)
         p = int(np.argmin(start))
         v.prefill_free_at[p] = start[p] + est
+        tracked.prefill_due = float(v.prefill_free_at[p])
         v.prefill_n[p] += 1
         tracked.in_prefill = True
         t.prefill[i] = p
@@ -540,7 +547,7 @@ class Dispatcher:
         i = t.row[rid]
         tracked = self._tracked.pop(rid, None)
         if tracked is not None and tracked.in_prefill:
-            self._end_prefill(tracked, int(t.prefill[i]), now)
+            self._end_prefill(tracked, int(t.prefill[i]), now, completed=False)
         d = t.inst[i]
         if d >= 0:
             counts = v.running_n if t.state[i] == RUNNING else v.pending_n

@@ -31,6 +31,23 @@ def test_lifecycle_moves_counts_and_feeds_estimators() -> None:
     assert d.view.decode_rate.observations == 1
 
 
+def test_a_prefill_that_ends_on_time_leaves_the_backlog_behind_it_intact() -> None:
+    """Three 1-s prompts queue on p0 (free at 3 s). The first ends at 1 s, as projected: p0 is
+    still busy until 3 s, so the next arrival goes to idle p1 (subtracting the finished
+    estimate would have made p0 look free at 2 s and piled the arrival onto it)."""
+    d = cluster("round_robin", prefill=1, decode=1)
+    for k in range(3):
+        d.route(Request(f"r{k}", 0.0, 10, 5), 0.0)
+    d.add_instance("p1", Role.PREFILL)
+    p0 = d.index_of("p0")
+    assert d.view.prefill_free_at[p0] == pytest.approx(3.0)
+    d.on_prefill_end("r0", 1.0, seconds=1.0)
+    assert d.view.prefill_free_at[p0] == pytest.approx(3.0)
+    d.on_prefill_end("r1", 2.5, seconds=1.5)  # half a second late: everything behind it is too
+    assert d.view.prefill_free_at[p0] == pytest.approx(3.5)
+    assert d.route(Request("r3", 2.5, 10, 5), 2.5).prefill == "p1"
+
+
 def test_failure_releases_the_prefill_projection() -> None:
     d = cluster("round_robin", decode=1)
     d.route(Request("r1", 0.0, 10, 5), 0.0)

@@ -23,7 +23,7 @@ def up(
     decode: Annotated[int | None, typer.Option(help="decode instances (default 4)")] = None,
     profile: Annotated[str | None, typer.Option(help="performance profile (default h20-qwen3-32b)")] = None,
     model: Annotated[str | None, typer.Option(help="model path (--backend vllm)")] = None,
-    policy: Annotated[str | None, typer.Option(help="routing policy at start (default sibyl)")] = None,
+    policy: Annotated[str | None, typer.Option(help="routing policy at start (default sibyl, which counts expected surviving requests: README, Policies)")] = None,
     queue: Annotated[str | None, typer.Option(help="queue policy at start: fcfs (default) | priority")] = None,
     scaling: Annotated[str | None, typer.Option(help="scaling policy at start: static (default) | threshold")] = None,
     reschedule: Annotated[str | None, typer.Option(help="reschedule policy at start: none (default)")] = None,

@@ -11,7 +11,7 @@ of the profile is multiplied by --slowdown (decode throughput divided by it): th
 dynamics at a fraction of the tokens per second through the gateway.
 
 Usage: python benchmarks/live_vs_sim.py [--trace FILE] [--limit 800] [--rate 11]
-           [--policy least_load --policy req_level --policy sibyl]
+           [--policy least_load --policy sibyl:unit=requests --policy sibyl:unit=tokens]
 """
 
 from __future__ import annotations
@@ -59,11 +59,18 @@ def clip(prompt: np.ndarray, out: np.ndarray, context: int) -> tuple[np.ndarray,
     return np.clip(prompt, 1, context - out), out
 
 
+def parse_policy(text: str) -> tuple[str, dict[str, str]]:
+    """`name` or `name:key=value,key=value` (as `bench decision --policy` takes it)."""
+    name, _, rest = text.partition(":")
+    return name, dict(kv.split("=", 1) for kv in rest.split(",") if kv)
+
+
 def live_p99(args: argparse.Namespace, profile_file: Path, policy: str, home: Path) -> dict[str, float]:
     port = free_port()
     env = {**os.environ, "SIBYL_HOME": str(home), "SIBYL_DB": str(home / "runs.db")}
+    name, params = parse_policy(policy)
     cmd = [sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), "--prefill", str(args.prefill), "--decode", str(args.decode),
-           "--profile", str(profile_file), "--policy", policy]
+           "--profile", str(profile_file), "--policy", name, *[f"--param={k}={v}" for k, v in params.items()]]
     console = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -103,9 +110,10 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=6)
     ap.add_argument("--profile", default="roofline-h100-llama3-8b")
     ap.add_argument("--slowdown", type=float, default=8.0)
-    ap.add_argument("--policy", action="append", help="routing policies; the first is the reference (default: least_load, req_level)")
+    ap.add_argument("--policy", action="append", help="routing policy, NAME or NAME:key=value,...; the first is the reference "
+                    "(default: least_load, sibyl:unit=requests, sibyl:unit=tokens)")
     args = ap.parse_args()
-    policies = args.policy or ["least_load", "req_level", "sibyl"]
+    policies = args.policy or ["least_load", "sibyl:unit=requests", "sibyl:unit=tokens"]
     profile = slowed(get_profile(args.profile), args.slowdown)
     trace = read_trace(args.trace).window(limit=args.limit)
     args.speed = args.rate / (len(trace) / float(trace.arrivals[-1] - trace.arrivals[0]))
@@ -116,11 +124,11 @@ def main() -> None:
         arrivals = (np.asarray(trace.arrivals) - trace.arrivals[0]) / args.speed
         plan = SimPlan(arrivals=arrivals, prompt_tokens=prompt, output_tokens=out, workload=str(args.trace), profile=profile,
                        n_prefill=args.prefill, n_decode=args.decode, mode="iteration",
-                       policies=[(p, {}) for p in policies], slo=SLOClass(), shadow=False)
+                       policies=[parse_policy(p) for p in policies], slo=SLOClass(), shadow=False)
         rows = []
-        for p in policies:
-            sim, _ = run_one(plan, p, {})
-            live = live_p99(args, profile_file, p, Path(tmp) / p)
+        for k, p in enumerate(policies):
+            sim, _ = run_one(plan, *parse_policy(p))
+            live = live_p99(args, profile_file, p, Path(tmp) / f"run{k}")
             rows.append((p, live, sim))
             print(f"{p}: live P99 TPOT {live['p99'] * 1000:.1f} ms ({live['ok']} ok), sim {sim['tpot_p99'] * 1000:.1f} ms", file=sys.stderr)
     ref_live, ref_sim = rows[0][1]["p99"], rows[0][2]["tpot_p99"]

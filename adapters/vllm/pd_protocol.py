@@ -63,13 +63,13 @@ class SSETokenCounter:
     def feed(self, chunk: bytes) -> int:
         """Consume bytes; return how many new token events completed in them."""
         data = self._tail + chunk if self._tail else chunk
-        last = data.rfind(b"\n\n")
-        if last < 0:
-            self._tail = data
-            return 0
-        self._tail = data[last + 2 :]
+        # Split left to right and keep the unfinished rest: unlike rfind, this cuts "\n\n\n" the
+        # same way whether or not a chunk boundary falls inside it.
+        events = data.split(b"\n\n")
+        self._tail = events.pop()
         before = self.tokens
-        for event in data[: last + 2].split(b"\n\n"):
+        for event in events:
+            event = event.lstrip(b"\n")  # blank lines between events carry nothing (SSE)
             if not event:
                 continue
             if event.startswith(b"data: [DONE]"):
@@ -86,10 +86,11 @@ class SSETokenCounter:
         import orjson
 
         try:
-            usage = orjson.loads(event[5:]).get("usage") or {}
+            payload = orjson.loads(event[5:]) if event.startswith(b"data:") else None
         except orjson.JSONDecodeError:
             return
-        if isinstance(usage.get("completion_tokens"), int):
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        if isinstance(usage, dict) and type(usage.get("completion_tokens")) is int:
             self.usage_completion_tokens = usage["completion_tokens"]
 
     @property

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from console.controller import Controller
 from console.gateway.control import control_routes
 from console.gateway.errors import error_body
+from console.gateway.openapi import build_openapi
 from console.gateway.proxy import Proxy
 
 HOT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -34,6 +35,13 @@ def build_app(controller: Controller, *, manage_lifecycle: bool = True) -> Any:
         data = [{"id": m, "object": "model", "created": created, "owned_by": "sibyl-console", "max_model_len": c.max_model_len} for m in sorted(c.served_models)]
         return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
+    async def openapi(_: Request) -> Response:
+        doc = build_openapi(models=sorted(c.served_models), instances=list(c.instances), catalog=c.policy_catalog(), max_model_len=c.max_model_len)
+        return Response(orjson.dumps(doc), media_type="application/json")
+
+    async def hot_path_elsewhere(_: Request) -> Response:  # never reached: `app` below sends these POSTs to the proxy
+        return Response(error_body(500, "the proxy did not take this request"), 500, media_type="application/json")
+
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(c.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -50,13 +58,19 @@ def build_app(controller: Controller, *, manage_lifecycle: bool = True) -> Any:
     async def not_found(request: Request, exc: Exception) -> Response:
         return Response(error_body(404, f"no route {request.method} {request.url.path}"), 404, media_type="application/json")
 
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        allow = getattr(exc, "headers", None) or {}
+        return Response(error_body(405, f"method {request.method} not allowed on {request.url.path}"), 405, headers=allow, media_type="application/json")
+
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        *(Route(path, hot_path_elsewhere, methods=["POST"]) for path in sorted(HOT_PATHS)),  # other methods: 405
         *control_routes(c),
     ]
-    starlette = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found})
+    starlette = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
     proxy = Proxy(c)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -28,6 +28,9 @@ _FORMAT_HELP = (
 
 _SERVEGEN_FILE = re.compile(r"^chunk-(\d+)-(trace\.csv|dataset\.json)$")
 
+_INT64_MAX = 2**63 - 1
+"""Token counts live in int64 columns: a larger count is an error in the row, not an overflow."""
+
 
 # -- shared helpers --------------------------------------------------------------------------
 
@@ -59,7 +62,7 @@ def _parse_positive_int(raw: str, path: Path, line: int, field: str) -> int:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
+    if not 1 <= value <= _INT64_MAX:
         raise _row_error(path, line, field, f"expected a positive integer, got {raw!r}")
     return value
 
@@ -70,7 +73,7 @@ def _parse_nonnegative_int(raw: str, path: Path, line: int, field: str) -> int:
         value = int(text)
     except ValueError:
         value = -1
-    if value < 0:
+    if not 0 <= value <= _INT64_MAX:
         raise _row_error(path, line, field, f"expected a non-negative integer, got {raw!r}")
     return value
 
@@ -128,13 +131,34 @@ def _build(
     )
 
 
-def _csv_rows(text: str) -> tuple[list[str], int, Any]:
+class _Rows:
+    """A csv reader whose errors (a field over the csv module's size limit) are TraceErrors."""
+
+    def __init__(self, text: str, path: Path) -> None:
+        self._reader = csv.reader(io.StringIO(text))
+        self._path = path
+
+    @property
+    def line_num(self) -> int:
+        return self._reader.line_num
+
+    def __iter__(self) -> _Rows:
+        return self
+
+    def __next__(self) -> list[str]:
+        try:
+            return next(self._reader)
+        except csv.Error as exc:
+            raise TraceError(f"{self._path.name}:{self._reader.line_num}: {exc}") from exc
+
+
+def _csv_rows(text: str, path: Path) -> tuple[list[str], int, _Rows]:
     """(header fields, header line number, reader positioned after the header)."""
-    reader = csv.reader(io.StringIO(text))
+    reader = _Rows(text, path)
     for header in reader:
         if any(cell.strip() for cell in header):
             return [cell.strip() for cell in header], reader.line_num, reader
-    raise TraceError("no header line")  # unreachable: _read_text rejects blank files
+    raise TraceError(f"{path}: no header line (only empty CSV cells)")
 
 
 def _column_index(
@@ -156,7 +180,7 @@ def _json_positive_int(value: Any, path: Path, line: int, field: str) -> int:
         raise _row_error(path, line, field, f"expected a positive integer, got {value!r}")
     if isinstance(value, float) and not value.is_integer():
         raise _row_error(path, line, field, f"expected a positive integer, got {value!r}")
-    if value < 1:
+    if not 1 <= value <= _INT64_MAX:
         raise _row_error(path, line, field, f"expected a positive integer, got {value!r}")
     return int(value)
 
@@ -186,22 +210,23 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Trace:
             raise TraceError(
                 f"{path.name}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})"
             ) from exc
+        except ValueError as exc:  # a number with more digits than int() converts (4300)
+            raise TraceError(f"{path.name}:{lineno}: invalid JSON ({exc})") from exc
         if not isinstance(row, dict):
             raise TraceError(f"{path.name}:{lineno}: expected a JSON object, got {line[:40]!r}")
         for field in ("timestamp", "input_length", "output_length"):
             if field not in row:
                 raise _row_error(path, lineno, field, "missing")
         ts = row["timestamp"]
-        if (
-            isinstance(ts, bool)
-            or not isinstance(ts, int | float)
-            or not math.isfinite(ts)
-            or ts < 0
-        ):
+        try:  # an integer beyond float range is an error in the row, like infinity
+            ms = float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else math.nan
+        except OverflowError:
+            ms = math.inf
+        if not (math.isfinite(ms) and ms >= 0):
             raise _row_error(
-                path, lineno, "timestamp", f"expected non-negative milliseconds, got {ts!r}"
+                path, lineno, "timestamp", f"expected non-negative milliseconds, got {str(ts)[:40]!r}"
             )
-        arrivals.append(ts / 1000.0)
+        arrivals.append(ms / 1000.0)
         prompts.append(_json_positive_int(row["input_length"], path, lineno, "input_length"))
         outputs.append(_json_positive_int(row["output_length"], path, lineno, "output_length"))
         ids = row.get("hash_ids")
@@ -239,7 +264,7 @@ def read_azure(path: str | Path, *, limit: int | None = None) -> Trace:
     """
     path = Path(path)
     text = _read_text(path)
-    header, header_line, reader = _csv_rows(text)
+    header, header_line, reader = _csv_rows(text, path)
     i_ts = _column_index(header, "TIMESTAMP", path, header_line)
     i_in = _column_index(header, "ContextTokens", path, header_line)
     i_out = _column_index(header, "GeneratedTokens", path, header_line)
@@ -301,7 +326,7 @@ def read_burstgpt(path: str | Path, *, limit: int | None = None) -> Trace:
     """
     path = Path(path)
     text = _read_text(path)
-    header, header_line, reader = _csv_rows(text)
+    header, header_line, reader = _csv_rows(text, path)
     i_ts = _column_index(header, "Timestamp", path, header_line)
     i_in = _column_index(header, "Request tokens", path, header_line)
     i_out = _column_index(header, "Response tokens", path, header_line)
@@ -384,7 +409,7 @@ def detect_format(path: str | Path) -> str:
     if first.startswith("{"):
         try:
             row = json.loads(first)
-        except json.JSONDecodeError:
+        except ValueError:  # JSONDecodeError, or a number too long for int()
             row = None
         if isinstance(row, dict) and {"timestamp", "input_length", "output_length"} <= set(row):
             return "mooncake"

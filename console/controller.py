@@ -79,6 +79,8 @@ class Controller:
         self.recorder = RunRecorder(store, run_id)
         self.events = EventBus()
         self.metrics = GatewayMetrics()
+        self.metrics.in_flight.set_function(lambda: self.in_flight)  # read at scrape time, not per request
+        self.metrics.queue_depth.set_function(lambda: len(self._held))
         self.slo = SlidingWindow(60.0, config.slo)
         self.scaler = Scaler(self)
         self.served_models: set[str] = {config.served_model_name}
@@ -193,16 +195,13 @@ class Controller:
         self.in_flight += 1
         self.total += 1
         self._idle.clear()
-        self.metrics.in_flight.set(self.in_flight)
 
     def hold(self, live: LiveRequest) -> None:
         """The queue policy holds `live` until `release_queued` or the periodic expiry resolves it."""
         self._held[live.id] = live
-        self.metrics.queue_depth.set(len(self._held))
 
     def unhold(self, live: LiveRequest) -> None:
         self._held.pop(live.id, None)
-        self.metrics.queue_depth.set(len(self._held))
 
     def release_queued(self) -> None:
         """Let held requests go while the cluster has room (the queue policy picks which)."""
@@ -212,7 +211,6 @@ class Controller:
             live = self._held.pop(str(req.id), None)
             if live is not None and live.released is not None and not live.released.done():
                 live.released.set_result(None)
-        self.metrics.queue_depth.set(len(self._held))
 
     def _expire_queued(self) -> None:
         if not self._held:
@@ -224,7 +222,6 @@ class Controller:
             live = self._held.pop(str(req.id), None)
             if live is not None and live.released is not None and not live.released.done():
                 live.released.set_exception(Rejected(503, f"queued longer than the queue policy's ttl_s={ttl:g} s while every instance was saturated", self.retry_after_s()))
-        self.metrics.queue_depth.set(len(self._held))
 
     def retry_after_s(self) -> float:
         """What a rejected client is told to wait: a poll period plus the decode time of a typical request."""
@@ -241,7 +238,6 @@ class Controller:
         else:
             d.on_fail(rid, finish)
         self.in_flight -= 1
-        self.metrics.in_flight.set(self.in_flight)
         if self.in_flight == 0:
             self._idle.set()
         self.release_queued()
@@ -260,7 +256,7 @@ class Controller:
                 self.metrics.ttft.observe(ttft)
             if tpot is not None and live.output_tokens > 1:
                 self.metrics.tpot.observe(tpot)
-        self.metrics.requests.labels(prefill=live.prefill_instance or "-", decode=live.decode_instance or "-", outcome="ok" if live.ok else "failed").inc()
+        self.metrics.count_request(live.prefill_instance or "-", live.decode_instance or "-", live.ok)
         rel = self.rel
         self.recorder.request(
             {

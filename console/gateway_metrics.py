@@ -29,4 +29,13 @@ class GatewayMetrics:
         self.tpot = Histogram("sibyl_tpot_seconds", "time per output token seen by the gateway", buckets=_TPOT_BUCKETS, registry=r)
         self.in_flight = Gauge("sibyl_gateway_in_flight", "requests being proxied", registry=r)
         self.queue_depth = Gauge("sibyl_gateway_queue_depth", "requests held by the queue policy", registry=r)
+        self._request_counters: dict[tuple[str, str, bool], Counter] = {}
         self.instance_up = Gauge("sibyl_instance_up", "1 when the instance is routable", ["instance", "role"], registry=r)
+
+    def count_request(self, prefill: str, decode: str, ok: bool) -> None:
+        """One finished request (the labelled child is looked up once per instance pair)."""
+        key = (prefill, decode, ok)
+        child = self._request_counters.get(key)
+        if child is None:
+            child = self._request_counters[key] = self.requests.labels(prefill=prefill, decode=decode, outcome="ok" if ok else "failed")
+        child.inc()

@@ -15,6 +15,7 @@ the controller once. Nothing else builds or mutates the outcome.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
@@ -37,6 +38,7 @@ from core.types import Admission, Request
 if TYPE_CHECKING:
     from console.controller import Controller
 
+log = logging.getLogger(__name__)
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 PREFILL_ATTEMPTS = 2
@@ -67,7 +69,7 @@ class Rejected(Exception):
 class ClientChannel:
     """The gateway's side of the client connection: what a LiveRequest may send it."""
 
-    __slots__ = ("_send", "_receive", "gone", "_watcher")
+    __slots__ = ("_send", "_receive", "gone", "_watcher", "started")
 
     def __init__(self, send: Callable[[dict[str, Any]], Awaitable[None]], receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         self._send = send
@@ -75,8 +77,11 @@ class ClientChannel:
         self.gone = asyncio.Event()
         """Set when the client disconnects (watched only while streaming or queued)."""
         self._watcher: asyncio.Task[None] | None = None
+        self.started = False
+        """Whether the response's status line was sent (after that only the stream can carry an error)."""
 
     async def respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
+        self.started = True
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
         await self._send({"type": "http.response.body", "body": body})
 
@@ -85,6 +90,7 @@ class ClientChannel:
         await self.respond(status, error_body(status, message), headers)
 
     async def start_stream(self, request_id: str) -> None:
+        self.started = True
         await self._send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, (b"x-request-id", request_id.encode())]})
 
     async def write(self, chunk: bytes) -> None:
@@ -168,6 +174,11 @@ class LiveRequest:
                 await client.respond(e.status, e.body)  # the instance's own 4xx, as vLLM's proxy does
             else:
                 await client.error(502, str(e))
+        except Exception as e:  # a bug of ours: recorded, logged, answered in the OpenAI shape
+            self.reason = f"internal error: {type(e).__name__}: {e}"
+            log.exception("request %s failed inside the gateway", self.id)
+            if not client.started and not client.gone.is_set():
+                await client.error(500, f"the gateway failed on this request ({type(e).__name__}); it is recorded as {self.id}")
         finally:
             client.close()
             self.enter(Step.FINISHED if self.ok else Step.FAILED)

@@ -487,14 +487,14 @@ class Dispatcher:
 
     def _score_handoff(self, chosen: int, shadow_choices: list[int]) -> None:
         v = self.view
-        mask = v.decode_mask()
-        if not mask.any():
+        if not v.routable_count(Role.DECODE):
             return
+        mask = v.decode_mask()
         load = v.running_counts() if self.ratio_load == "requests" else v.physical_load()
-        best = load[mask].min() + 1e-6
+        best = float(load[mask].min()) + 1e-6
 
         def hit(j: int) -> bool:
-            return j >= 0 and bool(mask[j]) and bool(load[j] <= best)
+            return j >= 0 and bool(mask[j]) and float(load[j]) <= best
 
         self.score.total += 1
         self.score.hits += hit(chosen)

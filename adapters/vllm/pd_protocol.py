@@ -69,17 +69,24 @@ class SSETokenCounter:
         self._tail = events.pop()
         before = self.tokens
         for event in events:
-            event = event.lstrip(b"\n")  # blank lines between events carry nothing (SSE)
+            if event[:1] == b"\n":
+                event = event.lstrip(b"\n")  # blank lines between events carry nothing (SSE)
             if not event:
                 continue
             if event.startswith(b"data: [DONE]"):
                 self.done = True
-            elif b'"choices":[]' in event or b'"choices": []' in event:
-                self._read_usage(event)
-            elif b'"error"' in event and b'"choices"' not in event:
+                continue
+            i = event.find(b'"choices":')
+            if i >= 0:
+                j = i + 10
+                if event[j : j + 1] == b" ":
+                    j += 1
+                if event[j : j + 2] == b"[]":
+                    self._read_usage(event)
+                elif event.startswith(b"data:") and not _EMPTY.search(event):
+                    self.tokens += 1
+            elif b'"error"' in event:
                 self.error = event.decode(errors="replace")[6:]
-            elif event.startswith(b"data:") and not _EMPTY.search(event):
-                self.tokens += 1
         return self.tokens - before
 
     def _read_usage(self, event: bytes) -> None:

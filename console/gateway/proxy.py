@@ -8,8 +8,8 @@ describes one request's life). Errors in the request itself are answered here, O
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from typing import Any
 
 import orjson
@@ -92,7 +92,7 @@ class Proxy:
             return
         # header values are bytes, not necessarily UTF-8: latin-1 maps every byte (as Starlette does)
         headers = {k: v.decode("latin-1") for k, v in scope.get("headers") or []}
-        rid = headers.get(b"x-request-id") or uuid.uuid4().hex
+        rid = headers.get(b"x-request-id") or os.urandom(16).hex()
         if rid in self.in_flight:
             await respond(send, 409, error_body(409, f"a request with X-Request-Id {rid!r} is already in flight", "X-Request-Id"))
             return

@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 SIBYL  := $(VENV)/bin/sibyl-console
 
-.PHONY: up test test-slow test-vllm vllm-cpu lint bench demo-sim clean
+.PHONY: up test test-slow test-vllm vllm-cpu lint bench soak soak-short demo-sim clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -55,6 +55,13 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/sim_speed.py
 	$(PY) benchmarks/gateway_bench.py
 	$(PY) benchmarks/emulator_concurrency.py
+
+## soak: 30 minutes of 200 streaming clients through an emulated cluster (drift, errors, RSS); soak-short: 1 minute
+soak: $(VENV)/.installed
+	$(PY) benchmarks/soak.py --swap-every 60
+
+soak-short: $(VENV)/.installed
+	$(PY) benchmarks/soak.py --minutes 1 --clients 50 --warmup 10 --window-s 10 --swap-every 20
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .build

@@ -185,7 +185,6 @@ class Sibyl(RoutingPolicyBase):
         if prm.lifetime_weighting == "tpot":
             return self._tpot_load(tau, view)
         n = t.n
-        inst = t.inst[:n]
         run = t.state[:n] == RUNNING
         sv = view.survival
         v_sys = max(view.decode_rate.value, _EPS)
@@ -223,6 +222,12 @@ class Sibyl(RoutingPolicyBase):
                     prof.decode_step_per_seq_s * d_int / norm
                     + prof.decode_step_per_kv_token_s * tokens
                 )
+        return self._per_instance(weights, tau, view, run)
+
+    def _per_instance(self, weights: np.ndarray, tau: float, view: ClusterView, run: np.ndarray) -> np.ndarray:
+        """Sum row weights per decode instance, after the ablations drop their request types."""
+        t, prm = view.table, self.params
+        n = t.n
         if prm.no_type1:
             weights = np.where(run, 0.0, weights)
         if prm.no_type2 or prm.no_type3:
@@ -231,6 +236,7 @@ class Sibyl(RoutingPolicyBase):
                 weights = np.where(~run & before, 0.0, weights)
             if prm.no_type3:
                 weights = np.where(~run & ~before, 0.0, weights)
+        inst = t.inst[:n]
         bound = inst >= 0
         return np.bincount(
             np.where(bound, inst, 0),
@@ -239,10 +245,8 @@ class Sibyl(RoutingPolicyBase):
         )
 
     def _tpot_load(self, tau: float, view: ClusterView) -> np.ndarray:
-        t, prm = view.table, self.params
-        n = t.n
-        inst = t.inst[:n]
-        run = t.state[:n] == RUNNING
+        t = view.table
+        run = t.state[: t.n] == RUNNING
         unit = self.unit(view)
         presence, tokens = self._tpot_weighted(tau, view, run, unit)
         if unit == "requests":
@@ -256,20 +260,7 @@ class Sibyl(RoutingPolicyBase):
             weights = (
                 prof.decode_step_per_seq_s * presence + prof.decode_step_per_kv_token_s * tokens
             )
-        if prm.no_type1:
-            weights = np.where(run, 0.0, weights)
-        if prm.no_type2 or prm.no_type3:
-            before = t.tau[:n] <= tau
-            if prm.no_type2:
-                weights = np.where(~run & before, 0.0, weights)
-            if prm.no_type3:
-                weights = np.where(~run & ~before, 0.0, weights)
-        bound = inst >= 0
-        return np.bincount(
-            np.where(bound, inst, 0),
-            weights=np.where(bound, weights, 0.0),
-            minlength=view.n_instances,
-        )
+        return self._per_instance(weights, tau, view, run)
 
     def tau_load(self, tau: float, view: ClusterView) -> np.ndarray:
         """L_j(τ) for every instance index, over whole table columns (no boolean gathers).

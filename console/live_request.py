@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+PROGRESS_EVERY_S = 0.05
+"""How often a streaming request's token count is passed to the dispatcher (at most)."""
 PREFILL_ATTEMPTS = 2
 """A prefill leg that fails (instance unreachable or 5xx) is sent once more, to another instance."""
 
@@ -273,12 +275,18 @@ class LiveRequest:
     async def _relay(self, c: Controller, client: ClientChannel, r: Any, decode_id: str) -> None:
         progress = c.dispatcher.on_progress
         rid = self.request.id
+        next_report = 0.0
 
         def on_tokens(n: int) -> None:
+            # The dispatcher learns this request's progress at most every PROGRESS_EVERY_S: its
+            # decode-rate estimate needs no more, and a busy stream sends tens of tokens a second.
+            nonlocal next_report
             now = time.monotonic()
             if self.first_token_at is None:
                 self.first_token_at = now
-            progress(rid, n, now)
+            if now >= next_report:
+                next_report = now + PROGRESS_EVERY_S
+                progress(rid, n, now)
 
         try:
             counter = await relay_stream(r, client.write, on_tokens, client.gone)

@@ -51,6 +51,8 @@ class ConsoleConfig(BaseModel):
     connect_timeout_s: float = Field(30.0, gt=0, description="how long the gateway waits for a TCP connection to an instance (a refused one fails at once)")
     probe_timeout_s: float = Field(2.0, gt=0, description="how long /health and /metrics may take before a probe fails (a busy CPU vLLM answers slowly)")
     down_after_failures: int = Field(2, ge=1, description="failed probes in a row that mark an instance down")
+    breaker_failures: int = Field(5, ge=1, description="requests failing in a row on an instance that open its circuit breaker")
+    breaker_cooloff_s: float = Field(10.0, gt=0, description="how long an open breaker keeps the instance out of routing before one request tries it")
     drain_timeout_s: float = Field(10.0, ge=0, description="on shutdown, how long in-flight requests may take to finish")
     instance_drain_timeout_s: float = Field(300.0, ge=0, description="on scale-in, how long a draining instance's requests may take before it is stopped anyway")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)

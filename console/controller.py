@@ -16,6 +16,7 @@ from adapters.backends import Backend, Capability
 from adapters.store import RunRecorder, RunStore
 from adapters.vllm.instances import Instance
 from adapters.vllm.poller import Poller
+from console.breaker import BreakerState, CircuitBreaker
 from console.config import ConsoleConfig
 from console.errors import ConsoleError
 from console.events import EventBus
@@ -93,6 +94,8 @@ class Controller:
         self.total = 0
         self.failed = 0
         self.shed = 0
+        self.breakers: dict[str, CircuitBreaker] = {}
+        """Per-instance circuit breakers (console/breaker.py), made on an instance's first failure."""
         self._held: dict[str, LiveRequest] = {}
         """Requests the queue policy holds, by id (their futures are resolved on release)."""
         self.poller = Poller(
@@ -291,6 +294,9 @@ class Controller:
             await asyncio.sleep(PERIODIC_TICK_S)
             self._expire_queued()
             now = time.monotonic()
+            for iid, b in list(self.breakers.items()):
+                if b.tick(now) is not None and iid in self.instances:
+                    self._breaker_event(self.instances[iid], b.state)
             if now < self.dispatcher.next_periodic_at():
                 continue
             decisions = self.dispatcher.periodic(now)
@@ -354,14 +360,49 @@ class Controller:
         self.events.publish("instance", instance=instance_id, role=role.value if role else None, event=event, detail=detail, source=source, t=t)
 
     def upstream_failed(self, instance_id: str) -> None:
-        """The proxy could not talk to an instance: poll now instead of waiting for the next round."""
-        if instance_id in self.instances:
-            self.instances[instance_id].failed += 1
+        """A leg failed because of the instance: count it on its breaker and poll it now."""
+        inst = self.instances.get(instance_id)
+        if inst is not None:
+            inst.failed += 1
+            changed = self._breaker(instance_id).failure(time.monotonic())
+            if changed is not None:
+                self._breaker_event(inst, changed)
         self.poller.kick()
+
+    def upstream_ok(self, instance_id: str) -> None:
+        """A leg succeeded on the instance (cheap when its breaker is closed and clean)."""
+        b = self.breakers.get(instance_id)
+        if b is None or (b.consecutive == 0 and b.state == BreakerState.CLOSED):
+            return
+        changed = b.success()
+        inst = self.instances.get(instance_id)
+        if changed is not None and inst is not None:
+            self._breaker_event(inst, changed)
+
+    def _breaker(self, instance_id: str) -> CircuitBreaker:
+        b = self.breakers.get(instance_id)
+        if b is None:
+            b = self.breakers[instance_id] = CircuitBreaker(self.config.breaker_failures, self.config.breaker_cooloff_s)
+        return b
+
+    def _breaker_event(self, inst: Instance, state: BreakerState) -> None:
+        self._apply_health(inst)
+        b = self.breakers[inst.id]
+        detail = {
+            BreakerState.OPEN: f"{b.consecutive} requests in a row failed on it: routing stops for {b.cooloff_s:g} s",
+            BreakerState.HALF_OPEN: "cool-off over: the next request tries it again",
+            BreakerState.CLOSED: "a request succeeded on it: routing as usual",
+        }[state]
+        self.instance_event(inst.id, inst.role, f"circuit_{state.value}", detail)
+
+    def _apply_health(self, inst: Instance) -> None:
+        """Routable when its probes pass and its breaker allows it."""
+        b = self.breakers.get(inst.id)
+        self.dispatcher.set_health(inst.id, inst.healthy and (b is None or b.allows))
 
     # --- poller callbacks --------------------------------------------------------------------------
     def _on_status(self, inst: Instance, healthy: bool, reason: str) -> None:
-        self.dispatcher.set_health(inst.id, healthy)
+        self._apply_health(inst)
         self.metrics.instance_up.labels(instance=inst.id, role=inst.role.value).set(1 if healthy else 0)
         self.instance_event(inst.id, inst.role, "up" if healthy else "down", reason)
         if healthy:
@@ -399,6 +440,7 @@ class Controller:
                     "id": inst.id,
                     "role": inst.role.value,
                     "phase": str(d.phase_of(inst.id)),
+                    "breaker": self.breakers[inst.id].state.value if inst.id in self.breakers else "closed",
                     "url": inst.url,
                     "healthy": inst.healthy,
                     "managed": inst.managed,

@@ -242,6 +242,7 @@ class LiveRequest:
             end = time.monotonic()
             d.on_prefill_end(rid, end, end - now)
             inst.routed += 1
+            c.upstream_ok(inst.id)
             return reply
 
     async def _decode(self, c: Controller, client: ClientChannel, reply: dict[str, Any]) -> None:
@@ -262,6 +263,7 @@ class LiveRequest:
                     self.first_token_at = time.monotonic()  # a whole reply: its first token arrives with the last
                     self.output_tokens = completion_tokens(orjson.loads(raw))
                     self.ok = True
+                    c.upstream_ok(dec.id)
                     await client.respond(200, raw, [*JSON_HEADERS, (b"x-request-id", self.id.encode())])
                     return
                 await client.start_stream(self.id)
@@ -302,6 +304,7 @@ class LiveRequest:
             return
         if counter.done and counter.error is None:
             self.ok = True
+            c.upstream_ok(decode_id)
         else:
             self.reason = f"decode {decode_id} stream ended early: {counter.error or 'no [DONE]'}"
         await client.end()

@@ -29,7 +29,7 @@ def describe(event: Mapping[str, Any], p: Palette) -> tuple[str, str, str]:
         text = f"{event.get('instance')} ({event.get('role') or '?'}) {what.upper()}{detail}{source}"
         if what == "up":
             return "UP", text, p.ok
-        if what in ("down", "failed", "refused"):
+        if what in ("down", "failed", "refused", "circuit_open"):
             return what.upper()[:6], text, p.bad
         return "SCALE", text, p.warn  # starting, added, draining, removed, flipped
     if kind == "failure":

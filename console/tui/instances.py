@@ -38,8 +38,13 @@ def _queue(inst: Mapping[str, Any]) -> float:
 
 
 def _health(inst: Mapping[str, Any], p: Palette) -> Text:
-    """UP / DOWN, or the lifecycle phase while an instance starts or drains."""
+    """UP / DOWN, OPEN / PROBE while its circuit breaker is open or half-open, or the phase while it starts or drains."""
     phase = str(inst.get("phase") or "active")
+    breaker = str(inst.get("breaker") or "closed")
+    if breaker == "open":
+        return Text("OPEN", style=p.bad)  # its circuit breaker keeps it out of routing
+    if breaker == "half_open":
+        return Text("PROBE", style=p.warn)
     if phase == "starting":
         return Text("STARTING", style=p.warn)
     if phase == "draining":

@@ -250,7 +250,10 @@ class LiveRequest:
         d = c.dispatcher
         rid = self.request.id
         if self.decode_instance is None:
-            self.decode_instance = d.bind_late(rid, time.monotonic())
+            try:
+                self.decode_instance = d.bind_late(rid, time.monotonic())
+            except NoCapacityError as e:
+                raise Rejected(503, f"no capacity at prefill end: {e}; try again when instances recover", c.retry_after_s()) from None
         self.enter(Step.DECODE_BOUND)
         dec = c.instances[self.decode_instance]
         payload = orjson.dumps(decode_leg_body(self.body, reply.get("kv_transfer_params")))

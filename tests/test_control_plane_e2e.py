@@ -239,3 +239,23 @@ def test_a_request_queued_past_its_ttl_gets_a_prompt_503_with_retry_after(tmp_pa
     finally:
         con.stop()
         kill_children(con.home)
+
+
+def test_a_policy_that_binds_late_chooses_the_decode_instance_at_prefill_end(tmp_path: Path) -> None:
+    """least_load with bind=prefill_end: routed with no decode instance, bound when leg 1 returns."""
+    con = start_console(tmp_path, "--profile", PROFILE, "--prefill", "1", "--decode", "2", "--policy", "least_load",
+                        "--param", "bind=prefill_end")
+    try:
+        assert con.state()["policies"]["routing"]["params"]["bind"] == "prefill_end"
+        c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
+        for _ in range(4):
+            out = c.completions.create(model="sibyl-model", prompt=[3] * 8, max_tokens=3, extra_body={"ignore_eos": True})
+            assert out.usage is not None and out.usage.completion_tokens == 3
+        con.stop()
+        rows = RunStore(con.db).requests(con.run_id)
+        assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
+        assert {r["decode_instance"] for r in rows} <= {"d0", "d1"} and all(r["decode_instance"] for r in rows)
+        assert all(r["prefill_end"] >= r["prefill_start"] and r["decode_start"] >= r["prefill_end"] for r in rows)
+    finally:
+        con.stop()
+        kill_children(con.home)

@@ -535,9 +535,8 @@ def catalog(live: bool = False) -> list[dict[str, Any]]:
     the simulator-only ones (a clairvoyant needs true output lengths no live console knows)."""
     out = []
     for s in registry.specs():
-        sim_only = bool(getattr(s.factory, "needs_true_lengths", False))
-        if live and sim_only:
+        if live and s.sim_only:
             continue
         out.append({"kind": s.kind.value, "name": s.name, "summary": s.summary, "params_schema": s.schema(),
-                    "defaults": s.defaults(), "sim_only": sim_only})
+                    "defaults": s.defaults(), "sim_only": s.sim_only})
     return out

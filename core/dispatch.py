@@ -18,7 +18,7 @@ from core.admission import AdmissionControl
 from core.errors import NoCapacityError, PolicyError
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
 from core.perf import PerfProfile
-from core.periodic import PeriodicRunner, ScalingSignals, compute_signals
+from core.periodic import PERIODIC_KINDS, PeriodicRunner, ScalingSignals, compute_signals
 from core.policies import registry
 from core.policies.base import QueuePolicy, ReschedulePolicy, RoutingPolicy, ScalingPolicy
 from core.request_table import RUNNING, RequestTable
@@ -118,7 +118,8 @@ class Dispatcher:
         for kind, name, params in initial:
             policy = self._build(kind, name, params)
             self.policies[kind] = policy
-            self.runner.schedule(kind, policy, 0.0)
+            if kind in PERIODIC_KINDS:
+                self.runner.schedule(kind, policy, 0.0)
             self.policy_events.append(
                 PolicyEvent(0.0, kind, None, name, policy.params.model_dump(), "config")
             )
@@ -140,13 +141,12 @@ class Dispatcher:
         return name + "(" + ",".join(f"{k}={v}" for k, v in sorted(params.items())) + ")"
 
     def _build(self, kind: PolicyKind, name: str, params: dict[str, Any] | None) -> Any:
-        policy = registry.build(kind, name, params)
-        if getattr(policy, "needs_true_lengths", False) and not self.true_lengths:
+        if registry.spec(kind, name).sim_only and not self.true_lengths:
             raise PolicyError(
                 f"{name} knows every request's true output length, so it runs only in the "
                 "simulator (sim, runs whatif)"
             )
-        return policy
+        return registry.build(kind, name, params)
 
     # --- the active policies --------------------------------------------------------------------
     @property
@@ -198,7 +198,7 @@ class Dispatcher:
         if k == PolicyKind.QUEUE and old is not None:
             self.admission.hand_over(old, new)
         self.policies[k] = new
-        if k in (PolicyKind.RESCHEDULE, PolicyKind.SCALING):
+        if k in PERIODIC_KINDS:
             self.runner.schedule(k, new, now)
             if k == PolicyKind.SCALING:
                 self._signals_at = (now, self.admission.arrivals)
@@ -565,7 +565,7 @@ class Dispatcher:
         The constructor anchors them at 0, which is right for the simulator; a live caller whose
         clock is time.monotonic() calls this once when traffic starts.
         """
-        for kind in (PolicyKind.RESCHEDULE, PolicyKind.SCALING):
+        for kind in PERIODIC_KINDS:
             self.runner.schedule(kind, self.policies[kind], now)
         self._signals_at = (now, self.admission.arrivals)
 

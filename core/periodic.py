@@ -124,7 +124,7 @@ class PeriodicRunner:
 
     def schedule(self, kind: PolicyKind, policy: Any, now: float) -> None:
         """(Re)start a kind's cadence: first call one period after `now`, or never for no-ops."""
-        if getattr(policy, "acts", False):
+        if policy.acts:
             self.due[kind] = now + float(policy.params.period_s)
         else:
             self.due.pop(kind, None)

@@ -78,9 +78,6 @@ class RoutingPolicyBase(PolicyBase):
     needs_true_lengths: bool = False
     """True for oracles that read `table.max_out` as the true output length (simulator only)."""
 
-    def route(self, request: Request, view: ClusterView) -> Assignment:
-        raise NotImplementedError
-
     def display_load(self, view: ClusterView) -> np.ndarray:
         """Load per instance index as this policy weighs it (dashboards): running + pending here."""
         load: np.ndarray = (view.running_counts() + view.pending_counts()).astype(float)
@@ -181,12 +178,6 @@ class ReschedulePolicyBase(PolicyBase):
     acts: bool = True
     params: PeriodicParams
 
-    def __init__(self, params: PeriodicParams) -> None:
-        super().__init__(params)
-
-    def propose(self, view: ClusterView, now: float) -> list[Migration]:
-        raise NotImplementedError
-
 
 @runtime_checkable
 class ScalingPolicy(Protocol):
@@ -209,9 +200,3 @@ class ScalingPolicyBase(PolicyBase):
     kind: ClassVar[PolicyKind] = PolicyKind.SCALING
     acts: bool = True
     params: PeriodicParams
-
-    def __init__(self, params: PeriodicParams) -> None:
-        super().__init__(params)
-
-    def propose(self, signals: ScalingSignals, view: ClusterView, now: float) -> list[ScaleAction]:
-        raise NotImplementedError

@@ -33,6 +33,12 @@ class PolicySpec:
     def defaults(self) -> dict[str, Any]:
         return self.params_model().model_dump()
 
+    @property
+    def sim_only(self) -> bool:
+        """Whether the policy reads every request's true output length, which only the
+        simulator knows (a routing policy class declaring `needs_true_lengths = True`)."""
+        return bool(getattr(self.factory, "needs_true_lengths", False))
+
 
 _REGISTRY: dict[PolicyKind, dict[str, PolicySpec]] = {k: {} for k in PolicyKind}
 _loaded = False

@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from adapters.pids import running, stop_group
 
 
 def guarded(cmd: list[str]) -> list[str]:
@@ -68,37 +69,11 @@ def reap(runs_dir: Path, grace_s: float = 10.0) -> list[Leftover]:
             pid, console = int(data["pid"]), int(data["console_pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if start_time(console) is not None and not _zombie(console):
+        if running(console):
             continue  # its console still runs (this one, or another on this host)
         if data.get("start_time") is None or start_time(pid) != data["start_time"]:
             path.unlink(missing_ok=True)  # gone, or the pid was reused by something else
             continue
-        found.append(Leftover(path.parent.parent.name, str(data.get("instance", path.stem)), pid, _stop_group(pid, grace_s)))
+        found.append(Leftover(path.parent.parent.name, str(data.get("instance", path.stem)), pid, stop_group(pid, grace_s)))
         path.unlink(missing_ok=True)
     return found
-
-
-def _stop_group(pid: int, grace_s: float) -> bool:
-    """SIGTERM the process group led by `pid`, SIGKILL it after `grace_s`; True once it is gone."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if start_time(pid) is None or _zombie(pid):
-            return True
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    return True
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2] == "Z"

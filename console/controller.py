@@ -8,7 +8,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from console.config import ConsoleConfig
 from console.errors import ConsoleError
 from console.events import EventBus
 from console.gateway_metrics import GatewayMetrics
+from console.live_request import LiveRequest, Rejected, Step
 from console.scaler import Scaler
 from core.dispatch import Dispatcher
 from core.errors import ConfigError, PolicyError, SibylError
@@ -28,9 +29,6 @@ from core.perf import get_profile
 from core.policies import registry
 from core.slo import SlidingWindow
 from core.types import PolicyEvent, PolicyKind, Role, ScaleAction
-
-if TYPE_CHECKING:
-    from console.live_request import LiveRequest
 
 PERIODIC_TICK_S = 0.1
 """How often the controller expires queued requests and asks whether periodic policies are due."""
@@ -218,8 +216,6 @@ class Controller:
     def _expire_queued(self) -> None:
         if not self._held:
             return
-        from console.live_request import Rejected
-
         ttl = self.dispatcher.policies[PolicyKind.QUEUE].params.ttl_s
         for req in self.dispatcher.expire(time.monotonic()):
             live = self._held.pop(str(req.id), None)
@@ -231,8 +227,6 @@ class Controller:
         return max(1.0, self.config.poll_interval_s + self.profile.max_model_len / max(self.dispatcher.view.decode_rate.value, 1.0) / 8)
 
     def request_done(self, live: LiveRequest) -> None:
-        from console.live_request import Step
-
         d = self.dispatcher
         rid = live.request.id
         finish = live.times[live.step]

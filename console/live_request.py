@@ -59,6 +59,13 @@ class Step(StrEnum):
     FAILED = "failed"
 
 
+async def respond(send: Callable[[dict[str, Any]], Awaitable[None]], status: int, body: bytes,
+                  headers: list[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
+    """A whole response in two ASGI messages."""
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 class Rejected(Exception):
     """The request leaves before reaching an instance (queue full, expired, no capacity)."""
 
@@ -84,8 +91,7 @@ class ClientChannel:
 
     async def respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
         self.started = True
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-        await self._send({"type": "http.response.body", "body": body})
+        await respond(self._send, status, body, headers)
 
     async def error(self, status: int, message: str, retry_after_s: float | None = None) -> None:
         headers = JSON_HEADERS if retry_after_s is None else [*JSON_HEADERS, (b"retry-after", str(max(1, round(retry_after_s))).encode())]

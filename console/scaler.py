@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from adapters.backends import Capability, require
 from adapters.errors import BackendError
@@ -69,8 +70,8 @@ class Scaler:
             c.instance_event(action.instance_id or "-", action.role, "refused", f"{action.action}: {e}", source)
             raise
 
-    def _spawn(self, coro: object, name: str) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

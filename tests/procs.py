@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from adapters.emulator.process import EmulatorProcess
+from adapters.pids import running
 from adapters.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,11 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def alive(pid: int) -> bool:
     """The process runs (it exists and is not a zombie nobody has reaped yet)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rfind(")") + 2] != "Z"
+    return running(pid)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.errors import BackendError
 from adapters.orphans import guarded
+from adapters.pids import stop_group
 from adapters.ports import free_port
 from adapters.redact import redact_args, redact_env
 from core.errors import ConfigError
@@ -216,47 +216,9 @@ def plan_specs(specs: Sequence[VllmInstanceSpec], cores: Sequence[int] | None = 
     return planned
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is still in process group `pgid`."""
-    proc = Path("/proc")
-    if proc.is_dir():
-        for entry in proc.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-                return True
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
     """SIGTERM the process group `proc` leads, wait up to `grace_s`, then SIGKILL what is left."""
-    pgid = proc.pid
-    proc.poll()
-    if not _group_alive(pgid):
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()
-        if not _group_alive(pgid):
-            break
-        time.sleep(0.1)
-    else:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+    stop_group(proc.pid, grace_s, reap=proc.poll)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
 

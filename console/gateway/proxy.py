@@ -17,7 +17,7 @@ import orjson
 from adapters.vllm.forward import forward_headers
 from console.controller import Controller
 from console.gateway.errors import error_body
-from console.live_request import JSON_HEADERS, ClientChannel, LiveRequest
+from console.live_request import JSON_HEADERS, ClientChannel, LiveRequest, respond
 from core.types import Request
 
 Scope = dict[str, Any]
@@ -64,11 +64,6 @@ async def read_body(receive: Any, limit: int) -> bytes:
         chunks.append(chunk)
         if not msg.get("more_body"):
             return b"".join(chunks)
-
-
-async def respond(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 class Proxy:

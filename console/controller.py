@@ -91,7 +91,6 @@ class Controller:
         self.in_flight = 0
         self.total = 0
         self.failed = 0
-        self.shed = 0
         self.breakers: dict[str, CircuitBreaker] = {}
         """Per-instance circuit breakers (console/breaker.py), made on an instance's first failure."""
         self._held: dict[str, LiveRequest] = {}

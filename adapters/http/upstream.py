@@ -113,9 +113,8 @@ class _Connection(asyncio.Protocol):
             self._wake = asyncio.get_running_loop().create_future()
             await self._wake
             self._wake = None
-        data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self.chunks)
-        if len(self.chunks) > 0:
-            self.chunks.clear()
+        data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks.clear()
         self.buffered = 0
         if self.paused and self.transport is not None:
             self.paused = False

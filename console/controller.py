@@ -94,6 +94,8 @@ class Controller:
         self.breakers: dict[str, CircuitBreaker] = {}
         """Per-instance circuit breakers (console/breaker.py), made on an instance's first failure."""
         self._held: dict[str, LiveRequest] = {}
+        self._lost: dict[str, asyncio.Event] = {}
+        """Per instance, an event set when it is marked down (LiveRequest.lost_prefill waits on it)."""
         """Requests the queue policy holds, by id (their futures are resolved on release)."""
         self.poller = Poller(
             lambda: list(self.instances.values()),
@@ -394,7 +396,28 @@ class Controller:
         self.dispatcher.set_health(inst.id, inst.healthy and (b is None or b.allows))
 
     # --- poller callbacks --------------------------------------------------------------------------
+    def lost_signal(self, instance_id: str) -> asyncio.Event:
+        """An event set once the instance is marked down (a fresh one is handed out after it recovers)."""
+        ev = self._lost.get(instance_id)
+        if ev is None:
+            ev = asyncio.Event()
+            if instance_id in self.instances:
+                self._lost[instance_id] = ev
+            else:
+                ev.set()
+        return ev
+
+    def instance_removed(self, instance_id: str) -> None:
+        """The instance left the cluster: whoever waits on its lost signal hears it now."""
+        ev = self._lost.pop(instance_id, None)
+        if ev is not None:
+            ev.set()
+
     def _on_status(self, inst: Instance, healthy: bool, reason: str) -> None:
+        if healthy:
+            self._lost.pop(inst.id, None)
+        else:
+            self.lost_signal(inst.id).set()
         self._apply_health(inst)
         self.metrics.instance_up.labels(instance=inst.id, role=inst.role.value).set(1 if healthy else 0)
         self.instance_event(inst.id, inst.role, "up" if healthy else "down", reason)

@@ -15,6 +15,7 @@ the controller once. Nothing else builds or mutates the outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,7 @@ from core.errors import NoCapacityError
 from core.types import Admission, Request
 
 if TYPE_CHECKING:
+    from adapters.vllm.instances import Instance
     from console.controller import Controller
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,7 @@ class LiveRequest:
     __slots__ = (
         "request", "path", "body", "stream", "forward_headers", "step", "times", "prefill_instance",
         "decode_instance", "tried_prefill", "output_tokens", "reason", "ok", "released", "first_token_at",
+        "recovered",
     )
 
     def __init__(self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes) -> None:
@@ -149,6 +152,8 @@ class LiveRequest:
         self.released: asyncio.Future[None] | None = None
         """Resolved by the controller when a queued request may be routed."""
         self.first_token_at: float | None = None
+        self.recovered: str | None = None
+        """What the gateway did to save this request after a failure (it is recorded as the reason)."""
 
     @property
     def id(self) -> str:
@@ -189,6 +194,8 @@ class LiveRequest:
                 await client.error(500, f"the gateway failed on this request ({type(e).__name__}); it is recorded as {self.id}")
         finally:
             client.close()
+            if self.recovered is not None:
+                self.reason = self.recovered if self.reason is None else f"{self.recovered}; then {self.reason}"
             self.enter(Step.FINISHED if self.ok else Step.FAILED)
             c.request_done(self)
 
@@ -252,7 +259,12 @@ class LiveRequest:
             return reply
 
     async def _decode(self, c: Controller, client: ClientChannel, reply: dict[str, Any]) -> None:
-        """Bind the decode instance if the policy binds late, then leg 2, relayed to the client."""
+        """Bind the decode instance if the policy binds late, then leg 2, relayed to the client.
+
+        The decode instance pulls the prompt's KV from the prefill instance. If that instance is
+        marked down before the first token arrived, the pull may never finish (vLLM keeps a NIXL
+        read to a dead peer open): the leg is dropped and sent again without `kv_transfer_params`,
+        so the decode instance computes the prompt itself."""
         d = c.dispatcher
         rid = self.request.id
         if self.decode_instance is None:
@@ -262,8 +274,32 @@ class LiveRequest:
                 raise Rejected(503, f"no capacity at prefill end: {e}; try again when instances recover", c.retry_after_s()) from None
         self.enter(Step.DECODE_BOUND)
         dec = c.instances[self.decode_instance]
-        payload = orjson.dumps(decode_leg_body(self.body, reply.get("kv_transfer_params")))
+        kv = reply.get("kv_transfer_params")
         d.on_decode_start(rid, self.enter(Step.DECODING))
+        if kv is None:
+            await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, None)))
+            return
+        lost = c.lost_signal(self.prefill_instance or "")
+        if not lost.is_set():
+            leg = asyncio.ensure_future(self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, kv))))
+            lost_wait = asyncio.ensure_future(lost.wait())
+            try:
+                await asyncio.wait((leg, lost_wait), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                lost_wait.cancel()
+            if leg.done() or self.first_token_at is not None:
+                await leg  # finished, or its KV arrived before the prefill instance was lost
+                return
+            leg.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await leg
+        self.recovered = (f"prefill {self.prefill_instance} was lost before decode {dec.id} received the prompt's KV: "
+                          f"the prompt was recomputed on {dec.id}")
+        log.warning("request %s: %s", self.id, self.recovered)
+        await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, None)))
+
+    async def _decode_leg(self, c: Controller, client: ClientChannel, dec: Instance, payload: bytes) -> None:
+        """One decode leg to `dec`, its answer relayed to the client."""
         try:
             async with decode_leg(dec, self.path, payload, self.forward_headers) as r:
                 dec.routed += 1
@@ -275,8 +311,9 @@ class LiveRequest:
                     c.upstream_ok(dec.id)
                     await client.respond(200, raw, [*JSON_HEADERS, (b"x-request-id", self.id.encode())])
                     return
-                await client.start_stream(self.id)
-                client.watch()
+                if not client.started:
+                    await client.start_stream(self.id)
+                    client.watch()
                 await self._relay(c, client, r, dec.id)
         except UpstreamFailure as e:
             if e.instance_fault:

@@ -104,6 +104,7 @@ class Scaler:
             await asyncio.sleep(DRAIN_POLL_S)
         left = c.dispatcher.in_flight(iid)
         inst = c.instances.pop(iid)
+        c.instance_removed(iid)
         c.dispatcher.remove_instance(iid)
         await inst.close()
         await c.backend.remove(iid)

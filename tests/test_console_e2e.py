@@ -334,3 +334,58 @@ def test_client_disconnect_mid_stream_stops_the_relay_and_is_recorded(console: C
     wait_for(lambda: any(r["request_id"] == "gone-1" for r in RunStore(console.db).requests(console.run_id)), 5, "the record")
     row = next(r for r in RunStore(console.db).requests(console.run_id) if r["request_id"] == "gone-1")
     assert row["status"] == "failed" and row["reason"].startswith("client disconnected mid-stream")
+
+
+def _counter(metrics_text: str, name: str, **labels: str) -> float:
+    """The sum of a counter's samples whose labels include `labels`."""
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(metrics_text)
+        for s in fam.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_a_prefill_instance_lost_before_its_kv_is_pulled_is_recomputed_on_the_decode_instance(tmp_path: Path) -> None:
+    # vLLM keeps a NIXL read to a dead peer open (the decode leg then never answers); the emulator's
+    # kv_pull_hang fault reproduces it. When the console marks the prefill instance down, it drops
+    # the stuck decode legs and sends them again without kv_transfer_params.
+    con = start_console(tmp_path, *FAST, "--prefill", "1", "--decode", "1")
+    try:
+        urls = {i["id"]: i["url"] for i in con.state()["instances"]}
+        httpx.put(urls["p0"] + "/admin/faults", json={"kv_pull_hang": True}).raise_for_status()
+        local_before = _counter(httpx.get(urls["d0"] + "/metrics").text, "vllm:prompt_tokens_by_source_total", source="local_compute")
+        c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        results: dict[str, str] = {}
+
+        def call(stream: bool) -> None:
+            try:
+                if stream:
+                    s = c.completions.create(model="sibyl-model", prompt="lost kv", max_tokens=8, stream=True, extra_body={"ignore_eos": True})
+                    results["stream"] = "".join(ch.choices[0].text for ch in s if ch.choices)
+                else:
+                    results["whole"] = c.completions.create(model="sibyl-model", prompt="lost kv", max_tokens=8, extra_body={"ignore_eos": True}).choices[0].text
+            except Exception as e:  # noqa: BLE001
+                results["stream" if stream else "whole"] = f"error:{type(e).__name__}: {e}"
+
+        threads = [threading.Thread(target=call, args=(stream,)) for stream in (True, False)]
+        for t in threads:
+            t.start()
+        # both decode legs are on d0, waiting on pulls p0 never answers
+        wait_for(lambda: httpx.get(urls["d0"] + "/load").json()["server_load"] == 2, 10, "both decode legs stuck on d0")
+        assert all(t.is_alive() for t in threads) and con.state()["requests"]["in_flight"] == 2
+        httpx.put(urls["p0"] + "/admin/faults", json={"unhealthy": True}).raise_for_status()
+        for t in threads:
+            t.join(30)
+        whole = "".join(f" t{k}" for k in range(8))
+        assert results == {"stream": whole, "whole": whole}, results
+        local_after = _counter(httpx.get(urls["d0"] + "/metrics").text, "vllm:prompt_tokens_by_source_total", source="local_compute")
+        assert local_after - local_before >= 2  # both prompts were computed on d0 itself
+        assert httpx.get(urls["d0"] + "/load").json()["server_load"] == 0  # the dropped legs left nothing behind
+        con.stop()
+        rows = RunStore(con.db).requests(con.run_id)
+        assert [r["status"] for r in rows] == ["ok", "ok"]
+        assert all("prefill p0 was lost before decode d0 received the prompt's KV" in r["reason"] for r in rows)
+    finally:
+        con.stop()
+        kill_children(con.home)

@@ -204,10 +204,23 @@ class EmulatedInstance:
         try:
             external = 0
             if kv.get("do_remote_prefill") and not prefill_leg:
+                pull = asyncio.ensure_future(self._pull(req, kv))
+
+                def client_left() -> None:  # vLLM aborts a request whose client left
+                    pull.cancel()
+
+                watch = watch_disconnect(receive, client_left)
                 try:
-                    external = await self._pull(req, kv)
+                    external = await pull
                 except PullFailed:
                     return await respond(send, 500, INTERNAL.body())
+                except asyncio.CancelledError:
+                    me = asyncio.current_task()
+                    if me is not None and me.cancelling():
+                        raise
+                    return None  # the client left while its KV was being pulled
+                finally:
+                    watch.cancel()
             seq = self._sequence(req, xid, arrival, prefill_leg, external)
             fmt = Formatter(req, ("chatcmpl-" if chat else "cmpl-") + xid, self.created)
             if req.stream and not prefill_leg:
@@ -310,6 +323,7 @@ class EmulatedInstance:
             return await respond(send, 400, orjson.dumps({"error": "bad pull request"}))
         if not isinstance(body, dict) or body.get("remote_engine_id") != self.engine_id:
             return await respond(send, 404, orjson.dumps({"error": "unknown engine"}))
+        await self.faults.wait_pulls_flow()
         held = self.holder.take(str(body.get("remote_request_id")))
         if held is None:
             return await respond(send, 410, orjson.dumps({"error": "no blocks held for this request (expired or pulled)"}))

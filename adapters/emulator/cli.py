@@ -23,7 +23,7 @@ Engine: continuous batching with --max-num-seqs slots and a FIFO (or priority) w
 
 P/D (vLLM's NIXL pull protocol): a request with kv_transfer_params.do_remote_decode runs prefill only and answers one token plus kv_transfer_params naming this instance (remote_host and remote_port are its own HTTP address); its blocks stay allocated for --kv-lease-s. A decode request carrying those params pulls them with a real POST /kv/pull to that address, which takes the profile's KV-transfer time. Nothing listening there: 500 after --kv-handshake-timeout-s, or with --kv-load-failure-policy recompute (or that key in kv_transfer_params) the prompt is computed locally. Expired blocks or a lost prefill engine: 500 at once.
 
-Faults: the flags below, or at run time GET/PUT /admin/faults with {"fail_rate", "fail_status", "slowdown", "hang", "unhealthy", "exit_after_requests", "exit_after_s"} and POST /admin/exit (the process exits with status 3 like a crash; with --instances N all of them go). GET /admin/info and /admin/steps show the instance and its step log. --admin-token protects /admin/.
+Faults: the flags below, or at run time GET/PUT /admin/faults with {"fail_rate", "fail_status", "slowdown", "hang", "kv_pull_hang", "unhealthy", "exit_after_requests", "exit_after_s"} and POST /admin/exit (the process exits with status 3 like a crash; with --instances N all of them go). GET /admin/info and /admin/steps show the instance and its step log. --admin-token protects /admin/.
 
 Examples:
 

@@ -27,6 +27,7 @@ class FaultConfig(BaseModel):
     fail_status: int = Field(503, ge=400, le=599, description="HTTP status of injected failures")
     slowdown: float = Field(1.0, ge=0.01, le=1000.0, description="multiplies every step and KV-transfer time")
     hang: bool = Field(False, description="accept requests but answer none (the engine pauses) until cleared")
+    kv_pull_hang: bool = Field(False, description="the KV side channel takes pulls but answers none until cleared (a peer whose network died: vLLM's NIXL read to it never completes)")
     unhealthy: bool = Field(False, description="/health answers 503")
     exit_after_requests: int | None = Field(None, ge=1, description="exit when this many generation requests have arrived")
     exit_after_s: float | None = Field(None, gt=0, description="exit this many seconds after start (or after being set)")
@@ -40,9 +41,9 @@ class Faults:
         self.rng = random.Random(seed)
         self.requests = 0
         self._unhung = asyncio.Event()
+        self._pulls_flow = asyncio.Event()
         self._exit_timer: asyncio.TimerHandle | None = None
-        if not self.config.hang:
-            self._unhung.set()
+        self._set_events()
 
     # the engine reads these on every step
     @property
@@ -55,6 +56,17 @@ class Faults:
 
     async def wait_unhung(self) -> None:
         await self._unhung.wait()
+
+    async def wait_pulls_flow(self) -> None:
+        """Return once KV pulls may be answered (at once unless kv_pull_hang is set)."""
+        await self._pulls_flow.wait()
+
+    def _set_events(self) -> None:
+        for event, held in ((self._unhung, self.config.hang), (self._pulls_flow, self.config.kv_pull_hang)):
+            if held:
+                event.clear()
+            else:
+                event.set()
 
     def arm(self) -> None:
         """Start the exit timer, if any (needs the running loop)."""
@@ -69,10 +81,7 @@ class Faults:
         new = FaultConfig.model_validate({**self.config.model_dump(), **changes})
         timer_changed = new.exit_after_s != self.config.exit_after_s
         self.config = new
-        if new.hang:
-            self._unhung.clear()
-        else:
-            self._unhung.set()
+        self._set_events()
         if timer_changed:
             self.arm()
         return new

@@ -222,6 +222,9 @@ class UpstreamPool:
                     conn, reused = await self._connect(), False
                     continue
                 raise
+            except asyncio.CancelledError:
+                conn.close()  # the caller gave up before the answer: the connection cannot be reused
+                raise
             return Response(conn, self)
 
     def close(self) -> None:

@@ -67,6 +67,7 @@ class Controller:
             queue=(config.queue.name, config.queue.params),
             reschedule=(config.reschedule.name, config.reschedule.params),
             scaling=(config.scaling.name, config.scaling.params),
+            slo=config.slo,
         )
         for kind in POLICY_NEEDS:
             check_capability(backend, kind, self.dispatcher.policies[kind].name)

@@ -256,6 +256,7 @@ class LiveRequest:
             d.on_prefill_end(rid, end, end - now)
             inst.routed += 1
             c.upstream_ok(inst.id)
+            c.release_queued()  # a queue policy may hold arrivals while prefill is backlogged
             return reply
 
     async def _decode(self, c: Controller, client: ClientChannel, reply: dict[str, Any]) -> None:

@@ -74,6 +74,7 @@ def run_one(
         scaling=plan.scaling,
         true_lengths=True,
         survival_prior_max=int(plan.output_tokens.max()) if len(plan.output_tokens) else None,
+        slo={"default": plan.slo},
     )
     sim = Simulation(
         arrivals=plan.arrivals,

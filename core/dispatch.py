@@ -22,6 +22,7 @@ from core.periodic import PERIODIC_KINDS, PeriodicRunner, ScalingSignals, comput
 from core.policies import registry
 from core.policies.base import QueuePolicy, ReschedulePolicy, RoutingPolicy, ScalingPolicy
 from core.request_table import RUNNING, RequestTable
+from core.slo import SLOClass
 from core.types import (
     Admission,
     Assignment,
@@ -84,6 +85,7 @@ class Dispatcher:
         survival_prior_max: int | None = None,
         decode_rate_prior: float | None = None,
         ratio_load: str = "requests",
+        slo: dict[str, SLOClass] | None = None,
     ) -> None:
         if ratio_load not in ("requests", "tokens"):
             raise ValueError("ratio_load must be 'requests' or 'tokens'")
@@ -101,11 +103,15 @@ class Dispatcher:
             prefill_time=PrefillTimeEstimator(profile),
             decode_rate=DecodeRateEstimator(prior_rate),
         )
+        if slo:
+            self.view.slo = {**self.view.slo, **slo}
+        self.completions = 0
+        """Requests finished (the processing rate of the scaling signals)."""
         self._index: dict[str, int] = {}
         self._tracked: dict[Hashable, _Tracked] = {}
         self.admission = AdmissionControl()
         """Requests held by the queue policy, and when each was queued."""
-        self._signals_at = (0.0, 0)
+        self._signals_at = (0.0, 0, 0)
         self.runner = PeriodicRunner()
         self.policies: dict[PolicyKind, Any] = {}
         self.policy_events: list[PolicyEvent] = []
@@ -201,7 +207,7 @@ class Dispatcher:
         if k in PERIODIC_KINDS:
             self.runner.schedule(k, new, now)
             if k == PolicyKind.SCALING:
-                self._signals_at = (now, self.admission.arrivals)
+                self._signals_at = (now, self.admission.arrivals, self.completions)
         if old is not None:
             old.close()
         event = PolicyEvent(
@@ -300,9 +306,18 @@ class Dispatcher:
 
     # --- admission (the queue policy) -----------------------------------------------------------
     def _room(self) -> int:
-        """Requests that may still enter: max_in_flight_per_instance × routable decode − tracked."""
-        per = self.queue.params.max_in_flight_per_instance
-        return per * self.view.routable_count(Role.DECODE) - self.view.table.n
+        """Requests that may still enter: max_in_flight_per_instance × routable decode − tracked;
+        none while every prefill instance is backlogged past max_prefill_backlog_s (if set)."""
+        params = self.queue.params
+        v = self.view
+        room = params.max_in_flight_per_instance * v.routable_count(Role.DECODE) - v.table.n
+        if params.max_prefill_backlog_s is not None and room > 0:
+            # one request per prefill instance under the limit: each release is routed (and
+            # lengthens a backlog) before the next decision
+            mask = v.prefill_mask()
+            if mask.any():
+                room = min(room, int(np.count_nonzero(v.prefill_free_at[mask] - v.now < params.max_prefill_backlog_s)))
+        return room
 
     @property
     def arrivals_total(self) -> int:
@@ -319,13 +334,25 @@ class Dispatcher:
         or `expire`, or leaves through `cancel`.
         """
         adm = self.admission
+        self.view.now = now
         if not adm.held_since and self._room() > 0:  # the common case, without the policy
             adm.arrivals += 1
             return Admission.ROUTE
         if not self.view.routable_count(Role.DECODE) or not self.view.routable_count(Role.PREFILL):
             adm.arrivals += 1  # nothing could ever release it: route, and `route` says what is missing
             return Admission.ROUTE
+        self.set_targets(request)
         return adm.admit(self.queue, request, now, self._room())
+
+    def set_targets(self, request: Request) -> None:
+        """Fill the request's TTFT/TPOT targets from its SLO class where the client set none."""
+        if request.ttft_s is None or request.tpot_s is None:
+            slo = self.view.slo
+            cls = slo.get(request.slo_class) or slo["default"]
+            if request.ttft_s is None:
+                request.ttft_s = cls.ttft_s
+            if request.tpot_s is None:
+                request.tpot_s = cls.tpot_s
 
     def release(self, now: float) -> list[Request]:
         """Held requests to route now, in the queue policy's order, while there is room.
@@ -334,6 +361,7 @@ class Dispatcher:
         """
         if not self.admission:
             return []
+        self.view.now = now
         return self.admission.release(self.queue, now, self._room())
 
     def expire(self, now: float) -> list[Request]:
@@ -361,6 +389,8 @@ class Dispatcher:
         """Choose prefill (and, unless bound late, decode) instances; start tracking the request."""
         v = self.view
         v.now = now
+        if request.tpot_s is None or request.ttft_s is None:
+            self.set_targets(request)
         router = self.routing
         a = router.route(request, v)
         p = self._index[a.prefill]
@@ -373,6 +403,8 @@ class Dispatcher:
         t.l_in[i] = request.prompt_tokens
         t.max_out[i] = request.max_tokens
         t.arrival[i] = request.arrival
+        t.ttft_slo[i] = request.ttft_s
+        t.tpot_slo[i] = request.tpot_s
         t.tau[i] = a.projected_handoff or now + est
         if a.decode is not None:
             d = t.inst[i] = self._index[a.decode]
@@ -534,6 +566,7 @@ class Dispatcher:
         if t.state[i] == RUNNING:
             v.decode_rate.observe(output_tokens, now - t.decode_start[i])
         v.survival.observe(output_tokens)
+        self.completions += 1
         self._forget(rid, now)
 
     def on_fail(self, rid: Hashable, now: float) -> None:
@@ -567,7 +600,7 @@ class Dispatcher:
         """
         for kind in PERIODIC_KINDS:
             self.runner.schedule(kind, self.policies[kind], now)
-        self._signals_at = (now, self.admission.arrivals)
+        self._signals_at = (now, self.admission.arrivals, self.completions)
 
     def periodic(self, now: float) -> PeriodicDecisions:
         """Call the reschedule and scaling policies that are due; the caller executes the result."""
@@ -578,17 +611,25 @@ class Dispatcher:
         """The signals a scaling policy sees; the arrival-rate window restarts at each call."""
         v = self.view
         v.now = now
-        t0, n0 = self._signals_at
+        t0, n0, c0 = self._signals_at
         window = now - t0
         arrivals = self.admission.arrivals
         rate = (arrivals - n0) / window if window > 0 else 0.0
-        self._signals_at = (now, arrivals)
+        done = (self.completions - c0) / window if window > 0 else 0.0
+        self._signals_at = (now, arrivals, self.completions)
+        held = self.admission.held_since
+        waits = [
+            (now - held.get(r.id, now)) / (r.ttft_s or self.view.slo["default"].ttft_s)
+            for r in self.queue.items()
+        ] if held else []
         return compute_signals(
             v,
             queue_len=len(self.admission),
             oldest_wait_s=self.admission.oldest_wait(now),
             arrival_rate=rate,
             window_s=max(window, 0.0),
+            completion_rate=done,
+            queued_wait_ratios=np.asarray(waits, dtype=float),
         )
 
     # --- summaries ------------------------------------------------------------------------------

@@ -53,6 +53,12 @@ class ScalingSignals:
     """Requests admitted, queued or shed per second over the last `window_s`."""
     window_s: float
     """The window of `arrival_rate`: time since the previous signals (the policy's period)."""
+    completion_rate: float = 0.0
+    """Requests finished per second over the same window (the processing rate)."""
+    queued_wait_ratios: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per held request: how long it has waited over its TTFT target."""
+    decode_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per active decode instance: KV tokens bound to it (running + pending prompts)."""
 
     def count(self, role: Role, phase: InstancePhase = InstancePhase.ACTIVE) -> int:
         return self.phases.get(role, {}).get(phase, 0)
@@ -88,6 +94,8 @@ def compute_signals(
     oldest_wait_s: float,
     arrival_rate: float,
     window_s: float,
+    completion_rate: float = 0.0,
+    queued_wait_ratios: np.ndarray | None = None,
 ) -> ScalingSignals:
     """Build ScalingSignals from the view at `view.now`."""
     phases: dict[Role, dict[InstancePhase, int]] = {}
@@ -112,6 +120,9 @@ def compute_signals(
         oldest_wait_s=oldest_wait_s,
         arrival_rate=arrival_rate,
         window_s=window_s,
+        completion_rate=completion_rate,
+        queued_wait_ratios=np.zeros(0) if queued_wait_ratios is None else queued_wait_ratios,
+        decode_tokens=view.decode_tokens()[dmask],
     )
 
 

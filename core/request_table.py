@@ -11,7 +11,7 @@ PENDING = 1
 RUNNING = 2
 """Decoding on its decode instance."""
 
-_FLOAT_COLUMNS = ("l_in", "l_obs", "t_obs", "v", "tau", "arrival", "decode_start", "max_out")
+_FLOAT_COLUMNS = ("l_in", "l_obs", "t_obs", "v", "tau", "arrival", "decode_start", "max_out", "ttft_slo", "tpot_slo")
 _INT_COLUMNS = ("inst", "prefill", "state")
 
 
@@ -21,7 +21,8 @@ class RequestTable:
     Columns: `inst` decode instance index (-1 unbound), `prefill` prefill instance index, `state`
     PENDING/RUNNING, `l_in` prompt tokens, `l_obs` generated tokens at the last observation `t_obs`,
     `v` observed decode rate (tokens/s), `tau` projected decode start (pending rows), `arrival`,
-    `decode_start`, `max_out` max output tokens (the true output length in the simulator).
+    `decode_start`, `max_out` max output tokens (the true output length in the simulator),
+    `ttft_slo` / `tpot_slo` the request's latency targets (seconds).
     """
 
     def __init__(self, capacity: int = 1024) -> None:
@@ -56,6 +57,8 @@ class RequestTable:
     arrival: np.ndarray
     decode_start: np.ndarray
     max_out: np.ndarray
+    ttft_slo: np.ndarray
+    tpot_slo: np.ndarray
     inst: np.ndarray
     prefill: np.ndarray
     state: np.ndarray

@@ -45,6 +45,10 @@ class Request:
     """Lower runs earlier, as in vLLM's priority scheduling."""
     tenant: str = ""
     """Who sent it; queue policies share a priority band fairly between tenants."""
+    ttft_s: float | None = None
+    """Its TTFT target; the dispatcher fills it from its SLO class when the client gave none."""
+    tpot_s: float | None = None
+    """Its TPOT target, filled the same way."""
 
 
 class InstancePhase(StrEnum):

@@ -9,6 +9,7 @@ import numpy as np
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
 from core.perf import PerfProfile
 from core.request_table import RUNNING, RequestTable
+from core.slo import DEFAULT_SLO, SLOClass
 from core.types import InstancePhase, Role
 
 PHASES: tuple[InstancePhase, ...] = tuple(InstancePhase)
@@ -62,6 +63,8 @@ class ClusterView:
     """Requests bound to each decode instance that have not started decoding yet."""
     prefill_n: np.ndarray = field(default_factory=_ints)
     """Requests routed to each prefill instance whose prefill has not ended yet."""
+    slo: dict[str, SLOClass] = field(default_factory=lambda: {"default": DEFAULT_SLO})
+    """The SLO classes requests name (`default` always present)."""
     _masks: dict[Role, np.ndarray] = field(default_factory=dict)
     _n_routable: dict[Role, int] = field(default_factory=dict)
 
@@ -116,6 +119,15 @@ class ClusterView:
         run = t.state[:n] == RUNNING
         tokens = t.l_in[:n] + t.generated_at(self.now)
         return np.bincount(t.inst[:n][run], weights=tokens[run], minlength=self.n_instances)
+
+    def decode_tokens(self) -> np.ndarray:
+        """KV tokens per instance index of requests bound to it as decode: running ones (prompt +
+        generated so far) plus pending ones (their prompt, about to arrive)."""
+        t = self.table
+        n = t.n
+        bound = t.inst[:n] >= 0
+        tokens = t.l_in[:n] + np.where(t.state[:n] == RUNNING, t.generated_at(self.now), 0.0)
+        return np.bincount(t.inst[:n][bound], weights=tokens[bound], minlength=self.n_instances)
 
     def kv_estimate(self) -> np.ndarray:
         """KV usage per index: observed when polled, else physical load / KV capacity (at most 1,

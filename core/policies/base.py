@@ -114,6 +114,15 @@ class QueueParams(PolicyParams):
     ttl_s: float = Field(
         60.0, gt=0, description="a request held longer than this many seconds is failed"
     )
+    max_prefill_backlog_s: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "also hold arrivals while every routable prefill instance has at least this many "
+            "seconds of routed prefill work left (none: no such limit); held requests then reach "
+            "a prefill instance in the queue policy's order instead of its arrival order"
+        ),
+    )
 
 
 @runtime_checkable

@@ -2,6 +2,8 @@
 
 from core.policies import (  # noqa: F401
     clairvoyant,
+    hyperflexis,
+    hyperflexis_scaling,
     least_load,
     queue,
     req_level,

@@ -53,5 +53,9 @@ class ControlClient:
         result: dict[str, Any] = self._call("POST", "/control/flip", json={"instance": instance, "role": role, "source": source})
         return result
 
+    def migrate(self, request_id: str, target: str, source: str = "cli") -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/control/migrate", json={"request_id": request_id, "target": target, "source": source})
+        return result
+
     def close(self) -> None:
         self._http.close()

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from adapters.backends import Backend, Capability
+from adapters.backends.base import require
 from adapters.store import RunRecorder, RunStore
 from adapters.vllm.instances import Instance
 from adapters.vllm.poller import Poller
@@ -95,6 +96,9 @@ class Controller:
         self.breakers: dict[str, CircuitBreaker] = {}
         """Per-instance circuit breakers (console/breaker.py), made on an instance's first failure."""
         self._held: dict[str, LiveRequest] = {}
+        self._migrations: set[asyncio.Task[None]] = set()
+        self.live: dict[str, LiveRequest] = {}
+        """Requests in the gateway now, by id."""
         self._lost: dict[str, asyncio.Event] = {}
         """Per instance, an event set when it is marked down (LiveRequest.lost_prefill waits on it)."""
         """Requests the queue policy holds, by id (their futures are resolved on release)."""
@@ -195,6 +199,7 @@ class Controller:
 
     # --- requests (called by LiveRequest) ---------------------------------------------------------
     def request_started(self, live: LiveRequest) -> None:
+        self.live[live.id] = live
         self.in_flight += 1
         self.total += 1
         self._idle.clear()
@@ -229,6 +234,7 @@ class Controller:
         return max(1.0, self.config.poll_interval_s + self.profile.max_model_len / max(self.dispatcher.view.decode_rate.value, 1.0) / 8)
 
     def request_done(self, live: LiveRequest) -> None:
+        self.live.pop(live.id, None)
         d = self.dispatcher
         rid = live.request.id
         finish = live.times[live.step]
@@ -299,8 +305,67 @@ class Controller:
             for action in decisions.scale:
                 with contextlib.suppress(SibylError):  # a refusal is recorded as an event by the scaler
                     self.scaler.execute(action, source=f"policy:{self.dispatcher.policies[PolicyKind.SCALING].name}")
+            policy = f"policy:{self.dispatcher.policies[PolicyKind.RESCHEDULE].name}"
             for m in decisions.migrations:
-                self.instance_event(m.source, None, "refused", f"migration of {m.request_id} to {m.target}: the {self.backend.label} backend cannot migrate", "policy")
+                if Capability.MIGRATION not in self.backend.capabilities:
+                    self.instance_event(m.source, None, "refused", f"migration of {m.request_id} to {m.target}: the {self.backend.label} backend cannot migrate", policy)
+                    continue
+                task = asyncio.create_task(self._migrate_logged(str(m.request_id), m.target, policy, m.reason))
+                self._migrations.add(task)
+                task.add_done_callback(self._migrations.discard)
+
+    # --- migration ------------------------------------------------------------------------------
+    async def migrate(self, request_id: str, target: str, source: str = "api", reason: str = "") -> dict[str, Any]:
+        """Move a streaming request that is decoding to the decode instance `target`.
+
+        Returns what the source reported once the KV is on the target; the client's stream then
+        continues from there (LiveRequest follows the hand-off). Raises ScaleError when the
+        request or target does not qualify and BackendError when the backend gave the move up."""
+        require(self.backend, Capability.MIGRATION)
+        live = self.live.get(request_id)
+        if live is None or live.step != Step.DECODING:
+            raise ScaleError(f"request {request_id!r} is not decoding in the gateway now")
+        if not live.stream:
+            raise ScaleError(f"request {request_id!r} is not streaming: only a stream can follow a migration")
+        if live.migrating_to is not None or live.handed_over is not None:
+            raise ScaleError(f"request {request_id!r} is being migrated already")
+        src = live.decode_instance
+        if target == src:
+            raise ScaleError(f"request {request_id!r} decodes on {target} already")
+        if target not in self.instances or self.dispatcher.role_of(target) != Role.DECODE or self.dispatcher.phase_of(target) != "active":
+            raise ScaleError(f"{target!r} is not an active decode instance")
+        assert src is not None
+        live.migrating_to = target
+        live.open_resume(self.instances[target])
+        try:
+            report = await self.backend.migrate(request_id, self.instances[src], self.instances[target])
+        except BaseException:
+            live.migrating_to = None
+            live.drop_resume()
+            raise
+        return {"request_id": request_id, "source": src, "target": target, "reason": reason, **report, "by": source}
+
+    async def _migrate_logged(self, request_id: str, target: str, source: str, reason: str) -> None:
+        """A policy's migration: executed, or refused with why, as an event either way."""
+        live = self.live.get(request_id)
+        src = live.decode_instance if live is not None else None
+        try:
+            await self.migrate(request_id, target, source, reason)
+        except SibylError as e:
+            self.instance_event(src or target, None, "migration_refused", f"{request_id} → {target}: {e}", source)
+
+    def migration_done(self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int, first_after: float) -> None:
+        """The first token of a migrated request arrived from its new instance: record the stall,
+        also in decode steps (the request's own mean time between tokens before the move)."""
+        stall = first_after - last_before
+        steps = ""
+        if live.first_token_at is not None and tokens_before > 1 and last_before > live.first_token_at:
+            step = (last_before - live.first_token_at) / (tokens_before - 1)
+            steps = f" ({stall / step:.1f} of its decode steps of {step * 1000:.1f} ms)"
+        detail = f"request {live.id} → {target} after {tokens_before} tokens: the client waited {stall * 1000:.1f} ms between tokens{steps}"
+        self.metrics.migration_stall.observe(stall)
+        self.instance_event(src, Role.DECODE, "migrated", detail)
+        self.events.publish("migration", request_id=live.id, source=src, target=target, stall_s=stall, tokens_before=tokens_before)
 
     @property
     def can_scale(self) -> bool:

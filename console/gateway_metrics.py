@@ -27,6 +27,8 @@ class GatewayMetrics:
         self.attainment = Gauge("sibyl_slo_attainment", "share of requests meeting their SLO", ["window"], registry=r)
         self.ttft = Histogram("sibyl_ttft_seconds", "time to first token seen by the gateway", buckets=_LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("sibyl_tpot_seconds", "time per output token seen by the gateway", buckets=_TPOT_BUCKETS, registry=r)
+        self.migration_stall = Histogram("sibyl_migration_stall_seconds", "gap between tokens a client saw across a live migration",
+                                         buckets=_TPOT_BUCKETS, registry=r)
         self.in_flight = Gauge("sibyl_gateway_in_flight", "requests being proxied", registry=r)
         self.queue_depth = Gauge("sibyl_gateway_queue_depth", "requests held by the queue policy", registry=r)
         self._request_counters: dict[tuple[str, str, bool], Counter] = {}

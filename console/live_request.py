@@ -24,14 +24,21 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from adapters.http.upstream import Response
 from adapters.vllm.forward import (
     StreamBroken,
     UpstreamFailure,
     decode_leg,
+    open_decode,
     prefill_leg,
     relay_stream,
 )
-from adapters.vllm.pd_protocol import completion_tokens, decode_leg_body, prefill_leg_body
+from adapters.vllm.pd_protocol import (
+    completion_tokens,
+    decode_leg_body,
+    prefill_leg_body,
+    resume_leg_body,
+)
 from console.gateway.errors import error_body, sse_error
 from core.errors import NoCapacityError
 from core.types import Admission, Request
@@ -130,7 +137,7 @@ class LiveRequest:
     __slots__ = (
         "request", "path", "body", "stream", "forward_headers", "step", "times", "prefill_instance",
         "decode_instance", "tried_prefill", "output_tokens", "reason", "ok", "released", "first_token_at",
-        "recovered",
+        "recovered", "migrating_to", "handed_over", "last_token_at", "resume_leg",
     )
 
     def __init__(self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes) -> None:
@@ -152,6 +159,14 @@ class LiveRequest:
         self.released: asyncio.Future[None] | None = None
         """Resolved by the controller when a queued request may be routed."""
         self.first_token_at: float | None = None
+        self.migrating_to: str | None = None
+        """The decode instance this request is being migrated to (set by the controller)."""
+        self.handed_over: tuple[str, str, float, int] | None = None
+        """(source, target, last token time, tokens) before a migration whose first token after it
+        has not come yet."""
+        self.last_token_at: float | None = None
+        self.resume_leg: asyncio.Future[Response] | None = None
+        """The continuation stream on the migration target, opened ahead of the hand-off."""
         self.recovered: str | None = None
         """What the gateway did to save this request after a failure (it is recorded as the reason)."""
 
@@ -194,6 +209,7 @@ class LiveRequest:
                 await client.error(500, f"the gateway failed on this request ({type(e).__name__}); it is recorded as {self.id}")
         finally:
             client.close()
+            self.drop_resume()
             if self.recovered is not None:
                 self.reason = self.recovered if self.reason is None else f"{self.recovered}; then {self.reason}"
             self.enter(Step.FINISHED if self.ok else Step.FAILED)
@@ -321,7 +337,23 @@ class LiveRequest:
                 c.upstream_failed(dec.id)
             raise
 
+    def open_resume(self, target: Instance) -> None:
+        """Open the stream that continues this request on `target` before its migration's last stage,
+        so the target decodes the moment the KV lands (the controller calls this, then migrates)."""
+        self.resume_leg = asyncio.ensure_future(self._open_resume(target))
+
+    def drop_resume(self) -> None:
+        """The migration was given up: close the stream opened on the target."""
+        leg, self.resume_leg = self.resume_leg, None
+        if leg is not None:
+            leg.cancel()
+            leg.add_done_callback(lambda f: f.result().release() if not f.cancelled() and f.exception() is None else None)
+
+    async def _open_resume(self, target: Instance) -> Response:
+        return await open_decode(target, self.path, orjson.dumps(resume_leg_body(self.body, self.id)), self.forward_headers)
+
     async def _relay(self, c: Controller, client: ClientChannel, r: Any, decode_id: str) -> None:
+        """Relay the decode stream to the client; follow the request when its instance migrates it."""
         progress = c.dispatcher.on_progress
         rid = self.request.id
         next_report = 0.0
@@ -333,18 +365,46 @@ class LiveRequest:
             now = time.monotonic()
             if self.first_token_at is None:
                 self.first_token_at = now
+            if self.handed_over is not None:
+                c.migration_done(self, *self.handed_over, now)
+                self.handed_over = None
+            self.last_token_at = now
             if now >= next_report:
                 next_report = now + PROGRESS_EVERY_S
                 progress(rid, n, now)
 
-        try:
-            counter = await relay_stream(r, client.write, on_tokens, client.gone)
-        except StreamBroken as e:
-            self.output_tokens = e.counter.tokens
-            self.reason = f"decode {decode_id} failed mid-stream: {e}"
-            c.upstream_failed(decode_id)
-            await client.end(sse_error(502, self.reason))
-            return
+        counter = None
+        async with contextlib.AsyncExitStack() as legs:
+            while True:
+                try:
+                    counter, handoff = await relay_stream(r, client.write, on_tokens, client.gone, counter)
+                except StreamBroken as e:
+                    self.output_tokens = e.counter.tokens
+                    self.reason = f"decode {decode_id} failed mid-stream: {e}"
+                    c.upstream_failed(decode_id)
+                    await client.end(sse_error(502, self.reason))
+                    return
+                if handoff is None:
+                    break
+                target, self.migrating_to = self.migrating_to, None
+                if target is None or target not in c.instances:
+                    self.reason = f"decode {decode_id} handed the request over unasked ({handoff[:200].decode(errors='replace')})"
+                    await client.end(sse_error(502, self.reason))
+                    return
+                opened, self.resume_leg = self.resume_leg, None
+                if opened is None:
+                    opened = asyncio.ensure_future(self._open_resume(c.instances[target]))
+                try:
+                    r = await opened
+                    legs.callback(r.release)
+                except UpstreamFailure as e:
+                    self.output_tokens = counter.tokens
+                    self.reason = f"migrated from {decode_id} to {target}, but {target} could not continue it: {e}"
+                    await client.end(sse_error(502, self.reason))
+                    return
+                self.handed_over = (decode_id, target, self.last_token_at or time.monotonic(), counter.tokens)
+                c.dispatcher.on_migrated(rid, target, time.monotonic())
+                decode_id = self.decode_instance = target
         self.output_tokens = counter.output_tokens
         if client.gone.is_set():
             self.reason = f"client disconnected mid-stream after {counter.tokens} tokens"

@@ -107,6 +107,8 @@ class Dispatcher:
             self.view.slo = {**self.view.slo, **slo}
         self.completions = 0
         """Requests finished (the processing rate of the scaling signals)."""
+        self.migrations = 0
+        """Running requests moved between decode instances (live migrations executed)."""
         self._index: dict[str, int] = {}
         self._tracked: dict[Hashable, _Tracked] = {}
         self.admission = AdmissionControl()
@@ -573,6 +575,21 @@ class Dispatcher:
         """A request failed: stop tracking it (no estimator learns from it)."""
         if rid in self.view.table:
             self._forget(rid, now)
+
+    def on_migrated(self, rid: Hashable, target: str, now: float) -> None:
+        """A request now decodes on `target` (its KV moved there); its progress carries over."""
+        v = self.view
+        t = v.table
+        i = t.row.get(rid)
+        if i is None:
+            return
+        old, new = int(t.inst[i]), self._index[target]
+        counts = v.running_n if t.state[i] == RUNNING else v.pending_n
+        if old >= 0:
+            counts[old] -= 1
+        counts[new] += 1
+        t.inst[i] = new
+        self.migrations += 1
 
     def _forget(self, rid: Hashable, now: float) -> None:
         v = self.view

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import httpx
 
@@ -77,6 +77,11 @@ class Backend(Protocol):
         """Make an idle instance serve `role` from now on (ROLE_FLIP)."""
         ...
 
+    async def migrate(self, request_id: str, source: Instance, target: Instance) -> dict[str, Any]:
+        """Move a running request's KV and decoding from `source` to `target` (MIGRATION); returns
+        what the source reported; raises BackendError when the move was given up."""
+        ...
+
 
 class BackendBase:
     """Shared plumbing: settings, log folder, and clear refusals for undeclared capabilities."""
@@ -105,6 +110,10 @@ class BackendBase:
     async def flip(self, instance_id: str, role: Role) -> None:
         self.require(Capability.ROLE_FLIP)
         raise AssertionError("a backend declaring ROLE_FLIP must implement flip()")
+
+    async def migrate(self, request_id: str, source: Instance, target: Instance) -> dict[str, Any]:
+        self.require(Capability.MIGRATION)
+        raise AssertionError("a backend declaring MIGRATION must implement migrate()")
 
 
 class Declares(Protocol):

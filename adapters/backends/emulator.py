@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import httpx
 
 from adapters import orphans
 from adapters.backends.base import BackendBase, Capability, instance_ids
 from adapters.backends.settings import BackendSettings
 from adapters.emulator.process import EmulatorProcess
+from adapters.errors import BackendError
 from adapters.ports import free_port
 from adapters.vllm.instances import Instance
 from core.types import Role
 
 READY_TIMEOUT_S = 60.0
+MIGRATE_TIMEOUT_S = 60.0
+"""How long a migration (all its stages) may take before the console gives it up."""
 
 
 class EmulatorBackend(BackendBase):
@@ -25,11 +30,11 @@ class EmulatorBackend(BackendBase):
 
     name: ClassVar[str] = "emulator"
     summary: ClassVar[str] = "emulated vLLM processes on this machine (no GPU); the default"
-    capabilities = frozenset({Capability.SCALE, Capability.ROLE_FLIP, Capability.PRIORITY})
+    capabilities = frozenset({Capability.SCALE, Capability.ROLE_FLIP, Capability.PRIORITY, Capability.MIGRATION})
 
     def __init__(self, settings: BackendSettings, run_dir: Path) -> None:
         super().__init__(settings, run_dir)
-        caps = {Capability.SCALE, Capability.ROLE_FLIP}
+        caps = {Capability.SCALE, Capability.ROLE_FLIP, Capability.MIGRATION}
         if settings.emulator.scheduling_policy == "priority":
             caps.add(Capability.PRIORITY)
         self.capabilities = frozenset(caps)
@@ -88,6 +93,24 @@ class EmulatorBackend(BackendBase):
         if p is not None:
             await asyncio.to_thread(p.stop)
             orphans.forget(self.run_dir, instance_id)
+
+    async def migrate(self, request_id: str, source: Instance, target: Instance) -> dict[str, Any]:
+        """Llumnix-style staged KV copy between two emulated instances (adapters/emulator/migration.py)."""
+        self.require(Capability.MIGRATION)
+        body = {"request_id": request_id, "target": target.url}
+        try:
+            async with httpx.AsyncClient(timeout=MIGRATE_TIMEOUT_S) as http:
+                r = await http.post(source.url + "/admin/migrate", json=body)
+        except httpx.HTTPError as e:
+            raise BackendError(f"migration of {request_id} from {source.id}: {type(e).__name__}: {e}") from None
+        try:
+            answer = r.json()
+        except ValueError:
+            answer = {}
+        if r.status_code != 200 or not isinstance(answer, dict):
+            why = answer.get("error") if isinstance(answer, dict) and answer.get("error") else r.text[:200]
+            raise BackendError(f"{source.id} gave up migrating {request_id} to {target.id}: {why}")
+        return answer
 
     async def flip(self, instance_id: str, role: Role) -> None:
         """Emulated instances serve both legs: the flip is the console's routing change."""

@@ -8,6 +8,9 @@
                               at once, like a crash (with --instances N, all N go)
   GET  /admin/info            role, engine id, profile, limits, queue and KV state
   GET  /admin/steps?since=N   the engine's step log after step N (start/end on time.monotonic())
+  POST /admin/migrate         {"request_id", "target", "max_stages", "stall_blocks"}: move a running
+                              sequence to another emulated instance (adapters/emulator/migration.py);
+                              200 with the stages, tokens copied and the freeze time, or 409 why not
 
 They are served on the instance's own address (127.0.0.1 unless --host says otherwise). With
 --admin-token T every /admin/ request needs `Authorization: Bearer T` (401 otherwise).
@@ -25,6 +28,7 @@ from pydantic import ValidationError
 
 from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond
 from adapters.emulator.faults import EXIT_CODE, exit_now
+from adapters.emulator.migration import MigrateRequest, MigrationFailed, migrate_out
 from adapters.emulator.protocol import ApiError
 
 if TYPE_CHECKING:
@@ -54,6 +58,8 @@ class AdminApi:
             return await respond(send, 200, orjson.dumps(self.info()))
         if path == "/admin/steps" and method == "GET":
             return await self._steps(scope, send)
+        if path == "/admin/migrate" and method == "POST":
+            return await self._migrate(receive, send)
         return await respond(send, 404, orjson.dumps({"detail": "Not Found"}))
 
     async def _set_faults(self, receive: Receive, send: Send) -> None:
@@ -77,6 +83,17 @@ class AdminApi:
             return await respond(send, 400, ApiError(400, f"bad exit request: {e}").body())
         await respond(send, 200, orjson.dumps({"exiting": True, "code": code, "delay_s": delay}))
         asyncio.get_running_loop().call_later(max(0.05, delay), exit_now, code)
+
+    async def _migrate(self, receive: Receive, send: Send) -> None:
+        try:
+            m = MigrateRequest.model_validate_json(await read_body(receive))
+        except ValidationError as e:
+            return await respond(send, 400, ApiError(400, f"bad migration request: {e}").body())
+        try:
+            report = await migrate_out(self.inst, m)
+        except MigrationFailed as e:
+            return await respond(send, 409, orjson.dumps({"ok": False, "error": str(e)}))
+        await respond(send, 200, orjson.dumps(report.as_dict()))
 
     def info(self) -> dict[str, Any]:
         inst, e, s = self.inst, self.inst.engine, self.inst.s

@@ -41,6 +41,7 @@ from adapters.emulator.engine import Engine, Sequence
 from adapters.emulator.faults import Faults
 from adapters.emulator.kv import HeldKV, KVHolder, KVPuller, PullFailed
 from adapters.emulator.metrics import EngineMetrics
+from adapters.emulator.migration import PARK_S, MigrationsIn
 from adapters.emulator.protocol import ApiError, Formatter, GenRequest, parse_request
 from adapters.emulator.sequence import Scheduler
 from adapters.emulator.settings import InstanceSettings, OutputLengths
@@ -81,10 +82,12 @@ class EmulatedInstance:
         self.in_flight = 0
         self.created = int(time.time())
         self.admin = AdminApi(self)
+        self.migrations = MigrationsIn(self)
         self._routes: dict[tuple[str, str], Any] = {
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/kv/pull"): self._serve_pull,
+            ("POST", "/kv/migrate"): self._serve_migrate,
             ("GET", "/health"): self._health,
             ("GET", "/ping"): self._health,
             ("POST", "/ping"): self._health,
@@ -200,6 +203,8 @@ class EmulatedInstance:
         kv = req.kv_transfer_params or {}
         prefill_leg = bool(kv.get("do_remote_decode"))
         arrival = self.engine.clock()
+        if kv.get("sibyl_resume") is not None:
+            return await self._resume(scope, receive, send, req, kv, xid, chat, headers)
         self.in_flight += 1
         try:
             external = 0
@@ -230,6 +235,53 @@ class EmulatedInstance:
         finally:
             self.in_flight -= 1
 
+    async def _resume(self, scope: Scope, receive: Receive, send: Send, req: GenRequest, kv: dict[str, Any], xid: str, chat: bool,
+                      headers: dict[bytes, bytes]) -> None:
+        """The gateway re-attaches a stream to a sequence migrated here (adapters/emulator/migration.py);
+        it may come before the last stage and waits for it (`wait_s`, at most the parking time)."""
+        rid = str(kv["sibyl_resume"])
+        try:
+            wait_s = min(max(float(kv.get("wait_s", PARK_S)), 0.0), PARK_S)
+        except (TypeError, ValueError):
+            return await respond(send, 400, ApiError(400, "kv_transfer_params.wait_s must be a number of seconds", "kv_transfer_params").body())
+        if not req.stream:
+            return await respond(send, 400, ApiError(400, "a migrated sequence resumes as a stream only", "stream").body())
+        waiting = asyncio.ensure_future(self.migrations.wait(rid, wait_s))  # the gateway may attach before the last stage
+
+        def client_left() -> None:
+            waiting.cancel()
+
+        watch = watch_disconnect(receive, client_left)
+        try:
+            seq = await waiting
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                raise
+            return None  # the gateway gave the migration up
+        finally:
+            watch.cancel()
+        if seq is None:
+            return await respond(send, 404, ApiError(404, f"no migrated sequence {rid!r} arrived here", "kv_transfer_params").body())
+        seq.id = xid
+        self.in_flight += 1
+        try:
+            fmt = Formatter(req, ("chatcmpl-" if chat else "cmpl-") + xid, self.created)
+            await self._stream(scope, receive, send, seq, fmt, headers.get(b"x-emulator-timing") == b"1", resume=True)
+        finally:
+            self.in_flight -= 1
+
+    async def _serve_migrate(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Target side of a migration stage (adapters/emulator/migration.py)."""
+        try:
+            body = orjson.loads(await read_body(receive))
+        except orjson.JSONDecodeError:
+            return await respond(send, 400, orjson.dumps({"error": "bad migration stage"}))
+        if not isinstance(body, dict) or "request_id" not in body:
+            return await respond(send, 400, orjson.dumps({"error": "a migration stage names its request_id"}))
+        status, answer = await self.migrations.stage(body)
+        await respond(send, status, orjson.dumps(answer))
+
     def _sequence(self, req: GenRequest, xid: str, arrival: float, prefill_leg: bool, external: int) -> Sequence:
         common: dict[str, Any] = {"priority": req.priority, "arrival": arrival, "max_tokens_param": req.max_tokens}
         if prefill_leg:  # vLLM's P leg: prefill, one token, keep the KV for the decode instance
@@ -257,7 +309,8 @@ class EmulatedInstance:
         self.metrics.xfer_time.observe(self.engine.clock() - t0)
         return max(0, min(tokens, req.prompt_tokens))
 
-    async def _stream(self, scope: Scope, receive: Receive, send: Send, seq: Sequence, fmt: Formatter, timing: bool) -> None:
+    async def _stream(self, scope: Scope, receive: Receive, send: Send, seq: Sequence, fmt: Formatter, timing: bool,
+                      resume: bool = False) -> None:
         chunked = scope.get("http_version") != "1.0"
         head = [*SSE, (b"x-request-id", seq.id.encode())] + ([(b"transfer-encoding", b"chunked")] if chunked else [])
         await send({"type": "http.response.start", "status": 200, "headers": head})
@@ -265,7 +318,10 @@ class EmulatedInstance:
         sink: DirectSink | QueueSink = DirectSink(fmt, transport, timing) if transport is not None else QueueSink(fmt, timing)
         seq.sink = sink
         watch = watch_disconnect(receive, lambda: self.engine.abort(seq))
-        self.engine.submit(seq)
+        if resume and isinstance(self.engine, Engine):
+            self.engine.resume(seq)
+        else:
+            self.engine.submit(seq)
         try:
             if isinstance(sink, QueueSink):
                 while (event := await sink.queue.get()) is not None:
@@ -279,6 +335,8 @@ class EmulatedInstance:
             tail = fmt.tail(seq.generated)
         elif seq.finish_reason == "error":
             tail = fmt.stream_error(500, "Internal server error")
+        elif seq.finish_reason == "migrated" and seq.handoff is not None:
+            tail = b"data: " + seq.handoff + b"\n\n"  # where it went; the gateway re-attaches there
         else:
             tail = b""  # aborted: the client is gone
         await send({"type": "http.response.body", "body": tail, "more_body": False})

@@ -95,6 +95,9 @@ class Engine:
         self.flush: Callable[[list[TokenSink]], None] = release_all
         """Writes a step's prepared tokens at its deadline (the HTTP layer may parallelise it)."""
         self._task: asyncio.Task[None] | None = None
+        self._in_step: list[Sequence] = []
+        """The sequences of the step under way (empty between steps)."""
+        self._step_waiters: list[asyncio.Future[None]] = []
 
     # --- queue ------------------------------------------------------------------------------
     @property
@@ -149,6 +152,45 @@ class Engine:
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
+    # --- migration (decode to decode, adapters/emulator/migration.py) ----------------------------
+    async def freeze(self, s: Sequence) -> None:
+        """Stop scheduling `s`; return once no step under way includes it (its state is final)."""
+        s.frozen = True
+        while s in self._in_step:
+            fut = asyncio.get_running_loop().create_future()
+            self._step_waiters.append(fut)
+            await fut
+
+    def thaw(self, s: Sequence) -> None:
+        """A migration was given up: `s` decodes here again."""
+        s.frozen = False
+        self._wake.set()
+
+    def migrated_away(self, s: Sequence) -> None:
+        """`s` now lives on another instance: leave the running set, free its blocks, end its stream."""
+        if s.in_running:
+            self.running.remove(s)
+            s.in_running = False
+        self._finish(s, "migrated", self.clock())
+        self._wake.set()
+
+    def reserve(self, blocks: int) -> bool:
+        """Take `blocks` for KV arriving from another instance; False (nothing taken) if they do not fit."""
+        if blocks > self.free_blocks:
+            return False
+        self.free_blocks -= blocks
+        return True
+
+    def unreserve(self, blocks: int) -> None:
+        self.free_blocks += blocks
+        self._wake.set()
+
+    def resume(self, s: Sequence) -> None:
+        """Continue a sequence migrated in (its KV blocks already reserved): first in the queue."""
+        s.order = next(self._order)
+        self._push(s, front=True)
+        self._wake.set()
+
     # --- KV holding (prefill side of P/D) ------------------------------------------------------
     def release_held(self, blocks: int) -> None:
         """Blocks a finished prefill-only sequence kept are pulled or expired: free them."""
@@ -173,9 +215,10 @@ class Engine:
 
     # --- scheduling --------------------------------------------------------------------------
     def _victim(self) -> Sequence:
+        pool = [s for s in self.running if not s.frozen] or self.running  # spare one being migrated
         if self.priority_scheduling:
-            return max(self.running, key=lambda s: (s.priority, s.arrival, s.order))
-        return self.running[-1]
+            return max(pool, key=lambda s: (s.priority, s.arrival, s.order))
+        return pool[-1]
 
     def _preempt(self, s: Sequence) -> None:
         self.running.remove(s)
@@ -198,7 +241,7 @@ class Engine:
         new: list[int] = []
         preempted = False
         for s in list(self.running):
-            if not s.in_running or budget <= 0:
+            if not s.in_running or s.frozen or budget <= 0:
                 continue
             n = min(s.context - s.computed, budget)
             need = self.blocks_for(s.computed + n) - s.blocks
@@ -225,7 +268,7 @@ class Engine:
             if head is None:
                 break
             n = min(head.context - head.computed, budget)
-            need = self.blocks_for(head.computed + n)
+            need = self.blocks_for(head.computed + n) - head.blocks  # a resumed sequence brings blocks
             if self.blocks_for(head.context) > self.total_blocks:
                 self._pop()  # larger than the whole cache: it could never run
                 self._finish(head, "error", self.clock())
@@ -233,7 +276,7 @@ class Engine:
             if need > self.free_blocks:
                 break
             self._pop()
-            head.blocks = need
+            head.blocks += need
             self.free_blocks -= need
             head.in_running = True
             self.running.append(head)
@@ -304,11 +347,18 @@ class Engine:
                     last = s.prefill_only or s.generated + 1 >= s.max_tokens
                     s.sink.prepare(s.generated, s.done_reason if last else None, self.step_no, deadline)
             streams = sum(1 for s in sampled if s.sink is not None)
+            self._in_step = sched
             await self._sleep_until(deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
             woke = self.clock()
             self.flush([s.sink for s in sampled if s.sink is not None and not s.finished])
             released = self.clock()
             self._complete(sched, new, deadline)
+            self._in_step = []
+            if self._step_waiters:
+                for fut in self._step_waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+                self._step_waiters.clear()
             record = StepRecord(
                 self.step_no, start, deadline, len(sched), kv, sum(new), chunks, len(sampled), slowdown, kind, woke, released
             )

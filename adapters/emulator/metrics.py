@@ -127,8 +127,10 @@ class EngineMetrics:
     def on_finish(self, s: Sequence) -> None:
         """A request left the engine: its outcome and latencies (engine clock)."""
         reason = s.finish_reason or "error"
+        if reason == "migrated":
+            return  # it finishes on the instance it moved to
         self.success_by[reason].inc()
-        if reason in ("abort", "error") or s.first_token_at is None or s.admitted_at is None or s.finished_at is None:
+        if reason in ("abort", "error") or s.resumed or s.first_token_at is None or s.admitted_at is None or s.finished_at is None:
             return
         self.ttft.observe(s.first_token_at - s.arrival)
         self.e2e.observe(s.finished_at - s.arrival)

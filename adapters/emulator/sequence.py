@@ -60,6 +60,12 @@ class Sequence:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     in_running: bool = False
     in_waiting: bool = False
+    frozen: bool = False
+    """Being migrated away: not scheduled until it leaves or the migration is given up."""
+    resumed: bool = False
+    """Migrated in from another instance (its latencies began there)."""
+    handoff: bytes | None = None
+    """Migrated away: the JSON the last event of its stream carries (where it went)."""
 
     def __post_init__(self) -> None:
         if self.external_tokens:

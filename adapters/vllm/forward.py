@@ -18,7 +18,7 @@ import orjson
 from adapters.errors import AdapterError
 from adapters.http.upstream import Response
 from adapters.vllm.instances import Instance
-from adapters.vllm.pd_protocol import SSETokenCounter
+from adapters.vllm.pd_protocol import HANDOFF_EVENT, SSETokenCounter
 
 Write = Callable[[bytes], Awaitable[None]]
 OnTokens = Callable[[int], None]
@@ -71,42 +71,62 @@ async def prefill_leg(inst: Instance, path: str, payload: bytes, headers: bytes)
         raise UpstreamFailure(inst.id, 502, f"prefill {inst.id} answered 200 with a body that is not JSON: {e}") from None
 
 
-@contextlib.asynccontextmanager
-async def decode_leg(inst: Instance, path: str, payload: bytes, headers: bytes) -> AsyncIterator[Response]:
-    """Leg 2: an open 200 response from the decode instance (released on exit); errors before the
-    first byte raise UpstreamFailure."""
+async def open_decode(inst: Instance, path: str, payload: bytes, headers: bytes) -> Response:
+    """Leg 2 up to its 200 status line (the caller releases the response); errors before the first
+    byte raise UpstreamFailure."""
     try:
         r = await post(inst, path, payload, headers)
     except CONNECTION_ERRORS as e:
         raise UpstreamFailure(inst.id, 502, f"decode {inst.id} unreachable: {type(e).__name__}: {e}") from None
+    if r.status != 200:
+        try:
+            raw = await r.read()
+        except CONNECTION_ERRORS:
+            raw = b""
+        finally:
+            r.release()
+        raise UpstreamFailure(inst.id, r.status, f"decode {inst.id} answered {r.status}: {raw[:200].decode(errors='replace')}", raw)
+    return r
+
+
+@contextlib.asynccontextmanager
+async def decode_leg(inst: Instance, path: str, payload: bytes, headers: bytes) -> AsyncIterator[Response]:
+    """Leg 2: an open 200 response from the decode instance (released on exit); errors before the
+    first byte raise UpstreamFailure."""
+    r = await open_decode(inst, path, payload, headers)
     try:
-        if r.status != 200:
-            try:
-                raw = await r.read()
-            except CONNECTION_ERRORS:
-                raw = b""
-            raise UpstreamFailure(inst.id, r.status, f"decode {inst.id} answered {r.status}: {raw[:200].decode(errors='replace')}", raw)
         yield r
     finally:
         r.release()
 
 
-async def relay_stream(r: Response, write: Write, on_tokens: OnTokens, gone: asyncio.Event) -> SSETokenCounter:
+async def relay_stream(r: Response, write: Write, on_tokens: OnTokens, gone: asyncio.Event,
+                       counter: SSETokenCounter | None = None) -> tuple[SSETokenCounter, bytes | None]:
     """Forward an SSE stream chunk by chunk while counting its tokens; stop when the client is gone.
 
-    A connection error mid-stream raises UpstreamFailure; the counter says what was relayed."""
-    counter = SSETokenCounter()
+    Returns the counter (pass it back to continue counting on another stream) and, when the
+    instance migrated the sequence away, the JSON of its hand-off event (not forwarded).
+    A connection error mid-stream raises StreamBroken; its counter says what was relayed."""
+    counter = counter or SSETokenCounter()
     feed = counter.feed
     try:
         async for chunk in r.iter_chunks():
             if gone.is_set():
                 break
+            at = chunk.find(HANDOFF_EVENT)
+            if at >= 0:
+                head, handoff = chunk[:at], chunk[at + 6 :].split(b"\n\n", 1)[0]
+                if head:
+                    if feed(head):
+                        on_tokens(counter.tokens)
+                    await write(head)
+                return counter, handoff
             if feed(chunk):
                 on_tokens(counter.tokens)
             await write(chunk)
     except CONNECTION_ERRORS as e:
         raise StreamBroken(counter, f"{type(e).__name__}: {e}") from None
-    return counter
+    return counter, None
 
 
 class StreamBroken(AdapterError):

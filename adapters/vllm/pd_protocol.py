@@ -45,6 +45,16 @@ def decode_leg_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | N
     return leg
 
 
+HANDOFF_EVENT = b'data: {"sibyl_migrated":'
+"""How an emulated decode instance ends the stream of a sequence it migrated away (its JSON says
+where: {"sibyl_migrated": {"target", "request_id", "generated"}}); real vLLM never sends it."""
+
+
+def resume_leg_body(body: dict[str, Any], request_id: str) -> dict[str, Any]:
+    """The client's body, asking the target of a migration to continue the sequence it parked."""
+    return {**body, "stream": True, "kv_transfer_params": {"sibyl_resume": request_id}}
+
+
 @dataclass
 class SSETokenCounter:
     """Counts generated tokens in an OpenAI SSE stream without decoding every event as JSON.

@@ -149,8 +149,27 @@ def flip(
     typer.echo(json.dumps(result) if as_json else f"{result['instance']} now serves {result['role']}")
 
 
+def migrate(
+    request_id: Annotated[str, typer.Argument(help="the request's id (its X-Request-Id; see the event log or `runs requests`)")],
+    target: Annotated[str, typer.Argument(help="the decode instance to continue it on, e.g. d2")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Move a streaming request that is decoding to another decode instance, its client's stream
+    continuing there (backends that declare migration: the emulator; real vLLM cannot move a
+    running request and says so). The KV is copied in stages while it keeps decoding.
+
+    Example: sibyl-console migrate 5f0c… d2
+    """
+    r = ControlClient(url, token).migrate(request_id, target)
+    typer.echo(json.dumps(r) if as_json else
+               f"{r['request_id']}: {r['source']} → {r['target']} in {r['stages']} stages, {r['tokens']} KV tokens, frozen {r['frozen_ms']:.1f} ms")
+
+
 def register(app: typer.Typer) -> None:
     app.command("status")(status)
     app.command("scale")(scale)
     app.command("flip")(flip)
+    app.command("migrate")(migrate)
     app.add_typer(policy_app, name="policy")

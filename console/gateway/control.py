@@ -1,4 +1,4 @@
-"""The control API under /control/: state, server-sent events, policies of every kind, scale and flip."""
+"""The control API under /control/: state, server-sent events, policies of every kind, scale, flip, migrate."""
 
 from __future__ import annotations
 
@@ -126,6 +126,19 @@ def control_routes(c: Controller) -> list[Route]:
             return _error(409, str(e))
         return _json(result)
 
+    async def migrate(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as e:
+            return _error(400, f"malformed JSON body: {e}")
+        if not isinstance(body, dict) or not isinstance(body.get("request_id"), str) or not isinstance(body.get("target"), str):
+            return _error(400, 'expected {"request_id": "<id>", "target": "<decode instance id>"}')
+        try:
+            result = await c.migrate(body["request_id"], body["target"], source=str(body.get("source") or "api"))
+        except SibylError as e:
+            return _error(409, str(e))
+        return _json(result)
+
     async def run(_: Request) -> Response:
         return _json({"run_id": c.run_id, "db": str(c.store.path), "run_dir": str(c.run_dir)})
 
@@ -138,4 +151,5 @@ def control_routes(c: Controller) -> list[Route]:
         Route("/control/replay/{action}", guard(replay_action), methods=["POST"]),
         Route("/control/scale", guard(scale), methods=["POST"]),
         Route("/control/flip", guard(flip), methods=["POST"]),
+        Route("/control/migrate", guard(migrate), methods=["POST"]),
     ]

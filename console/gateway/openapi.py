@@ -279,6 +279,29 @@ def build_openapi(
                     },
                 }
             },
+            "/control/migrate": {
+                "post": {
+                    "operationId": "migrate",
+                    "security": bearer,
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                        "type": "object",
+                        "required": ["request_id", "target"],
+                        "properties": {
+                            "request_id": {"type": "string"},
+                            "target": instance_field,
+                            "source": {"type": "string"},
+                        },
+                    }}}},
+                    "responses": {
+                        "200": _json_response("the migration, once the KV is on the target",
+                                              {"type": "object", "required": ["request_id", "source", "target"]}),
+                        "400": _error_response("malformed body"),
+                        "401": _UNAUTHORIZED,
+                        "409": _error_response("not a streaming request decoding now, not an active decode target, "
+                                               "a backend that cannot migrate, or a migration the source gave up"),
+                    },
+                }
+            },
             "/control/run": {
                 "get": {
                     "operationId": "getRun",

@@ -259,3 +259,48 @@ def test_a_policy_that_binds_late_chooses_the_decode_instance_at_prefill_end(tmp
     finally:
         con.stop()
         kill_children(con.home)
+
+
+def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_with_no_failed_request(tmp_path: Path) -> None:
+    """Long prompts at 5/s keep one prefill instance busy (≈ 0.3 s each on cpu-tiny-llama) while
+    two decode instances idle: HyperFlexis' scaler takes a decode instance for prefill by a flip
+    (drained first), with its reason, and no client request fails."""
+    scaling = {"period_s": 0.5, "low_ticks": 40, "max_instances": 3}
+    params = ", ".join(f"{k} = {json.dumps(v)}" for k, v in scaling.items())
+    cfg = write_config(tmp_path, f'prefill = 1\ndecode = 2\nprofile = "{PROFILE}"\npolicy = "hyperflexis"\n'
+                                 f'[queue]\nname = "hyperflexis"\n[scaling]\nname = "hyperflexis"\nparams = {{ {params} }}\n')
+    con = start_console(tmp_path, str(cfg))
+    try:
+        client = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        errors: list[str] = []
+
+        def one(k: int) -> None:
+            try:
+                out = client.completions.create(model="sibyl-model", prompt="p" * 3200 + str(k), max_tokens=8, extra_body={"ignore_eos": True})
+                if out.usage is None or out.usage.completion_tokens != 8:
+                    errors.append(f"request {k}: short")
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"request {k}: {type(e).__name__}: {e}")
+
+        threads = []
+        for k in range(30):
+            th = threading.Thread(target=one, args=(k,))
+            th.start()
+            threads.append(th)
+            time.sleep(0.2)  # noqa: an open-loop arrival process at 5/s, not a wait for readiness
+        wait_for(lambda: any(ev == "flipped" for ev, _ in instance_steps_live(con, "d1")), 20, "the scaler to flip d1")
+        for th in threads:
+            th.join(60)
+        assert errors == []
+        state = con.state()
+        assert {i["id"]: i["role"] for i in state["instances"]}["d1"] == "prefill"
+        con.stop()
+        steps = instance_steps(con, "d1")
+        flip = next(detail for ev, detail in steps if ev == "flipped")
+        assert flip.startswith("decode -> prefill: prefill hot (") and "[policy:hyperflexis]" in flip
+        rows = RunStore(con.db).requests(con.run_id)
+        assert len(rows) == 30 and all(r["status"] == "ok" for r in rows)
+        assert any(r["prefill_instance"] == "d1" for r in rows)  # the flipped instance took prompts
+    finally:
+        con.stop()
+        kill_children(con.home)

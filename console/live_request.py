@@ -293,6 +293,22 @@ class LiveRequest:
         dec = c.instances[self.decode_instance]
         kv = reply.get("kv_transfer_params")
         d.on_decode_start(rid, self.enter(Step.DECODING))
+        try:
+            await self._decode_with_kv(c, client, dec, kv)
+        except UpstreamFailure as e:
+            # unreachable before a byte was streamed: the KV still waits on the prefill instance,
+            # so another decode instance can pull it
+            if e.status != 502 or client.started or self.output_tokens:
+                raise
+            retry = d.retry_decode(rid, [dec.id], time.monotonic())
+            if retry is None:
+                raise
+            log.warning("request %s: %s; sent to %s instead", self.id, e, retry)
+            self.decode_instance = retry
+            await self._decode_with_kv(c, client, c.instances[retry], kv)
+
+    async def _decode_with_kv(self, c: Controller, client: ClientChannel, dec: Instance, kv: dict[str, Any] | None) -> None:
+        """Leg 2 on `dec`, recomputing the prompt there if its prefill instance is lost first."""
         if kv is None:
             await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, None)))
             return

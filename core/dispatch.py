@@ -499,6 +499,22 @@ class Dispatcher:
         t.prefill[i] = p
         return v.instance_ids[p]
 
+    def retry_decode(self, rid: Hashable, tried: Sequence[str], now: float) -> str | None:
+        """Rebind a request whose decode instance could not be reached (nothing streamed yet) to the
+        routable decode instance not tried with the fewest requests on it; None if there is none."""
+        v = self.view
+        mask = v.decode_mask().copy()
+        for iid in tried:
+            mask[self._index[iid]] = False
+        if not mask.any():
+            return None
+        load = np.where(mask, v.running_n + v.pending_n, np.iinfo(np.int64).max)
+        target = v.instance_ids[int(np.argmin(load))]
+        moves = self.migrations
+        self.on_migrated(rid, target, now)
+        self.migrations = moves  # a rebinding, not a migration
+        return target
+
     def on_decode_start(self, rid: Hashable, now: float) -> None:
         """The handoff: decoding starts. Scores the routing against the real state right now."""
         v = self.view

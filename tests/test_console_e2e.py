@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.emulator.process import EmulatorProcess
 from adapters.store import RunStore
-from tests.procs import Console, emulators, kill_children, start_console, wait_for
+from tests.procs import Console, alive, emulators, kill_children, start_console, wait_for
 
 FAST = ["--profile", "cpu-tiny-llama"]
 
@@ -386,6 +386,31 @@ def test_a_prefill_instance_lost_before_its_kv_is_pulled_is_recomputed_on_the_de
         rows = RunStore(con.db).requests(con.run_id)
         assert [r["status"] for r in rows] == ["ok", "ok"]
         assert all("prefill p0 was lost before decode d0 received the prompt's KV" in r["reason"] for r in rows)
+    finally:
+        con.stop()
+        kill_children(con.home)
+
+
+def test_a_decode_instance_that_refuses_the_connection_is_replaced_before_anything_streams(tmp_path: Path) -> None:
+    # d0 dies; before the console's probes mark it down (20 failed probes: 10 s here), round
+    # robin still sends it every other request: each of those is rebound to d1, which pulls the
+    # same KV from p0.
+    cfg = tmp_path / "console.toml"
+    cfg.write_text("down_after_failures = 20\nbreaker_failures = 20\n")
+    con = start_console(tmp_path, str(cfg), *FAST, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+    try:
+        d0 = next(i for i in con.state()["instances"] if i["id"] == "d0")
+        os.killpg(d0["pid"], signal.SIGKILL)
+        wait_for(lambda: not alive(d0["pid"]), 5, "d0 to die")
+        c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
+        texts = [c.completions.create(model="sibyl-model", prompt=f"r{k}", max_tokens=3, extra_body={"ignore_eos": True}).choices[0].text
+                 for k in range(2)]
+        assert texts == [" t0 t1 t2"] * 2
+        failures = {i["id"]: i["failures"] for i in con.state()["instances"] if i["role"] == "decode"}
+        con.stop()
+        rows = RunStore(con.db).requests(con.run_id)
+        assert [(r["status"], r["decode_instance"]) for r in rows] == [("ok", "d1"), ("ok", "d1")]
+        assert failures["d0"] >= 1  # the refused leg counted against d0 (its breaker and probe)
     finally:
         con.stop()
         kill_children(con.home)

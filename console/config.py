@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from adapters.backends import BackendSettings, EmulatorSettings, VllmSettings
 from adapters.backends import registry as backends
 from adapters.backends.settings import check_attach
-from core.errors import ConfigError
+from core.errors import ConfigError, PolicyError
+from core.policies import registry
 from core.slo import SLOClass
 
 
@@ -83,6 +84,17 @@ class ConsoleConfig(BaseModel):
             v["default"] = SLOClass()
         return v
 
+    @model_validator(mode="after")
+    def _engine_priority(self) -> ConsoleConfig:
+        """A queue policy that sets each request's engine `priority` (tail_aware) starts vLLM with
+        `--scheduling-policy priority` unless the configuration chose the policy itself."""
+        try:
+            sets = bool(getattr(registry.spec("queue", self.queue.name).factory, "sets_engine_priority", False))
+        except PolicyError:
+            return self  # an unknown name is reported where policies are checked, with the list
+        if sets and "scheduling_policy" not in self.vllm.model_fields_set:
+            self.vllm = self.vllm.model_copy(update={"scheduling_policy": "priority"})
+        return self
 
     def backend_settings(self) -> BackendSettings:
         """The part of this configuration the backend needs."""

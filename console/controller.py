@@ -72,6 +72,8 @@ class Controller:
         )
         for kind in POLICY_NEEDS:
             check_capability(backend, kind, self.dispatcher.policies[kind].name)
+        self.engine_priorities = Capability.PRIORITY in backend.capabilities
+        """Whether the instances order their queues by `priority` (a queue policy may then set it)."""
         for inst in instances:
             self.dispatcher.add_instance(inst.id, inst.role)
         self.store = store

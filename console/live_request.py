@@ -246,6 +246,10 @@ class LiveRequest:
             raise Rejected(503, f"no capacity: {e}; try again when instances recover", c.retry_after_s()) from None
         self.prefill_instance = assignment.prefill
         self.decode_instance = assignment.decode
+        if c.engine_priorities:
+            prio = d.queue.engine_priority(self.request)
+            if prio is not None:
+                self.body = {**self.body, "priority": prio}
 
     async def _prefill(self, c: Controller) -> dict[str, Any]:
         """Leg 1, sent once more to another prefill instance if the first one is at fault."""

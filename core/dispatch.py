@@ -585,6 +585,9 @@ class Dispatcher:
             v.decode_rate.observe(output_tokens, now - t.decode_start[i])
         v.survival.observe(output_tokens)
         self.completions += 1
+        tracked = self._tracked.get(rid)
+        if tracked is not None:
+            self.queue.observe_completion(tracked.request, now - tracked.request.arrival, output_tokens)
         self._forget(rid, now)
 
     def on_fail(self, rid: Hashable, now: float) -> None:

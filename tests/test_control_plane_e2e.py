@@ -304,3 +304,41 @@ def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_
     finally:
         con.stop()
         kill_children(con.home)
+
+
+def test_tail_aware_releases_held_requests_in_phi_order_and_the_config_asks_vllm_for_priority(tmp_path: Path) -> None:
+    """One request in flight at a time: a long prompt held first and a short one held 0.2 s later
+    leave the queue in Φ = arrival − boost(τ·bin(prompt)) order: the short one first (τ = 10 ms
+    per token: boosts of 1.17 s and 0.37 s outweigh the 0.2 s). With tail_aware the vLLM backend
+    is started with priority scheduling."""
+    from console.config import ConsoleConfig
+
+    assert ConsoleConfig(queue={"name": "tail_aware"}).vllm.scheduling_policy == "priority"
+    assert ConsoleConfig(queue={"name": "tail_aware"}, vllm={"scheduling_policy": "fcfs"}).vllm.scheduling_policy == "fcfs"
+    assert ConsoleConfig().vllm.scheduling_policy == "fcfs"
+    con = start_console(tmp_path, "--profile", PROFILE, "--prefill", "1", "--decode", "1", "--queue", "tail_aware",
+                        "--param", "tail_aware.max_in_flight_per_instance=1", "--param", "tail_aware.tau_s=0.01")
+    try:
+        def post(prompt: list[int], max_tokens: int, rid: str) -> threading.Thread:
+            th = threading.Thread(target=httpx.post, args=(con.url + "/v1/completions",), kwargs={
+                "json": {"model": "sibyl-model", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True},
+                "headers": {"X-Request-Id": rid}, "timeout": 60})
+            th.start()
+            return th
+
+        threads = [post([1] * 8, 600, "busy")]
+        wait_for(lambda: con.state()["requests"]["in_flight"] == 1, 10, "the first request to run")
+        threads.append(post([1] * 900, 4, "long-prompt"))
+        wait_for(lambda: con.state()["queue"]["depth"] == 1, 10, "the long prompt held")
+        time.sleep(0.2)  # noqa: the arrival gap Φ weighs against the boost
+        threads.append(post([1] * 10, 4, "short-prompt"))
+        wait_for(lambda: con.state()["queue"]["depth"] == 2, 10, "both held")
+        for th in threads:
+            th.join(60)
+        con.stop()
+        rows = {r["request_id"]: r for r in RunStore(con.db).requests(con.run_id)}
+        assert all(r["status"] == "ok" for r in rows.values())
+        assert rows["short-prompt"]["prefill_start"] < rows["long-prompt"]["prefill_start"]
+    finally:
+        con.stop()
+        kill_children(con.home)

@@ -115,3 +115,24 @@ def test_swapping_the_queue_policy_hands_over_held_requests() -> None:
     assert [r.id for r in d.expire(11.5)] == ["x"]
     d.on_finish("r0", 12.0, 10)
     assert [r.id for r in d.release(12.0)] == ["y"]
+
+
+def test_the_dispatcher_reports_every_completion_to_the_queue_policy_and_tail_aware_sets_the_engine_priority() -> None:
+    from core.dispatch import Dispatcher
+    from core.types import Request, Role
+    from tests.helpers import toy_profile
+
+    d = Dispatcher(toy_profile(), "round_robin", queue=("tail_aware", {"tau_s": 0.01}))
+    d.add_instance("p0", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    q = d.queue
+    for k in range(3):
+        r = Request(f"r{k}", float(k), 100, 10)
+        d.route(r, float(k))
+        d.on_prefill_end(r.id, k + 1.0)
+        d.on_decode_start(r.id, k + 1.0)
+        d.on_finish(r.id, k + 2.0, 10)
+    assert len(q._ada.window(5.0)) == 3  # γ-Ada saw each E2E (2 s each)
+    held = Request("h", 10.0, 900, 4)
+    assert q.engine_priority(held) == round(q.phi(held) * 1000) < 10_000  # boosted ahead of its arrival
+    assert build("queue", "fcfs").engine_priority(held) is None  # others leave the client's priority

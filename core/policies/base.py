@@ -145,17 +145,32 @@ class QueuePolicy(Protocol):
 
     def depth_by_class(self) -> dict[str, int]: ...
 
+    def observe_completion(self, request: Request, e2e_s: float, output_tokens: int) -> None:
+        """A request finished (the dispatcher reports every one; policies that learn use it)."""
+
+    def engine_priority(self, request: Request) -> int | None:
+        """The `priority` to send the engine with this request (None: leave the client's)."""
+
     def close(self) -> None: ...
 
 
 class QueuePolicyBase(PolicyBase):
-    """Base of queue policies: kind and typed params."""
+    """Base of queue policies: kind and typed params; they learn nothing from completions and
+    leave the engine-side priority to the client unless they say otherwise."""
 
     kind: ClassVar[PolicyKind] = PolicyKind.QUEUE
     params: QueueParams
+    sets_engine_priority: ClassVar[bool] = False
+    """Whether `engine_priority` gives a value (the console then starts vLLM with priority scheduling)."""
 
     def __init__(self, params: QueueParams) -> None:
         super().__init__(params)
+
+    def observe_completion(self, request: Request, e2e_s: float, output_tokens: int) -> None:
+        return None
+
+    def engine_priority(self, request: Request) -> int | None:
+        return None
 
 
 # --- periodic kinds ------------------------------------------------------------------------

@@ -11,4 +11,5 @@ from core.policies import (  # noqa: F401
     round_robin,
     scaling,
     sibyl,
+    tail_aware,
 )

@@ -27,11 +27,12 @@ def _register_commands() -> None:
         runs,
         sim,
         status,
+        train_predictor,
         tui,
         up,
     )
 
-    for module in (up, status, tui, replay, sim, emulate, runs, calibrate, bench, doctor):
+    for module in (up, status, tui, replay, sim, emulate, runs, calibrate, bench, doctor, train_predictor):
         module.register(app)
 
 

@@ -82,3 +82,40 @@ def test_migrating_a_non_streaming_request_or_onto_a_prefill_instance_is_refused
     finally:
         con.stop()
         kill_children(con.home)
+
+
+def test_a_reschedule_policy_moves_streams_onto_an_added_instance_and_no_client_notices(tmp_path: Path) -> None:
+    """Four long streams decode on d0; d1 joins empty; `current_load` (every 0.5 s) moves streams
+    to d1 through the backend's migration, each recorded with its stall, and every client reads
+    every token once."""
+    con = start_console(tmp_path, "--profile", "cpu-tiny-llama", "--prefill", "1", "--decode", "1", "--policy", "round_robin")
+    try:
+        client = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        texts: dict[int, list[str]] = {}
+
+        def stream(k: int) -> None:
+            s = client.completions.create(model="sibyl-model", prompt=f"drift {k}", max_tokens=TOKENS, stream=True,
+                                          extra_body={"ignore_eos": True})
+            texts[k] = [c.choices[0].text for c in s if c.choices]
+
+        threads = [threading.Thread(target=stream, args=(k,)) for k in range(4)]
+        for th in threads:
+            th.start()
+        wait_for(lambda: next(i for i in con.state()["instances"] if i["id"] == "d0")["running"] == 4, 10, "four streams on d0")
+        assert con.cli("scale", "decode", "1").returncode == 0
+        wait_for(lambda: any(i["id"] == "d1" and i["healthy"] for i in con.state()["instances"]), 30, "d1 to join")
+        with con.control() as ctl:
+            r = ctl.put("/control/policies/reschedule", json={"name": "current_load", "params": {"period_s": 0.5, "cooldown_s": 60}})
+            assert r.status_code == 200, r.text
+        for th in threads:
+            th.join(60)
+        assert texts == {k: [f" t{j}" for j in range(TOKENS)] for k in range(4)}
+        con.stop()
+        store = RunStore(con.db)
+        moved = [e for e in store.instance_events(con.run_id) if e["event"] == "migrated"]
+        assert moved and all(e["instance_id"] == "d0" and "→ d1" in e["detail"] for e in moved)
+        rows = store.requests(con.run_id)
+        assert all(r["status"] == "ok" for r in rows) and sum(r["decode_instance"] == "d1" for r in rows) == len(moved)
+    finally:
+        con.stop()
+        kill_children(con.home)

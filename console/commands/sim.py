@@ -194,10 +194,10 @@ def sim(
         str, typer.Option("--queue", help="queue (admission) policy: fcfs | priority")
     ] = "fcfs",
     scaling: Annotated[
-        str, typer.Option("--scaling", help="scaling policy: static | threshold")
+        str, typer.Option("--scaling", help="scaling policy: static | threshold | hyperflexis (see `policy list --kind scaling`)")
     ] = "static",
     reschedule: Annotated[
-        str, typer.Option("--reschedule", help="reschedule policy: none")
+        str, typer.Option("--reschedule", help="reschedule policy: none | current_load | ares | ares_oracle (see `policy list --kind reschedule`)")
     ] = "none",
     seed: Annotated[int, typer.Option(help="seed for synthetic/ServeGen sampling")] = 0,
     slo_ttft_ms: Annotated[float, typer.Option(help="TTFT SLO in ms")] = 2000.0,

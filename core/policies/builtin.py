@@ -1,6 +1,7 @@
 """Imports every built-in policy module so each registers itself."""
 
 from core.policies import (  # noqa: F401
+    ares,
     clairvoyant,
     hyperflexis,
     hyperflexis_scaling,

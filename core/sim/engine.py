@@ -9,8 +9,10 @@ transfer follows; decode runs in processor-sharing or iteration-level mode. A re
 without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per token:
 every instance jumps from event to event.
 
-Periodic policies run at `dispatcher.next_periodic_at()` (never, for the no-op baselines) and
-their scale actions are executed here (see core/sim/scaling.py for the rules).
+Periodic policies run at `dispatcher.next_periodic_at()` (never, for the no-op baselines); their
+scale actions are executed here (see core/sim/scaling.py for the rules) and their migrations by
+core/sim/migration.py: the migrating request's KV (prompt + generated tokens) moves in
+profile.kv_transfer_time(tokens) while only that request stalls.
 """
 
 from __future__ import annotations
@@ -26,15 +28,16 @@ import numpy as np
 from core.dispatch import Dispatcher
 from core.errors import NoCapacityError
 from core.perf import PerfProfile
-from core.sim.decode_iter import IterationDecodeInstance
+from core.sim.decode_iter import Detached, IterationDecodeInstance
 from core.sim.decode_ps import PSDecodeInstance
+from core.sim.migration import MigrationEvent, MigrationExecutor
 from core.sim.scaling import ScaleEvent, ScaleExecutor
-from core.types import Admission, InstancePhase, PolicyKind, Request, Role
+from core.types import Admission, InstancePhase, Migration, PolicyKind, Request, Role
 
 Mode = Literal["ps", "iteration"]
 
 # Event kinds, in the order they run when times tie.
-_DECODE, _PREFILL_DONE, _DECODE_START, _SWAP, _READY, _PERIODIC, _EXPIRE = range(7)
+_DECODE, _PREFILL_DONE, _DECODE_START, _SWAP, _READY, _PERIODIC, _EXPIRE, _MIGRATED = range(8)
 _INF = float("inf")
 
 FAIL_REASONS = {
@@ -48,15 +51,95 @@ FAIL_REASONS = {
 
 
 class DecodeModel(Protocol):
+    detached: list[Detached]
+    """Requests paused for migration since the engine last drained the list."""
+
     def admit(self, req: int, output_tokens: int, prompt_tokens: int, now: float) -> None: ...
     def next_event_time(self) -> float: ...
     def fire(self, now: float) -> tuple[list[tuple[int, float]], list[int]]: ...
     def progress(self, now: float) -> tuple[list[int], list[float]]: ...
 
+    # migration (core/sim/migration.py)
+    def is_running(self, req: int) -> bool: ...
+    def tokens_of(self, req: int, now: float) -> int: ...
+    def can_host(self, tokens: int, now: float) -> bool: ...
+    def reserve(self, req: int, tokens: int, now: float) -> None: ...
+    def unreserve(self, req: int, now: float) -> None: ...
+    def request_detach(self, req: int, now: float) -> bool: ...
+    def release_outgoing(self, req: int, now: float) -> None: ...
+    def attach(self, req: int, prompt: int, generated: float, out: int, now: float) -> None: ...
+
 
 class _PSAdapter(PSDecodeInstance):
+    """Processor sharing with the engine's admit signature and migration support.
+
+    Processor sharing has no step boundaries and no KV capacity, so a migrating request pauses at
+    once and a target always has room (reservations are no-ops).
+    """
+
+    def __init__(self, profile: PerfProfile) -> None:
+        super().__init__(profile)
+        self.detached: list[Detached] = []
+        self._sizes: dict[int, tuple[int, int]] = {}
+        """Request → (prompt tokens, output tokens), for the requests that may migrate."""
+
     def admit(self, req: int, output_tokens: int, prompt_tokens: int, now: float) -> None:  # type: ignore[override]
+        self._sizes[req] = (prompt_tokens, output_tokens)
         super().admit(req, output_tokens, now)
+
+    def fire(self, now: float) -> tuple[list[tuple[int, float]], list[int]]:
+        firsts, done = super().fire(now)
+        for r in done:
+            self._sizes.pop(r, None)
+        return firsts, done
+
+    def is_running(self, req: int) -> bool:
+        return req in self.offset
+
+    def tokens_of(self, req: int, now: float) -> int:
+        _, gen = self._generated(req, now)
+        return self._sizes[req][0] + int(gen)
+
+    def _generated(self, req: int, now: float) -> tuple[float, float]:
+        c = self.counter + self.rate * (now - self.t_last)
+        return c, c - self.offset[req]
+
+    def can_host(self, tokens: int, now: float) -> bool:
+        return True
+
+    def reserve(self, req: int, tokens: int, now: float) -> None:
+        return None
+
+    def unreserve(self, req: int, now: float) -> None:
+        return None
+
+    def release_outgoing(self, req: int, now: float) -> None:
+        return None
+
+    def request_detach(self, req: int, now: float) -> bool:
+        if req not in self.offset:
+            return False
+        _, gen = self._generated(req, now)
+        prompt, out = self._sizes.pop(req)
+        self.remove(req, now)
+        self.detached.append((req, prompt, gen, out))
+        return True
+
+    def attach(self, req: int, prompt: int, generated: float, out: int, now: float) -> None:
+        """Resume with `generated` tokens done: the counter offset is set back by that much."""
+        self._advance(now)
+        # Entries left by an earlier stay of this request here would look live again: drop them.
+        for h in (self._first, self._finish):
+            if any(r == req for _, r in h):
+                h[:] = [e for e in h if e[1] != req]
+                heapq.heapify(h)
+        off = self.counter - generated
+        self.offset[req] = off
+        self._sizes[req] = (prompt, out)
+        if generated < 1.0:
+            heapq.heappush(self._first, (off + 1, req))
+        heapq.heappush(self._finish, (off + out, req))
+        self._rerate()
 
 
 @dataclass(frozen=True)
@@ -103,7 +186,17 @@ class SimResult:
     queued: int = 0
     """Requests that were held by admission at least once."""
     migrations_proposed: int = 0
-    """Migrations proposed by the reschedule policy (the simulator does not execute them yet)."""
+    """Migrations proposed by the reschedule policy."""
+    migrations: int = 0
+    """Migrations carried out (KV transferred, request resumed on its target)."""
+    migrations_refused: dict[str, int] = field(default_factory=dict)
+    """Proposed migrations not carried out, per reason (see core.sim.migration.REFUSALS)."""
+    migrated_tokens: int = 0
+    """KV tokens moved by the migrations carried out."""
+    migration_events: list[MigrationEvent] = field(default_factory=list)
+    """Every accepted, started, finished, refused or cancelled migration, in time order."""
+    request_migrations: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Per request: how many times it migrated."""
 
     @property
     def shed(self) -> int:
@@ -131,6 +224,7 @@ class Simulation:
         swaps: Sequence[ScheduledSwap] = (),
         priorities: np.ndarray | None = None,
         tenants: Sequence[str] | None = None,
+        slo_classes: Sequence[str] | None = None,
     ) -> None:
         if n_prefill < 1 or n_decode < 1:
             raise ValueError("a P/D cluster needs at least one prefill and one decode instance")
@@ -161,6 +255,7 @@ class Simulation:
         self._seq = 0
         self._dirty: set[int] = set()
         self.scaler = ScaleExecutor(self)
+        self.migrator = MigrationExecutor(self, n)
         for k in range(n_prefill):
             self.add_instance(f"p{k}", Role.PREFILL, InstancePhase.ACTIVE)
         for k in range(n_decode):
@@ -188,6 +283,7 @@ class Simulation:
             None if priorities is None else np.asarray(priorities, dtype=np.int64).tolist()
         )
         self._tenant_l: list[str] | None = None if tenants is None else list(tenants)
+        self._slo_l: list[str] | None = None if slo_classes is None else list(slo_classes)
 
     # --- instances ----------------------------------------------------------------------------
     def add_instance(self, iid: str, role: Role, phase: InstancePhase) -> int:
@@ -251,13 +347,14 @@ class Simulation:
 
     # --- request handlers ---------------------------------------------------------------------
     def _request(self, i: int) -> Request:
-        if self._prio_l is None and self._tenant_l is None:
+        if self._prio_l is None and self._tenant_l is None and self._slo_l is None:
             return Request(i, self._arr_l[i], self._prompt_l[i], self._out_l[i])
         return Request(
             i,
             self._arr_l[i],
             self._prompt_l[i],
             self._out_l[i],
+            slo_class="default" if self._slo_l is None else self._slo_l[i],
             priority=0 if self._prio_l is None else self._prio_l[i],
             tenant="" if self._tenant_l is None else self._tenant_l[i],
         )
@@ -332,6 +429,8 @@ class Simulation:
         self.push(now + self.profile.kv_transfer_time(self._prompt_l[i]), _DECODE_START, i)
         if self.scaler.draining:
             self.scaler.check(now)
+        if d.admission and d.queue.params.max_prefill_backlog_s is not None:
+            self._release(now)  # the queue holds arrivals while prefill is backlogged
 
     def _decode_start(self, i: int, now: float) -> None:
         x = self._rx[i]
@@ -350,10 +449,15 @@ class Simulation:
         for r, t in firsts:
             self.t_first[r] = t
         d = self.dispatcher
+        mig = self.migrator
         for r in done:
+            if r in mig.pending:
+                mig.cancel(r, now, "finished")
             self.t_finish[r] = now
             self.ok[r] = True
             d.on_finish(r, now, self._out_l[r])
+        if dec.detached:
+            mig.on_detached(x, now)
         freed = bool(done)
         rejected: list[int] | None = getattr(dec, "rejected", None)
         if rejected:
@@ -390,8 +494,17 @@ class Simulation:
         d = self.dispatcher
         if self._dirty and d.needs_progress:
             self._sync_progress(now)
+        resched = d.reschedule
+        if getattr(resched, "needs_progress", False) and d.runner.due.get(
+            PolicyKind.RESCHEDULE, _INF
+        ) <= now:
+            # The reschedule policy weighs every running request's tokens: observe them all.
+            self._dirty.update(x for x, dec in enumerate(self.decoders) if dec is not None)
+            self._sync_progress(now)
         decisions = d.periodic(now)
         self.migrations_proposed += len(decisions.migrations)
+        for m in decisions.migrations:
+            self.migrator.execute(m, now)
         for action in decisions.scale:
             self.scaler.execute(action, now)
         self._release(now)
@@ -407,6 +520,14 @@ class Simulation:
     def schedule_ready(self, x: int, at: float) -> None:
         """Instance x finishes its cold start at `at` (called by the scale executor)."""
         self.push(at, _READY, x)
+
+    def schedule_migrated(self, req: int, at: float) -> None:
+        """Request `req`'s KV transfer ends at `at` (called by the migration executor)."""
+        self.push(at, _MIGRATED, req)
+
+    def migrate(self, migration: Migration, now: float) -> bool:
+        """Carry out one migration now (as if a reschedule policy proposed it); False if refused."""
+        return self.migrator.execute(migration, now)
 
     # --- main loop ----------------------------------------------------------------------------
     def run(
@@ -446,6 +567,8 @@ class Simulation:
                     self._release(t)
                 elif kind == _PERIODIC:
                     self._periodic(a, t)
+                elif kind == _MIGRATED:
+                    self.migrator.transfer_done(a, t)
                 else:
                     self._expire(t)
             else:
@@ -487,4 +610,9 @@ class Simulation:
             scale_events=list(self.scaler.events),
             queued=self.queued,
             migrations_proposed=self.migrations_proposed,
+            migrations=self.migrator.completed,
+            migrations_refused=dict(self.migrator.refused),
+            migrated_tokens=self.migrator.tokens_moved,
+            migration_events=list(self.migrator.events),
+            request_migrations=self.migrator.per_request.copy(),
         )

@@ -309,7 +309,7 @@ class Dispatcher:
     # --- admission (the queue policy) -----------------------------------------------------------
     def _room(self) -> int:
         """Requests that may still enter: max_in_flight_per_instance × routable decode − tracked;
-        none while every prefill instance is backlogged past max_prefill_backlog_s (if set)."""
+        none while every prefill instance has more than max_prefill_backlog_s of work (if set)."""
         params = self.queue.params
         v = self.view
         room = params.max_in_flight_per_instance * v.routable_count(Role.DECODE) - v.table.n
@@ -318,7 +318,7 @@ class Dispatcher:
             # lengthens a backlog) before the next decision
             mask = v.prefill_mask()
             if mask.any():
-                room = min(room, int(np.count_nonzero(v.prefill_free_at[mask] - v.now < params.max_prefill_backlog_s)))
+                room = min(room, int(np.count_nonzero(v.prefill_free_at[mask] - v.now <= params.max_prefill_backlog_s)))
         return room
 
     @property

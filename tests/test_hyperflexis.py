@@ -148,9 +148,12 @@ def test_scaling_flips_a_low_pool_to_a_hot_one_before_adding_and_explains_why() 
 
 
 def test_scaling_adds_on_input_outpacing_processing_and_respects_the_cap() -> None:
-    p: Any = build("scaling", "hyperflexis", {"max_instances": 5, "flips": False})
-    [a] = p.propose(sig(p_backlog=[0.2, 0.2], d_util=[0.5, 0.5], arrivals=12.0, done=10.0), None, 1.0)
-    assert (a.action, a.role) == ("add", Role.PREFILL) and "input/processing 1.20 > 1.05" in a.reason
+    p: Any = build("scaling", "hyperflexis", {"max_instances": 5, "flips": False, "rate_window_s": 5.0})
+    # completions trail arrivals at the start: the ratio counts only once the averages span 5 s
+    assert p.propose(sig(p_backlog=[0.2, 0.2], d_util=[0.5, 0.5], arrivals=12.0, done=0.0, now=0.0), None, 0.0) == []
+    assert p.propose(sig(p_backlog=[0.2, 0.2], d_util=[0.5, 0.5], arrivals=12.0, done=10.0, now=4.0), None, 4.0) == []
+    [a] = p.propose(sig(p_backlog=[0.2, 0.2], d_util=[0.5, 0.5], arrivals=12.0, done=10.0, now=6.0), None, 6.0)
+    assert (a.action, a.role) == ("add", Role.PREFILL) and "input/processing" in a.reason
     capped: Any = build("scaling", "hyperflexis", {"max_instances": 4, "flips": False})
     assert capped.propose(sig(p_backlog=[0.9, 0.9], d_util=[0.95, 0.95]), None, 1.0) == []  # 4 active already
 

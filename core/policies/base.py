@@ -118,9 +118,10 @@ class QueueParams(PolicyParams):
         None,
         ge=0,
         description=(
-            "also hold arrivals while every routable prefill instance has at least this many "
-            "seconds of routed prefill work left (none: no such limit); held requests then reach "
-            "a prefill instance in the queue policy's order instead of its arrival order"
+            "also hold arrivals while every routable prefill instance has more than this many "
+            "seconds of routed prefill work left (none: no such limit; 0: send only to an idle "
+            "one); held requests then reach a prefill instance in the queue policy's order "
+            "instead of their arrival order"
         ),
     )
 

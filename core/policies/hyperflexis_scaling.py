@@ -67,15 +67,21 @@ class HyperFlexisScaling(ScalingPolicyBase):
         super().__init__(params)
         self._in_rate: float | None = None
         self._out_rate: float | None = None
+        self._rates_since: float | None = None
         self._low = {Role.PREFILL: 0, Role.DECODE: 0}
         self._last_out = -math.inf
 
     def _rates(self, s: ScalingSignals) -> float:
-        """EWMA of input and processing rates; their ratio (1 when both are ~0)."""
+        """EWMA of input and processing rates; their ratio (0 with no input). Before the averages
+        span one `rate_window_s` the ratio is not used (0): completions trail arrivals by a whole
+        request latency, so a fresh start would read as input outpacing processing."""
+        if self._rates_since is None:
+            self._rates_since = s.now
         w = 1.0 - math.exp(-s.window_s / self.params.rate_window_s) if s.window_s > 0 else 1.0
         self._in_rate = s.arrival_rate if self._in_rate is None else self._in_rate + w * (s.arrival_rate - self._in_rate)
-        self._out_rate = s.completion_rate if self._out_rate is None else self._out_rate + w * (s.completion_rate - self._out_rate)
-        if self._in_rate < 1e-9:
+        # processing starts level with input (balance until shown otherwise), not at zero
+        self._out_rate = s.arrival_rate if self._out_rate is None else self._out_rate + w * (s.completion_rate - self._out_rate)
+        if self._in_rate < 1e-9 or s.now - self._rates_since < self.params.rate_window_s:
             return 0.0
         return self._in_rate / max(self._out_rate, 1e-9)
 

@@ -101,8 +101,8 @@ class Controller:
         self._migrations: set[asyncio.Task[None]] = set()
         self.live: dict[str, LiveRequest] = {}
         """Requests in the gateway now, by id."""
-        self._lost: dict[str, asyncio.Event] = {}
-        """Per instance, an event set when it is marked down (LiveRequest.lost_prefill waits on it)."""
+        self._lost: dict[str, asyncio.Future[None]] = {}
+        """Per instance, a future done when it is marked down (see lost_signal)."""
         """Requests the queue policy holds, by id (their futures are resolved on release)."""
         self.poller = Poller(
             lambda: list(self.instances.values()),
@@ -464,28 +464,29 @@ class Controller:
         self.dispatcher.set_health(inst.id, inst.healthy and (b is None or b.allows))
 
     # --- poller callbacks --------------------------------------------------------------------------
-    def lost_signal(self, instance_id: str) -> asyncio.Event:
-        """An event set once the instance is marked down (a fresh one is handed out after it recovers)."""
-        ev = self._lost.get(instance_id)
-        if ev is None:
-            ev = asyncio.Event()
+    def lost_signal(self, instance_id: str) -> asyncio.Future[None]:
+        """A future done once the instance is marked down or removed (a fresh one is handed out
+        after it recovers); shared by every request whose KV waits on the instance."""
+        fut = self._lost.get(instance_id)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
             if instance_id in self.instances:
-                self._lost[instance_id] = ev
+                self._lost[instance_id] = fut
             else:
-                ev.set()
-        return ev
+                fut.set_result(None)
+        return fut
 
     def instance_removed(self, instance_id: str) -> None:
         """The instance left the cluster: whoever waits on its lost signal hears it now."""
-        ev = self._lost.pop(instance_id, None)
-        if ev is not None:
-            ev.set()
+        fut = self._lost.pop(instance_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     def _on_status(self, inst: Instance, healthy: bool, reason: str) -> None:
         if healthy:
             self._lost.pop(inst.id, None)
-        else:
-            self.lost_signal(inst.id).set()
+        elif not (lost := self.lost_signal(inst.id)).done():
+            lost.set_result(None)
         self._apply_health(inst)
         self.metrics.instance_up.labels(instance=inst.id, role=inst.role.value).set(1 if healthy else 0)
         self.instance_event(inst.id, inst.role, "up" if healthy else "down", reason)

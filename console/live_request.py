@@ -317,19 +317,28 @@ class LiveRequest:
             await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, None)))
             return
         lost = c.lost_signal(self.prefill_instance or "")
-        if not lost.is_set():
-            leg = asyncio.ensure_future(self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, kv))))
-            lost_wait = asyncio.ensure_future(lost.wait())
+        if not lost.done():
+            # No task per request: if the prefill instance is lost before the first token, this
+            # request's own task is cancelled out of the leg (and uncancelled below).
+            me = asyncio.current_task()
+            assert me is not None
+            cut = False
+
+            def on_lost(_: asyncio.Future[None]) -> None:
+                nonlocal cut
+                if self.first_token_at is None:
+                    cut = True
+                    me.cancel()
+
+            lost.add_done_callback(on_lost)
             try:
-                await asyncio.wait((leg, lost_wait), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                lost_wait.cancel()
-            if leg.done() or self.first_token_at is not None:
-                await leg  # finished, or its KV arrived before the prefill instance was lost
+                await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, kv)))
                 return
-            leg.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await leg
+            except asyncio.CancelledError:
+                if not cut or me.uncancel() > 0:
+                    raise
+            finally:
+                lost.remove_done_callback(on_lost)
         self.recovered = (f"prefill {self.prefill_instance} was lost before decode {dec.id} received the prompt's KV: "
                           f"the prompt was recomputed on {dec.id}")
         log.warning("request %s: %s", self.id, self.recovered)

@@ -241,7 +241,7 @@ class Controller:
         rid = live.request.id
         finish = live.times[live.step]
         if live.ok:
-            d.on_finish(rid, finish, live.output_tokens)
+            d.on_finish(rid, finish, live.output_tokens, live.first_token_at)
         else:
             d.on_fail(rid, finish)
         self.in_flight -= 1

@@ -63,6 +63,7 @@ class _Tracked:
     """When its prefill was projected to end on its prefill instance (FIFO behind the backlog)."""
     in_prefill: bool = True
     """Routed and its prefill has not ended (counted in view.prefill_n)."""
+    routed_at: float = 0.0
     shadow_choices: list[int] = field(default_factory=list)
 
 
@@ -348,6 +349,8 @@ class Dispatcher:
 
     def set_targets(self, request: Request) -> None:
         """Fill the request's TTFT/TPOT targets from its SLO class where the client set none."""
+        if request.slo_class == "default" and request.ttft_s is None:
+            self.routing.assign_targets(request, self.view, self.queue)
         if request.ttft_s is None or request.tpot_s is None:
             slo = self.view.slo
             cls = slo.get(request.slo_class) or slo["default"]
@@ -411,7 +414,7 @@ class Dispatcher:
         if a.decode is not None:
             d = t.inst[i] = self._index[a.decode]
             v.pending_n[d] += 1
-        tracked = _Tracked(request, router, est, float(due))
+        tracked = _Tracked(request, router, est, float(due), routed_at=now)
         for _, shadow in self.shadows:
             try:
                 choice = shadow.route(request, v).decode
@@ -577,7 +580,8 @@ class Dispatcher:
         t.l_obs[rows] = generated
         t.t_obs[rows] = now
 
-    def on_finish(self, rid: Hashable, now: float, output_tokens: int) -> None:
+    def on_finish(self, rid: Hashable, now: float, output_tokens: int, first_token_at: float | None = None) -> None:
+        """A request finished; `first_token_at` (when known) lets the routing policy learn its latencies."""
         v = self.view
         t = v.table
         i = t.row[rid]
@@ -587,7 +591,11 @@ class Dispatcher:
         self.completions += 1
         tracked = self._tracked.get(rid)
         if tracked is not None:
-            self.queue.observe_completion(tracked.request, now - tracked.request.arrival, output_tokens)
+            req = tracked.request
+            self.queue.observe_completion(req, now - req.arrival, output_tokens)
+            if first_token_at is not None:
+                tpot = (now - first_token_at) / (output_tokens - 1) if output_tokens > 1 else 0.0
+                self.routing.observe_completion(req, first_token_at - req.arrival, tpot, tracked.routed_at - req.arrival)
         self._forget(rid, now)
 
     def on_fail(self, rid: Hashable, now: float) -> None:

@@ -191,3 +191,59 @@ def test_the_central_queue_holds_arrivals_while_prefill_is_backlogged_and_releas
     assert d.release(0.4) == []  # 0.6 s of prefill left ≥ 0.5
     assert [r.id for r in d.release(0.6)] == [3]  # under the limit: one request, the tightest first
     assert d.queue_depth() == 1
+
+
+def pm(window: int = 200) -> Any:
+    from core.policies.priority_slo import PrioritySLO, PrioritySLOParams
+
+    return PrioritySLO(PrioritySLOParams(midpoints=[(1.0, 0.1), (4.0, 0.4)], spread=0.25, window=window))
+
+
+def fill(m: Any, p1_ttft: float = 3.0, p1_queue: float = 0.5) -> None:
+    for _ in range(10):
+        m.observe(0, 0.9, 0.09, 0.1)
+    for k in range(10):  # p1: TTFT p1_ttft + 0.1k, TPOT 0.3 + 0.01k
+        m.observe(1, p1_ttft + 0.1 * k, 0.3 + 0.01 * k, p1_queue)
+
+
+def test_priority_to_slo_reads_the_priority_quantile_of_recent_completions() -> None:
+    m = pm()
+    assert m.assign(1, higher_pending=True) == (4.0, 0.4)  # cold start (< 10·N completions): the midpoint
+    fill(m)
+    # idx = C0 + ⌊(1+1)/(2+1)·C1⌋ = 10 + 6 = 16 → the 7th p1 entry: TTFT 3.6, TPOT 0.36; in range [3, 5] × [0.3, 0.5]
+    assert m.assign(1, higher_pending=True) == pytest.approx((3.6, 0.36))
+    # p0: idx = ⌊1/3·10⌋ = 3 → TTFT 0.9 (its queue 0.1 is also p0's last), TPOT 0.09, in [0.75, 1.25] × [0.075, 0.125]
+    assert m.assign(0, higher_pending=False) == pytest.approx((0.9, 0.09))
+
+
+def test_priority_to_slo_corrects_for_a_queue_spike_and_relaxes_its_floor_only_when_alone() -> None:
+    m = pm()
+    fill(m, p1_ttft=1.0)
+    m.observe(0, 0.9, 0.09, 0.1)  # 21 entries: p1's index is now 11 + 6 = 17 → TTFT 1.6 − 0 correction
+    m.last_queue[1] = 0.2  # p1's latest completion queued 0.3 s less than the reference did
+    ttft, _ = m.assign(1, higher_pending=False)
+    assert ttft == pytest.approx(1.6 - 0.3)  # below p1's own floor (3.0) but above p0's (0.75): kept
+    assert m.assign(1, higher_pending=True)[0] == pytest.approx(3.0)  # a higher priority waits: p1's floor
+
+
+def test_priority_to_slo_forgets_completions_past_its_window() -> None:
+    m = pm(window=15)
+    fill(m)
+    assert sum(m.counts) == 15 and m.counts == [5, 10]  # the five oldest (p0) left
+
+
+def test_hyperflexis_gives_priority_only_requests_targets_and_learns_from_completions() -> None:
+    d = Dispatcher(toy_profile(**DECODE), "hyperflexis", {"priority_slo": {"midpoints": [[1.0, 0.1], [4.0, 0.4]]}})
+    d.add_instance("p0", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    named = Request("named", 0.0, 100, 10, slo_class="default", ttft_s=9.0, tpot_s=0.9)
+    d.set_targets(named)
+    assert (named.ttft_s, named.tpot_s) == (9.0, 0.9)  # the client's own targets win
+    r = Request("r", 0.0, 100, 10, priority=1)
+    d.admit(r, 0.0)
+    d.route(r, 0.0)
+    assert (r.ttft_s, r.tpot_s) == (4.0, 0.4)
+    d.on_prefill_end("r", 0.5)
+    d.on_decode_start("r", 0.5)
+    d.on_finish("r", 1.4, 10, first_token_at=0.5)
+    assert d.routing.mapper.counts == [0, 1] and d.routing.mapper.last_queue[1] == 0.0

@@ -74,7 +74,10 @@ def test_policy_swap_through_picker_reaches_the_console() -> None:
             assert picker.query_one("#picker-kind", Select).value == "routing"
             options = picker.query_one("#picker-policies", OptionList)
             assert options.has_focus
-            await pilot.press("home")  # least_load is first of the routing policies
+            await pilot.press("home")
+            await until(pilot, lambda: picker.policy is not None)
+            while picker.policy is None or picker.policy["name"] != "least_load":  # down to least_load
+                await pilot.press("down")
             await until(pilot, lambda: picker.policy is not None and picker.policy["name"] == "least_load")
             await pilot.press("enter")  # into the form: the `by` select
             await until(pilot, lambda: app.focused is not None and app.focused.id == "param-by")
@@ -121,7 +124,8 @@ def test_server_refusal_and_local_checks_show_inline() -> None:
             picker = app.screen
             assert isinstance(picker, PolicyPicker)
             await until(pilot, lambda: picker.policy is not None)
-            picker.query_one("#picker-policies", OptionList).highlighted = 0
+            options = picker.query_one("#picker-policies", OptionList)
+            options.highlighted = options.get_option_index("least_load")
             await until(pilot, lambda: picker.query("#param-by").first(Select).value == "requests")
             # a value the local form cannot produce but the server refuses: use the API's own message
             fake.policies["routing"] = {"name": "sibyl", "params": {}}

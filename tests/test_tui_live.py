@@ -90,7 +90,8 @@ def test_dashboard_on_an_emulated_cluster(tmp_path: Path, monkeypatch: pytest.Mo
                 assert isinstance(picker, PolicyPicker)
                 # the keyboard path through the picker is covered in test_tui.py; here each key
                 # costs up to 2 s because Pilot waits for an idle process that also runs the console
-                picker.query_one("#picker-policies", OptionList).highlighted = 0
+                options = picker.query_one("#picker-policies", OptionList)
+                options.highlighted = options.get_option_index("least_load")
                 await until(pilot, lambda: picker.policy is not None and picker.policy["name"] == "least_load")
                 await until(pilot, lambda: picker.query_one("#param-by", Select).value == "requests")
                 picker.query_one("#param-by", Select).value = "tokens"

@@ -66,6 +66,12 @@ class RoutingPolicy(Protocol):
 
     def display_load(self, view: ClusterView) -> np.ndarray: ...
 
+    def assign_targets(self, request: Request, view: ClusterView, queue: QueuePolicy) -> None:
+        """Set the TTFT/TPOT targets of a request that named no SLO class (before its class default)."""
+
+    def observe_completion(self, request: Request, ttft_s: float, tpot_s: float, queue_s: float) -> None:
+        """A request finished with these latencies (policies that learn targets use it)."""
+
     def close(self) -> None: ...
 
 
@@ -77,6 +83,12 @@ class RoutingPolicyBase(PolicyBase):
     needs_progress: bool = False
     needs_true_lengths: bool = False
     """True for oracles that read `table.max_out` as the true output length (simulator only)."""
+
+    def assign_targets(self, request: Request, view: ClusterView, queue: QueuePolicy) -> None:
+        return None
+
+    def observe_completion(self, request: Request, ttft_s: float, tpot_s: float, queue_s: float) -> None:
+        return None
 
     def display_load(self, view: ClusterView) -> np.ndarray:
         """Load per instance index as this policy weighs it (dashboards): running + pending here."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,13 +35,19 @@ from core.policies.base import (
     BindPoint,
     PolicyParams,
     QueueParams,
+    QueuePolicy,
     QueuePolicyBase,
     RoutingPolicyBase,
 )
 from core.policies.choice import decode_candidates, least_queued_prefill, projected_handoff
+from core.policies.priority_slo import PrioritySLO, PrioritySLOParams
 from core.policies.registry import register
+from core.request_table import PENDING
 from core.types import Assignment, PolicyKind, Request
 from core.view import ClusterView
+
+PRIORITY_MEMORY = 4096
+"""Requests given targets by priority that are remembered before untracked ones are dropped."""
 
 
 def normal_cdf(x: float) -> float:
@@ -53,6 +60,8 @@ class HyperFlexisParams(PolicyParams):
     growth_reserve_tokens: int = Field(64, ge=0, description="decode: KV tokens kept free for each admitted request's growth")
     fit_noise: float = Field(0.05, ge=0, le=0.5, description="lognormal σ of the profile samples the latency model is fitted on")
     seed: int = Field(0, description="seed of the fitting noise")
+    priority_slo: PrioritySLOParams | None = Field(
+        None, description="requests naming no SLO class get targets from their priority (Algorithm 2); none: class defaults")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,29 @@ class HyperFlexisRouting(RoutingPolicyBase):
         super().__init__(params)
         self._model: LatencyModel | None = None
         self._model_for: int | None = None
+        self.mapper = PrioritySLO(params.priority_slo) if params.priority_slo is not None else None
+        self._priority: dict[Hashable, int] = {}
+        """Priority of the requests this policy gave targets to, until they complete."""
+
+    def assign_targets(self, request: Request, view: ClusterView, queue: QueuePolicy) -> None:
+        """Algorithm 2 for a request that gave only a priority (when `priority_slo` is set)."""
+        if self.mapper is None:
+            return
+        p = request.priority
+        t = view.table
+        n = t.n
+        # pending: held at the gateway, or routed and not prefilled yet (B_wait)
+        higher = any(r.priority < p for r in queue.items()) or any(
+            self._priority.get(rid, p) < p for rid, state in zip(t.ids[:n], t.state[:n], strict=True) if state == PENDING)
+        request.ttft_s, request.tpot_s = self.mapper.assign(p, higher)
+        if len(self._priority) > PRIORITY_MEMORY:  # failed requests never complete: forget them
+            self._priority = {rid: q for rid, q in self._priority.items() if rid in t}
+        self._priority[request.id] = p
+
+    def observe_completion(self, request: Request, ttft_s: float, tpot_s: float, queue_s: float) -> None:
+        self._priority.pop(request.id, None)
+        if self.mapper is not None:
+            self.mapper.observe(request.priority, ttft_s, tpot_s, queue_s)
 
     def model(self, view: ClusterView) -> LatencyModel:
         """The latency model fitted for the view's profile (refitted if the profile changes)."""

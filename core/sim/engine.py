@@ -455,7 +455,7 @@ class Simulation:
                 mig.cancel(r, now, "finished")
             self.t_finish[r] = now
             self.ok[r] = True
-            d.on_finish(r, now, self._out_l[r])
+            d.on_finish(r, now, self._out_l[r], float(self.t_first[r]))
         if dec.detached:
             mig.on_detached(x, now)
         freed = bool(done)

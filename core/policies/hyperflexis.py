@@ -75,7 +75,8 @@ class PrefillAssessment:
     """Slack left for the TTFT after prefill, KV transfer and one decode step."""
     p: float
     admitted: bool
-    """p ≥ θ: the deadline is likely met; otherwise the spec's second pass placed it."""
+    """p ≥ θ and within the worker's token budget (Eq. 5): the deadline is likely met; otherwise
+    the spec's second pass placed it."""
 
 
 @register(
@@ -134,10 +135,16 @@ class HyperFlexisRouting(RoutingPolicyBase):
         ttft = request.ttft_s if request.ttft_s is not None else view.slo["default"].ttft_s
         one_step = float(m.decode_step(request.prompt_tokens, 1))
         t_rem = request.arrival + ttft - (finish + view.profile.kv_transfer_time(request.prompt_tokens) + one_step)
-        util = min(max(float(view.prefill_free_at[p]) - view.now, 0.0) / ttft, 1.0)
+        backlog = max(float(view.prefill_free_at[p]) - view.now, 0.0)
+        util = min(backlog / ttft, 1.0)
         spread = (0.1 + 0.3 * util) * e_p
         prob = normal_cdf(t_rem / spread) if spread > 0 else float(t_rem >= 0)
-        return PrefillAssessment(p, finish, t_rem, prob, prob >= self.params.theta)
+        # Eq. 5 on a prefill worker (no decoding there: E_d = 0), against the TTFT left after the
+        # KV transfer and one decode step: the prompt tokens queued on it plus this one must fit.
+        ttft_left = ttft - view.profile.kv_transfer_time(request.prompt_tokens) - one_step
+        queued = backlog / m.b if m.b > 0 else 0.0
+        fits = queued + request.prompt_tokens <= m.token_budget(ttft_left, math.inf, 0.0)
+        return PrefillAssessment(p, finish, t_rem, prob, prob >= self.params.theta and fits)
 
     def route(self, request: Request, view: ClusterView) -> Assignment:
         a = self.assess(request, view)

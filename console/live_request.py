@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+NEVER = asyncio.Event()
+"""The `gone` of a client nobody watches: never set."""
 PROGRESS_EVERY_S = 0.05
 """How often a streaming request's token count is passed to the dispatcher (at most)."""
 PREFILL_ATTEMPTS = 2
@@ -92,8 +94,9 @@ class ClientChannel:
     def __init__(self, send: Callable[[dict[str, Any]], Awaitable[None]], receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         self._send = send
         self._receive = receive
-        self.gone = asyncio.Event()
-        """Set when the client disconnects (watched only while streaming or queued)."""
+        self.gone = NEVER
+        """Set when the client disconnects (watched only while streaming or queued: `watch` gives
+        each watched request its own event; unwatched ones share one that is never set)."""
         self._watcher: asyncio.Task[None] | None = None
         self.started = False
         """Whether the response's status line was sent (after that only the stream can carry an error)."""
@@ -119,6 +122,7 @@ class ClientChannel:
     def watch(self) -> None:
         """Notice a disconnect from now on (the body is read, so the next message is the client leaving)."""
         if self._watcher is None:
+            self.gone = asyncio.Event()
             self._watcher = asyncio.create_task(self._watch())
 
     async def _watch(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -103,26 +104,62 @@ def summarize(
     }
 
 
-@dataclass
+@dataclass(slots=True)
 class _Sample:
     t: float
     ttft: float
     tpot: float
     ok: bool
     met: bool
-    ttft_limit: float
-    tpot_limit: float
+    ttft_met: bool
+    tpot_met: bool
+
+
+class LogHistogram:
+    """Counts of positive values in log-spaced bins: percentiles within BIN_ERROR in O(bins), any
+    number of samples in fixed memory, and samples can be taken out again (sliding windows)."""
+
+    LO, HI, BINS = 1e-5, 1e5, 4096
+    BIN_ERROR = (HI / LO) ** (1 / BINS) - 1.0
+    """Relative width of one bin (≈ 0.56%); a percentile is reported at its bin's geometric middle."""
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(self.BINS, dtype=np.int64)
+        self.n = 0
+        self._scale = self.BINS / math.log(self.HI / self.LO)
+        self._log_lo = math.log(self.LO)
+
+    def _bin(self, x: float) -> int:
+        if x <= self.LO:
+            return 0
+        return min(int((math.log(x) - self._log_lo) * self._scale), self.BINS - 1)
+
+    def add(self, x: float, k: int = 1) -> None:
+        self.counts[self._bin(x)] += k
+        self.n += k
+
+    def percentile(self, q: float) -> float | None:
+        if self.n <= 0:
+            return None
+        rank = max(1, math.ceil(q / 100 * self.n))
+        b = int(np.searchsorted(np.cumsum(self.counts), rank))
+        return math.exp(self._log_lo + (b + 0.5) / self._scale)
 
 
 class SlidingWindow:
-    """Outcomes of the last `window_s` seconds plus whole-run totals, for live views."""
+    """Outcomes of the last `window_s` seconds plus whole-run totals, for live views.
+
+    Kept incrementally (counters and log histograms), so a snapshot costs the same after a
+    million requests as after ten and memory does not grow with the run; percentiles are
+    within LogHistogram.BIN_ERROR (the run store keeps every request's exact figures)."""
 
     def __init__(self, window_s: float = 60.0, slo: dict[str, SLOClass] | None = None) -> None:
         self.window_s = window_s
         self.slo = slo or {"default": DEFAULT_SLO}
         self._recent: deque[_Sample] = deque()
-        self._all_ttft: list[float] = []
-        self._all_tpot: list[float] = []
+        self._win = {"n": 0, "met": 0, "failed": 0, "ttft_met": 0, "tpot_met": 0}
+        self._win_ttft, self._win_tpot = LogHistogram(), LogHistogram()
+        self._run_ttft, self._run_tpot = LogHistogram(), LogHistogram()
         self.total = 0
         self.total_met = 0
         self.total_failed = 0
@@ -131,69 +168,60 @@ class SlidingWindow:
         self, now: float, ttft_s: float, tpot_s: float, ok: bool, slo_class: str = "default"
     ) -> bool:
         cls = self.slo.get(slo_class) or self.slo.get("default", DEFAULT_SLO)
-        is_met = ok and ttft_s <= cls.ttft_s and tpot_s <= cls.tpot_s
-        self._recent.append(_Sample(now, ttft_s, tpot_s, ok, is_met, cls.ttft_s, cls.tpot_s))
+        ttft_met, tpot_met = ok and ttft_s <= cls.ttft_s, ok and tpot_s <= cls.tpot_s
+        is_met = ttft_met and tpot_met
+        sample = _Sample(now, ttft_s, tpot_s, ok, is_met, ttft_met, tpot_met)
+        self._recent.append(sample)
+        self._count(sample, 1)
         self.total += 1
         self.total_met += is_met
         if ok:
-            self._all_ttft.append(ttft_s)
-            self._all_tpot.append(tpot_s)
+            self._run_ttft.add(ttft_s)
+            self._run_tpot.add(tpot_s)
         else:
             self.total_failed += 1
         return is_met
 
+    def _count(self, s: _Sample, k: int) -> None:
+        w = self._win
+        w["n"] += k
+        w["met"] += k * s.met
+        w["failed"] += k * (not s.ok)
+        w["ttft_met"] += k * s.ttft_met
+        w["tpot_met"] += k * s.tpot_met
+        if s.ok:
+            self._win_ttft.add(s.ttft, k)
+            self._win_tpot.add(s.tpot, k)
+
     def _prune(self, now: float) -> None:
         while self._recent and self._recent[0].t < now - self.window_s:
-            self._recent.popleft()
+            self._count(self._recent.popleft(), -1)
 
     def snapshot(self, now: float) -> dict[str, Any]:
         self._prune(now)
-        recent = list(self._recent)
-
-        def stats(
-            samples: list[_Sample],
-            ttfts: np.ndarray,
-            tpots: np.ndarray,
-            n: int,
-            n_met: int,
-            failed: int,
-        ) -> dict[str, Any]:
-            return {
-                "requests": n,
-                "failed": failed,
-                "attainment": n_met / n if n else None,
-                "ttft_attainment": float(
-                    np.mean([s.ok and s.ttft <= s.ttft_limit for s in samples])
-                )
-                if samples
-                else None,
-                "tpot_attainment": float(
-                    np.mean([s.ok and s.tpot <= s.tpot_limit for s in samples])
-                )
-                if samples
-                else None,
-                "ttft_p50": percentile(ttfts, 50) if len(ttfts) else None,
-                "ttft_p99": percentile(ttfts, 99) if len(ttfts) else None,
-                "tpot_p50": percentile(tpots, 50) if len(tpots) else None,
-                "tpot_p99": percentile(tpots, 99) if len(tpots) else None,
-            }
-
-        ok_recent = [s for s in recent if s.ok]
-        window = stats(
-            recent,
-            np.array([s.ttft for s in ok_recent]),
-            np.array([s.tpot for s in ok_recent]),
-            len(recent),
-            sum(s.met for s in recent),
-            sum(not s.ok for s in recent),
-        )
-        window["goodput_req_s"] = sum(s.met for s in recent) / self.window_s
-        run = stats(
-            [],
-            np.array(self._all_ttft),
-            np.array(self._all_tpot),
-            self.total,
-            self.total_met,
-            self.total_failed,
-        )
+        w = self._win
+        n = w["n"]
+        window = {
+            "requests": n,
+            "failed": w["failed"],
+            "attainment": w["met"] / n if n else None,
+            "ttft_attainment": w["ttft_met"] / n if n else None,
+            "tpot_attainment": w["tpot_met"] / n if n else None,
+            "ttft_p50": self._win_ttft.percentile(50),
+            "ttft_p99": self._win_ttft.percentile(99),
+            "tpot_p50": self._win_tpot.percentile(50),
+            "tpot_p99": self._win_tpot.percentile(99),
+            "goodput_req_s": w["met"] / self.window_s,
+        }
+        run = {
+            "requests": self.total,
+            "failed": self.total_failed,
+            "attainment": self.total_met / self.total if self.total else None,
+            "ttft_attainment": None,
+            "tpot_attainment": None,
+            "ttft_p50": self._run_ttft.percentile(50),
+            "ttft_p99": self._run_ttft.percentile(99),
+            "tpot_p50": self._run_tpot.percentile(50),
+            "tpot_p99": self._run_tpot.percentile(99),
+        }
         return {"window_s": self.window_s, "window": window, "run": run}

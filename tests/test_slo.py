@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.slo import SlidingWindow, SLOClass, percentile, summarize, tpot
+from core.slo import LogHistogram, SlidingWindow, SLOClass, percentile, summarize, tpot
 
 
 def test_tpot_is_decode_time_over_tokens_after_the_first() -> None:
@@ -43,3 +43,18 @@ def test_sliding_window_forgets_old_samples_but_keeps_run_totals() -> None:
     snap = w.snapshot(12.5)
     assert snap["window"]["requests"] == 1 and snap["window"]["attainment"] == 0.0
     assert snap["run"]["requests"] == 3 and snap["run"]["attainment"] == pytest.approx(1 / 3)
+
+
+def test_sliding_window_percentiles_stay_within_a_bin_and_memory_stays_flat() -> None:
+    rng = np.random.default_rng(3)
+    w = SlidingWindow(window_s=10)
+    ttfts = rng.lognormal(-1.0, 1.0, 20_000)
+    for k, x in enumerate(ttfts):
+        w.add(k * 0.001, float(x), 0.02, True)  # 20 s of samples: the window keeps the last 10
+    snap = w.snapshot(20.0)
+    err = LogHistogram.BIN_ERROR
+    assert snap["run"]["ttft_p99"] == pytest.approx(float(np.percentile(ttfts, 99, method="inverted_cdf")), rel=err)
+    assert snap["window"]["ttft_p50"] == pytest.approx(float(np.percentile(ttfts[10_000:], 50, method="inverted_cdf")), rel=err)
+    assert snap["window"]["requests"] == 10_000 and snap["window"]["attainment"] == pytest.approx(
+        float(np.mean(ttfts[10_000:] <= 2.0)))
+    assert w._run_ttft.counts.nbytes == LogHistogram.BINS * 8  # no list grows with the run

@@ -212,6 +212,11 @@ def test_what_a_backend_cannot_do_is_refused_with_the_reason(tmp_path: Path) -> 
                 assert r.status_code == 422 and "runs only in the simulator" in r.json()["error"]["message"]
                 r = ctl.post("/control/flip", json={"instance": "d0", "role": "prefill"})
                 assert r.status_code == 409
+                # vLLM cannot move a running request: rescheduling and a migration are refused
+                r = ctl.put("/control/policies/reschedule", json={"name": "current_load"})
+                assert r.status_code == 422 and "moves running requests" in r.json()["error"]["message"]
+                r = ctl.post("/control/migrate", json={"request_id": "any", "target": "d0"})
+                assert r.status_code == 409 and "does not support moving a running request" in r.json()["error"]["message"]
             out = con.cli("scale", "decode", "1")
             assert out.returncode != 0 and "cannot add or remove instances" in out.stderr
             assert con.state()["policies"]["scaling"]["name"] == "static"

@@ -116,7 +116,7 @@ def train_predictor(
         import torch  # noqa: F401
     except ImportError:
         raise ConfigError(
-            "train-predictor needs torch (pip install torch, or the 'vllm' extra)"
+            "train-predictor needs torch: pip install -e '.[predict]' (or make test-torch, which installs it)"
         ) from None
     from core.predict import SurvivalPredictor, residual_samples
 

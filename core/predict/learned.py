@@ -53,7 +53,7 @@ def _require_torch() -> Any:
         import torch
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise ImportError(
-            "the learned predictor needs torch (pip install torch, or the 'vllm' extra)"
+            "the learned predictor needs torch: pip install -e '.[predict]'"
         ) from exc
     return torch
 

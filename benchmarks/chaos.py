@@ -43,6 +43,7 @@ from adapters.emulator.process import EmulatorProcess  # noqa: E402
 from adapters.pids import running  # noqa: E402
 from adapters.ports import free_port  # noqa: E402
 from adapters.store import RunStore  # noqa: E402
+from benchmarks.harness import console_env, start_console, stop  # noqa: E402
 
 MIN_LATER = 10
 """An instance back before at least this many more arrivals must have served one of them."""
@@ -175,23 +176,12 @@ def main() -> int:
     with TemporaryDirectory() as tmp:
         home = Path(tmp)
         port, token = free_port(), secrets.token_urlsafe(16)
-        env = {**os.environ, "SIBYL_HOME": str(home), "SIBYL_DB": str(home / "runs.db"), "SIBYL_TOKEN": token}
+        env = console_env(home, token)
         url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
-        cmd = [sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), "--prefill", str(a.prefill),
-               "--decode", str(a.decode), "--profile", a.profile, "--policy", "least_load"]
-        console = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        console = start_console(port, ["--prefill", str(a.prefill), "--decode", str(a.decode), "--profile", a.profile,
+                                       "--policy", "least_load"], env)
         chaos = Chaos(url, auth, a.profile, a.seed, a.every, a.fault_s)
         try:
-            deadline = time.monotonic() + 90
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if console.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the console did not start")
-                time.sleep(0.2)
             console_run = httpx.get(url + "/control/run", headers=auth).json()["run_id"]
             loop = threading.Thread(target=chaos.run, daemon=True)
             loop.start()
@@ -205,13 +195,7 @@ def main() -> int:
             replay = json.loads(out.stdout)
         finally:
             chaos.stop.set()
-            if console.poll() is None:
-                os.killpg(console.pid, signal.SIGTERM)
-                try:
-                    console.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(console.pid, signal.SIGKILL)
-                    console.wait()
+            stop(console, 60)
             for p in chaos.restarted:
                 p.stop()
         store = RunStore(home / "runs.db")

@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.ports import free_port  # noqa: E402
 from adapters.store import RunStore  # noqa: E402
+from benchmarks.harness import console_env, start_console, stop  # noqa: E402
 from console.simulate import SimPlan, run_one  # noqa: E402
 from core.perf import DecodeCurve, PerfProfile, get_profile, save_profile_file  # noqa: E402
 from core.slo import SLOClass  # noqa: E402
@@ -67,23 +64,12 @@ def parse_policy(text: str) -> tuple[str, dict[str, str]]:
 
 def live_p99(args: argparse.Namespace, profile_file: Path, policy: str, home: Path) -> dict[str, float]:
     port = free_port()
-    env = {**os.environ, "SIBYL_HOME": str(home), "SIBYL_DB": str(home / "runs.db")}
+    env = console_env(home)
     name, params = parse_policy(policy)
-    cmd = [sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), "--prefill", str(args.prefill), "--decode", str(args.decode),
-           "--profile", str(profile_file), "--policy", name, *[f"--param={k}={v}" for k, v in params.items()]]
-    console = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    console = start_console(port, ["--prefill", str(args.prefill), "--decode", str(args.decode), "--profile", str(profile_file),
+                                   "--policy", name, *[f"--param={k}={v}" for k, v in params.items()]], env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if console.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the console for {policy} did not start")
-            time.sleep(0.2)
         out = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(args.trace), "--limit", str(args.limit),
                               "--speed", str(args.speed), "--url", url, "--json"],
                              cwd=ROOT, env=env, capture_output=True, text=True, check=True)
@@ -92,13 +78,7 @@ def live_p99(args: argparse.Namespace, profile_file: Path, policy: str, home: Pa
         tpot = np.array([r["tpot"] for r in rows])
         return {"p99": float(np.percentile(tpot, 99)), "mean": float(tpot.mean()), "ok": len(rows)}
     finally:
-        if console.poll() is None:
-            os.killpg(console.pid, signal.SIGTERM)
-            try:
-                console.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(console.pid, signal.SIGKILL)
-                console.wait()
+        stop(console, 60)
 
 
 def main() -> None:

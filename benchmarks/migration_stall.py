@@ -14,11 +14,8 @@ Usage: python benchmarks/migration_stall.py [--profile cpu-tiny-llama --profile 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import secrets
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -34,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.ports import free_port  # noqa: E402
 from adapters.store import RunStore  # noqa: E402
+from benchmarks.harness import console_env, start_console, stop  # noqa: E402
 from core.perf import get_profile  # noqa: E402
 
 STALL = re.compile(r"waited ([\d.]+) ms between tokens \(([\d.]+) of its decode steps of ([\d.]+) ms\)")
@@ -42,25 +40,13 @@ STALL = re.compile(r"waited ([\d.]+) ms between tokens \(([\d.]+) of its decode 
 def measure(profile: str, migrations: int, home: Path) -> list[tuple[float, float, float]]:
     """(stall ms, stall in decode steps, step ms) per migration."""
     port, token = free_port(), secrets.token_urlsafe(16)
-    env = {**os.environ, "SIBYL_HOME": str(home), "SIBYL_DB": str(home / "runs.db"), "SIBYL_TOKEN": token}
-    cmd = [sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), "--prefill", "1", "--decode", "2",
-           "--profile", profile, "--policy", "round_robin"]
-    console = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    console = start_console(port, ["--prefill", "1", "--decode", "2", "--profile", profile, "--policy", "round_robin"],
+                            console_env(home, token))
     url = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {token}"}
     steps = get_profile(profile).step_time(1, 100)
     tokens = int(min(get_profile(profile).max_model_len - 16, max(200, 1.5 / steps)))  # ~1.5 s of decoding
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if console.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the console for {profile} did not start")
-            time.sleep(0.2)
         for k in range(migrations):
             rid = uuid.uuid4().hex
             body = {"model": "sibyl-model", "prompt": f"stall {k}", "max_tokens": tokens, "ignore_eos": True, "stream": True}
@@ -80,13 +66,7 @@ def measure(profile: str, migrations: int, home: Path) -> list[tuple[float, floa
             t.join(120)
             print(f"  {profile}: {k + 1}/{migrations}", file=sys.stderr, flush=True)
     finally:
-        if console.poll() is None:
-            os.killpg(console.pid, signal.SIGTERM)
-            try:
-                console.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(console.pid, signal.SIGKILL)
-                console.wait()
+        stop(console, 60)
     store = RunStore(home / "runs.db")
     out = []
     for run in store.list_runs():

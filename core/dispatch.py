@@ -513,9 +513,7 @@ class Dispatcher:
             return None
         load = np.where(mask, v.running_n + v.pending_n, np.iinfo(np.int64).max)
         target = v.instance_ids[int(np.argmin(load))]
-        moves = self.migrations
-        self.on_migrated(rid, target, now)
-        self.migrations = moves  # a rebinding, not a migration
+        self._rebind(rid, target)
         return target
 
     def on_decode_start(self, rid: Hashable, now: float) -> None:
@@ -605,18 +603,23 @@ class Dispatcher:
 
     def on_migrated(self, rid: Hashable, target: str, now: float) -> None:
         """A request now decodes on `target` (its KV moved there); its progress carries over."""
+        if self._rebind(rid, target):
+            self.migrations += 1
+
+    def _rebind(self, rid: Hashable, target: str) -> bool:
+        """Move a tracked request's decode binding (and its count) to `target`; False if untracked."""
         v = self.view
         t = v.table
         i = t.row.get(rid)
         if i is None:
-            return
+            return False
         old, new = int(t.inst[i]), self._index[target]
         counts = v.running_n if t.state[i] == RUNNING else v.pending_n
         if old >= 0:
             counts[old] -= 1
         counts[new] += 1
         t.inst[i] = new
-        self.migrations += 1
+        return True
 
     def _forget(self, rid: Hashable, now: float) -> None:
         v = self.view

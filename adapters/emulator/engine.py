@@ -138,15 +138,18 @@ class Engine:
 
     def abort(self, s: Sequence) -> None:
         """The client went away: drop the sequence wherever it is and free its blocks."""
-        if s.finished:
-            return
+        if not s.finished:
+            self._leave(s, "abort")
+
+    def _leave(self, s: Sequence, reason: str) -> None:
+        """Take `s` out of the waiting queue or the running set and finish it with `reason`."""
         if s.in_waiting:
             s.in_waiting = False
             self.waiting -= 1
         if s.in_running:
             self.running.remove(s)
             s.in_running = False
-        self._finish(s, "abort", self.clock())
+        self._finish(s, reason, self.clock())
         self._wake.set()
 
     def blocks_for(self, tokens: int) -> int:
@@ -168,11 +171,7 @@ class Engine:
 
     def migrated_away(self, s: Sequence) -> None:
         """`s` now lives on another instance: leave the running set, free its blocks, end its stream."""
-        if s.in_running:
-            self.running.remove(s)
-            s.in_running = False
-        self._finish(s, "migrated", self.clock())
-        self._wake.set()
+        self._leave(s, "migrated")
 
     def reserve(self, blocks: int) -> bool:
         """Take `blocks` for KV arriving from another instance; False (nothing taken) if they do not fit."""

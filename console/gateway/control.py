@@ -29,6 +29,17 @@ def _error(status: int, message: str) -> Response:
     return Response(error_body(status, message), status, media_type="application/json")
 
 
+async def _object(request: Request, expected: str, strings: tuple[str, ...] = ()) -> dict[str, Any] | Response:
+    """The body's JSON object, its `strings` fields strings, or the 400 that names what was `expected`."""
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as e:
+        return _error(400, f"malformed JSON body: {e}")
+    if not isinstance(body, dict) or any(not isinstance(body.get(k), str) for k in strings):
+        return _error(400, f"expected {expected}")
+    return body
+
+
 def _authorized(request: Request, token: str) -> bool:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
@@ -57,12 +68,9 @@ def control_routes(c: Controller) -> list[Route]:
         kind = request.path_params["kind"]
         if kind not in {k.value for k in PolicyKind}:
             return _error(404, f"unknown policy kind {kind!r}; kinds: {', '.join(k.value for k in PolicyKind)}")
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as e:
-            return _error(400, f"malformed JSON body: {e}")
-        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-            return _error(400, 'expected {"name": "<policy>", "params": {...}}')
+        body = await _object(request, '{"name": "<policy>", "params": {...}}', ("name",))
+        if isinstance(body, Response):
+            return body
         params = body.get("params") or {}
         if not isinstance(params, dict):
             return _error(400, "params must be an object")
@@ -96,12 +104,9 @@ def control_routes(c: Controller) -> list[Route]:
         return _json(c.replay.snapshot())
 
     async def scale(request: Request) -> Response:
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as e:
-            return _error(400, f"malformed JSON body: {e}")
-        if not isinstance(body, dict):
-            return _error(400, 'expected {"role": "prefill"|"decode", "delta": N}')
+        body = await _object(request, '{"role": "prefill"|"decode", "delta": N}')
+        if isinstance(body, Response):
+            return body
         delta = body.get("delta")
         if type(delta) is int and abs(delta) > MAX_SCALE_DELTA:
             return _error(422, f"delta must be between -{MAX_SCALE_DELTA} and {MAX_SCALE_DELTA} per request, got {delta}")
@@ -114,12 +119,9 @@ def control_routes(c: Controller) -> list[Route]:
         return _json(result)
 
     async def flip(request: Request) -> Response:
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as e:
-            return _error(400, f"malformed JSON body: {e}")
-        if not isinstance(body, dict) or not isinstance(body.get("instance"), str) or not isinstance(body.get("role"), str):
-            return _error(400, 'expected {"instance": "<id>", "role": "prefill"|"decode"}')
+        body = await _object(request, '{"instance": "<id>", "role": "prefill"|"decode"}', ("instance", "role"))
+        if isinstance(body, Response):
+            return body
         try:
             result = await c.flip(body["instance"], body["role"], source=str(body.get("source") or "api"))
         except SibylError as e:
@@ -127,12 +129,9 @@ def control_routes(c: Controller) -> list[Route]:
         return _json(result)
 
     async def migrate(request: Request) -> Response:
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as e:
-            return _error(400, f"malformed JSON body: {e}")
-        if not isinstance(body, dict) or not isinstance(body.get("request_id"), str) or not isinstance(body.get("target"), str):
-            return _error(400, 'expected {"request_id": "<id>", "target": "<decode instance id>"}')
+        body = await _object(request, '{"request_id": "<id>", "target": "<decode instance id>"}', ("request_id", "target"))
+        if isinstance(body, Response):
+            return body
         try:
             result = await c.migrate(body["request_id"], body["target"], source=str(body.get("source") or "api"))
         except SibylError as e:

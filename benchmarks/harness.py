@@ -1,0 +1,65 @@
+"""What the benchmark scripts share: start a process in its own group, wait for an HTTP endpoint,
+stop the group; and a headless console on a free port with its own home, database and token."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Run `cmd` from the repository root in a new process group, its output discarded."""
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_http(url: str, timeout: float = 30, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Return once `url` answers 200; raise if it does not within `timeout` or `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def stop(p: subprocess.Popen[bytes], grace_s: float = 15) -> None:
+    """SIGTERM the process group, SIGKILL it after `grace_s`."""
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def console_env(home: Path, token: str | None = None) -> dict[str, str]:
+    """The environment of a console (and its CLI clients) living in `home`."""
+    env = {**os.environ, "SIBYL_HOME": str(home), "SIBYL_DB": str(home / "runs.db")}
+    if token is not None:
+        env["SIBYL_TOKEN"] = token
+    return env
+
+
+def start_console(port: int, args: list[str], env: dict[str, str], timeout: float = 90) -> subprocess.Popen[bytes]:
+    """`sibyl-console up --headless --port PORT ARGS...`, returned once its gateway answers /health."""
+    console = start([sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), *args], env)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", timeout, console)
+    except RuntimeError:
+        stop(console)
+        raise
+    return console

@@ -4,7 +4,9 @@ Starts two of `shared/tools/fake_upstream.py` (a prefill and a decode stand-in t
 instantly), our gateway (`sibyl-console up --headless --attach ...`) and, with `--toy-proxy`,
 vLLM's `toy_proxy_server.py` (FastAPI + httpx; not shipped here: pass its path and a Python that
 has fastapi), then drives each with `shared/tools/loadgen.py` (streaming /v1/completions, 16
-tokens, P/D two legs) loaded and unloaded, in this one process, and prints one table.
+tokens, P/D two legs) loaded and unloaded, in this one process, and prints one table. Our gateway
+runs twice: over 1P1D (SIBYL has one decode candidate, so it scores nothing) and over 1P2D (a
+second decode fake, so every decision runs SIBYL's whole load projection).
 Targets: >= 35% of the req/s of hitting the decode fake directly (one leg, issue 12), <= 1 ms
 gateway CPU per P/D request (issue 12), >= 5x the toy proxy's req/s, <= 2 ms added p50 unloaded.
 Usage: python benchmarks/gateway_bench.py [--shared ../shared] [--toy-proxy PATH --toy-python PY]
@@ -44,20 +46,22 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3000)
     args = ap.parse_args()
     tools = args.shared / "tools"
-    pp, dp = free_port(), free_port()
-    procs = [start([sys.executable, str(tools / "fake_upstream.py"), "--port", str(p)]) for p in (pp, dp)]
+    pp, dp, dp2 = free_port(), free_port(), free_port()
+    procs = [start([sys.executable, str(tools / "fake_upstream.py"), "--port", str(p)]) for p in (pp, dp, dp2)]
     try:
-        for p in (pp, dp):
+        for p in (pp, dp, dp2):
             wait_http(f"http://127.0.0.1:{p}/health")
         rows = []
-        home = tempfile.mkdtemp(prefix="sibyl-bench-")
-        gport = free_port()
-        env = {**os.environ, "SIBYL_HOME": home, "SIBYL_DB": f"{home}/runs.db"}
-        ours = start([sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(gport), "--backend", "vllm",
-                      "--attach", f"prefill=http://127.0.0.1:{pp};decode=http://127.0.0.1:{dp}"], env)
-        procs.append(ours)
-        wait_http(f"http://127.0.0.1:{gport}/health")
-        targets = [("sibyl-console gateway", f"http://127.0.0.1:{gport}", ours.pid)]
+        targets = []
+        for label, decode in (("1P1D", f"http://127.0.0.1:{dp}"), ("1P2D", f"http://127.0.0.1:{dp},http://127.0.0.1:{dp2}")):
+            home = tempfile.mkdtemp(prefix="sibyl-bench-")
+            gport = free_port()
+            env = {**os.environ, "SIBYL_HOME": home, "SIBYL_DB": f"{home}/runs.db"}
+            ours = start([sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(gport), "--backend", "vllm",
+                          "--attach", f"prefill=http://127.0.0.1:{pp};decode={decode}"], env)
+            procs.append(ours)
+            wait_http(f"http://127.0.0.1:{gport}/health")
+            targets.append((f"sibyl-console gateway {label}", f"http://127.0.0.1:{gport}", ours.pid))
         if args.toy_proxy:
             tport = free_port()
             toy = start([args.toy_python, str(args.toy_proxy), "--port", str(tport), "--prefiller-hosts", "127.0.0.1",
@@ -71,18 +75,18 @@ def main() -> None:
             loaded = load(tools / "loadgen.py", url, pid, 64, args.requests)
             idle = load(tools / "loadgen.py", url, pid, 1, 500)
             rows.append((name, loaded, idle))
-        print(f"{'proxy':<26} {'req/s @64':>10} {'CPU ms/req':>11} {'p50 ms @64':>11} {'p50 ms @1':>10} {'added p50 @1':>13} {'errors':>7}")
+        print(f"{'proxy':<31} {'req/s @64':>10} {'CPU ms/req':>11} {'p50 ms @64':>11} {'p50 ms @1':>10} {'added p50 @1':>13} {'errors':>7}")
         for name, loaded, idle in rows:
             proxy_cpu = (loaded.get("cpu_pct") or {}).get("proxy")
             cpu = proxy_cpu / 100 / loaded["req_per_s"] * 1000 if proxy_cpu is not None else float("nan")
-            print(f"{name:<26} {loaded['req_per_s']:>10.0f} {cpu:>11.2f} {loaded['p50_ms']:>11.2f} "
+            print(f"{name:<31} {loaded['req_per_s']:>10.0f} {cpu:>11.2f} {loaded['p50_ms']:>11.2f} "
                   f"{idle['p50_ms']:>10.2f} {idle['p50_ms'] - direct['p50_ms']:>13.2f} {loaded['errors'] + idle['errors']:>7}")
         print(f"(direct to the decode fake, one leg: {direct_loaded['req_per_s']:.0f} req/s @64, unloaded p50 {direct['p50_ms']:.2f} ms)")
         for name, loaded, _ in rows:
             share = loaded["req_per_s"] / direct_loaded["req_per_s"]
             print(f"{name}: {share:.0%} of the decode fake's own req/s (two legs per request; target >= 35%)")
-        if len(rows) == 2:
-            print(f"throughput ratio ours / toy proxy: {rows[0][1]['req_per_s'] / rows[1][1]['req_per_s']:.1f}x (target >= 5x)")
+        if len(rows) == 3:
+            print(f"throughput ratio ours (1P1D) / toy proxy: {rows[0][1]['req_per_s'] / rows[2][1]['req_per_s']:.1f}x (target >= 5x)")
     finally:
         for p in reversed(procs):
             stop(p)

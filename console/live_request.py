@@ -407,10 +407,11 @@ class LiveRequest:
                 progress(rid, n, now)
 
         counter = None
+        last = b""
         async with contextlib.AsyncExitStack() as legs:
             while True:
                 try:
-                    counter, handoff = await relay_stream(r, client.write, on_tokens, client.gone, counter)
+                    counter, handoff, last = await relay_stream(r, client.write, on_tokens, client.gone, counter)
                 except StreamBroken as e:
                     self.output_tokens = e.counter.tokens
                     self.reason = f"decode {decode_id} failed mid-stream: {e}"
@@ -447,4 +448,4 @@ class LiveRequest:
             c.upstream_ok(decode_id)
         else:
             self.reason = f"decode {decode_id} stream ended early: {counter.error or 'no [DONE]'}"
-        await client.end()
+        await client.end(last)

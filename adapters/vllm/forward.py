@@ -101,18 +101,23 @@ async def decode_leg(inst: Instance, path: str, payload: bytes, headers: bytes) 
 
 
 async def relay_stream(r: Response, write: Write, on_tokens: OnTokens, gone: asyncio.Event,
-                       counter: SSETokenCounter | None = None) -> tuple[SSETokenCounter, bytes | None]:
+                       counter: SSETokenCounter | None = None) -> tuple[SSETokenCounter, bytes | None, bytes]:
     """Forward an SSE stream chunk by chunk while counting its tokens; stop when the client is gone.
 
-    Returns the counter (pass it back to continue counting on another stream) and, when the
-    instance migrated the sequence away, the JSON of its hand-off event (not forwarded).
-    A connection error mid-stream raises StreamBroken; its counter says what was relayed."""
+    Returns the counter (pass it back to continue counting on another stream), the JSON of the
+    instance's hand-off event when it migrated the sequence away (not forwarded), and the chunk
+    that carried `[DONE]`, not yet written: the caller sends it with the end of the response, in
+    one write. A connection error mid-stream raises StreamBroken; its counter says what was relayed."""
     counter = counter or SSETokenCounter()
     feed = counter.feed
+    last = b""
     try:
         async for chunk in r.iter_chunks():
             if gone.is_set():
                 break
+            if last:  # bytes after [DONE]: not expected of vLLM, but relayed as they came
+                await write(last)
+                last = b""
             at = chunk.find(HANDOFF_EVENT)
             if at >= 0:
                 head, handoff = chunk[:at], chunk[at + 6 :].split(b"\n\n", 1)[0]
@@ -120,13 +125,18 @@ async def relay_stream(r: Response, write: Write, on_tokens: OnTokens, gone: asy
                     if feed(head):
                         on_tokens(counter.tokens)
                     await write(head)
-                return counter, handoff
+                return counter, handoff, b""
             if feed(chunk):
                 on_tokens(counter.tokens)
-            await write(chunk)
+            if counter.done:
+                last = chunk
+            else:
+                await write(chunk)
     except CONNECTION_ERRORS as e:
+        if last:
+            await write(last)
         raise StreamBroken(counter, f"{type(e).__name__}: {e}") from None
-    return counter, None
+    return counter, None, last
 
 
 class StreamBroken(AdapterError):

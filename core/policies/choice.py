@@ -5,18 +5,24 @@ from __future__ import annotations
 import numpy as np
 
 from core.errors import NoCapacityError
-from core.types import Request
+from core.types import Request, Role
 from core.view import ClusterView
 
 
 def least_queued_prefill(request: Request, view: ClusterView) -> tuple[int, float]:
     """The healthy prefill instance that frees up first, and when this request's prefill would end."""
     mask = view.prefill_mask()
-    if not mask.any():
+    count = view.routable_count(Role.PREFILL)
+    if count == 0:
         raise NoCapacityError("no healthy prefill instance")
-    start = np.where(mask, np.maximum(view.prefill_free_at, view.now), np.inf)
-    p = int(np.argmin(start))
-    return p, float(start[p] + view.prefill_time(request.prompt_tokens))
+    if count == 1:
+        p = int(mask.argmax())
+        begin = max(float(view.prefill_free_at[p]), view.now)
+    else:
+        start = np.where(mask, np.maximum(view.prefill_free_at, view.now), np.inf)
+        p = int(np.argmin(start))
+        begin = float(start[p])
+    return p, begin + float(view.prefill_time(request.prompt_tokens))
 
 
 def projected_handoff(request: Request, prefill_end: float, view: ClusterView) -> float:
@@ -25,10 +31,15 @@ def projected_handoff(request: Request, prefill_end: float, view: ClusterView) -
 
 
 def decode_candidates(view: ClusterView) -> np.ndarray:
-    mask = view.decode_mask()
-    if not mask.any():
+    if view.routable_count(Role.DECODE) == 0:
         raise NoCapacityError("no healthy decode instance")
-    return mask
+    return view.decode_mask()
+
+
+def sole_candidate(view: ClusterView) -> int | None:
+    """The only routable decode instance, or None when there is a choice to make (scoring one
+    candidate decides nothing, so a policy may skip it)."""
+    return int(view.decode_mask().argmax()) if view.routable_count(Role.DECODE) == 1 else None
 
 
 class RotatingArgmin:

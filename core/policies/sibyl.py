@@ -35,6 +35,7 @@ from core.policies.choice import (
     decode_candidates,
     least_queued_prefill,
     projected_handoff,
+    sole_candidate,
 )
 from core.policies.registry import register
 from core.request_table import RUNNING
@@ -328,5 +329,7 @@ class Sibyl(RoutingPolicyBase):
     def route(self, request: Request, view: ClusterView) -> Assignment:
         p, prefill_end = least_queued_prefill(request, view)
         tau = projected_handoff(request, prefill_end, view)
-        d = self._argmin(self.projected_load(tau, view), decode_candidates(view))
+        candidates = decode_candidates(view)
+        only = sole_candidate(view)
+        d = only if only is not None else self._argmin(self.projected_load(tau, view), candidates)
         return Assignment(view.instance_ids[p], view.instance_ids[d], tau)

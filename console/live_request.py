@@ -3,7 +3,11 @@
 Its life, each step stamped with the time it was entered:
 
     admitted → [queued] → prefill (retried once elsewhere) → decode bound → decoding → finished
-                                                                                    ↘ failed
+                                                                             (→ moved) ↘ failed
+
+"Moved" is a migration (the KV moves, adapters/emulator/migration.py) or, when the decode instance
+dies mid-stream, a failover: prompt + the text already streamed are sent to another decode
+instance, which recomputes them and continues (as Dynamo's request migration does).
 
 The gateway handler parses the HTTP request, builds a LiveRequest and calls `run` with a channel
 to its client; from then on this object asks the controller's dispatcher for every decision (at
@@ -26,6 +30,7 @@ import orjson
 
 from adapters.http.upstream import Response
 from adapters.vllm.forward import (
+    CONNECTION_ERRORS,
     StreamBroken,
     UpstreamFailure,
     decode_leg,
@@ -34,7 +39,11 @@ from adapters.vllm.forward import (
     relay_stream,
 )
 from adapters.vllm.pd_protocol import (
+    SSETokenCounter,
+    StreamTranscript,
+    add_streamed_usage,
     completion_tokens,
+    continuation_body,
     decode_leg_body,
     prefill_leg_body,
     resume_leg_body,
@@ -141,7 +150,7 @@ class LiveRequest:
     __slots__ = (
         "request", "path", "body", "stream", "forward_headers", "step", "times", "prefill_instance",
         "decode_instance", "tried_prefill", "output_tokens", "reason", "ok", "released", "first_token_at",
-        "recovered", "migrating_to", "handed_over", "last_token_at", "resume_leg",
+        "recovered", "migrating_to", "handed_over", "last_token_at", "resume_leg", "tried_decode",
     )
 
     def __init__(self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes) -> None:
@@ -157,6 +166,8 @@ class LiveRequest:
         self.prefill_instance: str | None = None
         self.decode_instance: str | None = None
         self.tried_prefill: list[str] = []
+        self.tried_decode: list[str] = []
+        """Decode instances that failed this request (refused it, or died mid-stream)."""
         self.output_tokens = 0
         self.reason: str | None = None
         self.ok = False
@@ -354,7 +365,10 @@ class LiveRequest:
             async with decode_leg(dec, self.path, payload, self.forward_headers) as r:
                 dec.routed += 1
                 if not self.stream:
-                    raw = await r.read()
+                    try:
+                        raw = await r.read()
+                    except CONNECTION_ERRORS as e:
+                        raise StreamBroken(SSETokenCounter(), f"{type(e).__name__}: {e}") from None
                     self.first_token_at = time.monotonic()  # a whole reply: its first token arrives with the last
                     self.output_tokens = completion_tokens(orjson.loads(raw))
                     self.ok = True
@@ -369,6 +383,30 @@ class LiveRequest:
             if e.instance_fault:
                 c.upstream_failed(dec.id)
             raise
+        except StreamBroken as e:  # a whole (non-streamed) reply broke off: nothing reached the client
+            c.upstream_failed(dec.id)
+            target = self._fail_over(c, dec.id, 0, f"decode {dec.id} failed before its reply was complete: {e}")
+            if target is None:
+                raise UpstreamFailure(dec.id, 503, self.reason or str(e)) from None  # not 502: the KV is gone, no plain retry
+            await self._decode_leg(c, client, target, orjson.dumps(decode_leg_body(self.body, None)))
+
+    def _fail_over(self, c: Controller, failed: str, streamed: int, why: str) -> Instance | None:
+        """Rebind this request to another decode instance after `failed` died under it; None (and
+        the reason set) when the attempts are used up or no decode instance is left."""
+        self.tried_decode.append(failed)
+        limit = c.config.failure_migration_attempts
+        if len(self.tried_decode) > limit:
+            self.reason = f"{why} (failure migration: {limit} attempt{'s' if limit != 1 else ''} allowed, used)"
+            return None
+        target = c.dispatcher.retry_decode(self.request.id, self.tried_decode, time.monotonic())
+        if target is None:
+            self.reason = f"{why}; no other decode instance to continue it"
+            return None
+        note = f"{why}: resumed on {target} after {streamed} tokens by recomputing prompt + streamed tokens"
+        self.recovered = note if self.recovered is None else f"{self.recovered}; {note}"
+        log.warning("request %s: %s", self.id, note)
+        self.decode_instance = target
+        return c.instances[target]
 
     def open_resume(self, target: Instance) -> None:
         """Open the stream that continues this request on `target` before its migration's last stage,
@@ -408,16 +446,28 @@ class LiveRequest:
 
         counter = None
         last = b""
+        write: Callable[[bytes], Awaitable[None]] = client.write
+        transcript = StreamTranscript(self.path.endswith("chat/completions")) if c.config.failure_migration_attempts else None
+        if transcript is not None:
+            write = self._recording(write, transcript.add)
+
         async with contextlib.AsyncExitStack() as legs:
             while True:
                 try:
-                    counter, handoff, last = await relay_stream(r, client.write, on_tokens, client.gone, counter)
+                    counter, handoff, last = await relay_stream(r, write, on_tokens, client.gone, counter)
                 except StreamBroken as e:
-                    self.output_tokens = e.counter.tokens
-                    self.reason = f"decode {decode_id} failed mid-stream: {e}"
                     c.upstream_failed(decode_id)
-                    await client.end(sse_error(502, self.reason))
-                    return
+                    resumed = await self._resume_elsewhere(c, decode_id, e, transcript)
+                    if resumed is None:
+                        self.output_tokens = e.counter.tokens
+                        await client.end(sse_error(502, self.reason or str(e)))
+                        return
+                    r, decode_id = resumed
+                    legs.callback(r.release)
+                    counter = e.counter
+                    counter.offset = counter.tokens
+                    write = self._usage_fixer(write, counter.offset)
+                    continue
                 if handoff is None:
                     break
                 target, self.migrating_to = self.migrating_to, None
@@ -448,4 +498,48 @@ class LiveRequest:
             c.upstream_ok(decode_id)
         else:
             self.reason = f"decode {decode_id} stream ended early: {counter.error or 'no [DONE]'}"
-        await client.end(last)
+        await client.end(add_streamed_usage(last, counter.offset) if counter.offset and last else last)
+
+    async def _resume_elsewhere(self, c: Controller, failed: str, broken: StreamBroken,
+                                transcript: StreamTranscript | None) -> tuple[Response, str] | None:
+        """Failure migration: continue a stream whose decode instance died on another one, from
+        the prompt plus the text already relayed; None (reason set) when it cannot be."""
+        streamed = broken.counter.tokens
+        why = f"decode {failed} failed mid-stream after {streamed} tokens: {broken}"
+        if transcript is None:
+            self.reason = f"{why} (failure migration is off)"
+            return None
+        text = transcript.text()
+        body, refusal = continuation_body(self.body, transcript.chat, text, streamed)
+        if body is None or transcript.resumable is not None:
+            self.reason = f"{why}; not resumed: {transcript.resumable or refusal}"
+            return None
+        while (target := self._fail_over(c, failed, streamed, why)) is not None:
+            try:
+                return await open_decode(target, self.path, orjson.dumps(body), self.forward_headers), target.id
+            except UpstreamFailure as e:
+                if not e.instance_fault:
+                    self.reason = f"{why}; {target.id} refused the continuation: {e}"
+                    return None
+                c.upstream_failed(target.id)
+                failed, why = target.id, f"{why}; then {target.id} could not continue it: {e}"
+        return None
+
+    @staticmethod
+    def _recording(write: Callable[[bytes], Awaitable[None]], keep: Callable[[bytes], None]) -> Callable[[bytes], Awaitable[None]]:
+        """`write`, keeping every chunk for a failure migration's transcript."""
+
+        async def recorded(chunk: bytes) -> None:
+            keep(chunk)
+            await write(chunk)
+
+        return recorded
+
+    @staticmethod
+    def _usage_fixer(write: Callable[[bytes], Awaitable[None]], streamed: int) -> Callable[[bytes], Awaitable[None]]:
+        """`write`, with the usage event of a resumed stream counting the tokens streamed before."""
+
+        async def fixed(chunk: bytes) -> None:
+            await write(add_streamed_usage(chunk, streamed) if b'"usage"' in chunk else chunk)
+
+        return fixed

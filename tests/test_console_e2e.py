@@ -138,33 +138,55 @@ def test_policy_swap_under_load_drops_nothing_and_is_recorded(console: Console) 
     assert [(e["new"], e["source"]) for e in events][-1] == ("round_robin", "cli")
 
 
-def test_killed_decode_fails_only_its_requests_and_is_marked_down_then_up(tmp_path: Path) -> None:
-    con = start_console(tmp_path, *FAST, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+@pytest.mark.parametrize("failure_migration", [True, False], ids=["failure-migration", "off"])
+def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(tmp_path: Path, failure_migration: bool) -> None:
+    """d0 is SIGKILLed while two completions and two chat streams decode on it and d1. With
+    failure migration (the default) d0's streams continue on d1 from prompt + streamed text and
+    every client reads each of its 400 tokens exactly once; with it off they fail, d1's untouched."""
+    cfg = tmp_path / "console.toml"
+    cfg.write_text(f"failure_migration_attempts = {1 if failure_migration else 0}\n")
+    con = start_console(tmp_path, str(cfg), *FAST, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
     try:
         state = con.state()
         d0 = next(i for i in state["instances"] if i["id"] == "d0")
         c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
         results: dict[int, str] = {}
+        usage: dict[int, int] = {}
+        expected = "".join(f" t{i}" for i in range(400))
 
         def stream(k: int) -> None:
             try:
-                s = c.completions.create(model="sibyl-model", prompt=f"s{k}", max_tokens=1000, stream=True, extra_body={"ignore_eos": True})
-                text = "".join(ch.choices[0].text for ch in s if ch.choices)
-                results[k] = "ok" if text.count(" t") == 1000 else f"short:{text.count(' t')}"
+                opts = {"stream_options": {"include_usage": True}}
+                if k % 2:
+                    s = c.chat.completions.create(model="sibyl-model", messages=[{"role": "user", "content": f"s{k}"}], max_tokens=400,
+                                                  stream=True, extra_body={"ignore_eos": True}, **opts)
+                    chunks = list(s)
+                    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+                else:
+                    s = c.completions.create(model="sibyl-model", prompt=f"s{k}", max_tokens=400, stream=True, extra_body={"ignore_eos": True}, **opts)
+                    chunks = list(s)
+                    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+                usage[k] = next(ch.usage.completion_tokens for ch in chunks if ch.usage)
+                results[k] = "ok" if text == expected else f"short:{text.count(' t')}"
             except Exception as e:  # noqa: BLE001
                 results[k] = f"error:{type(e).__name__}"
 
         threads = [threading.Thread(target=stream, args=(k,)) for k in range(4)]
         for t in threads:
             t.start()
-        wait_for(lambda: con.state()["requests"]["in_flight"] == 4 and all(i["running"] > 0 for i in con.state()["instances"] if i["role"] == "decode"), 10, "streams on both decode instances")
+        wait_for(lambda: con.state()["requests"]["in_flight"] == 4 and all(i["running"] == 2 for i in con.state()["instances"] if i["role"] == "decode"), 10, "two streams on each decode instance")
         os.killpg(d0["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
         wait_for(lambda: not next(i for i in con.state()["instances"] if i["id"] == "d0")["healthy"], 5, "d0 to be marked down")
         assert time.monotonic() - killed_at < 2.0
         for t in threads:
             t.join(60)
-        assert sorted(results.values()).count("ok") == 2 and len(results) == 4  # d1's streams are untouched
+        assert len(results) == 4
+        if failure_migration:
+            assert results == {k: "ok" for k in range(4)}, results
+            assert usage == {k: 400 for k in range(4)}, usage  # the resumed streams' usage counts every token once
+        else:
+            assert sorted(results.values()).count("ok") == 2  # d1's streams are untouched
         # requests now avoid d0
         for _ in range(3):
             assert c.completions.create(model="sibyl-model", prompt="after", max_tokens=2).choices
@@ -178,8 +200,13 @@ def test_killed_decode_fails_only_its_requests_and_is_marked_down_then_up(tmp_pa
         con.stop()
         store = RunStore(con.db)
         rows = store.requests(con.run_id)
-        failed = [r for r in rows if r["status"] == "failed"]
-        assert len(failed) == 2 and all(r["decode_instance"] == "d0" and "d0" in r["reason"] for r in failed)
+        hit = [r for r in rows if r["reason"] and "d0 failed mid-stream" in r["reason"]]
+        assert len(hit) == 2
+        if failure_migration:
+            assert all(r["status"] == "ok" and r["decode_instance"] == "d1" and "resumed on d1" in r["reason"]
+                       and r["output_tokens"] == 400 for r in hit)
+        else:
+            assert all(r["status"] == "failed" and r["decode_instance"] == "d0" and "failure migration is off" in r["reason"] for r in hit)
         events = [(e["instance_id"], e["event"]) for e in store.instance_events(con.run_id)]
         assert ("d0", "down") in events and ("d0", "up") in events
     finally:

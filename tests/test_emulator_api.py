@@ -173,3 +173,18 @@ def test_any_asgi_server_works_through_the_queue_path() -> None:
             await inst.stop()
 
     asyncio.run(main())
+
+
+def test_a_prompt_ending_in_the_emulators_own_tokens_is_continued_there(client: OpenAI) -> None:
+    """How a request recomputed elsewhere continues: completions by prompt, chat by vLLM's
+    continue_final_message (which refuses add_generation_prompt, as vLLM does)."""
+    first = client.completions.create(model="tiny", prompt="go", max_tokens=3, extra_body={"ignore_eos": True}).choices[0].text
+    rest = client.completions.create(model="tiny", prompt="go" + first, max_tokens=2, extra_body={"ignore_eos": True}).choices[0].text
+    assert (first, rest) == (" t0 t1 t2", " t3 t4")
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "go"}, {"role": "assistant", "content": " t0 t1"}], max_tokens=2,
+        extra_body={"ignore_eos": True, "continue_final_message": True, "add_generation_prompt": False}, stream=True)
+    assert "".join(ch.choices[0].delta.content or "" for ch in chat if ch.choices) == " t2 t3"
+    with pytest.raises(openai.BadRequestError, match="continue_final_message"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "go"}], max_tokens=2,
+                                       extra_body={"continue_final_message": True})

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from adapters.vllm.pd_protocol import SSETokenCounter, decode_leg_body, prefill_leg_body
+from adapters.vllm.pd_protocol import (
+    SSETokenCounter,
+    StreamTranscript,
+    add_streamed_usage,
+    continuation_body,
+    decode_leg_body,
+    prefill_leg_body,
+)
 
 
 def test_leg_bodies_follow_vllms_proxy() -> None:
@@ -29,3 +36,48 @@ def test_counter_skips_role_and_finish_chunks_and_survives_split_events() -> Non
     u = SSETokenCounter()
     u.feed(b'data: {"choices":[{"text":" a"}]}\n\ndata: {"choices":[],"usage":{"completion_tokens":9}}\n\ndata: [DONE]\n\n')
     assert u.output_tokens == 9 and u.tokens == 1
+
+
+def test_transcript_keeps_the_streamed_text_across_split_events_and_compaction() -> None:
+    events = b"".join(b'data: {"choices":[{"index":0,"delta":{"content":" w%d"},"finish_reason":null}]}\n\n' % i for i in range(3000))
+    t = StreamTranscript(chat=True)
+    t.add(b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n')
+    for k in range(0, len(events), 1000):  # passes COMPACT_BYTES several times, splitting events
+        t.add(events[k : k + 1000])
+    assert t.text() == "".join(f" w{i}" for i in range(3000)) and t.resumable is None
+    done = StreamTranscript(chat=False)
+    done.add(b'data: {"choices":[{"index":0,"text":" a"}]}\n\ndata: {"choices":[{"index":0,"te')
+    assert done.text() == " a"  # the unfinished event waits for its end
+    done.add(b'xt":" b"}]}\n\n')
+    assert done.text() == " a b"
+    tools = StreamTranscript(chat=True)
+    tools.add(b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]}}]}\n\n')
+    tools.text()
+    assert tools.resumable is not None and "tool calls" in tools.resumable
+
+
+def test_continuation_appends_the_text_and_shrinks_the_token_budget() -> None:
+    comp, why = continuation_body({"prompt": ["say"], "max_tokens": 10, "min_tokens": 3, "stream": True, "kv_transfer_params": {"x": 1}}, False, " t0 t1", 2)
+    assert why == "" and comp == {"prompt": "say t0 t1", "max_tokens": 8, "min_tokens": 1, "stream": True}
+    chat, _ = continuation_body({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}, True, " t0", 1)
+    assert chat is not None and chat["messages"][-1] == {"role": "assistant", "content": " t0"}
+    assert chat["continue_final_message"] is True and chat["add_generation_prompt"] is False and chat["max_completion_tokens"] == 4
+    default, _ = continuation_body({"prompt": "p"}, False, " t0 t1 t2", 3)
+    assert default is not None and default["max_tokens"] == 13  # vLLM's completions default of 16
+    for body, chat_path, reason in (
+        ({"prompt": [1, 2, 3], "max_tokens": 5}, False, "token ids"),
+        ({"prompt": "p", "n": 2}, False, "several choices"),
+        ({"prompt": "p", "max_tokens": 2}, False, "streamed already"),
+    ):
+        refused, why = continuation_body(body, chat_path, " t0 t1", 2)
+        assert refused is None and reason in why
+
+
+def test_a_resumed_streams_usage_counts_the_tokens_streamed_before() -> None:
+    chunk = b'data: {"choices":[{"index":0,"text":" t9"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":4,"total_tokens":16}}\n\ndata: [DONE]\n\n'
+    fixed = add_streamed_usage(chunk, 6)
+    assert b'"prompt_tokens":6,"completion_tokens":10,"total_tokens":16' in fixed
+    assert fixed.startswith(b'data: {"choices":[{"index":0,"text":" t9"}]}\n\n') and fixed.endswith(b"data: [DONE]\n\n")
+    c = SSETokenCounter(offset=6)
+    c.feed(chunk)
+    assert c.output_tokens == 10

@@ -354,7 +354,7 @@ class EmulatedInstance:
         if seq.finish_reason not in ("stop", "length"):
             return await respond(send, 500, INTERNAL.body())
         params = self._hold(seq, chat) if prefill_leg else None
-        body = fmt.full(output_text(seq.generated), seq.finish_reason or "length", seq.generated, params)
+        body = fmt.full(output_text(seq.generated, fmt.req.first_token_index), seq.finish_reason or "length", seq.generated, params)
         await respond(send, 200, body, [*JSON, (b"x-request-id", seq.id.encode())])
 
     # --- P/D ------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from adapters.emulator.tokens import count_messages, count_prompt, token_json
+from adapters.emulator.tokens import continued_from, count_messages, count_prompt, token_json
 
 ERROR_TYPES = {
     400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
@@ -65,6 +65,9 @@ class GenRequest:
     include_usage: bool
     seed: int | None
     kv_transfer_params: dict[str, Any] | None
+    first_token_index: int = 0
+    """The prompt ends with this many of the emulator's own tokens: generation continues there
+    (adapters/emulator/tokens.py)."""
 
 
 def _int(body: dict[str, Any], key: str, default: int | None) -> int | None:
@@ -118,11 +121,15 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
             raise _invalid(("messages",), "list_type", "Input should be a non-empty list of message objects")
         requested = _int(body, "max_completion_tokens", None)
         requested = requested if requested is not None else _int(body, "max_tokens", None)
+        first = _continued_message(body)
     else:
         n_prompt = count_prompt(body.get("prompt"))
         if n_prompt is None:
             raise _invalid((), "value_error", "Value error, Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
         requested = _int(body, "max_tokens", 16)
+        prompt = body.get("prompt")
+        text = prompt if isinstance(prompt, str) else prompt[0] if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str) else ""
+        first = continued_from(text)
     min_tokens = _int(body, "min_tokens", 0) or 0
     priority = _int(body, "priority", 0) or 0
     seed = _int(body, "seed", None)
@@ -146,8 +153,20 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
     return GenRequest(
         chat=chat, model=served_model, prompt_tokens=n_prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
         min_tokens=min_tokens, priority=priority, stream=stream,
-        include_usage=bool(opts and opts.get("include_usage")), seed=seed, kv_transfer_params=kv,
+        include_usage=bool(opts and opts.get("include_usage")), seed=seed, kv_transfer_params=kv, first_token_index=first,
     )
+
+
+def _continued_message(body: dict[str, Any]) -> int:
+    """Where generation resumes in a chat that asks to continue its final (assistant) message."""
+    if not _bool(body, "continue_final_message"):
+        return 0
+    add_prompt = body.get("add_generation_prompt", True)
+    if add_prompt is True:
+        raise ApiError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", None, VALIDATION)
+    last = body["messages"][-1]
+    content = last.get("content") if last.get("role") == "assistant" else None
+    return continued_from(content) if isinstance(content, str) else 0
 
 
 class Formatter:
@@ -164,7 +183,7 @@ class Formatter:
     def chunk(self, index: int, finish_reason: str | None, timing: tuple[int, float] | None = None) -> bytes:
         """The SSE event of generated token `index` (the last one carries the finish reason)."""
         fr = b"null" if finish_reason is None else b'"' + finish_reason.encode() + b'"'
-        text = token_json(index)
+        text = token_json(index + self.req.first_token_index)
         if self.req.chat:
             out = self._head + b'"delta":{"content":' + text + b'},"logprobs":null,"finish_reason":' + fr + b',"stop_reason":null}]'
             if index == 0:  # vLLM opens a chat stream with the assistant role

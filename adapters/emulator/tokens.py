@@ -4,11 +4,15 @@ Counting (there is no tokenizer): a token-id list counts as its length; text cou
 ⌈UTF-8 bytes / 4⌉ tokens (at least 1), the usual rule of thumb for BPE tokenizers on English;
 a chat request counts the text of every message plus 4 template tokens per message and 3 for the
 assistant turn's header. Generation is deterministic: token i of every output is the text
-" t<i>", so a P/D pair returns exactly what a single instance returns.
+" t<i>", so a P/D pair returns exactly what a single instance returns. A prompt that ends with
+the emulator's own first n tokens (" t0 t1 … t<n-1>") is continued at token n, the way a model
+continues its own text: that is how a request recomputed elsewhere after its decode instance
+died (prompt + tokens already streamed) carries on without a repeated or missing token.
 """
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -59,6 +63,18 @@ def token_json(i: int) -> bytes:
     return b'" t%d"' % i
 
 
-def output_text(n: int) -> str:
-    """The first n generated tokens."""
-    return "".join(f" t{i}" for i in range(n))
+def output_text(n: int, start: int = 0) -> str:
+    """Generated tokens start … start + n − 1."""
+    return "".join(f" t{i}" for i in range(start, start + n))
+
+
+_LAST_TOKEN = re.compile(r" t(\d+)$")
+
+
+def continued_from(text: str) -> int:
+    """n when `text` ends with the first n generated tokens (" t0 … t<n-1>"), else 0."""
+    m = _LAST_TOKEN.search(text[-16:])
+    if m is None:
+        return 0
+    n = int(m.group(1)) + 1
+    return n if text.endswith(output_text(n)) else 0

@@ -68,6 +68,9 @@ class SSETokenCounter:
     done: bool = False
     error: str | None = None
     usage_completion_tokens: int | None = None
+    offset: int = 0
+    """Tokens streamed before the current stream took over (a stream resumed elsewhere reports
+    usage for its own tokens only)."""
     _tail: bytes = field(default=b"", repr=False)
 
     def feed(self, chunk: bytes) -> int:
@@ -112,7 +115,131 @@ class SSETokenCounter:
 
     @property
     def output_tokens(self) -> int:
-        return self.usage_completion_tokens if self.usage_completion_tokens is not None else self.tokens
+        return self.usage_completion_tokens + self.offset if self.usage_completion_tokens is not None else self.tokens
+
+
+class StreamTranscript:
+    """The text a relayed SSE stream has carried so far, for resuming it elsewhere.
+
+    Relaying stays cheap: chunks are kept by reference and only decoded when they pass
+    COMPACT_BYTES (then to text, a few bytes per token) or when the text is asked for.
+    """
+
+    COMPACT_BYTES = 64 * 1024
+
+    __slots__ = ("chat", "_chunks", "_size", "_text", "_tail", "resumable")
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._text: list[str] = []
+        self._tail = b""
+        self.resumable: str | None = None
+        """Why the stream cannot be continued from its text (tool calls, several choices), if so."""
+
+    def add(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._size > self.COMPACT_BYTES:
+            self._compact()
+
+    def text(self) -> str:
+        self._compact()
+        return "".join(self._text)
+
+    def _compact(self) -> None:
+        import orjson
+
+        data = self._tail + b"".join(self._chunks)
+        self._chunks.clear()
+        self._size = 0
+        events = data.split(b"\n\n")
+        self._tail = events.pop()
+        for event in events:
+            event = event.strip(b"\n")
+            if not event.startswith(b"data:") or event.startswith(b"data: [DONE]"):
+                continue
+            try:
+                payload = orjson.loads(event[5:])
+            except orjson.JSONDecodeError:
+                continue
+            choices = payload.get("choices") if isinstance(payload, dict) else None
+            if not choices:
+                continue
+            if len(choices) > 1 or choices[0].get("index", 0) != 0:
+                self.resumable = "it streams several choices"
+                continue
+            part = choices[0].get("delta") if self.chat else choices[0]
+            if not isinstance(part, dict):
+                continue
+            if self.chat and (part.get("tool_calls") or part.get("reasoning_content") or part.get("reasoning")):
+                self.resumable = "it streams tool calls or reasoning, which cannot be continued as text"
+            text = part.get("content") if self.chat else part.get("text")
+            if isinstance(text, str):
+                self._text.append(text)
+
+
+def continuation_body(body: dict[str, Any], chat: bool, text: str, streamed: int) -> tuple[dict[str, Any] | None, str]:
+    """The client's body asking another instance to continue after `text` (`streamed` tokens),
+    recomputing prompt + text there; or None and why it cannot be continued.
+
+    Completions append the text to the prompt; chat appends it as the assistant's message with
+    vLLM's `continue_final_message` (and `add_generation_prompt` off). max_tokens (and
+    min_tokens) shrink by what was streamed."""
+    if body.get("n", 1) not in (None, 1) or body.get("best_of", 1) not in (None, 1):
+        return None, "it asks for several choices"
+    if body.get("logprobs") or body.get("echo"):
+        return None, "it asks for logprobs or echo, which a continuation would not reproduce"
+    leg = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return None, "its messages are not a list"
+        leg["messages"] = [*messages, {"role": "assistant", "content": text}]
+        leg["continue_final_message"] = True
+        leg["add_generation_prompt"] = False
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            return None, "its prompt is token ids (the gateway sees text only)"
+        leg["prompt"] = prompt + text
+    for key in ("max_tokens", "max_completion_tokens"):
+        if isinstance(body.get(key), int):
+            leg[key] = body[key] - streamed
+    for key in ("min_tokens", "min_completion_tokens"):
+        if isinstance(body.get(key), int):
+            leg[key] = max(0, body[key] - streamed)
+    if not any(isinstance(body.get(k), int) for k in ("max_tokens", "max_completion_tokens")) and not chat:
+        leg["max_tokens"] = 16 - streamed  # vLLM's completions default
+    if any(isinstance(leg.get(k), int) and leg[k] < 1 for k in ("max_tokens", "max_completion_tokens")):
+        return None, "every token it asked for was streamed already"
+    return leg, ""
+
+
+def add_streamed_usage(chunk: bytes, streamed: int) -> bytes:
+    """Rewrite the usage event of a resumed stream so it counts the `streamed` tokens sent before
+    as completion tokens, not prompt tokens (they were recomputed as part of the prompt)."""
+    import orjson
+
+    events = chunk.split(b"\n\n")
+    for k, event in enumerate(events):
+        if b'"usage"' not in event or not event.startswith(b"data:"):
+            continue
+        try:
+            payload = orjson.loads(event[5:])
+        except orjson.JSONDecodeError:
+            continue
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        if not isinstance(usage, dict) or type(usage.get("completion_tokens")) is not int:
+            continue
+        usage["completion_tokens"] += streamed
+        if type(usage.get("prompt_tokens")) is int:
+            usage["prompt_tokens"] = max(0, usage["prompt_tokens"] - streamed)
+        events[k] = b"data: " + orjson.dumps(payload)
+    return b"\n\n".join(events)
 
 
 def completion_tokens(reply: dict[str, Any]) -> int:

@@ -54,12 +54,17 @@ class ConsoleConfig(BaseModel):
     down_after_failures: int = Field(2, ge=1, description="failed probes in a row that mark an instance down")
     breaker_failures: int = Field(5, ge=1, description="requests failing in a row on an instance that open its circuit breaker")
     breaker_cooloff_s: float = Field(10.0, gt=0, description="how long an open breaker keeps the instance out of routing before one request tries it")
+    failure_migration_attempts: int = Field(
+        1, ge=0, le=8,
+        description="when a decode instance dies mid-stream, how many times a request is continued on another one "
+        "(prompt + tokens already streamed, recomputed there); 0 turns failure migration off")
     drain_timeout_s: float = Field(10.0, ge=0, description="on shutdown, how long in-flight requests may take to finish")
     instance_drain_timeout_s: float = Field(300.0, ge=0, description="on scale-in, how long a draining instance's requests may take before it is stopped anyway")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     instance_base_port: int = Field(0, ge=0, le=65535, description="first port for started instances (0: free ports)")
     emulator: EmulatorSettings = Field(default_factory=EmulatorSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
+    ray: RaySettings = Field(default_factory=RaySettings, description="--backend ray: the Ray cluster, engine and per-role resources")
     replay: Path | None = Field(None, description="trace to replay into the cluster once it is up")
     replay_speed: float = Field(1.0, gt=0)
     replay_loop: bool = False

@@ -23,12 +23,10 @@ from collections.abc import Callable
 
 from adapters.emulator.engine import release_all
 from adapters.emulator.faults import Faults
-from adapters.emulator.sequence import Sequence, StepRecord, TokenSink
+from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
 from adapters.emulator.settings import InstanceSettings
 from core.perf import PerfProfile
 from core.sim.decode_ps import PSDecodeInstance
-
-STEP_LOG = 20_000
 
 
 class SimEngine:

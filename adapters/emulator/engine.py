@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable
 
 from adapters.emulator.faults import Faults
-from adapters.emulator.sequence import Sequence, StepRecord, TokenSink
+from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
 from core.perf import PerfProfile
 
 __all__ = ["Engine", "Sequence", "StepRecord", "TokenSink"]
@@ -68,7 +68,7 @@ class Engine:
         kv_capacity_tokens: int | None = None,
         max_num_batched_tokens: int | None = None,
         priority_scheduling: bool = False,
-        step_log: int = 20_000,
+        step_log: int = STEP_LOG,
     ) -> None:
         self.profile = profile
         self.faults = faults

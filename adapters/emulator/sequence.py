@@ -88,6 +88,11 @@ class Sequence:
         return "stop" if self.stop_early and not self.prefill_only else "length"
 
 
+STEP_LOG = 2048
+"""Steps an instance keeps for GET /admin/steps (about a minute of a busy instance; each record
+is ~320 bytes, so 20,000 of them were most of a decode emulator's RSS growth in a 30-minute soak)."""
+
+
 @dataclass(slots=True)
 class StepRecord:
     """What one engine step did; the benchmark recomputes its duration from the profile."""

@@ -6,7 +6,7 @@
                               {"exit_after_requests": 10}; 400 (and no change) if invalid
   POST /admin/exit            {"code": 3, "delay_s": 0} (both optional): the whole process exits
                               at once, like a crash (with --instances N, all N go)
-  GET  /admin/info            role, engine id, profile, limits, queue and KV state
+  GET  /admin/info            role, engine id, profile, limits, queue and KV state (per rank for a DP group)
   GET  /admin/steps?since=N   the engine's step log after step N (start/end on time.monotonic())
   POST /admin/migrate         {"request_id", "target", "max_stages", "stall_blocks"}: move a running
                               sequence to another emulated instance (adapters/emulator/migration.py);
@@ -27,6 +27,7 @@ import orjson
 from pydantic import ValidationError
 
 from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond
+from adapters.emulator.dp_group import DataParallelGroup
 from adapters.emulator.faults import EXIT_CODE, exit_now
 from adapters.emulator.migration import MigrateRequest, MigrationFailed, migrate_out
 from adapters.emulator.protocol import ApiError
@@ -105,6 +106,8 @@ class AdminApi:
             "running": len(e.running), "waiting": e.waiting, "preemptions": e.preemptions, "steps": e.step_no,
             "in_flight": inst.in_flight, "scheduling_policy": s.scheduling_policy,
             "kv_load_failure_policy": s.kv_load_failure_policy, "faults": inst.faults.config.model_dump(),
+            "data_parallel_size": s.data_parallel_size,
+            "ranks": [{"running": n, "kv_tokens": kv} for n, kv in e.rank_load()] if isinstance(e, DataParallelGroup) else None,
         }
 
     async def _steps(self, scope: Scope, send: Send) -> None:

@@ -37,6 +37,7 @@ from adapters.emulator.asgi import (
     respond,
     watch_disconnect,
 )
+from adapters.emulator.dp_group import DataParallelGroup
 from adapters.emulator.engine import Engine, Sequence
 from adapters.emulator.faults import Faults
 from adapters.emulator.kv import HeldKV, KVHolder, KVPuller, PullFailed
@@ -57,11 +58,13 @@ SchedulerFactory = Callable[[InstanceSettings, Faults], Scheduler]
 
 
 def continuous_batching(s: InstanceSettings, faults: Faults) -> Scheduler:
-    """The emulator's own scheduler: vLLM-style continuous batching (engine.py)."""
-    return Engine(
-        s.profile, faults, max_num_seqs=s.max_num_seqs, kv_capacity_tokens=s.kv_tokens,
-        max_num_batched_tokens=s.max_num_batched_tokens, priority_scheduling=s.scheduling_policy == "priority",
-    )
+    """The emulator's own scheduler: vLLM-style continuous batching (engine.py), or a data-parallel
+    group of such engines stepping together (dp_group.py)."""
+    args = {"max_num_seqs": s.max_num_seqs, "kv_capacity_tokens": s.kv_tokens, "max_num_batched_tokens": s.max_num_batched_tokens,
+            "priority_scheduling": s.scheduling_policy == "priority"}
+    if s.data_parallel_size > 1:
+        return DataParallelGroup(s.data_parallel_size, s.profile, faults, **args)
+    return Engine(s.profile, faults, **args)  # type: ignore[arg-type]
 
 
 class EmulatedInstance:
@@ -200,6 +203,10 @@ class EmulatedInstance:
             return await respond(send, e.status, e.body())
         headers = dict(scope.get("headers") or [])
         xid = (headers.get(b"x-request-id") or uuid.uuid4().hex.encode()).decode()
+        try:
+            dp_rank = self._dp_rank(headers.get(b"x-data-parallel-rank"))
+        except ApiError as e:
+            return await respond(send, e.status, e.body())
         kv = req.kv_transfer_params or {}
         prefill_leg = bool(kv.get("do_remote_decode"))
         arrival = self.engine.clock()
@@ -227,6 +234,7 @@ class EmulatedInstance:
                 finally:
                     watch.cancel()
             seq = self._sequence(req, xid, arrival, prefill_leg, external)
+            seq.dp_rank = dp_rank
             fmt = Formatter(req, ("chatcmpl-" if chat else "cmpl-") + xid, self.created)
             if req.stream and not prefill_leg:
                 await self._stream(scope, receive, send, seq, fmt, headers.get(b"x-emulator-timing") == b"1")
@@ -281,6 +289,19 @@ class EmulatedInstance:
             return await respond(send, 400, orjson.dumps({"error": "a migration stage names its request_id"}))
         status, answer = await self.migrations.stage(body)
         await respond(send, status, orjson.dumps(answer))
+
+    def _dp_rank(self, raw: bytes | None) -> int:
+        """The rank vLLM's X-data-parallel-rank header asks for (-1: none); out of range is a 400."""
+        if raw is None:
+            return -1
+        size = self.s.data_parallel_size
+        try:
+            rank = int(raw)
+        except ValueError:
+            rank = -1
+        if not 0 <= rank < size:
+            raise ApiError(400, f"data_parallel_rank {raw.decode(errors='replace')} is out of range [0, {size})", "X-data-parallel-rank")
+        return rank
 
     def _sequence(self, req: GenRequest, xid: str, arrival: float, prefill_leg: bool, external: int) -> Sequence:
         common: dict[str, Any] = {"priority": req.priority, "arrival": arrival, "max_tokens_param": req.max_tokens}

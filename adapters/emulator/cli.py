@@ -62,6 +62,8 @@ def emulate(
     exit_after_s: Annotated[float | None, typer.Option(help="fault: exit this many seconds after start")] = None,
     admin_token: Annotated[str | None, typer.Option(help="require `Authorization: Bearer TOKEN` on /admin/*")] = None,
     writer_threads: Annotated[int, typer.Option(min=1, help="threads writing a step's tokens when 64+ streams release at once")] = 2,
+    data_parallel_size: Annotated[int, typer.Option(min=1, max=256, help="ranks of a data-parallel group that step together behind a barrier "
+                                                    "(each with --max-num-seqs slots and its own KV); a request picks one with the X-data-parallel-rank header")] = 1,
 ) -> None:
     """Run GPU-free stand-ins for vLLM 0.32 (see HELP)."""
     if role not in ("prefill", "decode", "both"):
@@ -87,6 +89,7 @@ def emulate(
         max_model_len=max_model_len, output_len_dist=output_len_dist, seed=seed, kv_lease_s=kv_lease_s,
         kv_handshake_timeout_s=kv_handshake_timeout_s, kv_load_failure_policy=kv_load_failure_policy,  # type: ignore[arg-type]
         scheduling_policy=scheduling_policy, admin_token=admin_token, faults=faults, writer_threads=writer_threads,  # type: ignore[arg-type]
+        data_parallel_size=data_parallel_size,
     )
     from adapters.emulator.server import run  # uvicorn and the app load only when serving
 

@@ -335,36 +335,46 @@ class Engine:
                 start, kind = prev_end, "chain"
             else:
                 start, kind = now, "slip"
-            for s in admitted:
-                if s.admitted_at is None:
-                    s.admitted_at = start
             deadline = start + dt
-            self.step_no += 1
-            sampled = [s for s, n in zip(sched, new, strict=True) if s.computed + n == s.context]
-            for s in sampled:
-                if s.sink is not None:
-                    last = s.prefill_only or s.generated + 1 >= s.max_tokens
-                    s.sink.prepare(s.generated, s.done_reason if last else None, self.step_no, deadline)
+            sampled = self._open_step(sched, new, admitted, start, deadline)
             streams = sum(1 for s in sampled if s.sink is not None)
-            self._in_step = sched
             await self._sleep_until(deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
-            woke = self.clock()
-            self.flush([s.sink for s in sampled if s.sink is not None and not s.finished])
-            released = self.clock()
-            self._complete(sched, new, deadline)
-            self._in_step = []
-            if self._step_waiters:
-                for fut in self._step_waiters:
-                    if not fut.done():
-                        fut.set_result(None)
-                self._step_waiters.clear()
-            record = StepRecord(
-                self.step_no, start, deadline, len(sched), kv, sum(new), chunks, len(sampled), slowdown, kind, woke, released
-            )
-            self.steps.append(record)
-            if self.on_step is not None:
-                self.on_step(record, sampled)
+            self._close_step(sched, new, sampled, start, deadline, kv, chunks, slowdown, kind, self.clock())
             prev_end = deadline
+
+    def _open_step(self, sched: list[Sequence], new: list[int], admitted: list[Sequence], start: float, deadline: float) -> list[Sequence]:
+        """Begin a step that ends at `deadline`: its sampled sequences' tokens are formatted now."""
+        for s in admitted:
+            if s.admitted_at is None:
+                s.admitted_at = start
+        self.step_no += 1
+        sampled = [s for s, n in zip(sched, new, strict=True) if s.computed + n == s.context]
+        for s in sampled:
+            if s.sink is not None:
+                last = s.prefill_only or s.generated + 1 >= s.max_tokens
+                s.sink.prepare(s.generated, s.done_reason if last else None, self.step_no, deadline)
+        self._in_step = sched
+        return sampled
+
+    def _close_step(self, sched: list[Sequence], new: list[int], sampled: list[Sequence], start: float, deadline: float,
+                    kv: int, chunks: list[tuple[int, int]], slowdown: float, kind: str, woke: float) -> StepRecord:
+        """End a step at its deadline: write its tokens, advance its sequences, log it."""
+        self.flush([s.sink for s in sampled if s.sink is not None and not s.finished])
+        released = self.clock()
+        self._complete(sched, new, deadline)
+        self._in_step = []
+        if self._step_waiters:
+            for fut in self._step_waiters:
+                if not fut.done():
+                    fut.set_result(None)
+            self._step_waiters.clear()
+        record = StepRecord(
+            self.step_no, start, deadline, len(sched), kv, sum(new), chunks, len(sampled), slowdown, kind, woke, released
+        )
+        self.steps.append(record)
+        if self.on_step is not None:
+            self.on_step(record, sampled)
+        return record
 
     def _complete(self, sched: list[Sequence], new: list[int], t: float) -> None:
         finished = []

@@ -66,6 +66,8 @@ class Sequence:
     """Migrated in from another instance (its latencies began there)."""
     handoff: bytes | None = None
     """Migrated away: the JSON the last event of its stream carries (where it went)."""
+    dp_rank: int = -1
+    """The data-parallel rank it runs on in a DP group (asked with X-data-parallel-rank; -1: any)."""
 
     def __post_init__(self) -> None:
         if self.external_tokens:
@@ -126,14 +128,20 @@ class Scheduler(Protocol):
     clock: Callable[[], float]
     block_size: int
     total_blocks: int
-    held_blocks: int
-    running: list[Sequence]
-    preemptions: int
     steps: deque[StepRecord]
     on_step: Callable[[StepRecord, list[Sequence]], None] | None
     on_finish: Callable[[Sequence], None] | None
     on_preempt: Callable[[Sequence], None] | None
     flush: Callable[[list[TokenSink]], None]
+
+    @property
+    def held_blocks(self) -> int: ...
+
+    @property
+    def running(self) -> list[Sequence]: ...
+
+    @property
+    def preemptions(self) -> int: ...
 
     @property
     def waiting(self) -> int: ...

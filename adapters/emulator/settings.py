@@ -34,6 +34,8 @@ class InstanceSettings:
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     admin_token: str | None = None
     writer_threads: int = 2
+    data_parallel_size: int = 1
+    """Ranks of a data-parallel group stepping together (adapters/emulator/dp_group.py); 1: one engine."""
     """Threads writing a large step's tokens at its deadline (1: the event loop alone)."""
     faults: FaultConfig = field(default_factory=FaultConfig)
 

@@ -1,122 +1,223 @@
 """Fit a performance profile from a recorded live run, and re-simulate a run under other policies.
 
+Every term of the profile `calibrate` writes is either fitted from the run or left at its prior
+(the run's own profile, or `base`) with the reason, and carries its fit quality: the relative RMS
+residual of the regression it came from, its sample count and the 1σ uncertainty of its
+contribution as a share of a typical target (console/calibration_fit.py). A term is fitted only
+when that is ≤ 5%; otherwise the run did not identify it (its regressor does not vary, moves with
+another one, or is too noisy) and it keeps its prior. Capacities (KV, blocks, max_num_seqs,
+max_model_len) and cold start are not timed by requests and stay at the prior; tps_curve is
+dropped (TPS(N) then derives from the fitted step); ps_context_tokens is measured.
+
+Decode step, step = s0 + s1·B + s2·K (B sequences holding K KV tokens): a request's TPOT is the
+mean of its steps, so TPOT = s0 + s1·B̄ + s2·K̄ with B̄, K̄ the means over its steps. They come from
+the timeline of its decode instance, rebuilt from every recorded request there: each is in the
+batch from one step before its first token to its finish, its KV growing by a token per step
+from its prompt to prompt + output − 1 (steps placed with the current fit, as steps lengthen with
+the batch), averaged over the request's window with weight 1/step (a stretch holds steps in
+proportion to its length over the step). The fit is iterated; least squares without outliers.
+B and K rise together with load: s2 is fitted only when prompt lengths spread enough for K to vary
+apart from B (with one prompt length, R² of K on B is ≈ 0.99), else it keeps its prior.
+
 Prefill: the prefill leg's duration (prefill start → end, as the gateway measured it) against
-prompt tokens. Queueing at the prefill instance only ever adds time, so the fit uses the lower
-envelope: least squares on t = a + b·l (+ c·l² when it helps), refitted a few times on the fifth
-of the points with the smallest residuals, after subtracting the one engine step (fitted below)
-that a prefill runs in and the HTTP round trip to that instance (the median of the console's
-/health probes, kept in the run summary). Decode: each request's TPOT is
-its mean step time; its batch is the number of requests decoding on the same instance over the
-request's decode window (exact, from every recorded request's first-token-to-finish interval),
-each stretch weighted by the steps taken in it (∝ 1/step, so the fit is iterated); the medians of ten batch-size bins are fitted as step = s0 + s1·B. The KV transfer is the
-handoff (decode start → first token) minus one step, against prompt tokens.
+prompt tokens l. Queueing at the prefill instance only ever adds time, so the fit uses the lower
+envelope: least squares on t = a + b·l + c·l², refitted on the tenth of the points with the
+smallest residuals in each third of the range, after subtracting the HTTP round trip to that
+instance (the median of the console's /health probes, kept in the run summary) and the engine
+step the prefill runs in, step(1, l), from the decode fit.
+
+KV transfer, t = k0 + k1·l: the handoff (decode start → first token) is the HTTP legs to the
+decode instance and from it to the prefill instance (their /health round trips), the transfer,
+the wait for the step under way on the decode instance to end (uniform between 0 and that step,
+whose batch the timeline gives; none when the instance was idle) and the request's first step
+(its batch and KV at that moment, the request's prompt included). Subtracting the known parts
+leaves k0 + k1·l + U·step_wait; the fit is the 25% quantile regression of that minus
+0.25·step_wait against l (unbiased for a uniform wait, and robust to the delays of a busy host,
+which only add time), rows weighted by 1 / (step_wait + one step). k1 needs prompt lengths that
+spread.
+
+Why the KV terms were off before (+84% to +94% on k0 on emulated runs under load): the handoff
+was taken as first token − decode start − the request's mean TPOT and fitted by plain least
+squares on every point. On emulated runs with batches of 4-38 that left in it, on average, the
+wait for the decode step under way (14-16 ms: half a step of ~30 ms), the two HTTP legs (~4 ms)
+and ~5 ms of host delays (a least-squares mean takes the tail in), all of it landing on the
+intercept k0 (20-25 ms true). The decode fit also forced s2 = 0, so the KV cost of a step went
+into s1 (+130-195%, s0 −60%).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from adapters.store import RunStore, StoreError
+from console.calibration_fit import Term, Timeline, fit_linear
 from console.cluster_spec import parse_cluster
 from console.simulate import SimPlan, run_one
 from core.perf import PerfProfile, get_profile
 from core.slo import DEFAULT_SLO
 
+HANDOFF_QUANTILE = 0.25
+"""Quantile of the KV handoff fit (see the module docstring)."""
+DECODE_NOISE_FLOOR = 0.01
+"""TPOT scatter assumed at least 1% of a typical TPOT when judging what the decode fit identifies:
+the batch and KV each request saw are rebuilt from request records (on a 1 ms grid), so even a run
+whose residuals vanish does not pin a term down better; this keeps a term nearly collinear with
+another (R² ≳ 0.99) from passing as fitted."""
+TIMED = ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s", "decode_step_base_s", "decode_step_per_seq_s",
+         "decode_step_per_kv_token_s", "kv_transfer_base_s", "kv_transfer_per_token_s")
+"""The terms `calibrate` fits (the others are capacities or derived, see `_untimed`)."""
 
-def _lstsq_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with the columns of x; coefficients clipped at zero and refitted without them."""
-    keep = list(range(x.shape[1]))
-    while True:
-        coef = np.linalg.lstsq(x[:, keep], y, rcond=None)[0]
-        if (coef >= 0).all() or len(keep) == 1:
-            out = np.zeros(x.shape[1])
-            out[keep] = np.maximum(coef, 0.0)
-            return out
-        keep = [k for k, c in zip(keep, coef, strict=True) if c >= 0] or [keep[0]]
 
-
-def _batch_over(start: float, end: float, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The decode batch over [start, end) as (batch sizes, durations) of its constant stretches,
-    from every request's decoding interval on the same instance (the request's own included)."""
-    near = (starts < end) & (ends > start)
-    a, b = starts[near], ends[near]
-    cuts = np.unique(np.concatenate(([start, end], a[(a > start) & (a < end)], b[(b > start) & (b < end)])))
-    if len(cuts) < 2:
-        return np.array([1.0]), np.array([1.0])
-    mids = (cuts[:-1] + cuts[1:]) / 2
-    batch = ((a[None, :] <= mids[:, None]) & (mids[:, None] < b[None, :])).sum(axis=1)
-    return np.maximum(batch, 1).astype(float), np.diff(cuts)
+def _f(r: dict[str, Any], k: str) -> float:
+    return float(r[k])
 
 
 def calibrate(store: RunStore, run_id: str, base: PerfProfile | None = None) -> tuple[PerfProfile, dict[str, Any]]:
+    """Fit the run's profile; `base` gives the priors (default: the profile the run used).
+
+    Returns the profile (its `fit` field holds each term's source and quality) and a report."""
     info = store.get_run(run_id)
     base = base or get_profile(str(info.config.get("profile") or "h20-qwen3-32b"))
-    rows = [r for r in store.requests(info.run_id) if r["status"] == "ok"]
-    pre = [r for r in rows if r["prefill_start"] is not None and r["prefill_end"] is not None]
+    every = store.requests(info.run_id)
+    rows = [r for r in every if r["status"] == "ok"]
+    pre = [r for r in rows if r["prefill_start"] is not None and r["prefill_end"] is not None and r["prompt_tokens"]]
     if len(pre) < 10:
         raise StoreError(f"run {info.run_id} has {len(pre)} completed requests with prefill timings; calibration needs at least 10 (a live run)")
     if not store.instance_samples(info.run_id):
         raise StoreError(f"run {info.run_id} has no instance samples: calibration needs a live run (`up`), not a {info.kind} run")
-    spans: dict[str, list[tuple[float, float]]] = {}
-    for r in store.requests(info.run_id):  # failed requests took decode steps too
-        if r["decode_instance"] and r["first_token"] is not None and r["finish"] is not None:
-            spans.setdefault(r["decode_instance"], []).append((r["first_token"], r["finish"]))
-    empty = (np.zeros(0), np.zeros(0))
-    decoding = {k: (np.array([a for a, _ in v]), np.array([b for _, b in v])) for k, v in spans.items()}
-    windows: list[tuple[np.ndarray, np.ndarray]] = []
-    step, handoff, prompts = [], [], []
-    for r in rows:
-        if r["tpot"] is None or r["output_tokens"] is None or r["output_tokens"] < 4 or r["first_token"] is None:
-            continue
-        windows.append(_batch_over(r["first_token"], r["finish"], *decoding.get(r["decode_instance"] or "", empty)))
-        step.append(r["tpot"])
-        if r["decode_start"] is not None:
-            handoff.append(r["first_token"] - r["decode_start"] - r["tpot"])
-            prompts.append(r["prompt_tokens"])
-    if len(step) < 10:
-        raise StoreError(f"run {info.run_id} has too few decoding requests to fit decode steps ({len(step)})")
-    sy = np.array(step)
-    s0, s1 = base.decode_step_base_s, base.decode_step_per_seq_s
+    rtt = {str(k): float(v) for k, v in ((info.summary or {}).get("health_rtt_s") or {}).items()}
+
+    # --- decode timelines: every request that decoded, failed ones included (they took steps too)
+    spans = [r for r in every if r["decode_instance"] and r["first_token"] is not None and r["finish"] is not None
+             and r["finish"] >= r["first_token"]]
+    timelines: dict[str, Timeline] = {}
+    for inst in sorted({r["decode_instance"] for r in spans}):
+        mine = [r for r in spans if r["decode_instance"] == inst]
+        first = np.array([_f(r, "first_token") for r in mine])
+        prompts = np.array([float(r["prompt_tokens"] or 0) for r in mine])
+        one = np.array([r["tpot"] if r["tpot"] else base.step_time(1, p) for r, p in zip(mine, prompts, strict=True)])
+        timelines[inst] = Timeline(first - one, first, np.array([_f(r, "finish") for r in mine]), prompts,
+                                   np.array([float(r["output_tokens"] or 1) for r in mine]))
+
+    # --- decode step = s0 + s1·B + s2·K, from each request's TPOT
+    dec = [r for r in rows if r["tpot"] is not None and (r["output_tokens"] or 0) >= 4 and r["first_token"] is not None
+           and r["decode_instance"] in timelines]
+    if len(dec) < 10:
+        raise StoreError(f"run {info.run_id} has too few decoding requests to fit decode steps ({len(dec)})")
+    tpot = np.array([_f(r, "tpot") for r in dec])
+    names = ["decode_step_base_s", "decode_step_per_seq_s", "decode_step_per_kv_token_s"]
+    priors = [float(getattr(base, k)) for k in names]
+    step = (priors[0], priors[1], priors[2])
+    bx, kx = np.zeros(len(dec)), np.zeros(len(dec))
     for _ in range(4):
-        # TPOT averages over steps: weight each stretch of constant batch by the steps it held (∝ 1/step).
-        bx = np.array([float(np.average(b, weights=d / (s0 + s1 * b))) for b, d in windows])
-        # Median TPOT per batch-size bin, so a burst of many similar requests does not outweigh the rest.
-        b_edges = np.unique(np.quantile(bx, np.linspace(0, 1, 11)))
-        b_bins = np.clip(np.searchsorted(b_edges, bx, side="right") - 1, 0, max(len(b_edges) - 2, 0))
-        mb = np.array([np.median(bx[b_bins == k]) for k in np.unique(b_bins)])
-        ms = np.array([np.median(sy[b_bins == k]) for k in np.unique(b_bins)])
-        s0, s1 = _lstsq_nonneg(np.stack([np.ones_like(mb), mb], axis=1), ms)
-        s0 = max(float(s0), 1e-5)
-    lens = np.array([r["prompt_tokens"] for r in pre], dtype=float)
-    # A prefill leg as the gateway timed it = one HTTP round trip + one engine step + the prefill.
-    rtt = (info.summary or {}).get("health_rtt_s") or {}
-    overhead = np.array([float(rtt.get(r["prefill_instance"] or "", 0.0)) for r in pre])
-    durations = np.array([r["prefill_end"] - r["prefill_start"] for r in pre]) - overhead - (s0 + s1)
-    x = np.stack([np.ones_like(lens), lens, lens * lens], axis=1)
-    keep = np.ones(len(lens), dtype=bool)
-    for _ in range(6):  # lower envelope: refit on the points least delayed by queueing
-        coef = _lstsq_nonneg(x[keep], durations[keep])
-        resid = durations - x @ coef
-        keep = resid <= np.percentile(resid, 20)
-    a, b, c = coef
-    hx = np.array(prompts, dtype=float)
-    k0, k1 = _lstsq_nonneg(np.stack([np.ones_like(hx), hx], axis=1), np.maximum(np.array(handoff), 0.0)) if len(hx) >= 5 else (base.kv_transfer_base_s, base.kv_transfer_per_token_s)
+        for inst, tl in timelines.items():
+            tl.follow(step)
+            idx = [i for i, r in enumerate(dec) if r["decode_instance"] == inst]
+            if idx:
+                b, k = tl.step_means(np.array([_f(dec[i], "first_token") for i in idx]), np.array([_f(dec[i], "finish") for i in idx]), step)
+                bx[idx], kx[idx] = b, k
+        dfit = fit_linear(np.stack([np.ones_like(bx), bx, kx], axis=1), tpot, names, priors,
+                          ["the constant", "batch size", "resident KV tokens"], "TPOT", "robust", noise_floor=DECODE_NOISE_FLOOR)
+        step = (max(dfit.terms[names[0]].value, 1e-6), dfit.terms[names[1]].value, dfit.terms[names[2]].value)
+    for tl in timelines.values():
+        tl.follow(step)
+    terms: dict[str, Term] = dict(dfit.terms)
+    if terms["decode_step_base_s"].value <= 0:
+        terms["decode_step_base_s"].value = 1e-6
+        terms["decode_step_base_s"].source += " (raised to 1e-6 s: a step must take time)"
+
+    def step_time(b: np.ndarray, k: np.ndarray) -> np.ndarray:
+        return step[0] + step[1] * b + step[2] * k
+
+    # --- prefill leg = HTTP round trip + step(1, l) + prefill(l); lower envelope against l
+    lens = np.array([float(r["prompt_tokens"]) for r in pre])
+    overhead = np.array([rtt.get(r["prefill_instance"] or "", 0.0) for r in pre]) + step_time(np.ones_like(lens), lens)
+    durations = np.array([_f(r, "prefill_end") - _f(r, "prefill_start") for r in pre]) - overhead
+    names = ["prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s"]
+    pfit = fit_linear(np.stack([np.ones_like(lens), lens, lens * lens], axis=1), durations, names,
+                      [float(getattr(base, k)) for k in names], ["the constant", "prompt tokens", "prompt tokens²"],
+                      "prefill", "envelope")
+    terms.update(pfit.terms)
+
+    # --- KV handoff = HTTP legs + transfer + wait for the step under way + first step
+    hand = [r for r in rows if r["decode_start"] is not None and r["first_token"] is not None and r["prompt_tokens"]
+            and r["decode_instance"] in timelines and r["first_token"] >= r["decode_start"]]
+    hl = np.array([float(r["prompt_tokens"]) for r in hand])
+    target, wait = np.zeros(len(hand)), np.zeros(len(hand))
+    for inst, tl in timelines.items():
+        idx = [i for i, r in enumerate(hand) if r["decode_instance"] == inst]
+        if not idx:
+            continue
+        first = np.array([_f(hand[i], "first_token") for i in idx])
+        one = np.array([hand[i]["tpot"] or float(step_time(np.array(1.0), hl[i])) for i in idx])
+        t = first - one / 2  # inside the request's first step
+        b, k = tl.at(t)
+        own = (tl.grid[tl.index(t)] >= first - one).astype(float)  # the grid point counts the request itself
+        b_o, k_o = np.maximum(b - own, 0.0), np.maximum(k - own * hl[idx], 0.0)
+        legs = np.array([rtt.get(inst, 0.0) + rtt.get(hand[i]["prefill_instance"] or "", 0.0) for i in idx])
+        handoff = first - np.array([_f(hand[i], "decode_start") for i in idx])
+        wait[idx] = np.where(b_o >= 1, step_time(b_o, k_o), 0.0)
+        target[idx] = handoff - legs - step_time(b_o + 1, k_o + hl[idx]) - HANDOFF_QUANTILE * wait[idx]
+    names = ["kv_transfer_base_s", "kv_transfer_per_token_s"]
+    one_step = float(step_time(np.array(1.0), np.array(float(np.median(hl))))) if len(hl) else 0.0
+    kfit = fit_linear(np.stack([np.ones_like(hl), hl], axis=1), target, names, [float(getattr(base, k)) for k in names],
+                      ["the constant", "prompt tokens"], "KV handoff", "quantile", q=HANDOFF_QUANTILE,
+                      scatter=wait + one_step)
+    terms.update(kfit.terms)
+
+    terms.update(_untimed(base, _context(timelines, step)))
+    terms = {k: terms[k] for k in PerfProfile.model_fields if k in terms}
+    values: dict[str, Any] = {k: t.value for k, t in terms.items()}
+    values["tps_curve"] = None
     fitted = base.model_copy(update={
+        **values,
         "name": f"calibrated-{info.run_id}",
-        "description": f"fitted from run {info.run_id} ({len(pre)} prefills, {len(step)} decodes) on top of {base.name}",
-        "prefill_base_s": float(a), "prefill_per_token_s": float(b), "prefill_per_token2_s": float(c),
-        "decode_step_base_s": max(float(s0), 1e-5), "decode_step_per_seq_s": float(s1), "decode_step_per_kv_token_s": 0.0,
-        "tps_curve": None, "kv_transfer_base_s": float(k0), "kv_transfer_per_token_s": float(k1),
+        "description": (f"fitted from run {info.run_id} ({len(pre)} prefills, {len(dec)} decodes, {len(hand)} KV handoffs) "
+                        f"on top of {base.name}; per-term sources in `fit`"),
+        "fit": {k: t.quality() for k, t in terms.items()},
     })
+    fitted = PerfProfile.model_validate(fitted.model_dump())  # the updates obey the field bounds
     report = {
-        "run_id": info.run_id, "base": base.name, "prefills": len(pre), "decodes": len(step),
-        "batch_range": [float(bx.min()), float(bx.max())],
-        "fitted": {k: getattr(fitted, k) for k in ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s", "decode_step_base_s", "decode_step_per_seq_s", "kv_transfer_base_s", "kv_transfer_per_token_s")},
-        "base_values": {k: getattr(base, k) for k in ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s", "decode_step_base_s", "decode_step_per_seq_s", "kv_transfer_base_s", "kv_transfer_per_token_s")},
+        "run_id": info.run_id, "base": base.name, "prefills": len(pre), "decodes": len(dec), "handoffs": len(hand),
+        "batch_range": [float(bx.min()), float(bx.max())], "kv_range": [float(kx.min()), float(kx.max())],
+        "regressions": {
+            name: {"samples": f.samples, "used": f.used, "rel_rms": None if math.isnan(f.rel_rms) else f.rel_rms,
+                   "condition": f.condition if math.isfinite(f.condition) else None}
+            for name, f in (("decode", dfit), ("prefill", pfit), ("kv_transfer", kfit))
+        },
+        "terms": {k: t.quality() for k, t in terms.items()},
+        "fitted": {k: getattr(fitted, k) for k in TIMED},
+        "base_values": {k: getattr(base, k) for k in TIMED},
     }
     return fitted, report
+
+
+def _context(timelines: dict[str, Timeline], step: tuple[float, float, float]) -> float:
+    """Resident KV tokens per decoding request over the run's steps, all decode instances together."""
+    sums = [tl.context_sums(step) for tl in timelines.values()]
+    den = sum(b for _, b in sums)
+    return sum(k for k, _ in sums) / den if den > 0 else 0.0
+
+
+def _untimed(base: PerfProfile, context: float) -> dict[str, Term]:
+    """The terms request timings do not determine: capacities (prior), and the decode curve (derived)."""
+    why = "a capacity setting of the instances, not timed by requests"
+    out = {k: Term(k, getattr(base, k), getattr(base, k), f"prior: {why}")
+           for k in ("kv_capacity_tokens", "block_size", "max_num_seqs", "max_model_len")}
+    out["cold_start_s"] = Term("cold_start_s", base.cold_start_s, base.cold_start_s,
+                               "prior: calibrate reads request timings; instance start-ups are not among them")
+    out["tps_curve"] = Term("tps_curve", math.nan, None,
+                            "derived: TPS(N) = N / step(N, N·ps_context_tokens) from the fitted step (the prior's curve is dropped)")
+    if context > 0:
+        out["ps_context_tokens"] = Term("ps_context_tokens", int(round(context)), base.ps_context_tokens,
+                                        "fit: mean resident KV tokens per decoding request over the run's steps")
+    else:
+        out["ps_context_tokens"] = Term("ps_context_tokens", base.ps_context_tokens, base.ps_context_tokens,
+                                        "prior: no decode steps in the run")
+    return out
 
 
 def whatif(store: RunStore, run_id: str, policies: list[tuple[str, dict[str, Any]]], profile: PerfProfile, mode: str = "iteration") -> list[dict[str, Any]]:

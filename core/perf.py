@@ -82,6 +82,14 @@ class PerfProfile(BaseModel):
         ),
     )
 
+    fit: dict[str, dict[str, Any]] | None = Field(
+        None,
+        description=(
+            "how `calibrate` obtained each term: value, prior, source (fit / prior: why), "
+            "relative RMS residual, samples; metadata only, the model ignores it"
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_curve(self) -> PerfProfile:
         if self.tps_curve is not None and self.tps_curve.total_tps(1) <= 1e-3:

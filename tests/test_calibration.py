@@ -1,4 +1,11 @@
-"""`calibrate` recovers the emulator's profile from a live run; `runs whatif` predicts its TPOT."""
+"""`calibrate` recovers the emulator's profile from a live run; `runs whatif` predicts its TPOT.
+
+Every term of the fitted profile is either fitted or left at its prior with the reason. Two kinds
+of runs with a KNOWN profile (`TRUTH`, every term distinct and non-zero) check it: runs computed
+step by step with the emulator's timing model (fast, exact: the method itself must recover every
+term within 3%), and emulated clusters replaying a trace at a light and a heavy load (real HTTP,
+real timers: tolerances per term below, from what the method recovers there).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,190 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from core.perf import get_profile, load_profile_file
+from adapters.store import RunStore
+from console.calibration import calibrate
+from core.perf import PerfProfile, get_profile, load_profile_file, save_profile_file
 from tests.procs import ROOT, kill_children, start_console
+
+TRUTH = PerfProfile(
+    name="calib-truth", description="a known profile for calibration tests",
+    prefill_base_s=0.015, prefill_per_token_s=6e-5, prefill_per_token2_s=3e-8,
+    decode_step_base_s=0.005, decode_step_per_seq_s=0.0012, decode_step_per_kv_token_s=1e-6,
+    kv_transfer_base_s=0.025, kv_transfer_per_token_s=3e-5,
+    ps_context_tokens=700, kv_capacity_tokens=400_000, block_size=16, max_num_seqs=128, max_model_len=2048, cold_start_s=42.0,
+)
+PRIOR = "cpu-tiny-llama"
+"""The priors the tests calibrate against: every timed term differs from TRUTH."""
+TIMED = ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s", "decode_step_base_s", "decode_step_per_seq_s",
+         "decode_step_per_kv_token_s", "kv_transfer_base_s", "kv_transfer_per_token_s")
+LOADS = {
+    # (arrival rate /s, requests, output length range): decode batches of 1-3, and of up to ~20
+    "light": (3.0, 45, (20, 120)),
+    "heavy": (8.0, 80, (80, 200)),
+}
+
+
+def spread_trace(rate: float, n: int, out: tuple[int, int], prompt: tuple[int, int] | int = (30, 1500), seed: int = 3) -> list[tuple[float, int, int]]:
+    """(arrival s, prompt tokens, output tokens): Poisson arrivals, uniform lengths (or one prompt length)."""
+    rng = random.Random(seed)
+    t, rows = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        rows.append((t, prompt if isinstance(prompt, int) else rng.randint(*prompt), rng.randint(*out)))
+    return rows
+
+
+def stepped_run(store: RunStore, truth: PerfProfile, trace: list[tuple[float, int, int]], n_decode: int = 2,
+                rtt_p: float = 0.0015, rtt_d: float = 0.0025) -> str:
+    """A live run's records as the emulator times it (adapters/emulator/engine.py, kv.py), computed step
+    by step: one FIFO prefill instance whose leg is an HTTP round trip + step(1, l) + prefill(l); the
+    decode instance (round robin) pulls the KV (round trips to it and to the prefill instance +
+    transfer) and admits the request at its next step boundary; a step of B sequences holding K
+    tokens takes step(B, K); the first token comes at the end of the request's first step."""
+    rows: list[dict[str, Any]] = []
+    ready: list[list[tuple[float, int]]] = [[] for _ in range(n_decode)]
+    free = 0.0
+    for i, (t, prompt, out) in enumerate(trace):
+        start = max(t, free)
+        free = end = start + rtt_p + truth.step_time(1, prompt) + float(truth.prefill_time(prompt))
+        ready[i % n_decode].append((end + rtt_d + rtt_p + truth.kv_transfer_time(prompt), i))
+        rows.append({"request_id": str(i), "arrival": t, "prompt_tokens": prompt, "output_tokens": out, "max_tokens": out,
+                     "prefill_instance": "p0", "decode_instance": f"d{i % n_decode}", "prefill_start": start,
+                     "prefill_end": end, "decode_start": end, "status": "ok"})
+    for pending in ready:
+        pending.sort()
+        now, k, running = 0.0, 0, []
+        while k < len(pending) or running:
+            if not running:
+                now = max(now, pending[k][0])
+            while k < len(pending) and pending[k][0] <= now:
+                running.append([pending[k][1], 0])
+                k += 1
+            now += truth.step_time(len(running), sum(trace[i][1] + g for i, g in running))
+            for s in running:
+                s[1] += 1
+                if s[1] == 1:
+                    rows[s[0]]["first_token"] = now
+                if s[1] == trace[s[0]][2]:
+                    rows[s[0]]["finish"] = now
+            running = [s for s in running if s[1] < trace[s[0]][2]]
+    for r in rows:
+        r["tpot"] = (r["finish"] - r["first_token"]) / (r["output_tokens"] - 1)
+        r["ttft"] = r["first_token"] - r["arrival"]
+    run = store.create_run(kind="live", backend="emulator", cluster=f"1P{n_decode}D", config={"profile": truth.name})
+    store.add_requests(run, rows)
+    store.add_instance_samples(run, [{"t": 0.0, "instance_id": "p0", "role": "prefill", "healthy": True, "running": 0,
+                                      "waiting": 0, "kv_usage": 0.0, "tokens_per_s": 0.0}])
+    store.finish_run(run, summary={"health_rtt_s": {"p0": rtt_p, **{f"d{d}": rtt_d for d in range(n_decode)}}})
+    return run
+
+
+@pytest.mark.parametrize("load", LOADS)
+def test_calibrate_recovers_every_term_of_a_stepped_run(load: str) -> None:
+    store = RunStore(":memory:")
+    run = stepped_run(store, TRUTH, spread_trace(*LOADS[load]))
+    fitted, report = calibrate(store, run, get_profile(PRIOR))
+    for key in TIMED:
+        term = report["terms"][key]
+        assert term["source"] == "fit", (key, term)
+        # 3%: the method's own approximations (a 1 ms grid, B and K of the first step read mid-step).
+        # The KV terms under load: each handoff also waits for the step under way, uniformly up to
+        # ~20-30 ms here and unknown per request; 80 handoffs leave k0 within ±8% (12 seeds tried).
+        tol = 0.10 if key.startswith("kv_transfer") and load == "heavy" else 0.03
+        assert getattr(fitted, key) == pytest.approx(getattr(TRUTH, key), rel=tol), key
+        assert term["samples"] >= 45 and term["rel_rms"] is not None and term["rel_se"] <= 0.05, (key, term)
+    assert report["batch_range"][1] > (10 if load == "heavy" else 2)
+    assert fitted.fit is not None and fitted.fit["kv_transfer_per_token_s"]["source"] == "fit"
+    assert fitted.tps_curve is None and fitted.fit["tps_curve"]["source"].startswith("derived:")
+    for key in ("kv_capacity_tokens", "block_size", "max_num_seqs", "max_model_len", "cold_start_s"):
+        assert fitted.fit[key]["source"].startswith("prior: ") and getattr(fitted, key) == getattr(get_profile(PRIOR), key)
+
+
+def test_a_run_that_cannot_identify_a_term_leaves_it_at_its_prior_and_says_why(tmp_path: Path) -> None:
+    """All prompts of one length: no slope against prompt tokens (prefill, KV transfer), and the
+    resident KV moves with the batch size (R² > 0.95), so the per-KV-token step cost yields to the
+    per-sequence one. The CLI prints the reasons and the profile it writes keeps them."""
+    from typer.testing import CliRunner
+
+    from console.cli import _register_commands, app
+
+    db = tmp_path / "runs.db"
+    run = stepped_run(RunStore(db), TRUTH, spread_trace(*LOADS["light"], prompt=500))
+    prior = get_profile(PRIOR)
+    fitted, report = calibrate(RunStore(db), run, prior)
+    terms = report["terms"]
+    for key in ("prefill_per_token_s", "prefill_per_token2_s", "kv_transfer_per_token_s"):
+        assert getattr(fitted, key) == getattr(prior, key), key
+        assert terms[key]["source"].startswith("prior: prompt tokens") and "hardly varies" in terms[key]["source"], terms[key]
+    assert fitted.decode_step_per_kv_token_s == prior.decode_step_per_kv_token_s
+    assert terms["decode_step_per_kv_token_s"]["source"].startswith("prior: resident KV tokens moves with"), terms["decode_step_per_kv_token_s"]
+    for key in ("decode_step_base_s", "decode_step_per_seq_s", "kv_transfer_base_s"):
+        assert terms[key]["source"] == "fit", (key, terms[key])
+    assert terms["decode_step_base_s"]["value"] == pytest.approx(TRUTH.decode_step_base_s, rel=0.03)
+
+    _register_commands()
+    out = tmp_path / "fitted.json"
+    r = CliRunner().invoke(app, ["calibrate", run, "--db", str(db), "--base", PRIOR, "--out", str(out)], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert "prior: prompt tokens hardly varies in the run (all ≈ 500)" in r.output and "kv_transfer_per_token_s" in r.output
+    saved = load_profile_file(out)
+    assert saved.fit == fitted.fit and saved.fit is not None
+    assert saved.fit["kv_transfer_per_token_s"]["source"] == terms["kv_transfer_per_token_s"]["source"]
+    assert {"value", "prior", "source", "rel_rms", "samples", "rel_se"} <= set(saved.fit["decode_step_base_s"])
+    save_profile_file(saved, tmp_path / "again.json")  # round trip; the model ignores `fit`
+    assert load_profile_file(tmp_path / "again.json") == saved
+    assert saved.step_time(3, 900) == saved.model_copy(update={"fit": None}).step_time(3, 900)
+
+
+EMULATED_TOLERANCE: dict[str, tuple[str, float]] = {
+    # What the method recovers from emulated runs on a shared 2-core host (observed in repeated runs,
+    # with margin). Fixed costs only within milliseconds: the HTTP legs are taken out with the median
+    # of the console's /health round trips, which matches them to about a millisecond.
+    "prefill_base_s": ("abs", 0.002),
+    "prefill_per_token_s": ("rel", 0.08),
+    "prefill_per_token2_s": ("rel", 0.15),
+    "decode_step_base_s": ("rel", 0.15),
+    "decode_step_per_seq_s": ("rel", 0.20),  # at the light load the batch only spans 1-3
+    "decode_step_per_kv_token_s": ("rel", 0.25),
+    "kv_transfer_base_s": ("abs", 0.004),  # + the wait for the step under way, up to a step
+    "kv_transfer_per_token_s": ("rel", 0.15),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("load", LOADS)
+def test_calibrate_recovers_a_known_profile_from_an_emulated_cluster(tmp_path: Path, load: str) -> None:
+    rate, n, out = LOADS[load]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": int(t * 1000), "input_length": p, "output_length": o, "hash_ids": []}) + "\n"
+                             for t, p, o in spread_trace(rate, n, out, seed=7)))
+    truth_path = tmp_path / "truth.json"
+    save_profile_file(TRUTH, truth_path)
+    con = start_console(tmp_path, "--profile", str(truth_path), "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+    try:
+        rep = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(trace), "--json"], cwd=ROOT, env=con.env(),
+                             capture_output=True, text=True, timeout=120)
+        assert rep.returncode == 0 and json.loads(rep.stdout)["done"] == n, rep.stderr
+        con.stop()
+        fitted_path = tmp_path / "fitted.json"
+        cal = con.cli("calibrate", con.run_id, "--base", PRIOR, "--out", str(fitted_path), "--json")
+        assert cal.returncode == 0, cal.stderr
+    finally:
+        con.stop()
+        kill_children(con.home)
+    report, fitted = json.loads(cal.stdout), load_profile_file(fitted_path)
+    got = {k: (getattr(fitted, k), getattr(TRUTH, k), report["terms"][k]["source"]) for k in TIMED}
+    print(f"\n{load}: batch {report['batch_range']}", *(f"{k:28} true {t:.4g} fitted {v:.4g} ({v / t - 1:+.1%}) {src}"
+                                                        for k, (v, t, src) in got.items()), sep="\n")
+    for key, (kind, tol) in EMULATED_TOLERANCE.items():
+        value, true, source = got[key]
+        assert source == "fit", (key, source, got)
+        assert abs(value - true) <= (tol if kind == "abs" else tol * true), (key, got)
+    assert report["batch_range"][1] > (10 if load == "heavy" else 2)
 
 
 def two_phase_trace(path: Path) -> None:

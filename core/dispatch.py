@@ -15,12 +15,15 @@ from typing import Any
 import numpy as np
 
 from core.admission import AdmissionControl
+from core.dp.model import DPState
 from core.errors import NoCapacityError, PolicyError
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
 from core.perf import PerfProfile
 from core.periodic import PERIODIC_KINDS, PeriodicRunner, ScalingSignals, compute_signals
 from core.policies import registry
 from core.policies.base import QueuePolicy, ReschedulePolicy, RoutingPolicy, ScalingPolicy
+from core.policies.rank import RankPolicyBase, dp_state
+from core.predict.survival import SurvivalPredictor
 from core.request_table import RUNNING, RequestTable
 from core.slo import SLOClass
 from core.types import (
@@ -80,6 +83,7 @@ class Dispatcher:
         queue: PolicySetting = ("fcfs", {}),
         reschedule: PolicySetting = ("none", {}),
         scaling: PolicySetting = ("static", {}),
+        rank: PolicySetting = ("engine", {}),
         true_lengths: bool = False,
         survival_delta: int = 64,
         survival_alpha: float = 0.99,
@@ -111,6 +115,8 @@ class Dispatcher:
         self.migrations = 0
         """Running requests moved between decode instances (live migrations executed)."""
         self._index: dict[str, int] = {}
+        self._dp_groups: dict[int, tuple[int, int]] = {}
+        """Decode instances that are data-parallel groups: index → (ranks, slots per rank)."""
         self._tracked: dict[Hashable, _Tracked] = {}
         self.admission = AdmissionControl()
         """Requests held by the queue policy, and when each was queued."""
@@ -123,6 +129,7 @@ class Dispatcher:
             (PolicyKind.QUEUE, *queue),
             (PolicyKind.RESCHEDULE, *reschedule),
             (PolicyKind.SCALING, *scaling),
+            (PolicyKind.RANK, *rank),
         ]
         for kind, name, params in initial:
             policy = self._build(kind, name, params)
@@ -176,6 +183,11 @@ class Dispatcher:
     @property
     def scaling(self) -> ScalingPolicy:
         policy: ScalingPolicy = self.policies[PolicyKind.SCALING]
+        return policy
+
+    @property
+    def rank(self) -> RankPolicyBase:
+        policy: RankPolicyBase = self.policies[PolicyKind.RANK]
         return policy
 
     @property
@@ -255,6 +267,58 @@ class Dispatcher:
         v.prefill_n = np.append(v.prefill_n, 0)
         v.invalidate()
         return i
+
+    def set_data_parallel(self, instance_id: str, ranks: int, slots: int = 0) -> None:
+        """The instance is a data-parallel group of `ranks` ranks (1: not a group) with `slots`
+        running slots each (the profile's max_num_seqs if 0); the rank policy places requests."""
+        i = self._index[instance_id]
+        if ranks > 1:
+            self._dp_groups[i] = (ranks, slots or self.view.profile.max_num_seqs)
+        else:
+            self._dp_groups.pop(i, None)
+
+    def dp_ranks(self, instance_id: str) -> int:
+        """Ranks of a data-parallel decode instance (1 when it is not a group)."""
+        return self._dp_groups.get(self._index[instance_id], (1, 0))[0]
+
+    def choose_rank(self, rid: Hashable, now: float) -> int | None:
+        """The rank a request about to decode on a data-parallel group runs on (the rank policy's
+        choice, kept in the table); None when its instance is not a group or the policy leaves
+        the choice to the group."""
+        v = self.view
+        t = v.table
+        i = t.row[rid]
+        group = self._dp_groups.get(int(t.inst[i]))
+        policy = self.rank
+        if group is None or not policy.acts:
+            return None
+        rank = policy.choose(self.dp_state(int(t.inst[i]), now, exclude=i), int(t.l_in[i]))
+        t.rank[i] = -1 if rank is None else rank
+        return rank
+
+    def dp_state(self, index: int, now: float, exclude: int = -1) -> DPState:
+        """What each rank of group `index` holds: the tracked requests sent to a rank there (their
+        prompt plus tokens generated so far; predicted remaining steps when the policy looks ahead)."""
+        ranks, slots = self._dp_groups[index]
+        t = self.view.table
+        n = t.n
+        rows = np.flatnonzero((t.inst[:n] == index) & (t.rank[:n] >= 0))
+        rows = rows[rows != exclude]
+        running = t.state[rows] == RUNNING
+        generated = np.where(running, t.generated_at(now, rows), 0.0)
+        size = (t.l_in[rows] + generated).astype(np.int64)
+        remaining = None
+        if self.rank.needs_requests and len(rows):
+            remaining = np.maximum(SurvivalPredictor(self.view.survival).remaining(generated), 1.0).astype(np.int64)
+        return dp_state(ranks, slots, t.rank[rows], size, remaining)
+
+    def rank_loads(self, instance_id: str, now: float) -> list[int] | None:
+        """Resident KV tokens per rank of a data-parallel group, from the requests the rank policy
+        placed there; None when it is not a group or the group chooses ranks itself."""
+        i = self._index[instance_id]
+        if i not in self._dp_groups or not self.rank.acts:
+            return None  # under `engine` the group places requests itself: the gateway does not know where
+        return [int(x) for x in self.dp_state(i, now).loads]
 
     def set_phase(self, instance_id: str, phase: InstancePhase) -> None:
         """Move an instance to `phase`; only ACTIVE (and healthy) instances are routable."""
@@ -619,6 +683,7 @@ class Dispatcher:
             counts[old] -= 1
         counts[new] += 1
         t.inst[i] = new
+        t.rank[i] = -1  # a rank belongs to the old instance; the new one's is chosen with its leg
         return True
 
     def _forget(self, rid: Hashable, now: float) -> None:

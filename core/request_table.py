@@ -12,7 +12,7 @@ RUNNING = 2
 """Decoding on its decode instance."""
 
 _FLOAT_COLUMNS = ("l_in", "l_obs", "t_obs", "v", "tau", "arrival", "decode_start", "max_out", "ttft_slo", "tpot_slo")
-_INT_COLUMNS = ("inst", "prefill", "state")
+_INT_COLUMNS = ("inst", "prefill", "state", "rank")
 
 
 class RequestTable:
@@ -62,6 +62,8 @@ class RequestTable:
     inst: np.ndarray
     prefill: np.ndarray
     state: np.ndarray
+    rank: np.ndarray
+    """Data-parallel rank on its decode instance (-1: none chosen, or not a DP group)."""
 
     def __len__(self) -> int:
         return self.n
@@ -83,6 +85,7 @@ class RequestTable:
             col[i] = 0.0
         self.inst[i] = -1
         self.prefill[i] = -1
+        self.rank[i] = -1
         self.state[i] = PENDING
         return i
 

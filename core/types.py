@@ -28,6 +28,8 @@ class PolicyKind(StrEnum):
     RESCHEDULE = "reschedule"
     QUEUE = "queue"
     SCALING = "scaling"
+    RANK = "rank"
+    """Which data-parallel rank of a decode instance a request runs on (BF-IO)."""
 
 
 @dataclass(slots=True)

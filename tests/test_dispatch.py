@@ -78,6 +78,7 @@ def test_hot_swap_builds_first_records_and_keeps_bindings() -> None:
         ("queue", "fcfs", "config"),
         ("reschedule", "none", "config"),
         ("scaling", "static", "config"),
+        ("rank", "engine", "config"),
         ("routing", "least_load", "cli"),
     ]
     active = d.active_policies()

@@ -18,10 +18,11 @@ from bisect import bisect_right
 from typing import Literal, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from core.dp.model import DPState, Waiting, fillable, horizon_weights, project_loads
 from core.errors import PolicyError
+from core.policies.base import PolicyParams
 
 Pairs = list[tuple[int, int]]
 """(waiting index, rank) for every admitted request."""
@@ -29,10 +30,8 @@ Pairs = list[tuple[int, int]]
 _TOL = 1e-9
 
 
-class DPParams(BaseModel):
-    """Base of the DP assignment policies' params: frozen, unknown fields rejected."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class DPParams(PolicyParams):
+    """Base of the DP assignment policies' params (the live `rank` policies use them too)."""
 
 
 class FcfsParams(DPParams):

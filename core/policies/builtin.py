@@ -7,6 +7,7 @@ from core.policies import (  # noqa: F401
     hyperflexis_scaling,
     least_load,
     queue,
+    rank,
     req_level,
     reschedule,
     round_robin,

@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 SIBYL  := $(VENV)/bin/sibyl-console
 
-.PHONY: up test test-slow test-vllm test-torch vllm-cpu lint bench soak soak-short demo-sim clean
+.PHONY: up test test-slow test-vllm test-torch test-ray vllm-cpu lint bench soak soak-short demo-sim clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -38,6 +38,14 @@ test-slow: $(VENV)/.installed-test
 ## test-torch: the learned remaining-length predictor's tests (installs the optional torch extra); CI runs it too
 test-torch: $(VENV)/.installed-torch
 	$(PY) -m pytest -m torch
+
+## test-ray: the Ray backend and sweep tests on local Ray clusters (installs the optional ray extra); CI runs it too
+test-ray: $(VENV)/.installed-ray
+	$(PY) -m pytest -m ray
+
+$(VENV)/.installed-ray: pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[test,ray]'
+	touch $@ $(VENV)/.installed-test $(VENV)/.installed
 
 $(VENV)/.installed-torch: pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[test,predict]'

@@ -5,6 +5,10 @@ Every (cell, policy) result is appended to a JSONL file as soon as it finishes; 
 what is already there, so an interrupted sweep resumes. At the end (and with --report-only) the
 whole file is turned into a markdown and a JSON table next to it (OUT.md, OUT.json).
 
+The same grid as a `sibyl-console sweep` CONFIG (Ray tasks, results in the run store):
+demos/sweep_routing.toml. Both plan a cell with console.sweep.traffic, so a cell gives the same
+numbers either way.
+
 Load is the arrival rate as a share of decode saturation: n_decode × peak instance throughput
 (max over N ≤ max_num_seqs of TPS(N), 1,177 tok/s for the H20 profile) / the trace's mean output
 length. The same rate is used in iteration mode (whose H20 step model is fitted to TPS(N) up to
@@ -33,10 +37,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from console.benchmarking import split_policy_spec  # noqa: E402
 from console.simulate import SimPlan, run_one  # noqa: E402
+from console.sweep import traffic  # noqa: E402
+from console.sweep_config import WorkloadRef, params_for_mode  # noqa: E402
 from core.perf import PerfProfile, get_profile  # noqa: E402
 from core.slo import SLOClass  # noqa: E402
-from core.traces import synthetic_trace  # noqa: E402
 
 BURSTY = 0.2
 """Gamma shape of the bursty arrivals (vllm bench serve --burstiness)."""
@@ -78,9 +84,7 @@ class PolicyCase:
 
     def params_for(self, mode: str) -> dict[str, Any]:
         """The clairvoyant is told the simulator's decode model (it is an oracle anyway)."""
-        if self.name == "clairvoyant" and "model" not in self.params:
-            return {**self.params, "model": "ps" if mode == "ps" else "iteration"}
-        return dict(self.params)
+        return params_for_mode(self.name, self.params, mode)
 
 
 POLICIES: list[PolicyCase] = [
@@ -160,17 +164,16 @@ def _matches(cell: Cell, only: dict[str, set[str]]) -> bool:
     return True
 
 
-def saturation_tps(profile: PerfProfile) -> float:
-    """Peak throughput of one decode instance (tokens/s) over N ≤ max_num_seqs running."""
-    return max(profile.total_tps(n) for n in range(1, profile.max_num_seqs + 1))
-
-
 def plan_for(cell: Cell, requests: int, seed: int, profile: PerfProfile) -> SimPlan:
-    lengths = synthetic_trace(cell.workload, requests=requests, rate=1.0, seed=seed)
-    mean_out = float(lengths.output_tokens.mean())
-    rate = cell.load * cell.decode * saturation_tps(profile) / mean_out
-    trace = synthetic_trace(
-        cell.workload, requests=requests, rate=rate, seed=seed, burstiness=cell.burstiness
+    trace = traffic(
+        WorkloadRef(cell.workload),
+        requests=requests,
+        seed=seed,
+        rate=None,
+        load=cell.load,
+        burstiness=cell.burstiness,
+        n_decode=cell.decode,
+        profile=profile,
     )
     return SimPlan(
         arrivals=trace.arrivals,
@@ -253,14 +256,11 @@ def parse_policy_case(text: str) -> PolicyCase:
     label, sep, spec = text.partition("=")
     if not sep or not label or not spec:
         raise SystemExit(f"--add-policy {text!r}: expected LABEL=NAME[:key=value,...]")
-    name, _, rest = spec.partition(":")
-    params: dict[str, Any] = {}
-    for item in filter(None, (x.strip() for x in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise SystemExit(f"--add-policy {text!r}: {item!r} is not key=value")
-        params[key] = value
-    return PolicyCase(label, name, params)
+    try:
+        name, params = split_policy_spec(spec)
+    except ValueError:
+        raise SystemExit(f"--add-policy {text!r}: expected LABEL=NAME[:key=value,...]") from None
+    return PolicyCase(label, name, dict(params))
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:

@@ -27,12 +27,13 @@ def _register_commands() -> None:
         runs,
         sim,
         status,
+        sweep,
         train_predictor,
         tui,
         up,
     )
 
-    for module in (up, status, tui, replay, sim, emulate, runs, calibrate, bench, doctor, train_predictor):
+    for module in (up, status, tui, replay, sim, sweep, emulate, runs, calibrate, bench, doctor, train_predictor):
         module.register(app)
 
 

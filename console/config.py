@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from adapters.backends import BackendSettings, EmulatorSettings, VllmSettings
 from adapters.backends import registry as backends
-from adapters.backends.settings import check_attach
+from adapters.backends.settings import RaySettings, check_attach
 from core.errors import ConfigError, PolicyError
 from core.policies import registry
 from core.slo import SLOClass
@@ -42,6 +42,7 @@ class ConsoleConfig(BaseModel):
     queue: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="fcfs"), description="queue policy at start (who goes next when the cluster is saturated)")
     reschedule: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="none"), description="reschedule policy at start (periodic moves of running requests)")
     scaling: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="static"), description="scaling policy at start (periodic add/remove/flip of instances)")
+    rank: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="engine"), description="rank policy at start (the data-parallel rank of a request on a DP decode group)")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     headless: bool = False
@@ -106,7 +107,7 @@ class ConsoleConfig(BaseModel):
         return BackendSettings(
             prefill=self.prefill, decode=self.decode, profile=self.profile, model=self.model,
             served_model_name=self.served_model_name, instance_base_port=self.instance_base_port,
-            attach=self.attach, emulator=self.emulator, vllm=self.vllm,
+            attach=self.attach, emulator=self.emulator, vllm=self.vllm, ray=self.ray,
         )
 
 

@@ -42,8 +42,13 @@ class ScaleError(ConsoleError):
 POLICY_NEEDS: dict[PolicyKind, Capability] = {
     PolicyKind.RESCHEDULE: Capability.MIGRATION,
     PolicyKind.SCALING: Capability.SCALE,
+    PolicyKind.RANK: Capability.DATA_PARALLEL,
 }
-"""Periodic policies act through the backend: any but the do-nothing baseline needs this capability."""
+"""Policies that act through the backend: any but the do-nothing baseline needs this capability."""
+
+
+RANK_IMBALANCED, RANK_BALANCED = 1.5, 1.2
+"""Straggler factors (busiest rank / mean) at which a DP group is reported imbalanced, then balanced again."""
 
 
 class Controller:
@@ -68,14 +73,18 @@ class Controller:
             queue=(config.queue.name, config.queue.params),
             reschedule=(config.reschedule.name, config.reschedule.params),
             scaling=(config.scaling.name, config.scaling.params),
+            rank=(config.rank.name, config.rank.params),
             slo=config.slo,
         )
         for kind in POLICY_NEEDS:
             check_capability(backend, kind, self.dispatcher.policies[kind].name)
+        self._imbalanced: set[str] = set()
+        """Data-parallel groups last reported imbalanced (see _watch_ranks)."""
         self.engine_priorities = Capability.PRIORITY in backend.capabilities
         """Whether the instances order their queues by `priority` (a queue policy may then set it)."""
         for inst in instances:
             self.dispatcher.add_instance(inst.id, inst.role)
+            self.dispatcher.set_data_parallel(inst.id, inst.dp_size, config.emulator.max_num_seqs or 0)
         self.store = store
         self.run_id = run_id
         self.run_dir = run_dir
@@ -141,6 +150,7 @@ class Controller:
             self.recorder.policy_event(t=0.0, kind=ev.kind.value, old=None, new=ev.new, params=ev.params, source="config")
         await self.poller.poll_once()
         self.poller.start()
+        self.backend.on_lost(self.instance_lost)  # backends that see instances die (ray: actor or node)
         self.dispatcher.start_periodic(time.monotonic())
         self._tasks.append(asyncio.create_task(self._publish_state(), name="state-publisher"))
         self._tasks.append(asyncio.create_task(self._periodic(), name="periodic-policies"))
@@ -258,6 +268,8 @@ class Controller:
         if not live.ok:
             self.failed += 1
             self.events.publish("failure", request_id=live.id, reason=live.reason, prefill=live.prefill_instance, decode=live.decode_instance)
+        elif live.recovered is not None:  # saved after a failure (failure migration, a lost prefill's KV)
+            self.events.publish("recovered", request_id=live.id, detail=live.recovered, decode=live.decode_instance)
         else:
             if ttft is not None:
                 self.metrics.ttft.observe(ttft)
@@ -276,6 +288,7 @@ class Controller:
                 "priority": req.priority,
                 "prefill_instance": live.prefill_instance,
                 "decode_instance": live.decode_instance,
+                "dp_rank": live.dp_rank,
                 "queued": rel(live.at(Step.QUEUED)),
                 "prefill_start": rel(live.at(Step.PREFILL)),
                 "prefill_end": rel(live.at(Step.DECODE_BOUND)),
@@ -482,6 +495,19 @@ class Controller:
         if fut is not None and not fut.done():
             fut.set_result(None)
 
+    def instance_lost(self, instance_id: str, reason: str) -> None:
+        """The backend saw the instance's process, actor or node go: down at once, with that reason
+        (recorded as well when its probes had already marked it down)."""
+        inst = self.instances.get(instance_id)
+        if inst is None:
+            return
+        if inst.healthy:
+            inst.healthy = False
+            inst.consecutive_failures = max(inst.consecutive_failures, self.config.down_after_failures)
+            self._on_status(inst, False, reason)
+        else:
+            self.instance_event(inst.id, inst.role, "lost", reason)
+
     def _on_status(self, inst: Instance, healthy: bool, reason: str) -> None:
         if healthy:
             self._lost.pop(inst.id, None)
@@ -538,6 +564,8 @@ class Controller:
                     "routed_pending": int(d.view.pending_n[idx]),
                     "failures": inst.failed,
                     "pid": inst.pid,
+                    "node": inst.node,
+                    "dp_ranks": d.rank_loads(inst.id, now),
                     "scraped": {  # the instance's own cumulative counters at the last /metrics scrape
                         "prompt_tokens_total": s.prompt_tokens_total,
                         "generation_tokens_total": s.generation_tokens_total,
@@ -552,7 +580,7 @@ class Controller:
             role = d.view.roles[d.index_of(iid)]
             instances.append({"id": iid, "role": role.value, "phase": "starting", "url": "", "healthy": False, "managed": True,
                               "running": 0, "waiting": 0, "kv_usage": 0.0, "tokens_per_s": 0.0, "projected_load": None,
-                              "routed_running": 0, "routed_pending": 0, "failures": 0, "pid": None, "scraped": {}})
+                              "routed_running": 0, "routed_pending": 0, "failures": 0, "pid": None, "node": None, "dp_ranks": None, "scraped": {}})
         active = [i for i in self.instances.values() if str(d.phase_of(i.id)) == "active"]
         n_p = sum(1 for i in active if i.role.serves_prefill())
         n_d = sum(1 for i in active if i.role.serves_decode())
@@ -591,7 +619,29 @@ class Controller:
                 self.metrics.attainment.labels(window="60s").set(snap["window"]["attainment"])
             if snap["run"]["attainment"] is not None:
                 self.metrics.attainment.labels(window="run").set(snap["run"]["attainment"])
-            self.events.publish("state", state=self.state())
+            state = self.state()
+            self._watch_ranks(state["instances"])
+            self.events.publish("state", state=state)
+
+    def _watch_ranks(self, instances: list[dict[str, Any]]) -> None:
+        """An event when a data-parallel group's ranks drift apart (its busiest rank holds ≥ 1.5×
+        the mean: every step then waits for it) and when they are balanced again (≤ 1.2×)."""
+        for inst in instances:
+            loads = inst.get("dp_ranks")
+            if not loads or sum(loads) == 0:
+                continue
+            factor = max(loads) / (sum(loads) / len(loads))
+            iid = inst["id"]
+            flagged = iid in self._imbalanced
+            if not flagged and factor >= RANK_IMBALANCED:
+                self._imbalanced.add(iid)
+            elif flagged and factor <= RANK_BALANCED:
+                self._imbalanced.discard(iid)
+            else:
+                continue
+            busiest = loads.index(max(loads))
+            self.events.publish("ranks", instance=iid, factor=round(factor, 2), busiest=busiest, loads=loads,
+                                balanced=iid not in self._imbalanced, policy=self.dispatcher.rank.name)
 
 
 def check_capability(backend: Backend, kind: PolicyKind, name: str, params: dict[str, Any] | None = None) -> None:
@@ -600,7 +650,8 @@ def check_capability(backend: Backend, kind: PolicyKind, name: str, params: dict
     if need is None or need in backend.capabilities or not registry.build(kind, name, params).acts:
         return
     have = ", ".join(sorted(c.value for c in backend.capabilities)) or "none"
-    what = "moves running requests between decode instances" if need == Capability.MIGRATION else "adds and removes instances"
+    what = {Capability.MIGRATION: "moves running requests between decode instances", Capability.SCALE: "adds and removes instances",
+            Capability.DATA_PARALLEL: "chooses data-parallel ranks"}[need]
     raise PolicyError(
         f"{kind} policy {name!r} {what}, which the {backend.label} backend cannot do "
         f"(it declares no {need.value} capability; its capabilities: {have})"
@@ -610,7 +661,8 @@ def check_capability(backend: Backend, kind: PolicyKind, name: str, params: dict
 def check_policies(config: ConsoleConfig, backend: Backend) -> None:
     """Build every configured policy once (bad names and params fail before anything starts)."""
     registry.build(PolicyKind.ROUTING, config.policy, config.params)
-    for kind, choice in ((PolicyKind.QUEUE, config.queue), (PolicyKind.RESCHEDULE, config.reschedule), (PolicyKind.SCALING, config.scaling)):
+    for kind, choice in ((PolicyKind.QUEUE, config.queue), (PolicyKind.RESCHEDULE, config.reschedule), (PolicyKind.SCALING, config.scaling),
+                         (PolicyKind.RANK, config.rank)):
         registry.build(kind, choice.name, choice.params)
         check_capability(backend, kind, choice.name, choice.params)
 

@@ -150,7 +150,7 @@ class LiveRequest:
     __slots__ = (
         "request", "path", "body", "stream", "forward_headers", "step", "times", "prefill_instance",
         "decode_instance", "tried_prefill", "output_tokens", "reason", "ok", "released", "first_token_at",
-        "recovered", "migrating_to", "handed_over", "last_token_at", "resume_leg", "tried_decode",
+        "recovered", "migrating_to", "handed_over", "last_token_at", "resume_leg", "tried_decode", "dp_rank",
     )
 
     def __init__(self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes) -> None:
@@ -184,6 +184,8 @@ class LiveRequest:
         """The continuation stream on the migration target, opened ahead of the hand-off."""
         self.recovered: str | None = None
         """What the gateway did to save this request after a failure (it is recorded as the reason)."""
+        self.dp_rank: int | None = None
+        """The data-parallel rank its decode leg asked for (a decode instance that is a DP group)."""
 
     @property
     def id(self) -> str:
@@ -362,7 +364,7 @@ class LiveRequest:
     async def _decode_leg(self, c: Controller, client: ClientChannel, dec: Instance, payload: bytes) -> None:
         """One decode leg to `dec`, its answer relayed to the client."""
         try:
-            async with decode_leg(dec, self.path, payload, self.forward_headers) as r:
+            async with decode_leg(dec, self.path, payload, self._leg_headers(c, dec)) as r:
                 dec.routed += 1
                 if not self.stream:
                     try:
@@ -407,6 +409,16 @@ class LiveRequest:
         log.warning("request %s: %s", self.id, note)
         self.decode_instance = target
         return c.instances[target]
+
+    def _leg_headers(self, c: Controller, dec: Instance) -> bytes:
+        """The decode leg's extra headers: the client's, plus the rank the rank policy chose when
+        `dec` is a data-parallel group (vLLM's X-data-parallel-rank)."""
+        if dec.dp_size <= 1:
+            return self.forward_headers
+        self.dp_rank = c.dispatcher.choose_rank(self.request.id, time.monotonic())
+        if self.dp_rank is None:
+            return self.forward_headers
+        return self.forward_headers + b"X-data-parallel-rank: %d\r\n" % self.dp_rank
 
     def open_resume(self, target: Instance) -> None:
         """Open the stream that continues this request on `target` before its migration's last stage,
@@ -516,7 +528,7 @@ class LiveRequest:
             return None
         while (target := self._fail_over(c, failed, streamed, why)) is not None:
             try:
-                return await open_decode(target, self.path, orjson.dumps(body), self.forward_headers), target.id
+                return await open_decode(target, self.path, orjson.dumps(body), self._leg_headers(c, target)), target.id
             except UpstreamFailure as e:
                 if not e.instance_fault:
                     self.reason = f"{why}; {target.id} refused the continuation: {e}"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +16,9 @@ from core.policies import registry
 from core.sim import FAIL_REASONS, Mode, SimResult, Simulation
 from core.slo import SLOClass, summarize
 from core.types import PolicyKind
+
+if TYPE_CHECKING:
+    from adapters.store import RunStore
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -198,3 +202,28 @@ def instance_event_rows(result: SimResult) -> list[dict[str, Any]]:
         }
         for e in result.scale_events
     ]
+
+
+def json_safe(x: Any) -> Any:
+    """NaN and infinities become null (the run store keeps JSON)."""
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
+
+
+def store_result(store: RunStore, run_id: str, result: SimResult, slo: SLOClass, summary: dict[str, Any], *,
+                 requests: bool = True) -> None:
+    """Write a finished simulation into its run: requests (unless `requests` is off), instance and
+    policy events, then close the run with `summary`."""
+    if requests:
+        store.add_requests(run_id, request_rows(result, slo))
+    events = instance_event_rows(result)
+    if events:
+        store.write_batch(run_id, [], [], [], events)
+    for ev in result.policy_events:
+        store.add_policy_event(run_id, t=ev.time, kind=str(ev.kind), old=ev.old, new=ev.new, params=ev.params, source="sim")
+    store.finish_run(run_id, status="completed", summary=json_safe(summary))

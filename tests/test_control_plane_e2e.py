@@ -217,6 +217,9 @@ def test_what_a_backend_cannot_do_is_refused_with_the_reason(tmp_path: Path) -> 
                 assert r.status_code == 422 and "moves running requests" in r.json()["error"]["message"]
                 r = ctl.post("/control/migrate", json={"request_id": "any", "target": "d0"})
                 assert r.status_code == 409 and "does not support moving a running request" in r.json()["error"]["message"]
+                # no data-parallel decode instance: a rank policy has nothing to choose
+                r = ctl.put("/control/policies/rank", json={"name": "bf_io"})
+                assert r.status_code == 422 and "chooses data-parallel ranks" in r.json()["error"]["message"]
             out = con.cli("scale", "decode", "1")
             assert out.returncode != 0 and "cannot add or remove instances" in out.stderr
             assert con.state()["policies"]["scaling"]["name"] == "static"
@@ -344,6 +347,55 @@ def test_tail_aware_releases_held_requests_in_phi_order_and_the_config_asks_vllm
         rows = {r["request_id"]: r for r in RunStore(con.db).requests(con.run_id)}
         assert all(r["status"] == "ok" for r in rows.values())
         assert rows["short-prompt"]["prefill_start"] < rows["long-prompt"]["prefill_start"]
+    finally:
+        con.stop()
+        kill_children(con.home)
+
+
+def test_bf_io_chooses_the_rank_of_every_request_on_data_parallel_decode_groups(tmp_path: Path) -> None:
+    """Two emulated decode instances, each a 4-rank data-parallel group. The rank policy starts as
+    the group's own balancer (no header), is swapped to bf_io live, and then every stream carries
+    X-data-parallel-rank: the emulators hold each request on the rank the gateway chose, the
+    dashboard's per-rank loads match, and the choices are in the run store."""
+    cfg = write_config(tmp_path, "policy = \"round_robin\"\n[emulator]\ndata_parallel_size = 4\n")
+    con = start_console(tmp_path, str(cfg), "--profile", PROFILE, "--prefill", "1", "--decode", "2")
+    try:
+        assert con.state()["policies"]["rank"]["name"] == "engine"
+        with con.control() as ctl:
+            assert ctl.put("/control/policies/rank", json={"name": "bf_io"}).status_code == 200
+        c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
+        texts: list[str] = []
+        prompts = ["x" * (4 * n) for n in (500, 50, 60, 70, 300, 80, 90, 100)]
+
+        def stream(prompt: str) -> None:
+            s = c.completions.create(model="sibyl-model", prompt=prompt, max_tokens=500, stream=True, extra_body={"ignore_eos": True})
+            texts.append("".join(ch.choices[0].text for ch in s if ch.choices))
+
+        threads = [threading.Thread(target=stream, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)  # arrivals in order, so each decision sees the ones before
+        decode_urls = [i["url"] for i in con.state()["instances"] if i["role"] == "decode"]
+
+        def emulated_ranks() -> list[list[int]]:
+            return [[r["running"] for r in httpx.get(u + "/admin/info", timeout=5).json()["ranks"]] for u in decode_urls]
+
+        wait_for(lambda: [sum(g) for g in emulated_ranks()] == [4, 4], 30, "four streams decoding on each group")
+        state = con.state()
+        for inst in (i for i in state["instances"] if i["role"] == "decode"):
+            emulated = httpx.get(inst["url"] + "/admin/info", timeout=5).json()["ranks"]
+            tracked = inst["dp_ranks"]
+            # H = 0 spreads the four streams of each group over its four ranks, one each, and the
+            # gateway's per-rank loads (what the dashboard shows) name the same ranks
+            assert [r["running"] for r in emulated] == [1, 1, 1, 1] and len(tracked) == 4 and min(tracked) > 0
+        for t in threads:
+            t.join(60)
+        assert len(texts) == 8 and all(t.count(" t") == 500 for t in texts)
+        con.stop()
+        rows = RunStore(con.db).requests(con.run_id)
+        assert len(rows) == 8 and all(r["status"] == "ok" and r["dp_rank"] in (0, 1, 2, 3) for r in rows)
+        events = [(e["kind"], e["new"]) for e in RunStore(con.db).policy_events(con.run_id)]
+        assert ("rank", "bf_io") in events
     finally:
         con.stop()
         kill_children(con.home)

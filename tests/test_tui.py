@@ -215,3 +215,28 @@ def test_64_instances_keep_refreshing_while_keys_are_served() -> None:
             assert all(i.startswith("p") for i in order[:8]) and all(i.startswith("d") for i in order[8:])
 
     asyncio.run(body())
+
+
+def test_the_instance_table_shows_each_dp_groups_ranks_and_its_straggler_factor() -> None:
+    from textual.app import App, ComposeResult
+
+    class TableOnly(App[None]):
+        def compose(self) -> ComposeResult:
+            yield InstanceTable()
+
+    row = {"id": "d0", "role": "decode", "healthy": True, "running": 4, "waiting": 0, "kv_usage": 0.1, "tokens_per_s": 5.0, "projected_load": 1.0}
+
+    async def run() -> None:
+        app = TableOnly()
+        async with app.run_test() as pilot:
+            table = app.query_one(InstanceTable)
+            table.show([row])
+            await pilot.pause()
+            assert "ranks" not in table.columns  # no data-parallel group: as before
+            table.show([{**row, "dp_ranks": [1000, 200, 200, 200]}, {**row, "id": "d1", "dp_ranks": None}])
+            await pilot.pause()
+            assert "ranks" in table.columns
+            # four ranks drawn against the busiest; max/mean = 1000 / 400
+            assert str(table.get_cell("d0", "ranks")) == "█▂▂▂ x2.50" and str(table.get_cell("d1", "ranks")) == "-"
+
+    asyncio.run(run())

@@ -31,7 +31,10 @@ class AttachedBackend(BackendBase):
             raise ConfigError("--attach needs at least one decode (or both) URL")
         self.urls = urls
         self.label = label
-        self.capabilities = frozenset({Capability.ROLE_FLIP}) if urls.get("both") else frozenset()
+        caps = {Capability.ROLE_FLIP} if urls.get("both") else set()
+        if settings.vllm.data_parallel_size > 1:
+            caps.add(Capability.DATA_PARALLEL)
+        self.capabilities = frozenset(caps)
 
     async def start(self) -> list[Instance]:
         pairs = [(Role(role), url.rstrip("/")) for role, urls in self.urls.items() for url in urls]
@@ -39,7 +42,8 @@ class AttachedBackend(BackendBase):
         if down:
             raise BackendError(f"attached instances are not healthy: {', '.join(down)}")
         ids = instance_ids([r for r, _ in pairs])
-        return [Instance(i, r, u, managed=False) for i, (r, u) in zip(ids, pairs, strict=True)]
+        dp = self.settings.vllm.data_parallel_size
+        return [Instance(i, r, u, managed=False, dp_size=dp if r == Role.DECODE else 1) for i, (r, u) in zip(ids, pairs, strict=True)]
 
     async def stop(self) -> None:
         """Attached instances belong to someone else: leave them running."""

@@ -9,6 +9,7 @@ refuses clearly what a backend cannot do, rather than probing for methods.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -82,6 +83,11 @@ class Backend(Protocol):
         what the source reported; raises BackendError when the move was given up."""
         ...
 
+    def on_lost(self, callback: Callable[[str, str], None]) -> None:
+        """Call `callback(instance_id, reason)` when the backend itself sees an instance die (its
+        process, actor or node); backends that cannot see that leave it to the /health probes."""
+        ...
+
 
 class BackendBase:
     """Shared plumbing: settings, log folder, and clear refusals for undeclared capabilities."""
@@ -114,6 +120,9 @@ class BackendBase:
     async def migrate(self, request_id: str, source: Instance, target: Instance) -> dict[str, Any]:
         self.require(Capability.MIGRATION)
         raise AssertionError("a backend declaring MIGRATION must implement migrate()")
+
+    def on_lost(self, callback: Callable[[str, str], None]) -> None:
+        """No loss signal of its own: the console's /health probes find dead instances."""
 
 
 class Declares(Protocol):

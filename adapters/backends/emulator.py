@@ -22,6 +22,39 @@ MIGRATE_TIMEOUT_S = 60.0
 """How long a migration (all its stages) may take before the console gives it up."""
 
 
+def emulator_args(settings: BackendSettings) -> list[str]:
+    """The `emulate` flags every emulated instance of these settings gets (port, host, role and seed aside)."""
+    s, e = settings, settings.emulator
+    args = ["--profile", s.profile, "--model", s.served_model_name, "--scheduling-policy", e.scheduling_policy]
+    if e.max_num_seqs:
+        args += ["--max-num-seqs", str(e.max_num_seqs)]
+    if e.kv_capacity_tokens:
+        args += ["--kv-capacity-tokens", str(e.kv_capacity_tokens)]
+    if e.output_len_dist:
+        args += ["--output-len-dist", e.output_len_dist]
+    return args + list(e.extra_args)
+
+
+async def migrate_emulated(request_id: str, source: Instance, target: Instance) -> dict[str, Any]:
+    """Ask the emulated `source` to move a running request to `target` (its /admin/migrate); returns
+    what the source reported; raises BackendError when the move was given up. Any backend whose
+    instances are emulated (this one, the Ray backend's emulator engine) migrates through it."""
+    body = {"request_id": request_id, "target": target.url}
+    try:
+        async with httpx.AsyncClient(timeout=MIGRATE_TIMEOUT_S) as http:
+            r = await http.post(source.url + "/admin/migrate", json=body)
+    except httpx.HTTPError as e:
+        raise BackendError(f"migration of {request_id} from {source.id}: {type(e).__name__}: {e}") from None
+    try:
+        answer = r.json()
+    except ValueError:
+        answer = {}
+    if r.status_code != 200 or not isinstance(answer, dict):
+        why = answer.get("error") if isinstance(answer, dict) and answer.get("error") else r.text[:200]
+        raise BackendError(f"{source.id} gave up migrating {request_id} to {target.id}: {why}")
+    return answer
+
+
 class EmulatorBackend(BackendBase):
     """GPU-free emulated vLLM instances (`sibyl-console emulate`), one process each.
 
@@ -37,26 +70,26 @@ class EmulatorBackend(BackendBase):
         caps = {Capability.SCALE, Capability.ROLE_FLIP, Capability.MIGRATION}
         if settings.emulator.scheduling_policy == "priority":
             caps.add(Capability.PRIORITY)
+        if settings.emulator.data_parallel_size > 1:
+            caps.add(Capability.DATA_PARALLEL)
         self.capabilities = frozenset(caps)
         self.procs: dict[str, EmulatorProcess] = {}
         self._seeds = 0
 
     def _args(self) -> list[str]:
-        s, e = self.settings, self.settings.emulator
-        args = ["--profile", s.profile, "--model", s.served_model_name, "--scheduling-policy", e.scheduling_policy]
-        if e.max_num_seqs:
-            args += ["--max-num-seqs", str(e.max_num_seqs)]
-        if e.kv_capacity_tokens:
-            args += ["--kv-capacity-tokens", str(e.kv_capacity_tokens)]
-        if e.output_len_dist:
-            args += ["--output-len-dist", e.output_len_dist]
-        return args + list(e.extra_args)
+        return emulator_args(self.settings)
 
     def _spawn(self, role: Role, port: int) -> EmulatorProcess:
         seed = self._seeds
         self._seeds += 1
         log = self.log_dir / f"{role.value}-{port}.log"
-        return EmulatorProcess(role.value, port, [*self._args(), "--seed", str(seed)], log_path=log).start()
+        dp = self._dp_size(role)
+        ranks = ["--data-parallel-size", str(dp)] if dp > 1 else []
+        return EmulatorProcess(role.value, port, [*self._args(), *ranks, "--seed", str(seed)], log_path=log).start()
+
+    def _dp_size(self, role: Role) -> int:
+        """Decode instances are data-parallel groups when the settings ask for ranks."""
+        return self.settings.emulator.data_parallel_size if role == Role.DECODE else 1
 
     async def start(self) -> list[Instance]:
         roles = self.settings.initial_roles()
@@ -71,7 +104,8 @@ class EmulatorBackend(BackendBase):
         except BaseException:
             await self.stop()
             raise
-        return [Instance(iid, role, self.procs[iid].url, pid=self.procs[iid].pid) for iid, role in zip(ids, roles, strict=True)]
+        return [Instance(iid, role, self.procs[iid].url, pid=self.procs[iid].pid, dp_size=self._dp_size(role))
+                for iid, role in zip(ids, roles, strict=True)]
 
     async def add(self, role: Role, instance_id: str) -> Instance:
         """Start one more emulator process and wait until it answers /health."""
@@ -85,7 +119,7 @@ class EmulatorBackend(BackendBase):
             await asyncio.to_thread(p.stop)
             orphans.forget(self.run_dir, instance_id)
             raise
-        return Instance(instance_id, role, p.url, pid=p.pid)
+        return Instance(instance_id, role, p.url, pid=p.pid, dp_size=self._dp_size(role))
 
     async def remove(self, instance_id: str) -> None:
         """Stop the (drained) process behind an instance."""
@@ -97,24 +131,14 @@ class EmulatorBackend(BackendBase):
     async def migrate(self, request_id: str, source: Instance, target: Instance) -> dict[str, Any]:
         """Llumnix-style staged KV copy between two emulated instances (adapters/emulator/migration.py)."""
         self.require(Capability.MIGRATION)
-        body = {"request_id": request_id, "target": target.url}
-        try:
-            async with httpx.AsyncClient(timeout=MIGRATE_TIMEOUT_S) as http:
-                r = await http.post(source.url + "/admin/migrate", json=body)
-        except httpx.HTTPError as e:
-            raise BackendError(f"migration of {request_id} from {source.id}: {type(e).__name__}: {e}") from None
-        try:
-            answer = r.json()
-        except ValueError:
-            answer = {}
-        if r.status_code != 200 or not isinstance(answer, dict):
-            why = answer.get("error") if isinstance(answer, dict) and answer.get("error") else r.text[:200]
-            raise BackendError(f"{source.id} gave up migrating {request_id} to {target.id}: {why}")
-        return answer
+        return await migrate_emulated(request_id, source, target)
 
     async def flip(self, instance_id: str, role: Role) -> None:
-        """Emulated instances serve both legs: the flip is the console's routing change."""
+        """Emulated instances serve both legs: the flip is the console's routing change (not for a
+        data-parallel group, which serves decode legs only)."""
         self.require(Capability.ROLE_FLIP)
+        if role == Role.PREFILL and self.settings.emulator.data_parallel_size > 1:
+            raise BackendError(f"{instance_id} is a data-parallel decode group: it serves decode legs only and cannot flip to prefill")
 
     async def stop(self) -> None:
         procs, self.procs = dict(self.procs), {}

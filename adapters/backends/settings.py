@@ -36,6 +36,10 @@ class EmulatorSettings(BaseModel):
         "priority", description="the engine's queue order; priority: lower `priority` first, ties by arrival (as vLLM's)"
     )
     extra_args: list[str] = Field(default_factory=list, description="more `sibyl-console emulate` flags")
+    data_parallel_size: int = Field(
+        1, ge=1, le=64,
+        description="ranks per decode instance: > 1 makes each one a data-parallel group stepping behind a barrier, "
+        "whose rank the `rank` policy chooses per request (X-data-parallel-rank)")
 
 
 class VllmSettings(BaseModel):
@@ -58,10 +62,66 @@ class VllmSettings(BaseModel):
     block_size: int | None = Field(None, gt=0)
     enforce_eager: bool = Field(False, description="skip torch.compile / CUDA graphs (faster start)")
     scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description="vLLM's queue order; priority honours the request's priority field")
+    data_parallel_size: int = Field(
+        1, ge=1, le=1024,
+        description="attached decode instances are data-parallel deployments (vllm serve --data-parallel-size) with this "
+        "many ranks: the `rank` policy then picks each request's rank (X-data-parallel-rank)")
     startup_timeout_s: float = Field(300.0, gt=0, description="how long to wait for every /health")
     cpu_bind: bool = Field(True, description="on CPU, pin each instance's OpenMP threads to a core of its own when there are enough")
     extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` arguments for every instance")
     extra_env: dict[str, str] = Field(default_factory=dict, description="more environment variables for every instance")
+
+
+RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+"""Ray's own resources: requested through num_cpus / tensor_parallel_size, not `resources`."""
+
+
+class RaySettings(BaseModel):
+    """How the `ray` backend places instances on a Ray cluster (one actor each, starting its engine on its node)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(
+        None, description="Ray cluster to join ('HOST:PORT' of its head, 'ray://HOST:PORT' or 'auto'); unset: start a local Ray for this console, stopped with it"
+    )
+    engine: Literal["emulator", "vllm"] = Field("emulator", description="what each actor runs: an emulated instance (no GPU) or `vllm serve` (GPUs)")
+    namespace: str = Field("sibyl-console", min_length=1, max_length=64, description="Ray namespace of the console's actors")
+    num_cpus: float = Field(0.0, ge=0, le=1024, description="logical CPUs each instance's actor reserves (0: any number share a node)")
+    resources: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="custom Ray resources an instance of each role requests, e.g. {decode = {decode_slot = 1}}: Ray places it on a node that offers them"
+    )
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="engine vllm: GPUs per instance (num_gpus; a placement group keeps them on one node when > 1)")
+    startup_timeout_s: float = Field(120.0, gt=0, description="how long an instance may take to be placed and answer /health")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = v.strip()
+        if not v or any(c.isspace() for c in v):
+            raise ValueError("expected 'HOST:PORT', 'ray://HOST:PORT' or 'auto' (leave it unset to start a local Ray)")
+        if v == "local":
+            raise ValueError("leave the address unset to start a local Ray ('local' is not an address)")
+        return v
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        bad = set(v) - {r.value for r in Role}
+        if bad:
+            raise ValueError(f"unknown role(s) {sorted(bad)}; roles: prefill, decode, both")
+        for role, wanted in v.items():
+            for name, amount in wanted.items():
+                if not name or name in RAY_BUILTIN_RESOURCES:
+                    raise ValueError(f"{role}: {name!r} is not a custom resource (CPUs: num_cpus; GPUs: tensor_parallel_size)")
+                if not amount > 0:
+                    raise ValueError(f"{role}: resource {name!r} must be a positive amount, got {amount}")
+        return v
+
+    def resources_for(self, role: Role) -> dict[str, float]:
+        """The custom resources an instance of `role` requests (a `both` instance: its own entry, else none)."""
+        return dict(self.resources.get(role.value, {}))
 
 
 class BackendSettings(BaseModel):
@@ -78,6 +138,7 @@ class BackendSettings(BaseModel):
     attach: dict[str, list[str]] | None = Field(None, description="{'prefill': [url...], 'decode': [url...]}: instances started elsewhere")
     emulator: EmulatorSettings = Field(default_factory=EmulatorSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
 
     _attach_urls = field_validator("attach")(lambda v: check_attach(v))
 

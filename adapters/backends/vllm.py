@@ -52,6 +52,9 @@ class VllmBackend(BackendBase):
     def __init__(self, settings: BackendSettings, run_dir: Path) -> None:
         super().__init__(settings, run_dir)
         v = settings.vllm
+        if v.data_parallel_size > 1:
+            raise ConfigError("vllm.data_parallel_size applies to attached instances: start the data-parallel deployment yourself "
+                              "(vllm serve --data-parallel-size N) and pass it with --attach; this backend launches single-rank instances")
         caps = {Capability.SCALE}
         if v.kv_role == "kv_both":
             caps.add(Capability.ROLE_FLIP)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 2
-"""1: first release. 2: requests.queued (when the gateway queue held a request)."""
+SCHEMA_VERSION = 4
+"""1: first release. 2: requests.queued (when the gateway queue held a request). 3: runs.sweep
+(the `sweep` a run belongs to). 4: requests.dp_rank (the data-parallel rank it decoded on)."""
 
 MIGRATIONS: dict[int, list[str]] = {
     2: ["ALTER TABLE requests ADD COLUMN queued FLOAT"],
+    3: ["ALTER TABLE runs ADD COLUMN sweep VARCHAR", "CREATE INDEX IF NOT EXISTS ix_runs_sweep ON runs (sweep)"],
+    4: ["ALTER TABLE requests ADD COLUMN dp_rank INTEGER"],
 }
 """Statements that bring a store of version N-1 to N (tables created afresh need none)."""
 
@@ -31,6 +34,7 @@ class Run(SQLModel, table=True):
     parent_run_id: str | None = None
     notes: str = ""
     summary: str | None = None
+    sweep: str | None = Field(default=None, index=True, description="name of the `sweep` the run is a grid point of")
 
 
 class RequestRecord(SQLModel, table=True):
@@ -47,6 +51,7 @@ class RequestRecord(SQLModel, table=True):
     priority: int | None = None
     prefill_instance: str | None = None
     decode_instance: str | None = None
+    dp_rank: int | None = Field(default=None, description="the data-parallel rank its decode leg asked for (None: not a DP group, or the group chose)")
     queued: float | None = Field(default=None, description="when the gateway queue took it (None: routed at once)")
     prefill_start: float | None = None
     prefill_end: float | None = None

@@ -55,6 +55,7 @@ class RunInfo:
     parent_run_id: str | None
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
+    sweep: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -113,12 +114,13 @@ class RunStore:
         policy: str = "",
         config: dict[str, Any] | None = None,
         parent_run_id: str | None = None,
+        sweep: str | None = None,
     ) -> str:
         run_id = _new_run_id()
         row = dict(
             run_id=run_id, kind=kind, started_at=time.time(), status="running", backend=backend, cluster=cluster,
             workload=workload, seed=seed, policy=policy, config=json.dumps(config or {}, default=str),
-            pid=os.getpid(), parent_run_id=parent_run_id, notes="",
+            pid=os.getpid(), parent_run_id=parent_run_id, notes="", sweep=sweep,
         )
         with self._lock, self.engine.begin() as conn:
             conn.execute(insert(Run), [row])
@@ -194,7 +196,7 @@ class RunStore:
             run_id=run.run_id, kind=run.kind, started_at=run.started_at, ended_at=run.ended_at, status=run.status,
             backend=run.backend, cluster=run.cluster, workload=run.workload, policy=run.policy, seed=run.seed,
             requests=count, parent_run_id=run.parent_run_id, config=json.loads(run.config or "{}"),
-            summary=json.loads(run.summary) if run.summary else None,
+            summary=json.loads(run.summary) if run.summary else None, sweep=run.sweep,
         )
 
     def _counts(self, conn: Any, ids: list[str]) -> dict[str, int]:
@@ -210,6 +212,16 @@ class RunStore:
                 q = q.limit(limit)
             runs = conn.execute(q).all()
             counts = self._counts(conn, [r.run_id for r in runs])
+        return [self._info(r, counts.get(r.run_id, 0)) for r in runs]
+
+    def sweep_runs(self, sweep: str) -> list[RunInfo]:
+        """Every run tagged with one sweep's name, oldest first."""
+        with self._lock, self.engine.connect() as conn:
+            tagged = Run.__table__.c.sweep == sweep  # type: ignore[attr-defined]
+            runs = conn.execute(select(Run).where(tagged).order_by(Run.started_at)).all()  # type: ignore[arg-type]
+            col = RequestRecord.__table__.c.run_id  # type: ignore[attr-defined]
+            ids = select(Run.__table__.c.run_id).where(tagged)  # type: ignore[attr-defined]
+            counts = {r[0]: r[1] for r in conn.execute(select(col, func.count()).where(col.in_(ids)).group_by(col)).all()}
         return [self._info(r, counts.get(r.run_id, 0)) for r in runs]
 
     def get_run(self, run_id: str) -> RunInfo:

@@ -35,6 +35,12 @@ class Instance:
     """Local process id when the console started this instance."""
     managed: bool = True
     """Started by this console's backend (False: attached, never stopped by the console)."""
+    dp_size: int = 1
+    """Data-parallel ranks behind this endpoint (> 1: the rank is chosen per request with
+    vLLM's X-data-parallel-rank header)."""
+    node: str | None = None
+    """Where it runs when a backend places instances across machines (the Ray backend: node IP and
+    id); None: on this host or unknown."""
     health_rtt_s: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     """Round trips of the latest /health probes: the HTTP cost of one request to this instance
     as the gateway sees it (calibration takes it out of the prefill legs it measured)."""

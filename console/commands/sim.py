@@ -23,9 +23,9 @@ from rich.table import Table
 from console.cluster_spec import parse_cluster
 from console.simulate import (
     SimPlan,
-    instance_event_rows,
-    request_rows,
+    json_safe,
     run_one,
+    store_result,
     validate_policies,
 )
 from core.errors import ConfigError
@@ -148,16 +148,6 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             str(r["scale_events"]),
         )
     return table
-
-
-def _json_safe(x: Any) -> Any:
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return None
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_json_safe(v) for v in x]
-    return x
 
 
 def sim(
@@ -298,24 +288,10 @@ def sim(
                 raise
             row["run_id"] = run_id
             if store is not None and run_id is not None:
-                store.add_requests(run_id, request_rows(result, plan.slo))
-                events = instance_event_rows(result)
-                if events:
-                    store.write_batch(run_id, [], [], [], events)
-                for ev in result.policy_events:
-                    store.add_policy_event(
-                        run_id,
-                        t=ev.time,
-                        kind=str(ev.kind),
-                        old=ev.old,
-                        new=ev.new,
-                        params=ev.params,
-                        source="sim",
-                    )
-                store.finish_run(run_id, status="completed", summary=_json_safe(row))
+                store_result(store, run_id, result, plan.slo, row)
             rows.append(row)
     if as_json:
-        typer.echo(json.dumps(_json_safe(rows), indent=2))
+        typer.echo(json.dumps(json_safe(rows), indent=2))
     else:
         Console().print(_table(rows))
 

@@ -57,7 +57,7 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
 
 @policy_app.command("list")
 def policy_list(
-    kind: Annotated[str | None, typer.Option("--kind", help="only this kind: routing | queue | reschedule | scaling")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="only this kind: routing | queue | reschedule | scaling | rank")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -75,7 +75,7 @@ def policy_list(
         active = ControlClient(url, token).policies()["active"]
     available = [p for p in catalog() if kind is None or p["kind"] == kind]
     if kind is not None and not available:
-        raise ConfigError(f"unknown policy kind {kind!r}; kinds: routing, queue, reschedule, scaling")
+        raise ConfigError(f"unknown policy kind {kind!r}; kinds: routing, queue, reschedule, scaling, rank")
     if as_json:
         typer.echo(json.dumps({"active": active, "available": available}, indent=2))
         return
@@ -91,7 +91,7 @@ def policy_list(
 
 @policy_app.command("set")
 def policy_set(
-    kind: Annotated[str, typer.Argument(help="routing | queue | reschedule | scaling")],
+    kind: Annotated[str, typer.Argument(help="routing | queue | reschedule | scaling | rank")],
     name: Annotated[str, typer.Argument(help="policy name (see `policy list`)")],
     param: Annotated[list[str], typer.Option("--param", help="key=value (repeat)")] = [],  # noqa: B006
     url: UrlOpt = None,

@@ -51,7 +51,7 @@ TABLE_KEYS: tuple[tuple[str, str], ...] = (
 )
 """Keys that come from widgets or Textual itself, listed on the help screen."""
 
-POLICY_KINDS: tuple[str, ...] = ("routing", "queue", "reschedule", "scaling")
+POLICY_KINDS: tuple[str, ...] = ("routing", "queue", "reschedule", "scaling", "rank")
 
 
 def bindings() -> list[BindingType]:

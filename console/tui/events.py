@@ -35,6 +35,14 @@ def describe(event: Mapping[str, Any], p: Palette) -> tuple[str, str, str]:
     if kind == "failure":
         where = f"{event.get('prefill') or '-'} → {event.get('decode') or '-'}"
         return "FAIL", f"request {event.get('request_id')} failed: {event.get('reason')}  ({where})", p.bad
+    if kind == "recovered":
+        return "MOVED", f"request {event.get('request_id')} saved: {event.get('detail')}", p.warn
+    if kind == "ranks":
+        loads = "/".join(str(x) for x in event.get("loads") or [])
+        if event.get("balanced"):
+            return "RANKS", f"{event.get('instance')} ranks balanced again: x{event.get('factor')} ({loads} KV tokens)", p.ok
+        return "RANKS", (f"{event.get('instance')} ranks imbalanced: rank {event.get('busiest')} at x{event.get('factor')} "
+                         f"of the mean ({loads} KV tokens; rank policy {event.get('policy')})"), p.warn
     if kind == "scale":
         delta = event.get("delta")
         sign = f"{int(delta):+d} " if isinstance(delta, int | float) else ""

@@ -12,7 +12,7 @@ from textual.widget import Widget
 
 from console.tui.fmt import duration, palette_for, pct, policy_label
 
-KIND_ORDER = ("routing", "queue", "reschedule", "scaling")
+KIND_ORDER = ("routing", "queue", "reschedule", "scaling", "rank")
 
 
 def replay_label(replay: Mapping[str, Any] | None) -> str | None:

@@ -26,6 +26,11 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("trend", "trend"),
 )
 """(column key, label) in display order."""
+NODE_COLUMN = ("node", "node")
+"""Where an instance runs: appended once some instance reports a node (the ray backend)."""
+RANKS_COLUMN = ("ranks", "DP ranks (KV tokens, max/mean)")
+"""Per-rank load of a data-parallel decode group: appended once some instance is one."""
+RANKS_WIDTH = 16
 SORTABLE: tuple[str, ...] = ("id", "health", "running", "waiting", "kv", "tps", "load")
 """Columns the table can sort by, in the order the sort key cycles through them."""
 GROUP = {"prefill": 0, "both": 1, "decode": 2}
@@ -50,6 +55,17 @@ def _health(inst: Mapping[str, Any], p: Palette) -> Text:
     if phase == "draining":
         return Text("DRAINING", style=p.warn)
     return Text("UP", style=p.ok) if inst.get("healthy") else Text("DOWN", style=p.bad)
+
+
+def rank_cell(loads: Sequence[float] | None, p: Palette) -> Text:
+    """A DP group's ranks as one bar each (scaled to its busiest rank) and max/mean: the straggler
+    factor every step of the group pays (1.0 = balanced)."""
+    if not loads:
+        return Text("-", style=p.muted)
+    top, mean = max(loads), sum(loads) / len(loads)
+    factor = top / mean if mean > 0 else 1.0
+    style = p.bad if factor >= 1.5 else (p.warn if factor >= 1.2 else "")
+    return Text(f"{sparkline(loads, top, RANKS_WIDTH).strip()} x{factor:.2f}", style=style)
 
 
 def natural(text: str) -> tuple[Any, ...]:
@@ -85,6 +101,8 @@ class InstanceTable(DataTable[Any]):
         self._cells: dict[str, dict[str, Any]] = {}
         self._history: dict[str, deque[float]] = {}
         self._order: list[str] = []
+        self._node_column = False
+        self._ranks_column = False
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
@@ -98,6 +116,12 @@ class InstanceTable(DataTable[Any]):
         `record` appends each load to the row's trend (False when only re-rendering).
         """
         palette = palette_for(self.app)
+        if not self._node_column and any(inst.get("node") for inst in instances):
+            self._node_column = True
+            self.add_column(NODE_COLUMN[1], key=NODE_COLUMN[0], default="")
+        if not self._ranks_column and any(inst.get("dp_ranks") for inst in instances):
+            self._ranks_column = True
+            self.add_column(RANKS_COLUMN[1], key=RANKS_COLUMN[0], default="")
         scale: dict[str, float] = {}
         for inst in instances:
             role = str(inst.get("role"))
@@ -124,7 +148,7 @@ class InstanceTable(DataTable[Any]):
                 self.add_row(*cells.values(), key=iid)
             else:
                 for key, value in cells.items():
-                    if old[key] != value:
+                    if old.get(key) != value:
                         self.update_cell(iid, key, value)
             self._cells[iid] = cells
         for gone in [iid for iid in self._cells if iid not in seen]:
@@ -142,7 +166,7 @@ class InstanceTable(DataTable[Any]):
         bar_style = p.accent if healthy else p.muted
         kv = inst.get("kv_usage")
         kv_style = p.bad if kv is not None and kv >= 0.95 else (p.warn if kv is not None and kv >= 0.8 else "")
-        return {
+        cells: dict[str, Any] = {
             "id": str(inst["id"]),
             "role": Text(role, style=p.accent if role == "prefill" else ""),
             "health": _health(inst, p),
@@ -154,6 +178,11 @@ class InstanceTable(DataTable[Any]):
             "bar": Text(bar(frac, BAR_WIDTH), style=bar_style),
             "trend": Text(sparkline(hist, scale, TREND_WIDTH), style=bar_style),
         }
+        if self._node_column:
+            cells["node"] = Text(str(inst.get("node") or "-"), style=p.muted)
+        if self._ranks_column:
+            cells["ranks"] = rank_cell(inst.get("dp_ranks"), p)
+        return cells
 
     def _restyle(self) -> None:
         """Re-render every row after a theme change (colours come from the theme)."""

@@ -86,3 +86,32 @@ def decision_latency(d: Dispatcher, iterations: int = 3000, warmup: int = 200, s
         "p99_us": float(np.percentile(samples, 99)),
         "max_us": float(samples.max()),
     }
+
+
+def rank_decision_latency(name: str, params: dict[str, Any], *, ranks: int = 64, slots: int = 72, waiting: int = 256,
+                          free_per_rank: int = 4, states: int = 200, seed: int = 1) -> dict[str, float]:
+    """Time one admission round of a DP rank policy (core/dp/assign.py: the code the live `rank`
+    policies and the DP simulator run) on random full-ish groups: `ranks` ranks of `slots` slots
+    with `free_per_rank` free, resident sizes prompt + age, and `waiting` requests in the pool."""
+    from core.dp.assign import build
+    from core.dp.model import DPState, Waiting
+
+    rng = np.random.default_rng(seed)
+    policy = build(name, **params)
+    resident = ranks * (slots - free_per_rank)
+    snaps = []
+    for _ in range(states + 20):
+        rank_of = np.repeat(np.arange(ranks), slots - free_per_rank)
+        prompt = rng.integers(16, 2048, resident)
+        age = rng.integers(0, 4096, resident)
+        remaining = rng.integers(1, 4096, resident)
+        snaps.append((DPState.from_requests(ranks, slots, rank_of, prompt + age, remaining), Waiting(rng.integers(16, 2048, waiting))))
+    samples = []
+    for k, (state, pool) in enumerate(snaps):
+        t0 = time.perf_counter_ns()
+        policy.assign(state, pool)
+        if k >= 20:  # warm-up
+            samples.append((time.perf_counter_ns() - t0) / 1000.0)
+    arr = np.array(samples)
+    return {"rounds": len(arr), "admitted": min(waiting, ranks * free_per_rank), "mean_us": float(arr.mean()),
+            "p50_us": float(np.percentile(arr, 50)), "p99_us": float(np.percentile(arr, 99)), "max_us": float(arr.max())}

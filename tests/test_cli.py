@@ -70,6 +70,17 @@ def test_bench_decision_json() -> None:
     assert data["tracked_requests"] == 8 * (8 + 4) and 0 < data["p50_us"] <= data["p99_us"]
 
 
+def test_bench_rank_times_an_admission_round_of_each_rank_policy() -> None:
+    code, out = invoke("bench", "rank", "--policy", "bf_io", "--policy", "jsq:by=requests", "--ranks", "4", "--slots", "8",
+                       "--waiting", "16", "--free-per-rank", "2", "--rounds", "10", "--json")
+    assert code == 0, out
+    rows = json.loads(out)
+    assert [r["policy"] for r in rows] == ["bf_io", "jsq:by=requests"]
+    assert all(r["rounds"] == 10 and r["admitted"] == 8 and 0 < r["p50_us"] <= r["p99_us"] for r in rows)
+    code, out = invoke("bench", "rank", "--policy", "bf_io:horizon=-1")
+    assert code != 0
+
+
 def test_policy_list_works_without_a_console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIBYL_HOME", str(tmp_path))  # no console announced here
     code, out = invoke("policy", "list", "--json")

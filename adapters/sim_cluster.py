@@ -23,14 +23,17 @@ from collections.abc import Callable
 
 from adapters.emulator.engine import release_all
 from adapters.emulator.faults import Faults
+from adapters.emulator.loop import RunLoop
 from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
 from adapters.emulator.settings import InstanceSettings
 from core.perf import PerfProfile
 from core.sim.decode_ps import PSDecodeInstance
 
 
-class SimEngine:
+class SimEngine(RunLoop):
     """One simulated instance: FIFO prefill, then processor-sharing decode."""
+
+    task_name = "sim-engine"
 
     def __init__(self, profile: PerfProfile, faults: Faults, *, kv_capacity_tokens: int | None = None, tick_s: float = 0.01) -> None:
         self.profile = profile
@@ -60,7 +63,6 @@ class SimEngine:
         """Tokens a sequence had when it entered decoding."""
         self._keys = itertools.count()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     # --- what the HTTP layer reads ----------------------------------------------------------------
     @property
@@ -121,15 +123,6 @@ class SimEngine:
         self._wake.set()
 
     # --- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="sim-engine")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     # --- the model ----------------------------------------------------------------------------------
     def _start_decode(self, s: Sequence, now: float) -> None:

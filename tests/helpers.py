@@ -64,3 +64,32 @@ def add_pending(d: Dispatcher, rid: str, inst: str, *, prompt: int, handoff: flo
     t.tau[i] = handoff
     t.max_out[i] = 10_000
     d.view.pending_n[idx] += 1
+
+
+def instance_table_after(*snapshots: list[dict[str, Any]]) -> Any:
+    """Run the dashboard's InstanceTable alone (Textual's run_test), show each snapshot of
+    instances in turn and return the table after the last (its cells stay readable)."""
+    import asyncio
+
+    from textual.app import App, ComposeResult
+
+    from console.tui.instances import InstanceTable
+
+    class TableOnly(App[None]):
+        def compose(self) -> ComposeResult:
+            yield InstanceTable()
+
+    seen: list[Any] = []
+
+    async def run() -> None:
+        app = TableOnly()
+        async with app.run_test() as pilot:
+            table = app.query_one(InstanceTable)
+            for instances in snapshots:
+                table.show(instances)
+                await pilot.pause()
+                seen.append({"columns": [c.value for c in table.columns], "cells": {iid: {str(c.value): str(table.get_cell(iid, c)) for c in table.columns}
+                                                                         for iid in (str(i["id"]) for i in instances)}})
+
+    asyncio.run(run())
+    return seen

@@ -329,33 +329,6 @@ def test_an_address_where_no_ray_listens_fails_fast_and_clearly(tmp_path: Path) 
     assert time.monotonic() - t0 < 30  # ray.init alone would retry for minutes
 
 
-def test_the_dashboard_shows_a_node_column_once_an_instance_has_a_node() -> None:
-    from textual.app import App, ComposeResult
-
-    from console.tui.instances import InstanceTable
-
-    class TableOnly(App[None]):
-        def compose(self) -> ComposeResult:
-            yield InstanceTable()
-
-    row = {"id": "d0", "role": "decode", "healthy": True, "running": 1, "waiting": 0, "kv_usage": 0.1, "tokens_per_s": 5.0, "projected_load": 1.0}
-
-    async def run() -> None:
-        app = TableOnly()
-        async with app.run_test() as pilot:
-            table = app.query_one(InstanceTable)
-            table.show([row])
-            await pilot.pause()
-            assert "node" not in table.columns and "node" not in table.row_texts("d0")  # other backends: as before
-            table.show([{**row, "node": None}, {**row, "id": "d1", "node": "10.0.0.6 3f2a9c1e"}])
-            await pilot.pause()
-            assert "node" in table.columns
-            assert table.row_texts("d1")["node"] == "10.0.0.6 3f2a9c1e" and table.row_texts("d0")["node"] == "-"
-            assert str(table.get_cell("d0", "node")) == "-" and str(table.get_cell("d1", "node")) == "10.0.0.6 3f2a9c1e"
-
-    asyncio.run(run())
-
-
 def test_ray_flags_need_the_ray_backend_and_ray_is_listed(tmp_path: Path) -> None:
     con = Console("", tmp_path, tmp_path / "runs.db", None, tmp_path / "log")  # type: ignore[arg-type]
     r = con.cli("up", "--headless", "--engine", "vllm")

@@ -16,6 +16,7 @@ from console.tui.events import EventLog
 from console.tui.instances import InstanceTable
 from console.tui.messages import StateArrived
 from console.tui.policy_picker import PolicyPicker
+from tests.helpers import instance_table_after
 from tests.test_tui_client import FakeConsole
 
 SIZE = (160, 48)
@@ -218,25 +219,15 @@ def test_64_instances_keep_refreshing_while_keys_are_served() -> None:
 
 
 def test_the_instance_table_shows_each_dp_groups_ranks_and_its_straggler_factor() -> None:
-    from textual.app import App, ComposeResult
-
-    class TableOnly(App[None]):
-        def compose(self) -> ComposeResult:
-            yield InstanceTable()
-
     row = {"id": "d0", "role": "decode", "healthy": True, "running": 4, "waiting": 0, "kv_usage": 0.1, "tokens_per_s": 5.0, "projected_load": 1.0}
+    before, after = instance_table_after([row], [{**row, "dp_ranks": [1000, 200, 200, 200]}, {**row, "id": "d1", "dp_ranks": None}])
+    assert "ranks" not in before["columns"]  # no data-parallel group: as before
+    # four ranks drawn against the busiest; max/mean = 1000 / 400
+    assert after["cells"]["d0"]["ranks"] == "█▂▂▂ x2.50" and after["cells"]["d1"]["ranks"] == "-"
 
-    async def run() -> None:
-        app = TableOnly()
-        async with app.run_test() as pilot:
-            table = app.query_one(InstanceTable)
-            table.show([row])
-            await pilot.pause()
-            assert "ranks" not in table.columns  # no data-parallel group: as before
-            table.show([{**row, "dp_ranks": [1000, 200, 200, 200]}, {**row, "id": "d1", "dp_ranks": None}])
-            await pilot.pause()
-            assert "ranks" in table.columns
-            # four ranks drawn against the busiest; max/mean = 1000 / 400
-            assert str(table.get_cell("d0", "ranks")) == "█▂▂▂ x2.50" and str(table.get_cell("d1", "ranks")) == "-"
 
-    asyncio.run(run())
+def test_the_instance_table_shows_a_node_column_once_an_instance_has_a_node() -> None:
+    row = {"id": "d0", "role": "decode", "healthy": True, "running": 1, "waiting": 0, "kv_usage": 0.1, "tokens_per_s": 5.0, "projected_load": 1.0}
+    before, after = instance_table_after([row], [{**row, "node": None}, {**row, "id": "d1", "node": "10.0.0.6 3f2a9c1e"}])
+    assert "node" not in before["columns"]  # backends that do not place instances: as before
+    assert after["cells"]["d1"]["node"] == "10.0.0.6 3f2a9c1e" and after["cells"]["d0"]["node"] == "-"

@@ -16,18 +16,20 @@ stay with single engines: a group serves decode legs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Callable
 
 from adapters.emulator.engine import SPIN_MIN_STREAMS, SPIN_S, Engine, SeqHook, StepHook
 from adapters.emulator.faults import Faults
+from adapters.emulator.loop import RunLoop
 from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
 from core.perf import PerfProfile
 
 
-class DataParallelGroup:
+class DataParallelGroup(RunLoop):
     """G lockstep ranks behind the Scheduler surface the HTTP layer and metrics use."""
+
+    task_name = "emulated-dp-group"
 
     def __init__(self, ranks: int, profile: PerfProfile, faults: Faults, **engine_args: object) -> None:
         if ranks < 2:
@@ -47,7 +49,6 @@ class DataParallelGroup:
         """Per group step, every busy rank's (batch, KV tokens), in rank order (0, 0 when idle)."""
         self.group_steps = 0
         self.on_step: StepHook | None = None
-        self._task: asyncio.Task[None] | None = None
 
     # --- the Scheduler surface ----------------------------------------------------------------
     @property
@@ -139,15 +140,6 @@ class DataParallelGroup:
         """(running requests, resident KV tokens) per rank, now."""
         return [(len(r.running), sum(s.computed for s in r.running)) for r in self.ranks]
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="emulated-dp-group")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     # --- the barrier ----------------------------------------------------------------------------
     async def _run(self) -> None:

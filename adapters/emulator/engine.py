@@ -26,7 +26,6 @@ One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import itertools
 import time
@@ -34,6 +33,7 @@ from collections import deque
 from collections.abc import Callable
 
 from adapters.emulator.faults import Faults
+from adapters.emulator.loop import RunLoop
 from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
 from core.perf import PerfProfile
 
@@ -56,8 +56,10 @@ StepHook = Callable[[StepRecord, list[Sequence]], None]
 SeqHook = Callable[[Sequence], None]
 
 
-class Engine:
+class Engine(RunLoop):
     """Scheduler of one emulated instance."""
+
+    task_name = "emulated-engine"
 
     def __init__(
         self,
@@ -94,7 +96,6 @@ class Engine:
         self.on_preempt: SeqHook | None = None
         self.flush: Callable[[list[TokenSink]], None] = release_all
         """Writes a step's prepared tokens at its deadline (the HTTP layer may parallelise it)."""
-        self._task: asyncio.Task[None] | None = None
         self._in_step: list[Sequence] = []
         """The sequences of the step under way (empty between steps)."""
         self._step_waiters: list[asyncio.Future[None]] = []
@@ -198,15 +199,6 @@ class Engine:
         self._wake.set()
 
     # --- task --------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="emulated-engine")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     def kick(self) -> None:
         """Re-evaluate now (e.g. faults changed)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +17,16 @@ from console.benchmarking import (
 )
 from core.perf import get_profile
 from core.policies import parse_param_assignments
+
+
+def _print_latencies(title: str, count_label: str, count_key: str, rows: list[dict[str, Any]]) -> None:
+    table = Table(title=title)
+    for col in ("policy", count_label, "mean µs", "p50 µs", "p99 µs", "max µs"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for r in rows:
+        table.add_row(str(r["policy"]), str(r[count_key]), *(f"{r[k]:.1f}" for k in ("mean_us", "p50_us", "p99_us", "max_us")))
+    Console().print(table)
+
 
 bench_app = typer.Typer(help="Benchmarks of the console's own hot paths.", no_args_is_help=True)
 
@@ -57,12 +67,8 @@ def decision(
     if as_json:
         typer.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return
-    table = Table(title=f"routing decision latency: {decode_instances} decode × {running_per_instance} running + {pending_per_instance} pending")
-    for col in ("policy", "tracked", "mean µs", "p50 µs", "p99 µs", "max µs"):
-        table.add_column(col, justify="right" if col != "policy" else "left")
-    for r in rows:
-        table.add_row(str(r["policy"]), str(r["tracked_requests"]), f"{r['mean_us']:.1f}", f"{r['p50_us']:.1f}", f"{r['p99_us']:.1f}", f"{r['max_us']:.1f}")
-    Console().print(table)
+    _print_latencies(f"routing decision latency: {decode_instances} decode × {running_per_instance} running + {pending_per_instance} pending",
+                     "tracked", "tracked_requests", rows)
 
 
 @bench_app.command("rank")
@@ -90,12 +96,8 @@ def rank(
     if as_json:
         typer.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return
-    table = Table(title=f"rank decision latency: {ranks} ranks × {slots} slots ({free_per_rank} free each), {waiting} waiting")
-    for col in ("policy", "admitted", "mean µs", "p50 µs", "p99 µs", "max µs"):
-        table.add_column(col, justify="right" if col != "policy" else "left")
-    for r in rows:
-        table.add_row(str(r["policy"]), str(r["admitted"]), f"{r['mean_us']:.1f}", f"{r['p50_us']:.1f}", f"{r['p99_us']:.1f}", f"{r['max_us']:.1f}")
-    Console().print(table)
+    _print_latencies(f"rank decision latency: {ranks} ranks × {slots} slots ({free_per_rank} free each), {waiting} waiting",
+                     "admitted", "admitted", rows)
 
 
 def register(app: typer.Typer) -> None:

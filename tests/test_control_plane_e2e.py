@@ -295,7 +295,7 @@ def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_
             th = threading.Thread(target=one, args=(k,))
             th.start()
             threads.append(th)
-            time.sleep(0.2)  # noqa: an open-loop arrival process at 5/s, not a wait for readiness
+            time.sleep(0.2)  # an open-loop arrival process at 5/s, not a wait for readiness
         wait_for(lambda: any(ev == "flipped" for ev, _ in instance_steps_live(con, "d1")), 20, "the scaler to flip d1")
         for th in threads:
             th.join(60)
@@ -338,7 +338,7 @@ def test_tail_aware_releases_held_requests_in_phi_order_and_the_config_asks_vllm
         wait_for(lambda: con.state()["requests"]["in_flight"] == 1, 10, "the first request to run")
         threads.append(post([1] * 900, 4, "long-prompt"))
         wait_for(lambda: con.state()["queue"]["depth"] == 1, 10, "the long prompt held")
-        time.sleep(0.2)  # noqa: the arrival gap Φ weighs against the boost
+        time.sleep(0.2)  # the arrival gap Φ weighs against the boost
         threads.append(post([1] * 10, 4, "short-prompt"))
         wait_for(lambda: con.state()["queue"]["depth"] == 2, 10, "both held")
         for th in threads:

@@ -78,7 +78,7 @@ def test_control_api_needs_the_token(console: Console) -> None:
         assert r.status_code == 422
         catalog = c.get("/control/policies").json()
         assert {"sibyl", "least_load", "round_robin", "req_level"} <= {p["name"] for p in catalog["available"]}
-        assert {p["kind"] for p in catalog["available"]} == {"routing", "queue", "reschedule", "scaling"}
+        assert {p["kind"] for p in catalog["available"]} == {"routing", "queue", "reschedule", "scaling", "rank"}
         assert "clairvoyant" not in {p["name"] for p in catalog["available"]}  # simulator only
     metrics = httpx.get(console.url + "/metrics").text
     assert "sibyl_routing_decision_seconds_count" in metrics and "sibyl_gateway_requests_total" in metrics

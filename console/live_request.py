@@ -37,6 +37,7 @@ from adapters.vllm.forward import (
     open_decode,
     prefill_leg,
     relay_stream,
+    tokenize,
 )
 from adapters.vllm.pd_protocol import (
     SSETokenCounter,
@@ -46,6 +47,7 @@ from adapters.vllm.pd_protocol import (
     continuation_body,
     decode_leg_body,
     prefill_leg_body,
+    prompt_is_token_ids,
     resume_leg_body,
 )
 from console.gateway.errors import error_body, sse_error
@@ -522,12 +524,15 @@ class LiveRequest:
             self.reason = f"{why} (failure migration is off)"
             return None
         text = transcript.text()
-        body, refusal = continuation_body(self.body, transcript.chat, text, streamed)
+        by_ids = not transcript.chat and prompt_is_token_ids(self.body)
+        body, refusal = continuation_body(self.body, transcript.chat, text, streamed, [] if by_ids else None)
         if body is None or transcript.resumable is not None:
             self.reason = f"{why}; not resumed: {transcript.resumable or refusal}"
             return None
         while (target := self._fail_over(c, failed, streamed, why)) is not None:
             try:
+                if by_ids:  # a token-id prompt continues with the streamed text as the target tokenizes it
+                    body, _ = continuation_body(self.body, False, text, streamed, await tokenize(target, text, self.forward_headers) if text else [])
                 return await open_decode(target, self.path, orjson.dumps(body), self._leg_headers(c, target)), target.id
             except UpstreamFailure as e:
                 if not e.instance_fault:

@@ -140,9 +140,10 @@ def test_policy_swap_under_load_drops_nothing_and_is_recorded(console: Console) 
 
 @pytest.mark.parametrize("failure_migration", [True, False], ids=["failure-migration", "off"])
 def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(tmp_path: Path, failure_migration: bool) -> None:
-    """d0 is SIGKILLed while two completions and two chat streams decode on it and d1. With
-    failure migration (the default) d0's streams continue on d1 from prompt + streamed text and
-    every client reads each of its 400 tokens exactly once; with it off they fail, d1's untouched."""
+    """d0 is SIGKILLed while completions (a text and a token-id prompt) and chat streams decode on
+    it and d1. With failure migration (the default) d0's streams continue on d1 from prompt +
+    streamed text (a token-id prompt + the text as d1 tokenizes it) and every client reads each of
+    its 400 tokens exactly once; with it off they fail, d1's untouched."""
     cfg = tmp_path / "console.toml"
     cfg.write_text(f"failure_migration_attempts = {1 if failure_migration else 0}\n")
     con = start_console(tmp_path, str(cfg), *FAST, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
@@ -154,16 +155,19 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(t
         usage: dict[int, int] = {}
         expected = "".join(f" t{i}" for i in range(400))
 
+        kinds = ["text", "text", "ids", "ids", "chat", "chat"]  # round robin in arrival order: one of each per instance
+
         def stream(k: int) -> None:
             try:
                 opts = {"stream_options": {"include_usage": True}}
-                if k % 2:
+                if kinds[k] == "chat":
                     s = c.chat.completions.create(model="sibyl-model", messages=[{"role": "user", "content": f"s{k}"}], max_tokens=400,
                                                   stream=True, extra_body={"ignore_eos": True}, **opts)
                     chunks = list(s)
                     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
                 else:
-                    s = c.completions.create(model="sibyl-model", prompt=f"s{k}", max_tokens=400, stream=True, extra_body={"ignore_eos": True}, **opts)
+                    prompt: str | list[int] = f"s{k}" if kinds[k] == "text" else [5, 6, 7, k]
+                    s = c.completions.create(model="sibyl-model", prompt=prompt, max_tokens=400, stream=True, extra_body={"ignore_eos": True}, **opts)
                     chunks = list(s)
                     text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
                 usage[k] = next(ch.usage.completion_tokens for ch in chunks if ch.usage)
@@ -171,22 +175,23 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(t
             except Exception as e:  # noqa: BLE001
                 results[k] = f"error:{type(e).__name__}"
 
-        threads = [threading.Thread(target=stream, args=(k,)) for k in range(4)]
-        for t in threads:
+        threads = [threading.Thread(target=stream, args=(k,)) for k in range(len(kinds))]
+        for k, t in enumerate(threads):
             t.start()
-        wait_for(lambda: con.state()["requests"]["in_flight"] == 4 and all(i["running"] == 2 for i in con.state()["instances"] if i["role"] == "decode"), 10, "two streams on each decode instance")
+            wait_for(lambda k=k: con.state()["requests"]["in_flight"] == k + 1, 10, f"stream {k} admitted")  # arrival order = k
+        wait_for(lambda: all(i["running"] == 3 for i in con.state()["instances"] if i["role"] == "decode"), 10, "three streams on each decode instance")
         os.killpg(d0["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
         wait_for(lambda: not next(i for i in con.state()["instances"] if i["id"] == "d0")["healthy"], 5, "d0 to be marked down")
         assert time.monotonic() - killed_at < 2.0
         for t in threads:
             t.join(60)
-        assert len(results) == 4
+        assert len(results) == 6
         if failure_migration:
-            assert results == {k: "ok" for k in range(4)}, results
-            assert usage == {k: 400 for k in range(4)}, usage  # the resumed streams' usage counts every token once
+            assert results == {k: "ok" for k in range(6)}, results
+            assert usage == {k: 400 for k in range(6)}, usage  # the resumed streams' usage counts every token once
         else:
-            assert sorted(results.values()).count("ok") == 2  # d1's streams are untouched
+            assert sorted(results.values()).count("ok") == 3  # d1's streams are untouched
         # requests now avoid d0
         for _ in range(3):
             assert c.completions.create(model="sibyl-model", prompt="after", max_tokens=2).choices
@@ -201,7 +206,7 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(t
         store = RunStore(con.db)
         rows = store.requests(con.run_id)
         hit = [r for r in rows if r["reason"] and "d0 failed mid-stream" in r["reason"]]
-        assert len(hit) == 2
+        assert len(hit) == 3  # a text, a token-id and a chat stream
         if failure_migration:
             assert all(r["status"] == "ok" and r["decode_instance"] == "d1" and "resumed on d1" in r["reason"]
                        and r["output_tokens"] == 400 for r in hit)

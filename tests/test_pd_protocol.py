@@ -62,10 +62,12 @@ def test_continuation_appends_the_text_and_shrinks_the_token_budget() -> None:
     chat, _ = continuation_body({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}, True, " t0", 1)
     assert chat is not None and chat["messages"][-1] == {"role": "assistant", "content": " t0"}
     assert chat["continue_final_message"] is True and chat["add_generation_prompt"] is False and chat["max_completion_tokens"] == 4
+    ids, _ = continuation_body({"prompt": [7, 8], "max_tokens": 5}, False, " t0 t1", 2, [1000000, 1000001])
+    assert ids is not None and ids["prompt"] == [7, 8, 1000000, 1000001] and ids["max_tokens"] == 3
     default, _ = continuation_body({"prompt": "p"}, False, " t0 t1 t2", 3)
     assert default is not None and default["max_tokens"] == 13  # vLLM's completions default of 16
     for body, chat_path, reason in (
-        ({"prompt": [1, 2, 3], "max_tokens": 5}, False, "token ids"),
+        ({"prompt": [1, 2, 3], "max_tokens": 5}, False, "not tokenized"),
         ({"prompt": "p", "n": 2}, False, "several choices"),
         ({"prompt": "p", "max_tokens": 2}, False, "streamed already"),
     ):

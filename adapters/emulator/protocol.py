@@ -16,7 +16,13 @@ from typing import Any
 
 import orjson
 
-from adapters.emulator.tokens import continued_from, count_messages, count_prompt, token_json
+from adapters.emulator.tokens import (
+    continued_from,
+    continued_from_ids,
+    count_messages,
+    count_prompt,
+    token_json,
+)
 
 ERROR_TYPES = {
     400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
@@ -128,8 +134,11 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
             raise _invalid((), "value_error", "Value error, Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
         requested = _int(body, "max_tokens", 16)
         prompt = body.get("prompt")
-        text = prompt if isinstance(prompt, str) else prompt[0] if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str) else ""
-        first = continued_from(text)
+        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            first = continued_from_ids(prompt)
+        else:
+            text = prompt if isinstance(prompt, str) else prompt[0] if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str) else ""
+            first = continued_from(text)
     min_tokens = _int(body, "min_tokens", 0) or 0
     priority = _int(body, "priority", 0) or 0
     seed = _int(body, "seed", None)

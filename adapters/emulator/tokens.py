@@ -7,7 +7,9 @@ assistant turn's header. Generation is deterministic: token i of every output is
 " t<i>", so a P/D pair returns exactly what a single instance returns. A prompt that ends with
 the emulator's own first n tokens (" t0 t1 … t<n-1>") is continued at token n, the way a model
 continues its own text: that is how a request recomputed elsewhere after its decode instance
-died (prompt + tokens already streamed) carries on without a repeated or missing token.
+died (prompt + tokens already streamed) carries on without a repeated or missing token. Its
+tokenizer gives its own output tokens ids of their own (OWN_TOKEN_BASE + i), so a token-id prompt
+that ends with ids OWN_TOKEN_BASE + 0 … n−1 continues at token n too.
 """
 
 from __future__ import annotations
@@ -68,7 +70,25 @@ def output_text(n: int, start: int = 0) -> str:
     return "".join(f" t{i}" for i in range(start, start + n))
 
 
+OWN_TOKEN_BASE = 1_000_000
+"""Id of generated token " t0" in the emulator's tokenizer (" t<i>" is OWN_TOKEN_BASE + i)."""
+_OWN_TEXT = re.compile(r"(?: t\d+)+")
 _LAST_TOKEN = re.compile(r" t(\d+)$")
+
+
+def own_token_ids(text: str) -> list[int] | None:
+    """The ids of a text made only of generated tokens (" t3 t4" → [base+3, base+4]), else None."""
+    if not text or _OWN_TEXT.fullmatch(text) is None:
+        return None
+    return [OWN_TOKEN_BASE + int(t) for t in text.split(" t")[1:]]
+
+
+def continued_from_ids(ids: list[int]) -> int:
+    """n when a token-id prompt ends with the ids of the first n generated tokens, else 0."""
+    if not ids or ids[-1] < OWN_TOKEN_BASE:
+        return 0
+    n = ids[-1] - OWN_TOKEN_BASE + 1
+    return n if len(ids) >= n and ids[-n:] == list(range(OWN_TOKEN_BASE, OWN_TOKEN_BASE + n)) else 0
 
 
 def continued_from(text: str) -> int:

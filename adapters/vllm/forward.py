@@ -71,6 +71,24 @@ async def prefill_leg(inst: Instance, path: str, payload: bytes, headers: bytes)
         raise UpstreamFailure(inst.id, 502, f"prefill {inst.id} answered 200 with a body that is not JSON: {e}") from None
 
 
+async def tokenize(inst: Instance, text: str, headers: bytes) -> list[int]:
+    """The instance's token ids of `text` without special tokens (vLLM's POST /tokenize)."""
+    payload = orjson.dumps({"prompt": text, "add_special_tokens": False})
+    try:
+        async with await post(inst, "/tokenize", payload, headers) as r:
+            raw = await r.read()
+            if r.status != 200:
+                raise UpstreamFailure(inst.id, r.status, f"{inst.id} could not tokenize the streamed text: {r.status}", raw)
+            tokens = orjson.loads(raw).get("tokens")
+    except CONNECTION_ERRORS as e:
+        raise UpstreamFailure(inst.id, 502, f"{inst.id} unreachable: {type(e).__name__}: {e}") from None
+    except (orjson.JSONDecodeError, AttributeError) as e:
+        raise UpstreamFailure(inst.id, 502, f"{inst.id} answered /tokenize with something else than JSON tokens: {e}") from None
+    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+        raise UpstreamFailure(inst.id, 502, f"{inst.id} answered /tokenize without a list of token ids")
+    return tokens
+
+
 async def open_decode(inst: Instance, path: str, payload: bytes, headers: bytes) -> Response:
     """Leg 2 up to its 200 status line (the caller releases the response); errors before the first
     byte raise UpstreamFailure."""

@@ -180,13 +180,22 @@ class StreamTranscript:
                 self._text.append(text)
 
 
-def continuation_body(body: dict[str, Any], chat: bool, text: str, streamed: int) -> tuple[dict[str, Any] | None, str]:
+def prompt_is_token_ids(body: dict[str, Any]) -> bool:
+    """Whether a completions body's prompt is a list of token ids (a continuation then needs the
+    streamed text's ids: the target instance's /tokenize gives them)."""
+    prompt = body.get("prompt")
+    return isinstance(prompt, list) and bool(prompt) and all(type(t) is int for t in prompt)
+
+
+def continuation_body(body: dict[str, Any], chat: bool, text: str, streamed: int,
+                      text_ids: list[int] | None = None) -> tuple[dict[str, Any] | None, str]:
     """The client's body asking another instance to continue after `text` (`streamed` tokens),
     recomputing prompt + text there; or None and why it cannot be continued.
 
-    Completions append the text to the prompt; chat appends it as the assistant's message with
-    vLLM's `continue_final_message` (and `add_generation_prompt` off). max_tokens (and
-    min_tokens) shrink by what was streamed."""
+    Completions append the text to the prompt (a token-id prompt appends `text_ids`, the text
+    tokenized by the target); chat appends it as the assistant's message with vLLM's
+    `continue_final_message` (and `add_generation_prompt` off). max_tokens (and min_tokens)
+    shrink by what was streamed."""
     if body.get("n", 1) not in (None, 1) or body.get("best_of", 1) not in (None, 1):
         return None, "it asks for several choices"
     if body.get("logprobs") or body.get("echo"):
@@ -203,9 +212,14 @@ def continuation_body(body: dict[str, Any], chat: bool, text: str, streamed: int
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
-        if not isinstance(prompt, str):
-            return None, "its prompt is token ids (the gateway sees text only)"
-        leg["prompt"] = prompt + text
+        if prompt_is_token_ids(body):
+            if text_ids is None:
+                return None, "its prompt is token ids and the streamed text was not tokenized"
+            leg["prompt"] = [*body["prompt"], *text_ids]
+        elif isinstance(prompt, str):
+            leg["prompt"] = prompt + text
+        else:
+            return None, "its prompt is a batch, which a continuation cannot carry"
     for key in ("max_tokens", "max_completion_tokens"):
         if isinstance(body.get(key), int):
             leg[key] = body[key] - streamed

@@ -125,7 +125,9 @@ def check_parse(raw: bytes) -> dict[str, Any] | None:
     assert body.get("model") in (None, MODEL)
     for key in ("max_tokens", "max_completion_tokens"):
         v = body.get(key)
-        assert v is None or (type(v) is int and v >= 1), (key, v)
+        assert v is None or (type(v) is int and 1 <= v < 2**63), (key, v)  # what SQLite and engines hold
+    prio = body.get("priority")
+    assert type(prio) is not int or -(2**63) <= prio < 2**63, prio
     return body
 
 
@@ -145,6 +147,8 @@ def test_parse_random_bytes(raw: bytes) -> None:
 @example(body={"model": {"a": 1}, "prompt": "x"})
 @example(body={"prompt": "x", "max_tokens": None, "max_completion_tokens": "lots"})
 @example(body={"prompt": "x", "max_tokens": None, "max_completion_tokens": 0.5})
+@example(body={"prompt": "x", "max_tokens": 2**64 - 1})  # JSON parsers take it; SQLite and engines cannot
+@example(body={"prompt": "x", "priority": 2**63})
 @example(body={"prompt": "x", "max_tokens": True})
 def test_parse_json_bodies(body: dict[str, Any]) -> None:
     parsed = check_parse(orjson.dumps(body))

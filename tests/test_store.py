@@ -117,3 +117,20 @@ def test_run_of_a_killed_process_is_marked_interrupted(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_record_sqlite_cannot_hold_costs_only_itself_and_the_recorder_keeps_going(tmp_path: Path) -> None:
+    """An integer beyond 64 bits is stored as NULL (the row is kept); a value SQLite cannot bind
+    at all loses that one record, not its batch, and the recorder thread stays alive."""
+    store = RunStore(tmp_path / "runs.db")
+    rid = store.create_run(kind="live", backend="emulator", cluster="1P1D")
+    rec = RunRecorder(store, rid, flush_interval_s=0.05)
+    rec.request({"request_id": "huge", "max_tokens": 2**70, "status": "failed", "reason": "bad max_tokens"})
+    rec.request({"request_id": "unbindable", "max_tokens": 5, "status": "ok", "reason": {"not": "a string"}})
+    rec.request({"request_id": "fine", "max_tokens": 7, "status": "ok"})
+    rec.flush()
+    rec.request({"request_id": "later", "max_tokens": 9, "status": "ok"})
+    rec.close("completed")
+    rows = {r["request_id"]: r for r in store.requests(rid)}
+    assert set(rows) == {"huge", "fine", "later"}
+    assert rows["huge"]["max_tokens"] is None and rows["huge"]["reason"] == "bad max_tokens" and rows["fine"]["max_tokens"] == 7

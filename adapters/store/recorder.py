@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from adapters.store.store import RunStore
+
+log = logging.getLogger(__name__)
 
 
 class RunRecorder:
@@ -46,7 +49,24 @@ class RunRecorder:
             batch = (self._requests, self._samples, self._policy, self._instance)
             self._requests, self._samples, self._policy, self._instance = [], [], [], []
         if any(batch):
-            self.store.write_batch(self.run_id, *batch)
+            try:
+                self.store.write_batch(self.run_id, *batch)
+            except Exception:  # one bad record must not cost the batch, nor stop the recorder
+                log.exception("run store: a batch of run %s failed; writing its records one by one", self.run_id)
+                self._write_one_by_one(batch)
+
+    def _write_one_by_one(self, batch: tuple[list[dict[str, Any]], ...]) -> None:
+        lost = 0
+        for kind, rows in enumerate(batch):
+            for row in rows:
+                parts: list[list[dict[str, Any]]] = [[], [], [], []]
+                parts[kind] = [row]
+                try:
+                    self.store.write_batch(self.run_id, *parts)
+                except Exception:
+                    lost += 1
+        if lost:
+            log.error("run store: %d records of run %s could not be written", lost, self.run_id)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.flush_interval_s):

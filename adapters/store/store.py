@@ -65,6 +65,16 @@ def _new_run_id() -> str:
     return time.strftime("r-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(2)
 
 
+SQLITE_INT = (-(2**63), 2**63 - 1)
+
+
+def _storable(value: Any) -> Any:
+    """An int outside SQLite's 64-bit range becomes None; anything else is kept."""
+    if type(value) is int and not SQLITE_INT[0] <= value <= SQLITE_INT[1]:
+        return None
+    return value
+
+
 class RunStore:
     """One SQLite file; thread-safe (one connection, one lock)."""
 
@@ -145,9 +155,14 @@ class RunStore:
     # --- records ----------------------------------------------------------------------------------
     @staticmethod
     def _bulk(conn: Any, table: str, columns: list[str], run_id: str, rows: list[dict[str, Any]]) -> None:
-        """executemany with positional tuples: several times faster than ORM/Core dict inserts."""
+        """executemany with positional tuples: several times faster than ORM/Core dict inserts.
+        An integer SQLite cannot hold (a client's absurd max_tokens, say) is stored as NULL."""
         sql = f"INSERT INTO {table} (run_id, {', '.join(columns)}) VALUES ({', '.join('?' * (len(columns) + 1))})"
-        conn.exec_driver_sql(sql, [(run_id, *map(r.get, columns)) for r in rows])
+        values = [(run_id, *map(r.get, columns)) for r in rows]
+        try:
+            conn.exec_driver_sql(sql, values)
+        except OverflowError:
+            conn.exec_driver_sql(sql, [tuple(_storable(v) for v in row) for row in values])
 
     def add_requests(self, run_id: str, rows: list[dict[str, Any]]) -> None:
         if not rows:

@@ -21,6 +21,8 @@ from console.live_request import JSON_HEADERS, ClientChannel, LiveRequest, respo
 from core.types import Request
 
 Scope = dict[str, Any]
+INT64_MAX = 2**63 - 1
+"""Integers the gateway forwards and records stay within 64 bits (what engines and SQLite hold)."""
 
 
 class ClientError(Exception):
@@ -124,6 +126,9 @@ class Proxy:
             raise ClientError(400, "either 'prompt' (completions) or 'messages' (chat) is required")
         for key in ("max_tokens", "max_completion_tokens"):  # both: either may be the one used
             mt = body.get(key)
-            if mt is not None and (type(mt) is not int or mt < 1):
-                raise ClientError(400, f"{key} must be an integer >= 1", key)
+            if mt is not None and (type(mt) is not int or not 1 <= mt <= INT64_MAX):
+                raise ClientError(400, f"{key} must be an integer from 1 to 2^63-1", key)
+        priority = body.get("priority")
+        if type(priority) is int and not -INT64_MAX - 1 <= priority <= INT64_MAX:
+            raise ClientError(400, "priority must be a 64-bit integer", "priority")
         return body

@@ -20,6 +20,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+MAX_REL_RMS = 0.5
+"""A regression whose relative RMS residual (over the samples it rests on) is larger than this
+fits none of its terms: a small standard error on a few points of a bad model means nothing."""
 IDENTIFIED = 0.05
 """Largest 1σ uncertainty of a term's contribution, relative to the median target, that counts as a fit."""
 
@@ -232,6 +235,12 @@ def fit_linear(x: np.ndarray, y: np.ndarray, names: list[str], priors: list[floa
         for k, j in enumerate(free):
             fixed[j] = Term(names[j], float(f.coef[k]), priors[j], "fit", samples=n, used=used_n, rel_se=float(f.u[k]))
         break
+    if rel_rms > MAX_REL_RMS and any(t.source.startswith("fit") for t in fixed.values()):
+        # the samples do not follow the model (queueing, a host stall, another engine's timing):
+        # no term of this regression is trusted, whatever its standard error says
+        why = f"prior: the {what} samples do not follow the model (relative residual {rel_rms:.0%} > {MAX_REL_RMS:.0%})"
+        fixed = {j: Term(names[j], priors[j], priors[j], why, samples=n, used=used_n, rel_se=t.rel_se) if t.source.startswith("fit") else t
+                 for j, t in fixed.items()}
     for t in fixed.values():
         t.rel_rms = rel_rms
     return LinearFit({names[j]: fixed[j] for j in range(p)}, n, used_n, rel_rms, condition)

@@ -19,7 +19,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from adapters.emulator.engine import SPIN_MIN_STREAMS, SPIN_S, Engine, SeqHook, StepHook
+from adapters.emulator.engine import SPIN_MIN_STREAMS, SPIN_S, Engine, SeqHook, StepHook, step_start
 from adapters.emulator.faults import Faults
 from adapters.emulator.loop import RunLoop
 from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
@@ -161,13 +161,7 @@ class DataParallelGroup(RunLoop):
             timed = [(r, sched, new, admitted, *r._duration(sched, new)) for r, sched, new, admitted in busy]
             slowdown = self.faults.slowdown
             dt = max(t[4] for t in timed) * slowdown  # the straggler sets the step for everyone
-            now = self.clock()
-            if prev_end is None:
-                start, kind = now, "idle"
-            elif now - prev_end < dt:
-                start, kind = prev_end, "chain"
-            else:
-                start, kind = now, "slip"
+            start, kind = step_start(prev_end, self.clock(), dt)
             deadline = start + dt
             opened = [(r, sched, new, r._open_step(sched, new, admitted, start, deadline), kv, chunks)
                       for r, sched, new, admitted, _, kv, chunks in timed]

@@ -47,6 +47,16 @@ SPIN_MIN_STREAMS = 64
 delay every one of them."""
 
 
+def step_start(prev_end: float | None, now: float, dt: float) -> tuple[float, str]:
+    """When a step of `dt` starts and how: at the previous deadline ("chain"), now after idling
+    ("idle"), or now when more than a whole step behind ("slip", so lateness never accumulates)."""
+    if prev_end is None:
+        return now, "idle"
+    if now - prev_end < dt:
+        return prev_end, "chain"
+    return now, "slip"
+
+
 def release_all(sinks: list[TokenSink]) -> None:
     for sink in sinks:
         sink.release()
@@ -320,13 +330,7 @@ class Engine(RunLoop):
             dt, kv, chunks = self._duration(sched, new)
             slowdown = self.faults.slowdown
             dt *= slowdown
-            now = self.clock()
-            if prev_end is None:
-                start, kind = now, "idle"
-            elif now - prev_end < dt:
-                start, kind = prev_end, "chain"
-            else:
-                start, kind = now, "slip"
+            start, kind = step_start(prev_end, self.clock(), dt)
             deadline = start + dt
             sampled = self._open_step(sched, new, admitted, start, deadline)
             streams = sum(1 for s in sampled if s.sink is not None)

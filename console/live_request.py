@@ -460,10 +460,11 @@ class LiveRequest:
 
         counter = None
         last = b""
-        write: Callable[[bytes], Awaitable[None]] = client.write
+        relayed: Callable[[bytes], Awaitable[None]] = client.write
         transcript = StreamTranscript(self.path.endswith("chat/completions")) if c.config.failure_migration_attempts else None
         if transcript is not None:
-            write = self._recording(write, transcript.add)
+            relayed = self._recording(relayed, transcript.add)
+        write = relayed
 
         async with contextlib.AsyncExitStack() as legs:
             while True:
@@ -480,7 +481,7 @@ class LiveRequest:
                     legs.callback(r.release)
                     counter = e.counter
                     counter.offset = counter.tokens
-                    write = self._usage_fixer(write, counter.offset)
+                    write = self._usage_fixer(relayed, counter.offset)  # one fixer, with every token streamed so far
                     continue
                 if handoff is None:
                     break

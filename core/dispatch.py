@@ -277,10 +277,6 @@ class Dispatcher:
         else:
             self._dp_groups.pop(i, None)
 
-    def dp_ranks(self, instance_id: str) -> int:
-        """Ranks of a data-parallel decode instance (1 when it is not a group)."""
-        return self._dp_groups.get(self._index[instance_id], (1, 0))[0]
-
     def choose_rank(self, rid: Hashable, now: float) -> int | None:
         """The rank a request about to decode on a data-parallel group runs on (the rank policy's
         choice, kept in the table); None when its instance is not a group or the policy leaves

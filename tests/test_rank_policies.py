@@ -59,7 +59,7 @@ def test_the_dispatcher_tracks_each_ranks_load_and_forgets_a_rank_when_the_reque
     d.add_instance("d0", Role.DECODE)
     d.add_instance("d1", Role.DECODE)
     d.set_data_parallel("d0", 2, slots=4)
-    assert d.dp_ranks("d0") == 2 and d.dp_ranks("d1") == 1
+    assert d.rank_loads("d0", 0.0) == [0, 0] and d.rank_loads("d1", 0.0) is None  # a group of two ranks, and not a group
     chosen = {}
     for k, prompt in enumerate([1000, 100, 100, 100]):
         rid = f"r{k}"

@@ -140,7 +140,6 @@ class DataParallelGroup(RunLoop):
         """(running requests, resident KV tokens) per rank, now."""
         return [(len(r.running), sum(s.computed for s in r.running)) for r in self.ranks]
 
-
     # --- the barrier ----------------------------------------------------------------------------
     async def _run(self) -> None:
         prev_end: float | None = None

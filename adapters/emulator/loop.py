@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 
-class RunLoop:
+class RunLoop(ABC):
     """start() runs `_run` as a task; stop() cancels it and waits until it has ended."""
 
     task_name: ClassVar[str] = "run-loop"
     _task: asyncio.Task[None] | None = None
 
+    @abstractmethod
     async def _run(self) -> None:
-        raise NotImplementedError
+        """The scheduler's loop; runs until cancelled."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=self.task_name)

@@ -175,17 +175,23 @@ class DPState:
         rank_of: Sequence[int] | np.ndarray,
         size: Sequence[int] | np.ndarray,
         remaining: Sequence[int] | np.ndarray | None = None,
+        *,
+        overfull: bool = False,
     ) -> DPState:
-        """A snapshot from the resident requests (rank, s_i + gen_i, predicted remaining steps)."""
+        """A snapshot from the resident requests (rank, s_i + gen_i, predicted remaining steps).
+
+        `overfull`: a rank may hold more requests than its slots (a live group queues what does
+        not fit); such a rank has no free slot instead of being an error."""
         rank_arr, size_arr = _ints(rank_of, "rank_of"), _ints(size, "size")
         if len(rank_arr) != len(size_arr) or (len(rank_arr) and rank_arr.max() >= ranks):
             raise ValueError("rank_of and size must have equal length and name ranks < G")
         loads = np.bincount(rank_arr, weights=size_arr, minlength=ranks).astype(np.int64)
         running = np.bincount(rank_arr, minlength=ranks).astype(np.int64)
+        capacity = np.full(ranks, slots, dtype=np.int64)
         return cls(
             loads,
             running,
-            np.full(ranks, slots, dtype=np.int64),
+            np.maximum(capacity, running) if overfull else capacity,
             rank_arr,
             size_arr,
             None if remaining is None else np.asarray(remaining),

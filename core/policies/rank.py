@@ -10,6 +10,7 @@ simulator runs (core/dp/assign.py), so `fcfs`, `jsq` and `bf_io` decide here as 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import numpy as np
@@ -21,7 +22,7 @@ from core.policies.registry import register
 from core.types import PolicyKind
 
 
-class RankPolicyBase(PolicyBase):
+class RankPolicyBase(PolicyBase, ABC):
     """Chooses a rank for one request about to decode on a DP group; None: let the group choose."""
 
     kind: ClassVar[PolicyKind] = PolicyKind.RANK
@@ -30,8 +31,9 @@ class RankPolicyBase(PolicyBase):
     needs_requests: bool = False
     """Whether `choose` needs the resident requests' sizes and predicted remaining steps."""
 
+    @abstractmethod
     def choose(self, state: DPState, prompt_tokens: int) -> int | None:
-        raise NotImplementedError
+        """The rank for a request of `prompt_tokens` on a group in `state`; None: the group decides."""
 
 
 class _Assigning(RankPolicyBase):
@@ -82,13 +84,6 @@ class BfIoRank(_Assigning):
 
 
 def dp_state(ranks: int, slots: int, rank_of: np.ndarray, size: np.ndarray, remaining: np.ndarray | None) -> DPState:
-    """The snapshot a rank policy decides on, from the requests resident on one group. A rank
-    holding more than its slots (the group queues what does not fit) simply has none free."""
-    rank_of = np.asarray(rank_of, dtype=np.int64)
-    size = np.asarray(size, dtype=np.int64)
-    loads = np.bincount(rank_of, weights=size, minlength=ranks).astype(np.int64)
-    running = np.bincount(rank_of, minlength=ranks).astype(np.int64)
-    capacity = np.maximum(running, max(slots, 1))
-    if not len(rank_of):
-        return DPState(loads, running, capacity)
-    return DPState(loads, running, capacity, rank_of, size, remaining)
+    """The snapshot a rank policy decides on, from the requests resident on one group (a rank
+    holding more than its slots, the rest queued by the group, simply has none free)."""
+    return DPState.from_requests(ranks, max(slots, 1), rank_of, size, remaining, overfull=True)

@@ -84,7 +84,7 @@ class Controller:
         """Whether the instances order their queues by `priority` (a queue policy may then set it)."""
         for inst in instances:
             self.dispatcher.add_instance(inst.id, inst.role)
-            self.dispatcher.set_data_parallel(inst.id, inst.dp_size, config.emulator.max_num_seqs or 0)
+            self.track_data_parallel(inst)
         self.store = store
         self.run_id = run_id
         self.run_dir = run_dir
@@ -494,6 +494,10 @@ class Controller:
         fut = self._lost.pop(instance_id, None)
         if fut is not None and not fut.done():
             fut.set_result(None)
+
+    def track_data_parallel(self, inst: Instance) -> None:
+        """Tell the dispatcher whether `inst` is a data-parallel group (its ranks and slots per rank)."""
+        self.dispatcher.set_data_parallel(inst.id, inst.dp_size, self.config.emulator.max_num_seqs or 0)
 
     def instance_lost(self, instance_id: str, reason: str) -> None:
         """The backend saw the instance's process, actor or node go: down at once, with that reason

@@ -91,7 +91,7 @@ class Scaler:
             return
         inst.open(connect_timeout_s=c.config.connect_timeout_s)
         c.instances[iid] = inst
-        c.dispatcher.set_data_parallel(iid, inst.dp_size, c.config.emulator.max_num_seqs or 0)
+        c.track_data_parallel(inst)
         c.dispatcher.set_phase(iid, InstancePhase.ACTIVE)
         c.metrics.instance_up.labels(instance=iid, role=role.value).set(1)
         c.instance_event(iid, role, "added", f"{reason} (ready after {time.monotonic() - started:.1f} s)", source)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from adapters.ports import free_port
 from adapters.vllm.launcher import (
+    NIXL_PROGRESS_SHIM,
     LaunchedInstance,
     VllmAttachError,
     VllmCluster,
@@ -69,6 +71,8 @@ def test_cpu_prefill_command_and_env() -> None:
         "VLLM_CPU_OMP_THREADS_BIND": "0",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
+        "SIBYL_NIXL_PROGRESS_DELAY_US": "100",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(NIXL_PROGRESS_SHIM), os.environ.get("PYTHONPATH", "")) if p),
     }
 
 
@@ -101,6 +105,34 @@ def test_gpu_spec_has_no_cpu_settings() -> None:
     assert build_env(spec) == {"CUDA_VISIBLE_DEVICES": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                                "VLLM_NIXL_SIDE_CHANNEL_PORT": "5700"}
     assert build_env(spec, "cpu")["VLLM_TARGET_DEVICE"] == "cpu"  # the platform argument overrides
+
+
+def test_nixl_progress_thread_sleeps_on_cpu_unless_told_otherwise() -> None:
+    spec = cpu_spec(Role.DECODE, 8200, nixl_side_channel_port=5601)
+    assert build_env(spec)["SIBYL_NIXL_PROGRESS_DELAY_US"] == "100"
+    assert build_env(spec.model_copy(update={"nixl_progress_delay_us": 2000}))["SIBYL_NIXL_PROGRESS_DELAY_US"] == "2000"
+    for untouched in (spec.model_copy(update={"nixl_progress_delay_us": 0}), spec.model_copy(update={"kv_connector": None}),
+                      spec.model_copy(update={"device": "cuda"})):
+        env = build_env(untouched)
+        assert "SIBYL_NIXL_PROGRESS_DELAY_US" not in env and "PYTHONPATH" not in env
+
+
+def test_the_shim_gives_nixl_agents_the_delay_when_the_bindings_load(tmp_path: Path) -> None:
+    """A stand-in `nixl_cu12._bindings` records the config its agent gets; with the shim on the path
+    it sees the delay, without the variable it sees NIXL's own 0."""
+    pkg = tmp_path / "nixl_cu12"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_bindings.py").write_text("class nixlAgentConfig:\n    pthrDelay = 0\n\ndef nixlAgent(name, config):\n    return config.pthrDelay\n")
+    probe = "import nixl_cu12._bindings as b; c = b.nixlAgentConfig(); c.pthrDelay = 0; print(b.nixlAgent('x', c))"
+    path = os.pathsep.join([str(NIXL_PROGRESS_SHIM), str(tmp_path)])
+
+    def run(env: dict[str, str]) -> str:
+        return subprocess.run([sys.executable, "-c", probe], env={"PATH": os.environ["PATH"], "PYTHONPATH": path, **env},
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    assert run({"SIBYL_NIXL_PROGRESS_DELAY_US": "250"}) == "250"
+    assert run({}) == "0"
 
 
 def test_priority_flag_only_when_asked_and_no_connector_means_no_kv_config() -> None:

@@ -56,6 +56,10 @@ class VllmSettings(BaseModel):
     kv_buffer_device: str | None = Field(None, description="connector buffer device (default: cpu on CPU)")
     kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
     kv_load_failure_policy: Literal["fail", "recompute"] | None = Field(None, description="what decode does when the KV pull fails")
+    nixl_progress_delay_us: int | None = Field(
+        None, ge=0, le=1_000_000,
+        description="sleep (µs) of NIXL's progress thread between polls; default 100 on CPU (NIXL's own 0 is a busy loop that "
+        "takes a core from each instance), NIXL's 0 on GPU; 0 leaves NIXL alone")
     kv_cache_gib: int | None = Field(None, ge=1, description="KV cache per instance in GiB (CPU default 1)")
     max_model_len: int | None = Field(None, gt=0)
     max_num_seqs: int | None = Field(None, gt=0)

@@ -31,6 +31,7 @@ def instance_specs(settings: BackendSettings, roles: list[Role], ports: list[int
             device=device, max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs, block_size=v.block_size,
             kv_cache_gib=kv_cache_gib, kv_connector=v.kv_connector, kv_role=v.kv_role, kv_buffer_device=v.kv_buffer_device,
             kv_connector_extra_config=v.kv_connector_extra_config, kv_load_failure_policy=v.kv_load_failure_policy,
+            nixl_progress_delay_us=v.nixl_progress_delay_us,
             scheduling_policy=v.scheduling_policy, enforce_eager=v.enforce_eager, extra_args=v.extra_args,
             extra_env=v.extra_env, hub_offline=Path(settings.model).exists(),  # a hub id may need the hub
         )

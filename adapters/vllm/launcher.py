@@ -31,6 +31,7 @@ from adapters.orphans import guarded
 from adapters.pids import stop_group
 from adapters.ports import free_port
 from adapters.redact import redact_args, redact_env
+from adapters.vllm.affinity import parse_cores, pin_process_group
 from core.errors import ConfigError
 from core.types import Role
 
@@ -82,6 +83,9 @@ class VllmInstanceSpec(BaseModel):
     """What D does when pulling the KV fails (vLLM's default: fail)."""
     nixl_side_channel_port: int | None = Field(default=None, ge=1, le=65535)
     """NIXL handshake port; must differ per instance on one host (`plan_specs` picks free ones)."""
+    nixl_progress_delay_us: int | None = Field(default=None, ge=0)
+    """Sleep of NIXL's progress thread between polls (µs); None: 100 on CPU, NIXL's own 0 (a busy
+    loop) elsewhere; 0 leaves NIXL alone. See adapters/vllm/nixl_progress/sitecustomize.py."""
     nixl_side_channel_host: str | None = None
     """Address the side channel binds and advertises; default: `host`."""
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
@@ -159,6 +163,20 @@ def build_command(spec: VllmInstanceSpec, vllm_bin: str | Path = "vllm") -> list
     return cmd + list(spec.extra_args)
 
 
+CPU_NIXL_PROGRESS_DELAY_US = 100
+"""On CPU the progress thread sleeps this long between polls: NIXL's busy loop would take a core
+from the instance (measured: ~100% of a core per idle instance on the 2-core box)."""
+NIXL_PROGRESS_SHIM = Path(__file__).with_name("nixl_progress")
+NIXL_DELAY_VAR = "SIBYL_NIXL_PROGRESS_DELAY_US"
+
+
+def nixl_progress_delay_us(spec: VllmInstanceSpec, device: Device) -> int:
+    """The progress-thread delay a NIXL instance gets (0: NIXL's own busy loop)."""
+    if spec.nixl_progress_delay_us is not None:
+        return spec.nixl_progress_delay_us
+    return CPU_NIXL_PROGRESS_DELAY_US if device == "cpu" else 0
+
+
 def build_env(spec: VllmInstanceSpec, platform: Device | None = None) -> dict[str, str]:
     """The variables the launcher adds to the inherited environment (`platform` overrides spec.device)."""
     device = platform or spec.device
@@ -178,6 +196,10 @@ def build_env(spec: VllmInstanceSpec, platform: Device | None = None) -> dict[st
         env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = spec.nixl_side_channel_host or spec.host
         if spec.nixl_side_channel_port is not None:
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.nixl_side_channel_port)
+        delay = nixl_progress_delay_us(spec, device)
+        if delay:
+            env[NIXL_DELAY_VAR] = str(delay)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(NIXL_PROGRESS_SHIM), os.environ.get("PYTHONPATH", "")) if p)
     env.update(spec.extra_env)
     return env
 
@@ -214,6 +236,12 @@ def plan_specs(specs: Sequence[VllmInstanceSpec], cores: Sequence[int] | None = 
         for core, i in zip(usable, cpu, strict=False):
             planned[i] = planned[i].model_copy(update={"cpu_bind": str(core)})
     return planned
+
+
+def pin_cores(inst: LaunchedInstance) -> None:
+    """Hold a healthy CPU instance's every thread to its planned cores (adapters/vllm/affinity.py)."""
+    if inst.spec.device == "cpu" and inst.spec.cpu_bind is not None and hasattr(os, "sched_setaffinity"):
+        pin_process_group(inst.proc.pid, parse_cores(inst.spec.cpu_bind))
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
@@ -313,6 +341,7 @@ class VllmCluster:
                             if (await client.get(inst.url + "/health")).status_code == 200:
                                 inst.ready_s = time.monotonic() - inst.started_at
                                 pending.remove(inst)
+                                pin_cores(inst)
                     if pending:
                         self._check_deadline(pending[0], deadline)
                         await asyncio.sleep(self.poll_interval_s)

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from adapters.store import RunStore, StoreError
+from adapters.store import RunInfo, RunStore, StoreError
 from console.calibration_fit import Term, Timeline, fit_linear
 from console.cluster_spec import parse_cluster
 from console.simulate import SimPlan, run_one
@@ -75,13 +75,26 @@ def _f(r: dict[str, Any], k: str) -> float:
     return float(r[k])
 
 
+def served_by(store: RunStore, info: RunInfo) -> tuple[RunInfo, set[str] | None]:
+    """The live run whose gateway recorded a run's requests, and which of its requests they are: a
+    replay run linked to the console it targeted stands for the gateway's records of its own
+    requests only (so one console run can hold a calibration replay and the replays judged
+    against it); any other run stands for itself."""
+    if info.kind != "replay":
+        return info, None
+    if not info.parent_run_id:
+        raise StoreError(f"replay run {info.run_id} is not linked to a live console run (it targeted another server): "
+                         "use the live run that served it")
+    return store.get_run(info.parent_run_id), {r["request_id"] for r in store.requests(info.run_id)}
+
+
 def calibrate(store: RunStore, run_id: str, base: PerfProfile | None = None) -> tuple[PerfProfile, dict[str, Any]]:
     """Fit the run's profile; `base` gives the priors (default: the profile the run used).
 
     Returns the profile (its `fit` field holds each term's source and quality) and a report."""
-    info = store.get_run(run_id)
+    info, only = served_by(store, store.get_run(run_id))
     base = base or get_profile(str(info.config.get("profile") or "h20-qwen3-32b"))
-    every = store.requests(info.run_id)
+    every = [r for r in store.requests(info.run_id) if only is None or r["request_id"] in only]
     rows = [r for r in every if r["status"] == "ok"]
     pre = [r for r in rows if r["prefill_start"] is not None and r["prefill_end"] is not None and r["prompt_tokens"]]
     if len(pre) < 10:
@@ -174,7 +187,7 @@ def calibrate(store: RunStore, run_id: str, base: PerfProfile | None = None) -> 
     values["tps_curve"] = None
     fitted = base.model_copy(update={
         **values,
-        "name": f"calibrated-{info.run_id}",
+        "name": f"calibrated-{run_id if only is not None else info.run_id}",
         "description": (f"fitted from run {info.run_id} ({len(pre)} prefills, {len(dec)} decodes, {len(hand)} KV handoffs) "
                         f"on top of {base.name}; per-term sources in `fit`"),
         "fit": {k: t.quality() for k, t in terms.items()},
@@ -226,7 +239,7 @@ def whatif(store: RunStore, run_id: str, policies: list[tuple[str, dict[str, Any
     rows = sorted(store.requests(info.run_id), key=lambda r: r["arrival"] or 0.0)
     if not rows:
         raise StoreError(f"run {info.run_id} has no requests to re-simulate")
-    n_prefill, n_decode = parse_cluster(info.cluster or "1P1D")
+    n_prefill, n_decode = parse_cluster(served_by(store, info)[0].cluster or "1P1D")
     plan = SimPlan(
         arrivals=np.array([r["arrival"] or 0.0 for r in rows]) - (rows[0]["arrival"] or 0.0),
         prompt_tokens=np.array([r["prompt_tokens"] or 1 for r in rows]),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import numpy as np
 import orjson
 
 from adapters.vllm.pd_protocol import SSETokenCounter
@@ -49,9 +51,11 @@ class ReplayStats:
         }
 
 
-def prompt_ids(n: int, salt: int) -> list[int]:
-    """A token-id prompt of length n (ids in [1, 1000], varied per request so no two are alike)."""
-    return [(salt * 131 + k * 17) % 1000 + 1 for k in range(n)]
+def prompt_ids(n: int, *salt: int) -> list[int]:
+    """A token-id prompt of length n: ids in [1, 1000] drawn from a generator seeded by `salt`, so
+    prompts of different salts share no prefix a server's prefix cache could reuse."""
+    ids: list[int] = np.random.default_rng(list(salt)).integers(1, 1001, n).tolist()
+    return ids
 
 
 class Replayer:
@@ -71,6 +75,8 @@ class Replayer:
         loop: bool = False,
         on_result: ResultSink | None = None,
         headers: dict[str, str] | None = None,
+        prompt_seed: int | None = None,
+        id_prefix: str = "replay",
     ) -> None:
         if speed <= 0:
             raise ValueError("speed must be > 0")
@@ -82,6 +88,10 @@ class Replayer:
         self.loop = loop
         self.on_result = on_result
         self.headers = headers or {}
+        self.prompt_seed = secrets.randbits(32) if prompt_seed is None else prompt_seed
+        """Seeds every prompt (with the lap and the row): a fresh one per replay unless given."""
+        self.id_prefix = id_prefix
+        """Request ids are `<id_prefix>-<lap>-<row>` (the replay command uses its run id)."""
         self.stats = ReplayStats(total=len(arrivals))
         self._cap = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self._running = asyncio.Event()
@@ -171,12 +181,12 @@ class Replayer:
     async def _send(self, session: aiohttp.ClientSession, i: int, lap: int, scheduled: float) -> None:
         prompt, out = self._clip(self.prompts[i], self.outputs[i])
         body: dict[str, Any] = {
-            "prompt": prompt_ids(prompt, i), "max_tokens": out, "ignore_eos": True, "stream": True,
+            "prompt": prompt_ids(prompt, self.prompt_seed, lap, i), "max_tokens": out, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True},
         }
         if self.model:
             body["model"] = self.model
-        rid = f"replay-{lap}-{i}"
+        rid = f"{self.id_prefix}-{lap}-{i}"
         st = self.stats
         st.sent += 1
         st.in_flight += 1

@@ -54,6 +54,40 @@ def test_replay_records_each_trace_slice_linked_to_the_console(tmp_path: Path) -
         kill_children(con.home)
 
 
+def test_each_replay_sends_fresh_prompts_under_its_own_ids_and_calibrates_from_its_own_requests(tmp_path: Path) -> None:
+    """Two replays of one slice through the console (the second by its --url): neither repeats the
+    other's prompts (a prefix cache would serve them), every request id carries its replay's run id,
+    and `calibrate`/`runs whatif` of one replay use the gateway's records of that replay only."""
+    from console.replay import prompt_ids
+
+    assert prompt_ids(300, 1, 0, 5) != prompt_ids(300, 2, 0, 5) and prompt_ids(300, 1, 0, 5) == prompt_ids(300, 1, 0, 5)
+    assert prompt_ids(300, 1, 0, 5)[:16] != prompt_ids(300, 1, 0, 6)[:16] and set(prompt_ids(2000, 3, 1, 1)) <= set(range(1, 1001))
+    con = start_console(tmp_path, "--profile", "cpu-tiny-llama", "--prefill", "1", "--decode", "1", "--policy", "least_load")
+    try:
+        first = replay(con, str(DEMO), "--limit", "14", "--speed", "20")
+        second = replay(con, str(DEMO), "--limit", "14", "--speed", "20", "--url", con.url + "/")
+        store = RunStore(con.db)
+        runs = {s["run_id"]: store.get_run(s["run_id"]) for s in (first, second)}
+        assert all(info.parent_run_id == con.run_id for info in runs.values())
+        assert runs[first["run_id"]].config["prompt_seed"] != runs[second["run_id"]].config["prompt_seed"]
+        for run in runs:
+            assert sorted(r["request_id"] for r in store.requests(run)) == sorted(f"{run}-0-{i}" for i in range(14))
+        sent = {f"{run}-0-{i}" for run in runs for i in range(14)}
+        wait_for(lambda: sent <= {r["request_id"] for r in store.requests(con.run_id)}, 10, "the gateway's records of both replays")
+        cal = con.cli("calibrate", first["run_id"], "--json", "--name", "mine")
+        assert cal.returncode == 0, cal.stderr
+        report = json.loads(cal.stdout)
+        assert report["run_id"] == con.run_id and report["prefills"] == 14  # not the 28 the console served
+        wi = con.cli("runs", "whatif", second["run_id"], "--profile", "cpu-tiny-llama", "--json")
+        assert wi.returncode == 0, wi.stderr
+        data = json.loads(wi.stdout)
+        assert data["recorded"]["policy"] == "least_load" and data["predicted"][0]["policy"] == "least_load"
+        assert data["predicted"][0]["requests"] == data["recorded"]["requests"] == 14
+    finally:
+        con.stop()
+        kill_children(con.home)
+
+
 def test_bad_trace_and_missing_console_are_clear_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,abc,3\n")

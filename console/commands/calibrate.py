@@ -19,9 +19,11 @@ def _num(v: Any) -> str:
 
 
 def calibrate_cmd(
-    run: Annotated[str, typer.Argument(help="run id (or a unique prefix) of a live run")],
+    run: Annotated[str, typer.Argument(help="run id (or a unique prefix) of a live run, or of a replay run the local console served "
+                                            "(then only that replay's requests are used)")],
     out: Annotated[Path | None, typer.Option("--out", help="write the fitted profile JSON here (usable by sim/emulate --profile)")] = None,
     base: Annotated[str | None, typer.Option("--base", help="profile (name or .json) whose values are the priors (default: the run's profile)")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="name of the written profile (default: calibrated-RUN)")] = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -37,6 +39,8 @@ def calibrate_cmd(
     from console.calibration import calibrate
 
     profile, report = calibrate(open_store(db), run, get_profile(base) if base else None)
+    if name:
+        profile = profile.model_copy(update={"name": name})
     if out is not None:
         save_profile_file(profile, out)
     if as_json:

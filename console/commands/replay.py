@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -57,6 +58,8 @@ def replay(
     max_concurrency: Annotated[int | None, typer.Option(min=1, help="cap on requests in flight")] = None,
     max_context: Annotated[int | None, typer.Option(help="clip prompt + output to N tokens (default: the model's max_model_len)")] = None,
     seed: Annotated[int, typer.Option(help="seed for ServeGen sampling")] = 0,
+    prompt_seed: Annotated[int | None, typer.Option(
+        help="seed of the prompts' token ids (default: fresh each replay, so no server's prefix cache serves a repeat)")] = None,
     db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary at the end")] = False,
 ) -> None:
@@ -73,20 +76,26 @@ def replay(
         raise ConfigError("--speed must be > 0")
     t = load_window(trace, format, seed, start, duration, limit)
     parent = None
-    if url is None:
-        try:
-            local = locate()
-        except ConsoleNotFound as e:
+    try:
+        local = locate()
+    except ConsoleNotFound as e:
+        if url is None:
             raise ConfigError(f"{e} (replay needs a target: start `sibyl-console up` or pass --url)") from None
-        url, parent = local.url, local.run_id
+    else:
+        if url is None or url.rstrip("/") == local.url.rstrip("/"):  # the local console's run serves this replay
+            url, parent = local.url, local.run_id
+    assert url is not None
     context = max_context or max_model_len(url, model)
+    prompt_seed = secrets.randbits(32) if prompt_seed is None else prompt_seed
     store = RunStore(db)
     store.mark_interrupted_runs()
     run_id = store.create_run(kind="replay", backend="client", workload=t.source or t.name, seed=seed, parent_run_id=parent,
-                              config={"trace": str(trace), "url": url, "speed": speed, "start": start, "duration": duration, "limit": limit, "max_concurrency": max_concurrency, "max_context": context})
+                              config={"trace": str(trace), "url": url, "speed": speed, "start": start, "duration": duration, "limit": limit, "max_concurrency": max_concurrency, "max_context": context,
+                                      "prompt_seed": prompt_seed})
     recorder = RunRecorder(store, run_id)
     rep = Replayer(t.arrivals.tolist(), t.prompt_tokens.tolist(), t.output_tokens.tolist(), url, model=model, speed=speed,
-                   max_concurrency=max_concurrency, max_context=context, on_result=recorder.request)
+                   max_concurrency=max_concurrency, max_context=context, on_result=recorder.request, prompt_seed=prompt_seed,
+                   id_prefix=run_id)
     err = Console(stderr=True)
     started = time.monotonic()
 

@@ -273,7 +273,7 @@ def runs_whatif(
     Example: sibyl-console runs whatif r-20261122-1101 --policy sibyl --policy least_load
     """
     from console.analysis import run_metrics
-    from console.calibration import calibrate, whatif
+    from console.calibration import calibrate, served_by, whatif
     from core.perf import get_profile
     from core.policies import parse_param_assignments
 
@@ -281,15 +281,16 @@ def runs_whatif(
     info = store.get_run(run)
     prof = get_profile(profile) if profile else calibrate(store, info.run_id)[0]
     assigned = parse_param_assignments(param)
-    names = policy or [info.policy or "round_robin"]
+    served = served_by(store, info)[0]  # a replay run: the console run that served it
+    names = policy or [served.policy or "round_robin"]
     predicted = whatif(store, info.run_id, [(n, {**assigned.get("", {}), **assigned.get(n, {})}) for n in names], prof)
     recorded = run_metrics(store.requests(info.run_id))
     if as_json:
-        typer.echo(json.dumps({"run_id": info.run_id, "profile": prof.name, "recorded": {"policy": info.policy, **recorded}, "predicted": predicted}, indent=2, default=str))
+        typer.echo(json.dumps({"run_id": info.run_id, "profile": prof.name, "recorded": {"policy": served.policy, **recorded}, "predicted": predicted}, indent=2, default=str))
         return
     t = Table(title=f"what if: {info.run_id} re-simulated with {prof.name}")
     t.add_column("metric")
-    t.add_column(f"recorded ({info.policy})", justify="right")
+    t.add_column(f"recorded ({served.policy})", justify="right")
     for p in predicted:
         t.add_column(f"predicted {p['policy']}", justify="right")
     for key in ("ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "throughput_tok_s"):

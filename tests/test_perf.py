@@ -50,3 +50,18 @@ def test_profile_file_round_trip_and_errors(tmp_path) -> None:
         get_profile(str(bad))
     with pytest.raises(ProfileError, match="built-in profiles: .*cpu-tiny-llama"):
         get_profile("nope")
+
+
+def test_the_shipped_cpu_profile_is_a_calibration_of_real_vllm() -> None:
+    """cpu-tiny-llama is core/cpu-tiny-llama.json, which `make refresh-cpu-profile` writes from the
+    real-vLLM stage's calibration: each timed term says where it came from, capacities are vLLM
+    0.32's CPU defaults."""
+    from core.perf import CPU_TINY_LLAMA_FILE, load_profile_file
+
+    p = get_profile("cpu-tiny-llama")
+    assert p == load_profile_file(CPU_TINY_LLAMA_FILE)
+    assert p.fit is not None
+    for term in ("prefill_base_s", "prefill_per_token_s", "decode_step_base_s", "decode_step_per_seq_s", "kv_transfer_base_s"):
+        assert p.fit[term]["source"].startswith(("fit", "prior: ")), term
+    assert p.fit["decode_step_per_seq_s"]["source"] == "fit" and p.fit["prefill_per_token_s"]["source"] == "fit"
+    assert (p.max_num_seqs, p.max_num_batched_tokens, p.max_model_len) == (128, 2048, 1024)

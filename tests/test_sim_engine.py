@@ -108,3 +108,21 @@ def test_same_inputs_give_identical_results() -> None:
     # Every request keeps causality: arrival ≤ prefill ≤ decode ≤ first token ≤ finish.
     assert np.all(a.arrival <= a.prefill_start) and np.all(a.prefill_end <= a.decode_start)
     assert np.all(a.decode_start < a.first_token) and np.all(a.first_token <= a.finish + 1e-9)
+
+
+def test_iteration_mode_batches_waiting_prompts_within_the_token_budget_as_vllm_does() -> None:
+    """Prompts of 100, 200, 300 and 400 tokens wait behind one of 50 on a single prefill instance
+    (base 1 s, 0.01 s per token, budget 700 tokens). ps mode serves them one at a time; iteration
+    mode takes 100+200+300 (600 ≤ 700; adding 400 would pass it) in one batch of 1 + 6 = 7 s, all
+    ending together, then 400 alone (1 + 4 = 5 s)."""
+    prof = toy_profile(prefill_per_token_s=0.01, max_num_batched_tokens=700)
+    arrivals, prompts = [0, 0.1, 0.1, 0.1, 0.1], [50, 100, 200, 300, 400]
+    ps, _ = simulate(prof, arrivals, prompts, [1] * 5, mode="ps")
+    assert ps.prefill_end.tolist() == pytest.approx([1.5, 3.5, 6.5, 10.5, 15.5])
+    it, _ = simulate(prof, arrivals, prompts, [1] * 5, mode="iteration")
+    assert it.prefill_start.tolist() == pytest.approx([0, 1.5, 1.5, 1.5, 8.5])
+    assert it.prefill_end.tolist() == pytest.approx([1.5, 8.5, 8.5, 8.5, 13.5])
+    # the running slots cap a batch too: with two, 100+200 go together (1 + 3 = 4 s), then 300+400
+    # (700 tokens, just within the budget: 1 + 7 = 8 s)
+    two, _ = simulate(prof.model_copy(update={"max_num_seqs": 2}), arrivals, prompts, [1] * 5, mode="iteration")
+    assert two.prefill_end.tolist() == pytest.approx([1.5, 5.5, 5.5, 13.5, 13.5])

@@ -44,7 +44,7 @@ def emulate(
     model: Annotated[str, typer.Option(help="served model name")] = "sibyl-model",
     max_num_seqs: Annotated[int | None, typer.Option(min=1, help="running slots (profile's if unset)")] = None,
     kv_capacity_tokens: Annotated[int | None, typer.Option(min=1, help="KV cache size in tokens (profile's if unset)")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(min=1, help="token budget per step, chunked prefill [default: 8192]")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(min=1, help="token budget per step, chunked prefill [default: the profile's]")] = None,
     max_model_len: Annotated[int | None, typer.Option(min=2, help="context length (profile's if unset; cut to the KV capacity)")] = None,
     instances: Annotated[int, typer.Option(min=1, help="independent instances in this process, on consecutive ports")] = 1,
     output_len_dist: Annotated[str, typer.Option(help="output length without ignore_eos: uniform:A:B | fixed:N | exp:MEAN | normal:MEAN:STD")] = "uniform:1:256",

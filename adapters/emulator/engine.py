@@ -39,8 +39,6 @@ from core.perf import PerfProfile
 
 __all__ = ["Engine", "Sequence", "StepRecord", "TokenSink"]
 
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-"""vLLM's default token budget per step for an API server on a large GPU."""
 SPIN_S = 0.001
 SPIN_MIN_STREAMS = 64
 """When a step releases at least this many streams, busy-wait its last SPIN_S: waking late would
@@ -86,7 +84,7 @@ class Engine(RunLoop):
         self.faults = faults
         self.clock = time.monotonic
         self.max_num_seqs = max_num_seqs or profile.max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        self.max_num_batched_tokens = max_num_batched_tokens or profile.max_num_batched_tokens
         self.block_size = profile.block_size
         self.total_blocks = max(1, (kv_capacity_tokens or profile.kv_capacity_tokens) // self.block_size)
         self.free_blocks = self.total_blocks

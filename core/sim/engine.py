@@ -4,7 +4,10 @@ Events are ordered by (time, kind, sequence). Arrivals are merged from the sorte
 than heaped. Every arrival goes through the dispatcher's admission (route now, hold, or shed);
 held requests are routed when `release` hands them back (after each finish or failure, when an
 instance becomes active, after each periodic decision) and fail when they expire. Prefill
-instances serve their queue FIFO, one prompt at a time, for profile.prefill_time(l); the KV
+instances serve their queue FIFO: in ps mode one prompt at a time, for profile.prefill_time(l);
+in iteration mode, as vLLM's scheduler does, the waiting prompts that fit one step's token budget
+(profile.max_num_batched_tokens) and running slots go together, in prefill_base_s plus each
+prompt's own cost, and all end with the batch (unchunked: a longer prompt runs alone). The KV
 transfer follows; decode runs in processor-sharing or iteration-level mode. A request routed
 without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per token:
 every instance jumps from event to event.
@@ -247,6 +250,8 @@ class Simulation:
         self.decode_ids: list[str] = []
         self.queues: list[deque[int]] = []
         self.busy: list[bool] = []
+        self._in_batch: list[int] = []
+        """Prompts of the prefill batch under way per instance (its prefill ends when they all have)."""
         self.decoders: list[DecodeModel | None] = []
         self._version: list[int] = []
         self._pos_p: list[int] = []
@@ -292,6 +297,7 @@ class Simulation:
         while len(self.queues) <= x:
             self.queues.append(deque())
             self.busy.append(False)
+            self._in_batch.append(0)
             self.decoders.append(None)
             self._version.append(0)
             self._pos_p.append(-1)
@@ -404,19 +410,37 @@ class Simulation:
                 self._route(req, now)
 
     def _start_prefill(self, x: int, now: float) -> None:
-        i = self.queues[x].popleft()
+        """Start the next prefill batch at instance x: the queue's head and, in iteration mode,
+        the prompts behind it while they fit the step's token budget and running slots, all
+        ending together (vLLM schedules waiting prompts into one step; a prompt longer than the
+        budget runs alone, unchunked)."""
+        queue, p = self.queues[x], self.profile
+        batch = [queue.popleft()]
+        if self.mode == "iteration":
+            tokens = int(self._prompt_l[batch[0]])
+            while queue and len(batch) < p.max_num_seqs and tokens + int(self._prompt_l[queue[0]]) <= p.max_num_batched_tokens:
+                tokens += int(self._prompt_l[queue[0]])
+                batch.append(queue.popleft())
+        if len(batch) == 1:
+            end = now + p.prefill_time(self._prompt_l[batch[0]])
+        else:
+            end = now + p.prefill_base_s + float(np.sum(p.prefill_time(self.prompt[batch]) - p.prefill_base_s))
         self.busy[x] = True
-        self.t_pstart[i] = now
-        self.dispatcher.on_prefill_start(i, now)
-        self.push(now + self.profile.prefill_time(self._prompt_l[i]), _PREFILL_DONE, x, i)
+        self._in_batch[x] = len(batch)
+        for i in batch:
+            self.t_pstart[i] = now
+            self.dispatcher.on_prefill_start(i, now)
+            self.push(end, _PREFILL_DONE, x, i)
 
     def _prefill_done(self, x: int, i: int, now: float) -> None:
         d = self.dispatcher
         self.t_pend[i] = now
         d.on_prefill_end(i, now, now - self.t_pstart[i])
-        self.busy[x] = False
-        if self.queues[x]:
-            self._start_prefill(x, now)
+        self._in_batch[x] -= 1
+        if self._in_batch[x] == 0:
+            self.busy[x] = False
+            if self.queues[x]:
+                self._start_prefill(x, now)
         if self._rx[i] < 0:
             if self._dirty and d.needs_progress:
                 self._sync_progress(now)

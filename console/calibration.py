@@ -48,12 +48,14 @@ into s1 (+130-195%, s0 −60%).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from adapters.store import RunInfo, RunStore, StoreError
 from console.calibration_fit import Term, Timeline, fit_linear
+from console.calibration_host import fit_host_work
 from console.cluster_spec import parse_cluster
 from console.simulate import SimPlan, run_one
 from core.perf import PerfProfile, get_profile
@@ -66,8 +68,8 @@ DECODE_NOISE_FLOOR = 0.01
 the batch and KV each request saw are rebuilt from request records (on a 1 ms grid), so even a run
 whose residuals vanish does not pin a term down better; this keeps a term nearly collinear with
 another (R² ≳ 0.99) from passing as fitted."""
-TIMED = ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s", "decode_step_base_s", "decode_step_per_seq_s",
-         "decode_step_per_kv_token_s", "kv_transfer_base_s", "kv_transfer_per_token_s")
+TIMED = ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s", "prefill_host_per_request_s", "decode_step_base_s",
+         "decode_step_per_seq_s", "decode_step_per_kv_token_s", "kv_transfer_base_s", "kv_transfer_per_token_s")
 """The terms `calibrate` fits (the others are capacities or derived, see `_untimed`)."""
 
 
@@ -88,11 +90,27 @@ def served_by(store: RunStore, info: RunInfo) -> tuple[RunInfo, set[str] | None]
     return store.get_run(info.parent_run_id), {r["request_id"] for r in store.requests(info.run_id)}
 
 
-def calibrate(store: RunStore, run_id: str, base: PerfProfile | None = None) -> tuple[PerfProfile, dict[str, Any]]:
-    """Fit the run's profile; `base` gives the priors (default: the profile the run used).
+def served_by_all(store: RunStore, run_ids: list[str]) -> tuple[RunInfo, set[str] | None]:
+    """`served_by` for several runs at once: they must share their live run; their requests together."""
+    if not run_ids:
+        raise StoreError("no run to calibrate from")
+    found = [served_by(store, store.get_run(r)) for r in run_ids]
+    lives = {info.run_id for info, _ in found}
+    if len(lives) > 1:
+        raise StoreError(f"runs {', '.join(run_ids)} were served by different console runs ({', '.join(sorted(lives))}): "
+                         "calibrate them one at a time")
+    if any(only is None for _, only in found):
+        return found[0][0], None
+    return found[0][0], set().union(*(only for _, only in found if only is not None))
+
+
+def calibrate(store: RunStore, run_id: str | Sequence[str], base: PerfProfile | None = None) -> tuple[PerfProfile, dict[str, Any]]:
+    """Fit the run's profile; `base` gives the priors (default: the profile the run used). Several
+    runs fit together when they were served by one live run (replays of one console).
 
     Returns the profile (its `fit` field holds each term's source and quality) and a report."""
-    info, only = served_by(store, store.get_run(run_id))
+    ids = [run_id] if isinstance(run_id, str) else list(run_id)
+    info, only = served_by_all(store, ids)
     base = base or get_profile(str(info.config.get("profile") or "h20-qwen3-32b"))
     every = [r for r in store.requests(info.run_id) if only is None or r["request_id"] in only]
     rows = [r for r in every if r["status"] == "ok"]
@@ -155,6 +173,12 @@ def calibrate(store: RunStore, run_id: str, base: PerfProfile | None = None) -> 
                       "prefill", "envelope")
     terms.update(pfit.terms)
 
+    # --- host work per prefill request: back-to-back prefill batches, with the compute just fitted
+    compute = base.model_copy(update={k: terms[k].value for k in (*names, "decode_step_base_s", "decode_step_per_seq_s",
+                                                                  "decode_step_per_kv_token_s")})
+    hfit = fit_host_work(rows, compute, float(base.prefill_host_per_request_s))
+    terms.update(hfit.terms)
+
     # --- KV handoff = HTTP legs + transfer + wait for the step under way + first step
     hand = [r for r in rows if r["decode_start"] is not None and r["first_token"] is not None and r["prompt_tokens"]
             and r["decode_instance"] in timelines and r["first_token"] >= r["decode_start"]]
@@ -187,7 +211,7 @@ def calibrate(store: RunStore, run_id: str, base: PerfProfile | None = None) -> 
     values["tps_curve"] = None
     fitted = base.model_copy(update={
         **values,
-        "name": f"calibrated-{run_id if only is not None else info.run_id}",
+        "name": f"calibrated-{'+'.join(ids) if only is not None else info.run_id}",
         "description": (f"fitted from run {info.run_id} ({len(pre)} prefills, {len(dec)} decodes, {len(hand)} KV handoffs) "
                         f"on top of {base.name}; per-term sources in `fit`"),
         "fit": {k: t.quality() for k, t in terms.items()},
@@ -199,7 +223,7 @@ def calibrate(store: RunStore, run_id: str, base: PerfProfile | None = None) -> 
         "regressions": {
             name: {"samples": f.samples, "used": f.used, "rel_rms": None if math.isnan(f.rel_rms) else f.rel_rms,
                    "condition": f.condition if math.isfinite(f.condition) else None}
-            for name, f in (("decode", dfit), ("prefill", pfit), ("kv_transfer", kfit))
+            for name, f in (("decode", dfit), ("prefill", pfit), ("prefill_host", hfit), ("kv_transfer", kfit))
         },
         "terms": {k: t.quality() for k, t in terms.items()},
         "fitted": {k: getattr(fitted, k) for k in TIMED},

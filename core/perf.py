@@ -65,6 +65,11 @@ class PerfProfile(BaseModel):
     ps_context_tokens: int = Field(
         1024, ge=0, description="mean resident tokens per request assumed when deriving TPS(N)"
     )
+    prefill_host_per_request_s: float = Field(
+        0.0, ge=0,
+        description="host work a prefill instance does per request outside its engine steps (its API server, serving the KV "
+        "read on CPU hosts): after a batch of n requests the next one waits n times this; hidden by idle time alone",
+    )
     kv_transfer_base_s: float = Field(0.0, ge=0)
     kv_transfer_per_token_s: float = Field(0.0, ge=0)
     kv_capacity_tokens: int = Field(gt=0)

@@ -277,18 +277,19 @@ def test_migration_stalls_only_the_migrating_request() -> None:
     prof = toy_profile(**_MIG)
     # Round robin: A → p0/d0, B → p1/d1, C → p0/d0. P→D transfer of 10 tokens: 0.15 s.
     prompts, outputs = [10, 10, 10], [50, 40, 30]
-    base = _sim(prof, prompts, outputs, None)
-    r = _sim(prof, prompts, outputs, [Migration(0, "d0", "d1", "test")])
-    # Without migration A and B decode from 1.15, C from 2.15, a token per 0.1 s each.
-    assert base.finish == pytest.approx([6.15, 5.15, 5.15])
-    # Proposed at 2.1 (mid-step): A holds 10 + 9 KV tokens, reserved on d1; d0 pauses it at the
-    # 2.15 boundary with 10 generated (20 KV) → transfer 0.05 + 0.2 s → arrives 2.4, mid-step on
-    # d1 → joins at 2.45 → its 40 remaining tokens take 4 s: done at 6.45 (0.3 s stall). B on the
+    base = _sim(prof, prompts, outputs, None, at=2.2)
+    r = _sim(prof, prompts, outputs, [Migration(0, "d0", "d1", "test")], at=2.2)
+    # Each prefill is 1 s plus the 0.1 s step it runs in. Without migration A and B decode from
+    # 1.25, C (second on p0) from 2.35, a token per 0.1 s each.
+    assert base.finish == pytest.approx([6.25, 5.25, 5.35])
+    # Proposed at 2.2 (mid-step): A holds 10 + 9 KV tokens, reserved on d1; d0 pauses it at the
+    # 2.25 boundary with 10 generated (20 KV) → transfer 0.05 + 0.2 s → arrives 2.5, mid-step on
+    # d1 → joins at 2.55 → its 40 remaining tokens take 4 s: done at 6.55 (0.3 s stall). B on the
     # target and C on the source are not delayed.
     ev = [(e.outcome, round(e.time, 9), e.tokens) for e in r.migration_events]
-    assert ev == [("accepted", 2.1, 19), ("started", 2.15, 20), ("done", 2.4, 20)]
+    assert ev == [("accepted", 2.2, 19), ("started", 2.25, 20), ("done", 2.5, 20)]
     assert r.migration_events[1].transfer_s == pytest.approx(0.25)
-    assert r.finish == pytest.approx([6.45, 5.15, 5.15])
+    assert r.finish == pytest.approx([6.55, 5.25, 5.35])
     assert r.first_token == pytest.approx(base.first_token)
     assert r.migrations == 1 and r.migrated_tokens == 20 and r.migrations_refused == {}
     assert r.request_migrations.tolist() == [1, 0, 0]
@@ -297,13 +298,13 @@ def test_migration_stalls_only_the_migrating_request() -> None:
 
 
 def test_migration_refused_without_kv_room_on_the_target() -> None:
-    # KV 100 tokens. B (80-token prompt) decodes on d1 from 1.85; at 2.1 it holds 82 tokens, so
+    # KV 100 tokens. B (80-token prompt) decodes on d1 from 1.95; at 2.2 it holds 82 tokens, so
     # A's 19 (+ one token each for the next step) do not fit.
     prof = toy_profile(**_MIG, kv_capacity_tokens=100)
-    r = _sim(prof, [10, 80], [50, 15], [Migration(0, "d0", "d1", "test")])
+    r = _sim(prof, [10, 80], [50, 15], [Migration(0, "d0", "d1", "test")], at=2.2)
     assert r.migrations == 0 and r.migrations_refused == {"no_kv_room": 1}
     assert [(e.outcome, e.detail) for e in r.migration_events] == [("refused", "no_kv_room")]
-    assert r.finish == pytest.approx([6.15, 3.35]) and r.preemptions == 0
+    assert r.finish == pytest.approx([6.25, 3.45]) and r.preemptions == 0
     refused = _sim(prof, [10, 80], [50, 15], [Migration(1, "d0", "d1", "wrong source"),
                                               Migration(0, "d0", "d0", "same"),
                                               Migration(99, "d0", "d1", "unknown")])

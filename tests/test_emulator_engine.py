@@ -231,3 +231,28 @@ def test_slowdown_scales_steps_and_hang_pauses_the_engine() -> None:
 
 def test_a_profile_file_round_trips_for_the_cli() -> None:
     assert FAST_PROFILE.step_time(10, 0) == pytest.approx(0.003)
+
+
+def test_host_work_of_handed_over_prefills_delays_the_next_step_only() -> None:
+    """Two prefill-only requests finish in one step; with 50 ms of host work each, the next step
+    (a third request that was already waiting) starts 100 ms after that step's end. Alone, the
+    work is done before anything else arrives and costs no one."""
+    async def main() -> None:
+        engine = Engine(fast(prefill_host_per_request_s=0.05, max_num_seqs=2), Faults())
+        first, second, third = (Sequence(f"p{k}", 8, 1, prefill_only=True) for k in range(3))
+        engine.start()
+        for s in (first, second, third):
+            engine.submit(s)
+        await asyncio.gather(*(s.done.wait() for s in (first, second, third)))
+        lone = Sequence("lone", 8, 1, prefill_only=True)
+        await asyncio.sleep(0.2)  # the host work of `third` (50 ms) is long over
+        t = engine.clock()
+        engine.submit(lone)
+        await lone.done.wait()
+        await engine.stop()
+        a, b, c = list(engine.steps)[:3]
+        assert (a.batch, b.batch) == (2, 1)
+        assert b.start == pytest.approx(a.end + 0.1, abs=1e-9)
+        assert c.start - t < 0.02  # no host work left to wait for
+
+    run(main())

@@ -42,26 +42,28 @@ def test_processor_sharing_timeline() -> None:
 
 
 def test_iteration_level_timeline_joins_at_step_boundaries() -> None:
-    # step(B) = 0.05 + 0.05·B; prefill 0.05 + 0.1·l.
+    # step(B) = 0.05 + 0.05·B; prefill 0.05 + 0.1·l plus the step it runs in, step(1) = 0.1.
     prof = toy_profile(prefill_base_s=0.05, prefill_per_token_s=0.1, decode_step_base_s=0.05, decode_step_per_seq_s=0.05)
     r, _ = simulate(prof, [0, 0], [10, 5], [10, 6], mode="iteration")
-    # A decodes alone from 1.05 in 0.1 s steps: tokens at 1.15 … 1.65 (6 tokens). B's KV arrives
-    # at 1.6, mid-step, so it joins at 1.65; pair steps take 0.15: 1.80 (B's first), 1.95, 2.10,
-    # 2.25 (A's 10th: done). B alone: 2.35, 2.45 (6th: done).
-    assert r.decode_start == pytest.approx([1.05, 1.6])
-    assert r.first_token == pytest.approx([1.15, 1.80])
-    assert r.finish == pytest.approx([2.25, 2.45])
+    # A's prefill ends at 1.05 + 0.1; B (arrived as A's step began) follows: 1.15 + 0.55 + 0.1 = 1.8.
+    # A decodes alone from 1.15 in 0.1 s steps: tokens at 1.25 … 1.85 (7 tokens). B's KV arrives
+    # at 1.8, mid-step, so it joins at 1.85; pair steps take 0.15: 2.00 (B's first), 2.15, 2.30
+    # (A's 10th: done). B alone: 2.40, 2.50, 2.60 (6th: done).
+    assert r.decode_start == pytest.approx([1.15, 1.8])
+    assert r.first_token == pytest.approx([1.25, 2.00])
+    assert r.finish == pytest.approx([2.30, 2.60])
 
 
 def test_iteration_level_preempts_by_recompute_when_kv_runs_out() -> None:
     prof = toy_profile(prefill_base_s=0.001, kv_capacity_tokens=25, decode_step_base_s=0.1)
     r, _ = simulate(prof, [0, 0], [10, 10], [8, 8], mode="iteration")
-    # A alone from 0.001; B joins at the 0.101 boundary (KV 11+10). Two pair steps fill the cache
-    # to 25; the next step would need 27, so B (latest admitted) is evicted at 0.301 with 2 tokens.
-    # A finishes at 0.801; B is readmitted, pays a 0.001 s recompute, and needs 6 more steps.
+    # Each prefill takes 0.001 plus its 0.1 s step: A's ends at 0.101, B's at 0.202. A decodes
+    # from 0.101; B joins at the 0.301 boundary (KV 12+10). One pair step brings it to 24; the next
+    # would need 26, so B (latest admitted) is evicted at 0.401 with 1 token. A finishes at 0.901;
+    # B is readmitted, pays a 0.001 s recompute, and needs 7 more steps.
     assert r.preemptions == 1
-    assert r.first_token == pytest.approx([0.101, 0.201])
-    assert r.finish == pytest.approx([0.801, 1.402])
+    assert r.first_token == pytest.approx([0.201, 0.401])
+    assert r.finish == pytest.approx([0.901, 1.602])
 
 
 def test_request_larger_than_kv_capacity_fails_instead_of_hanging() -> None:
@@ -112,17 +114,29 @@ def test_same_inputs_give_identical_results() -> None:
 
 def test_iteration_mode_batches_waiting_prompts_within_the_token_budget_as_vllm_does() -> None:
     """Prompts of 100, 200, 300 and 400 tokens wait behind one of 50 on a single prefill instance
-    (base 1 s, 0.01 s per token, budget 700 tokens). ps mode serves them one at a time; iteration
-    mode takes 100+200+300 (600 ≤ 700; adding 400 would pass it) in one batch of 1 + 6 = 7 s, all
-    ending together, then 400 alone (1 + 4 = 5 s)."""
+    (base 1 s, 0.01 s per token, budget 700 tokens, steps of 0.1 s). ps mode serves them one at a
+    time; iteration mode takes 100+200+300 (600 ≤ 700; adding 400 would pass it) in one batch of
+    1 + 6 s plus the 0.1 s step it runs in, all ending together, then 400 alone (1 + 4 + 0.1 s)."""
     prof = toy_profile(prefill_per_token_s=0.01, max_num_batched_tokens=700)
     arrivals, prompts = [0, 0.1, 0.1, 0.1, 0.1], [50, 100, 200, 300, 400]
     ps, _ = simulate(prof, arrivals, prompts, [1] * 5, mode="ps")
     assert ps.prefill_end.tolist() == pytest.approx([1.5, 3.5, 6.5, 10.5, 15.5])
     it, _ = simulate(prof, arrivals, prompts, [1] * 5, mode="iteration")
-    assert it.prefill_start.tolist() == pytest.approx([0, 1.5, 1.5, 1.5, 8.5])
-    assert it.prefill_end.tolist() == pytest.approx([1.5, 8.5, 8.5, 8.5, 13.5])
-    # the running slots cap a batch too: with two, 100+200 go together (1 + 3 = 4 s), then 300+400
-    # (700 tokens, just within the budget: 1 + 7 = 8 s)
+    assert it.prefill_start.tolist() == pytest.approx([0, 1.6, 1.6, 1.6, 8.7])
+    assert it.prefill_end.tolist() == pytest.approx([1.6, 8.7, 8.7, 8.7, 13.8])
+    # the running slots cap a batch too: with two, 100+200 go together (1 + 3 + 0.1 s), then 300+400
+    # (700 tokens, just within the budget: 1 + 7 + 0.1 s)
     two, _ = simulate(prof.model_copy(update={"max_num_seqs": 2}), arrivals, prompts, [1] * 5, mode="iteration")
-    assert two.prefill_end.tolist() == pytest.approx([1.5, 5.5, 5.5, 13.5, 13.5])
+    assert two.prefill_end.tolist() == pytest.approx([1.6, 5.7, 5.7, 13.8, 13.8])
+
+
+@pytest.mark.parametrize("mode", ["ps", "iteration"])
+def test_host_work_per_prefill_request_delays_the_next_batch_not_an_idle_instance(mode: str) -> None:
+    """Three 1-token prompts at 0 (base 1 s each, 2 s of host work each): one at a time, each
+    prefill waits for its predecessor's host work (ends 1, 4, 7); iteration mode batches the two
+    waiting ones and adds the 0.1 s step a batch runs in (ends 1.1, then 3.1 + 1.1 = 4.2 for
+    both). A prompt arriving at 20, when all host work is done, takes its plain time."""
+    prof = toy_profile(prefill_host_per_request_s=2.0)
+    r, _ = simulate(prof, [0, 0, 0, 20], [1, 1, 1, 1], [1] * 4, mode=mode)
+    expected = [1, 4, 7, 21] if mode == "ps" else [1.1, 4.2, 4.2, 21.1]
+    assert r.prefill_end.tolist() == pytest.approx(expected)

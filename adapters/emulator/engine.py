@@ -20,6 +20,9 @@ One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler 
   whole step behind (a "slip", recorded in the step log). Before sleeping, the tokens the step
   will produce are formatted by each sequence's sink; at the deadline they are written in one
   pass, so a token reaches its client when its step ends and not earlier.
+* A step finishing n prefill-only requests (the prefill leg of P/D) leaves
+  n·`prefill_host_per_request_s` of host work (API server, KV read on CPU hosts): the next step
+  starts no earlier than its end.
 * An idle engine awaits an event; the `hang` fault pauses it until cleared.
 """
 
@@ -107,6 +110,8 @@ class Engine(RunLoop):
         self._in_step: list[Sequence] = []
         """The sequences of the step under way (empty between steps)."""
         self._step_waiters: list[asyncio.Future[None]] = []
+        self._host_until = 0.0
+        """Until when the host work of finished prefill-only requests delays the next step."""
 
     # --- queue ------------------------------------------------------------------------------
     @property
@@ -329,6 +334,7 @@ class Engine(RunLoop):
             slowdown = self.faults.slowdown
             dt *= slowdown
             start, kind = step_start(prev_end, self.clock(), dt)
+            start = max(start, self._host_until)
             deadline = start + dt
             sampled = self._open_step(sched, new, admitted, start, deadline)
             streams = sum(1 for s in sampled if s.sink is not None)
@@ -389,6 +395,9 @@ class Engine(RunLoop):
             if s.prefill_only or s.generated >= s.max_tokens:
                 finished.append(s)
         if finished:
+            handed_over = sum(1 for s in finished if s.prefill_only)
+            if handed_over:
+                self._host_until = max(self._host_until, t) + self.profile.prefill_host_per_request_s * handed_over
             for s in finished:
                 s.in_running = False
             self.running = [s for s in self.running if s.in_running]

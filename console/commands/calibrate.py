@@ -19,8 +19,8 @@ def _num(v: Any) -> str:
 
 
 def calibrate_cmd(
-    run: Annotated[str, typer.Argument(help="run id (or a unique prefix) of a live run, or of a replay run the local console served "
-                                            "(then only that replay's requests are used)")],
+    run: Annotated[list[str], typer.Argument(help="run id (or a unique prefix) of a live run, or of replay runs one console served "
+                                                  "(then only those replays' requests are used, together)")],
     out: Annotated[Path | None, typer.Option("--out", help="write the fitted profile JSON here (usable by sim/emulate --profile)")] = None,
     base: Annotated[str | None, typer.Option("--base", help="profile (name or .json) whose values are the priors (default: the run's profile)")] = None,
     name: Annotated[str | None, typer.Option("--name", help="name of the written profile (default: calibrated-RUN)")] = None,

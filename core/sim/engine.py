@@ -7,7 +7,11 @@ instance becomes active, after each periodic decision) and fail when they expire
 instances serve their queue FIFO: in ps mode one prompt at a time, for profile.prefill_time(l);
 in iteration mode, as vLLM's scheduler does, the waiting prompts that fit one step's token budget
 (profile.max_num_batched_tokens) and running slots go together, in prefill_base_s plus each
-prompt's own cost, and all end with the batch (unchunked: a longer prompt runs alone). The KV
+prompt's own cost plus the engine step the batch runs in (step_time(n, prompt tokens), as the
+emulator and `calibrate` count it), and all end with the batch (unchunked: a longer prompt runs
+alone). In both,
+a batch of n requests leaves the instance n·prefill_host_per_request_s of host work that the next
+batch waits for. The KV
 transfer follows; decode runs in processor-sharing or iteration-level mode. A request routed
 without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per token:
 every instance jumps from event to event.
@@ -251,6 +255,8 @@ class Simulation:
         self.queues: list[deque[int]] = []
         self.busy: list[bool] = []
         self._in_batch: list[int] = []
+        self._host_free: list[float] = []
+        """When each instance's host work for its last prefill batch ends (profile.prefill_host_per_request_s)."""
         """Prompts of the prefill batch under way per instance (its prefill ends when they all have)."""
         self.decoders: list[DecodeModel | None] = []
         self._version: list[int] = []
@@ -298,6 +304,7 @@ class Simulation:
             self.queues.append(deque())
             self.busy.append(False)
             self._in_batch.append(0)
+            self._host_free.append(0.0)
             self.decoders.append(None)
             self._version.append(0)
             self._pos_p.append(-1)
@@ -421,10 +428,14 @@ class Simulation:
             while queue and len(batch) < p.max_num_seqs and tokens + int(self._prompt_l[queue[0]]) <= p.max_num_batched_tokens:
                 tokens += int(self._prompt_l[queue[0]])
                 batch.append(queue.popleft())
+        begin = max(now, self._host_free[x])  # the previous batch's host work comes first
         if len(batch) == 1:
-            end = now + p.prefill_time(self._prompt_l[batch[0]])
+            end = begin + p.prefill_time(self._prompt_l[batch[0]])
         else:
-            end = now + p.prefill_base_s + float(np.sum(p.prefill_time(self.prompt[batch]) - p.prefill_base_s))
+            end = begin + p.prefill_base_s + float(np.sum(p.prefill_time(self.prompt[batch]) - p.prefill_base_s))
+        if self.mode == "iteration":  # the engine step the batch runs in, which samples its first tokens
+            end += p.step_time(len(batch), float(sum(self._prompt_l[i] for i in batch)))
+        self._host_free[x] = end + p.prefill_host_per_request_s * len(batch)
         self.busy[x] = True
         self._in_batch[x] = len(batch)
         for i in batch:

@@ -1,0 +1,54 @@
+"""The per-request host work of prefill instances, fitted from constructed prefill-leg records."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from console.calibration_host import busy_batches, fit_host_work
+from tests.helpers import toy_profile
+
+PROFILE = toy_profile(prefill_base_s=0.01, prefill_per_token_s=0.001, decode_step_base_s=0.002, decode_step_per_seq_s=0.0005)
+
+
+def compute(lens: list[int]) -> float:
+    return 0.01 + 0.001 * sum(lens) + PROFILE.step_time(len(lens), sum(lens))
+
+
+def records(h: float, *, back_to_back: bool, batches: int = 40, seed: int = 3) -> list[dict[str, Any]]:
+    """Prefill legs of one instance in batches of 1-4: each batch's requests arrive while the
+    previous one runs (back to back) or after it ended (idle gaps); its end is its compute plus h
+    times the previous batch's size (the previous batch's host work) after the previous end."""
+    rng = random.Random(seed)
+    rows, end, prev_n = [], 0.0, 0
+    for b in range(batches):
+        lens = [rng.randint(50, 400) for _ in range(rng.randint(1, 4))]
+        if back_to_back:
+            arrive, begin = end - 0.02, end + h * prev_n
+        else:
+            arrive = begin = end + h * prev_n + 0.5
+        end = begin + compute(lens) + rng.uniform(0, 0.002)
+        rows += [{"prefill_instance": "p0", "prefill_start": arrive, "prefill_end": end + k * 0.001, "prompt_tokens": n,
+                  "request_id": f"{b}-{k}"} for k, n in enumerate(lens)]
+        prev_n = len(lens)
+    return rows
+
+
+def test_back_to_back_batches_give_the_host_work_per_request() -> None:
+    fit = fit_host_work(records(0.05, back_to_back=True), PROFILE, prior=0.0)
+    term = fit.terms["prefill_host_per_request_s"]
+    assert term.source == "fit" and term.value == pytest.approx(0.05, abs=0.002)
+    sizes, intervals, excess = busy_batches(records(0.05, back_to_back=True), PROFILE)
+    assert len(sizes) == 39 and set(sizes.tolist()) <= {1.0, 2.0, 3.0, 4.0}
+    assert np.all(np.abs(excess - 0.05 * sizes) < 0.006)  # jitter and the legs answered 1 ms apart and np.all(intervals > excess)
+
+
+def test_no_host_work_fits_zero_and_idle_instances_keep_the_prior() -> None:
+    none = fit_host_work(records(0.0, back_to_back=True), PROFILE, prior=0.03).terms["prefill_host_per_request_s"]
+    assert none.source.startswith("fit") and none.value == pytest.approx(0.0, abs=0.002)  # fitted, or clipped at 0
+    idle = fit_host_work(records(0.05, back_to_back=False), PROFILE, prior=0.03).terms["prefill_host_per_request_s"]
+    assert busy_batches(records(0.05, back_to_back=False), PROFILE)[0].size == 0
+    assert idle.value == 0.03 and idle.source.startswith("prior: ") and "back-to-back prefill batches" in idle.source

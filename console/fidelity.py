@@ -1,21 +1,22 @@
 """Fidelity of the emulator and the simulator against real vLLM: the comparison table and its bounds.
 
 The real-vLLM stage (tests/vllm/test_real_vllm.py) replays the same trace slices against the real
-P/D pair (twice each, for the run-to-run spread), against the emulator and through `runs whatif`
-(the simulator), both with the profile calibrated from a separate real run. This module turns
+P/D pair (several times each, for the run-to-run spread), against the emulator and through `runs
+whatif` (the simulator), both with the profile calibrated from separate real runs. This module turns
 their metrics into one table and says which predictions fall outside which bound.
 
-Two bounds per row: the target (issue 16: light load p50 ±15% and p99 ±30%, queueing load p50
-±25%) and the gate the stage fails on: ±50% plus the row's run-to-run spread of real vLLM measured
-in the same stage run (real vLLM on two shared cores repeats itself to within 1-28% on these rows:
-a prediction cannot be judged closer than that). The README's fidelity section says which targets
-are met and why the others are not. Deviations are measured against the mean of the real runs; a target is also counted as met
-when the prediction lies within the real runs' own range (real vLLM cannot be predicted closer than
-it repeats itself).
+Deviations are measured against the median of the real runs. Each row has issue 16's target (light
+load p50 ±15% and p99 ±30%, queueing load p50 ±25%; a prediction within the real runs' own range
+also meets it) and a gate the stage fails on: the target plus the row's run-to-run spread of real
+vLLM measured in the same stage run ((max − min) / median). Real vLLM on two shared cores does not
+repeat itself closer than that (light TPOT p50 6-17 ms over ten replays of one slice), so no
+prediction can be judged closer; rows the issue gives no target (queueing p99) are gated at ±50%
+plus the spread. The README's fidelity section has the measured spreads and the table.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +26,8 @@ STATS = ("p50", "p99")
 
 TARGETS: dict[tuple[str, str], float] = {("light", "p50"): 0.15, ("light", "p99"): 0.30, ("queueing", "p50"): 0.25}
 """Issue 16's bounds as relative deviations (queueing p99 has none)."""
-GATE = 0.5
-"""The stage fails when a prediction is off by more than this plus the real runs' spread (before
-this work the emulator's TTFT was off by 100x)."""
+UNTARGETED = 0.5
+"""The gate's base for rows without a target (before this work the emulator's TTFT was off by 100x)."""
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,17 @@ class Row:
     predicted: dict[str, float]
 
     @property
-    def real_mean(self) -> float:
-        return sum(self.real) / len(self.real)
+    def reference(self) -> float:
+        """What predictions are judged against: the median of the real runs."""
+        return statistics.median(self.real)
 
     @property
     def spread(self) -> float:
-        """Run-to-run spread of real vLLM: (max − min) / mean."""
-        return (max(self.real) - min(self.real)) / self.real_mean if self.real_mean else 0.0
+        """Run-to-run spread of real vLLM: (max − min) / median."""
+        return (max(self.real) - min(self.real)) / self.reference if self.reference else 0.0
 
     def deviation(self, source: str) -> float:
-        return self.predicted[source] / self.real_mean - 1.0 if self.real_mean else 0.0
+        return self.predicted[source] / self.reference - 1.0 if self.reference else 0.0
 
     @property
     def target(self) -> float | None:
@@ -64,7 +65,8 @@ class Row:
 
     @property
     def gate(self) -> float:
-        return GATE + self.spread
+        """The target (or UNTARGETED) widened by real vLLM's own spread in this stage run."""
+        return (self.target if self.target is not None else UNTARGETED) + self.spread
 
     def within_gate(self, source: str) -> bool:
         return abs(self.deviation(source)) <= self.gate
@@ -85,15 +87,16 @@ def build_rows(real: dict[str, list[dict[str, Any]]], predicted: dict[str, dict[
 
 def failures(rows: list[Row]) -> list[str]:
     """What lies outside the gate, one line each (empty: the stage passes)."""
-    return [f"{r.load} {r.metric.upper()} {r.stat}: {src} {r.predicted[src] * 1000:.1f} ms vs real {r.real_mean * 1000:.1f} ms "
-            f"({r.deviation(src):+.0%}, gate ±{r.gate:.0%}: {GATE:.0%} + the real runs' spread)"
+    return [f"{r.load} {r.metric.upper()} {r.stat}: {src} {r.predicted[src] * 1000:.1f} ms vs real {r.reference * 1000:.1f} ms "
+            f"({r.deviation(src):+.0%}, gate ±{r.gate:.0%}: {'the target' if r.target is not None else 'no target'} "
+            f"{r.gate - r.spread:.0%} + the real runs' spread {r.spread:.0%})"
             for r in rows for src in r.predicted if not r.within_gate(src)]
 
 
 def table(rows: list[Row]) -> str:
     """The fidelity table in Markdown (milliseconds)."""
     sources = list(rows[0].predicted) if rows else []
-    head = ["load", "metric", "real runs (ms)", "real spread", *[f"{s} (ms, Δ)" for s in sources], "target",
+    head = ["load", "metric", "real runs (ms)", "real spread", *[f"{s} (ms, Δ vs real median)" for s in sources], "target",
             *[f"{s} meets target" for s in sources], "gate"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:

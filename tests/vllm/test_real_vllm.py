@@ -29,6 +29,7 @@ from adapters.vllm.scrape import parse_metrics
 from console.analysis import run_metrics
 from console.fidelity import build_rows, failures
 from console.fidelity import table as fidelity_table
+from tests.cpu_speed import CpuSpeedProbe, relative_speed
 from tests.procs import ROOT, Console, alive, start_console, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -50,7 +51,8 @@ steeper than the linear step model's (1.3 ms per sequence against 0.8-0.9 at 1-4
 both regimes missed light TPOT by 80%."""
 JUDGED = {"light": ["--limit", "24", "--speed", "1"], "queueing": ["--start", "20", "--limit", "48", "--speed", "3"]}
 """The first 24 requests as recorded, and the 48 from the 20th second on three times faster (prefill queues)."""
-REAL_REPEATS = 2
+REAL_REPEATS = 3
+"""Judged rounds: one before, one between and one after the two calibration replays."""
 REPORT = Path(os.environ.get("SIBYL_VLLM_REPORT", ROOT / ".build" / "vllm-fidelity.md"))
 CALIBRATED = REPORT.with_name("cpu-tiny-llama.calibrated.json")
 """The stage's calibrated profile: `make refresh-cpu-profile` ships it as cpu-tiny-llama."""
@@ -250,17 +252,34 @@ def test_policy_swap_mid_run_is_recorded(cluster: Console) -> None:
 
 def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp_path: Path) -> None:
     """Calibrate from two real replays, then predict other replays (light and queueing load, each run
-    twice on real vLLM for its spread) with the emulator and the simulator (`runs whatif`); the table
+    three times on real vLLM for its spread) with the emulator and the simulator (`runs whatif`); the table
     goes to the stage log and .build/vllm-fidelity.md, and the stage fails outside the gate
     (console/fidelity.py). The fitted profile is kept in .build for `make refresh-cpu-profile`."""
     con = cluster
     cpu_before = _cpu_times()
-    # The calibration sits between the two rounds of judged runs: this shared VM's speed drifts
-    # over minutes, and bracketing keeps that drift from biasing every prediction one way.
-    real_runs: dict[str, list[str]] = {load: [_replay(con, args)] for load, args in JUDGED.items()}
-    cal_runs = [_replay(con, args) for args in CALIBRATION]
-    for load, args in JUDGED.items():
-        real_runs[load] += [_replay(con, args) for _ in range(REAL_REPEATS - 1)]
+    # The calibration replays sit between the judged rounds: this shared VM's speed drifts over
+    # minutes, and interleaving keeps that drift from biasing every prediction one way. The probe
+    # says how fast the cores ran during each replay.
+    windows: dict[str, list[tuple[float, float]]] = {load: [] for load in JUDGED}
+    real_runs: dict[str, list[str]] = {load: [] for load in JUDGED}
+    cal_runs: list[str] = []
+    cal_windows: list[tuple[float, float]] = []
+
+    def replay(args: list[str], runs: list[str], spans: list[tuple[float, float]]) -> None:
+        start = time.monotonic()
+        runs.append(_replay(con, args))
+        spans.append((start, time.monotonic()))
+
+    with CpuSpeedProbe() as probe:
+        for round_ in range(REAL_REPEATS):
+            for load, args in JUDGED.items():
+                replay(args, real_runs[load], windows[load])
+            if round_ < len(CALIBRATION):
+                replay(CALIBRATION[round_], cal_runs, cal_windows)
+        assert len(cal_runs) == len(CALIBRATION), "each calibration replay runs between two judged rounds"
+    cores = {i["id"]: sorted(os.sched_getaffinity(i["pid"])) for i in con.state()["instances"]}
+    speeds = {f"{load}, {iid}'s core {c[0]}": [relative_speed(probe, w, cal_windows, core=c[0]) for w in spans]
+              for load, spans in windows.items() for iid, c in cores.items() if len(c) == 1}
     steal = _steal_share(cpu_before, _cpu_times())
     fitted = tmp_path / "cpu-tiny-llama.json"
     cal = con.cli("calibrate", *cal_runs, "--out", str(fitted), "--name", "cpu-tiny-llama", "--db", str(con.db))
@@ -283,11 +302,14 @@ def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp
     workloads = "\n".join(f"- {load}: `replay demos/azure_conv_sample.csv {' '.join(args)}`" for load, args in
                           [*(("calibration", args) for args in CALIBRATION), *JUDGED.items()])
     REPORT.parent.mkdir(parents=True, exist_ok=True)
+    speed_lines = "\n".join(f"- {load}: " + " / ".join("?" if v is None else f"{v:.2f}" for v in values) for load, values in speeds.items())
     REPORT.write_text(f"{report}\n\nCPU time stolen by the hypervisor during the real runs: {steal:.1%}.\n\n"
+                      f"How fast each instance's core ran during each real run, relative to the calibration replays (tests/cpu_speed.py):\n{speed_lines}\n\n"
                       f"Workloads ({REAL_REPEATS} real runs each, fresh prompts every run):\n{workloads}\n\n"
-                      f"Calibrated profile (from the calibration replay only):\n\n```json\n{fitted.read_text()}\n```\n")
+                      f"Calibrated profile (from the calibration replays only):\n\n```json\n{fitted.read_text()}\n```\n")
     CALIBRATED.write_text(fitted.read_text())
-    say(f"[test-vllm] fidelity (profile calibrated from separate real replays; {steal:.1%} of CPU time stolen meanwhile):\n" + report)
+    say(f"[test-vllm] fidelity (profile calibrated from separate real replays; {steal:.1%} of CPU time stolen meanwhile):\n" + report
+        + "\n[test-vllm] cores' speed during each real run relative to the calibration replays:\n" + speed_lines)
     for load, runs in real_runs.items():
         assert all(sum(r["status"] != "ok" for r in store.requests(run)) == 0 for run in runs), f"real {load} replay lost requests"
     off = failures(rows)

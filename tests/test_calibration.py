@@ -170,7 +170,10 @@ EMULATED_TOLERANCE: dict[str, tuple[str, float]] = {
     "decode_step_base_s": ("rel", 0.15),
     "decode_step_per_seq_s": ("rel", 0.20),  # at the light load the batch only spans 1-3
     "decode_step_per_kv_token_s": ("rel", 0.25),
-    "kv_transfer_base_s": ("abs", 0.004),  # + the wait for the step under way, up to a step
+    # usually -1 to +2 ms; +4.6 ms once (a clean-clone CI run): at the heavy load the emulators, the
+    # console and the replayer saturate both cores, and host delays (which only add) can then hold
+    # more than the quarter of the handoffs the 25% quantile fit looks past
+    "kv_transfer_base_s": ("abs", 0.006),
     "kv_transfer_per_token_s": ("rel", 0.25),  # +19% seen once at the heavy load (usually within 1%)
 }
 

@@ -20,6 +20,10 @@ from adapters.pids import running
 from adapters.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+FIXED_PROFILE = str(ROOT / "tests" / "data" / "cpu-fixed.json")
+"""A profile that stays put (cpu-tiny-llama's hand-measured values before calibration replaced
+them): tests whose thresholds are set in its terms, and end-to-end tests that need no particular
+timing, whose consoles decode ~3x faster on it than on the calibrated cpu-tiny-llama."""
 
 
 def alive(pid: int) -> bool:

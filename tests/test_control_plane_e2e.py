@@ -16,9 +16,16 @@ from adapters.store import RunStore
 from core.dispatch import Dispatcher
 from core.perf import get_profile
 from core.sim import Simulation
-from tests.procs import ROOT, Console, emulators, kill_children, start_console, wait_for
+from tests.procs import (
+    FIXED_PROFILE,
+    Console,
+    emulators,
+    kill_children,
+    start_console,
+    wait_for,
+)
 
-PROFILE = str(ROOT / "tests" / "data" / "cpu-fixed.json")
+PROFILE = FIXED_PROFILE
 """A fixed profile: the thresholds below are set in its terms (the shipped cpu-tiny-llama is refreshed by calibration)."""
 # Scale out when the decode instances average ≥ 6.4 requests in flight (of the profile's 256
 # slots), back in after 2 s below 2.56; decisions every 0.5 s. The same params drive the simulator.

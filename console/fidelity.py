@@ -9,7 +9,7 @@ Deviations are measured against the median of the real runs. Each row has issue 
 load p50 ±15% and p99 ±30%, queueing load p50 ±25%; a prediction within the real runs' own range
 also meets it) and a gate the stage fails on: the target plus the row's run-to-run spread of real
 vLLM measured in the same stage run ((max − min) / median). Real vLLM on two shared cores does not
-repeat itself closer than that (light TPOT p50 6-17 ms over ten replays of one slice), so no
+repeat itself closer than that (light TPOT p50 6-17 ms over eleven replays of one slice in a day), so no
 prediction can be judged closer; rows the issue gives no target (queueing p99) are gated at ±50%
 plus the spread. The README's fidelity section has the measured spreads and the table.
 """

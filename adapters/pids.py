@@ -32,21 +32,29 @@ def running(pid: int) -> bool:
     return stat[stat.rfind(")") + 2] != "Z"
 
 
+def group_pids(pgid: int) -> list[int]:
+    """The non-zombie processes of process group `pgid`, from /proc (empty where there is none)."""
+    pids: list[int] = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return pids
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(entry.name))
+    return pids
+
+
 def group_alive(pgid: int) -> bool:
     """Whether any non-zombie process is still in process group `pgid`."""
-    proc = Path("/proc")
-    if proc.is_dir():
-        for entry in proc.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-                return True
-        return False
+    if Path("/proc").is_dir():
+        return bool(group_pids(pgid))
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:

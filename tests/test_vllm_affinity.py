@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from adapters.vllm.affinity import group_pids, parse_cores, pin_process_group
+from adapters.pids import group_pids
+from adapters.vllm.affinity import parse_cores, pin_process_group
 from tests.procs import wait_for
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux affinity calls")

@@ -14,6 +14,8 @@ import contextlib
 import os
 from pathlib import Path
 
+from adapters.pids import group_pids
+
 PROC = Path("/proc")
 
 
@@ -28,20 +30,6 @@ def parse_cores(spec: str) -> set[int]:
     if not cores:
         raise ValueError(f"empty core list {spec!r}")
     return cores
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Processes whose process group is `pgid` (the launcher starts each instance as a group leader)."""
-    pids = []
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-            if int(fields[2]) == pgid:
-                pids.append(int(entry.name))
-    return pids
 
 
 def pin_process_group(pgid: int, cores: set[int]) -> int:

@@ -53,8 +53,7 @@ def busy_batches(rows: list[dict[str, Any]], profile: PerfProfile) -> tuple[np.n
             if max(r["prefill_start"] for r in cur) >= min(r["prefill_end"] for r in prev):
                 continue  # a request of this batch arrived after the previous one ended: not back to back
             lens = np.array([float(r["prompt_tokens"]) for r in cur])
-            compute = (profile.prefill_base_s + float(np.sum(profile.prefill_time(lens) - profile.prefill_base_s))
-                       + profile.step_time(len(cur), float(lens.sum())))
+            compute = profile.prefill_batch_time(lens) + profile.step_time(len(cur), float(lens.sum()))
             interval = max(r["prefill_end"] for r in cur) - max(r["prefill_end"] for r in prev)
             sizes.append(float(len(prev)))
             intervals.append(interval)

@@ -112,6 +112,11 @@ class PerfProfile(BaseModel):
             self.prefill_base_s + self.prefill_per_token_s * t + self.prefill_per_token2_s * t * t
         )
 
+    def prefill_batch_time(self, tokens: Any) -> float:
+        """Seconds for whole prompts of `tokens` lengths prefilled in one engine step: the fixed
+        cost once plus each prompt's own cost (the engine step they run in is not included)."""
+        return float(self.prefill_base_s + np.sum(self.prefill_time(np.asarray(tokens, dtype=float)) - self.prefill_base_s))
+
     # --- iteration-level decode ----------------------------------------------------------
     def step_time(self, batch: int, kv_tokens: float) -> float:
         """Seconds for one decode iteration of `batch` sequences holding `kv_tokens` KV tokens."""

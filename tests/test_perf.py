@@ -40,6 +40,12 @@ def test_closed_form_step_sums_match_a_loop() -> None:
     assert p.steps_within(total - 1e-6, 8, 500) == 36
 
 
+def test_a_prefill_batch_pays_the_fixed_cost_once_and_each_prompt_its_own() -> None:
+    p = toy_profile().model_copy(update={"prefill_base_s": 0.01, "prefill_per_token_s": 0.001, "prefill_per_token2_s": 1e-6})
+    assert p.prefill_batch_time([100, 200]) == pytest.approx(0.01 + 0.001 * 300 + 1e-6 * (100**2 + 200**2))
+    assert p.prefill_batch_time([300]) == pytest.approx(p.prefill_time(300))
+
+
 def test_profile_file_round_trip_and_errors(tmp_path) -> None:
     path = tmp_path / "fitted.json"
     save_profile_file(toy_profile(name="fitted"), path)

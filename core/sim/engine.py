@@ -255,9 +255,9 @@ class Simulation:
         self.queues: list[deque[int]] = []
         self.busy: list[bool] = []
         self._in_batch: list[int] = []
+        """Prompts of the prefill batch under way per instance (its prefill ends when they all have)."""
         self._host_free: list[float] = []
         """When each instance's host work for its last prefill batch ends (profile.prefill_host_per_request_s)."""
-        """Prompts of the prefill batch under way per instance (its prefill ends when they all have)."""
         self.decoders: list[DecodeModel | None] = []
         self._version: list[int] = []
         self._pos_p: list[int] = []
@@ -423,8 +423,8 @@ class Simulation:
         budget runs alone, unchunked)."""
         queue, p = self.queues[x], self.profile
         batch = [queue.popleft()]
+        tokens = int(self._prompt_l[batch[0]])
         if self.mode == "iteration":
-            tokens = int(self._prompt_l[batch[0]])
             while queue and len(batch) < p.max_num_seqs and tokens + int(self._prompt_l[queue[0]]) <= p.max_num_batched_tokens:
                 tokens += int(self._prompt_l[queue[0]])
                 batch.append(queue.popleft())
@@ -432,9 +432,9 @@ class Simulation:
         if len(batch) == 1:
             end = begin + p.prefill_time(self._prompt_l[batch[0]])
         else:
-            end = begin + p.prefill_base_s + float(np.sum(p.prefill_time(self.prompt[batch]) - p.prefill_base_s))
+            end = begin + p.prefill_batch_time(self.prompt[batch])
         if self.mode == "iteration":  # the engine step the batch runs in, which samples its first tokens
-            end += p.step_time(len(batch), float(sum(self._prompt_l[i] for i in batch)))
+            end += p.step_time(len(batch), float(tokens))
         self._host_free[x] = end + p.prefill_host_per_request_s * len(batch)
         self.busy[x] = True
         self._in_batch[x] = len(batch)

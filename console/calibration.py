@@ -77,17 +77,25 @@ def _f(r: dict[str, Any], k: str) -> float:
     return float(r[k])
 
 
-def served_by(store: RunStore, info: RunInfo) -> tuple[RunInfo, set[str] | None]:
-    """The live run whose gateway recorded a run's requests, and which of its requests they are: a
-    replay run linked to the console it targeted stands for the gateway's records of its own
-    requests only (so one console run can hold a calibration replay and the replays judged
-    against it); any other run stands for itself."""
+def serving_run(store: RunStore, info: RunInfo) -> RunInfo:
+    """The live run whose gateway recorded a run's requests: for a replay run linked to the console
+    it targeted, that console's run; any other run is its own."""
     if info.kind != "replay":
-        return info, None
+        return info
     if not info.parent_run_id:
         raise StoreError(f"replay run {info.run_id} is not linked to a live console run (it targeted another server): "
                          "use the live run that served it")
-    return store.get_run(info.parent_run_id), {r["request_id"] for r in store.requests(info.run_id)}
+    return store.get_run(info.parent_run_id)
+
+
+def served_by(store: RunStore, info: RunInfo) -> tuple[RunInfo, set[str] | None]:
+    """`serving_run`, and which of its requests the run stands for: a replay run, the gateway's
+    records of its own requests only (so one console run can hold a calibration replay and the
+    replays judged against it); any other run, all of them (None)."""
+    live = serving_run(store, info)
+    if live is info:
+        return info, None
+    return live, {r["request_id"] for r in store.requests(info.run_id)}
 
 
 def served_by_all(store: RunStore, run_ids: list[str]) -> tuple[RunInfo, set[str] | None]:
@@ -263,7 +271,7 @@ def whatif(store: RunStore, run_id: str, policies: list[tuple[str, dict[str, Any
     rows = sorted(store.requests(info.run_id), key=lambda r: r["arrival"] or 0.0)
     if not rows:
         raise StoreError(f"run {info.run_id} has no requests to re-simulate")
-    n_prefill, n_decode = parse_cluster(served_by(store, info)[0].cluster or "1P1D")
+    n_prefill, n_decode = parse_cluster(serving_run(store, info).cluster or "1P1D")
     plan = SimPlan(
         arrivals=np.array([r["arrival"] or 0.0 for r in rows]) - (rows[0]["arrival"] or 0.0),
         prompt_tokens=np.array([r["prompt_tokens"] or 1 for r in rows]),

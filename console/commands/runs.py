@@ -273,7 +273,7 @@ def runs_whatif(
     Example: sibyl-console runs whatif r-20261122-1101 --policy sibyl --policy least_load
     """
     from console.analysis import run_metrics
-    from console.calibration import calibrate, served_by, whatif
+    from console.calibration import calibrate, serving_run, whatif
     from core.perf import get_profile
     from core.policies import parse_param_assignments
 
@@ -281,7 +281,7 @@ def runs_whatif(
     info = store.get_run(run)
     prof = get_profile(profile) if profile else calibrate(store, info.run_id)[0]
     assigned = parse_param_assignments(param)
-    served = served_by(store, info)[0]  # a replay run: the console run that served it
+    served = serving_run(store, info)  # a replay run: the console run that served it
     names = policy or [served.policy or "round_robin"]
     predicted = whatif(store, info.run_id, [(n, {**assigned.get("", {}), **assigned.get(n, {})}) for n in names], prof)
     recorded = run_metrics(store.requests(info.run_id))

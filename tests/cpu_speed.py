@@ -1,4 +1,4 @@
-"""CpuSpeedProbe: how fast this machine's cores run over time, from the CPU time a fixed loop takes.
+"""How fast this machine's cores ran (CpuSpeedProbe, from a fixed loop's CPU time) and what the hypervisor stole.
 
 On a shared VM a vCPU can run at half speed without any stolen time (another guest on its
 hyperthread sibling, the host's clock), and the two vCPUs need not run at the same speed: that
@@ -13,6 +13,7 @@ import os
 import statistics
 import threading
 import time
+from pathlib import Path
 
 PERIOD_S = 0.25
 LOOP = 20_000
@@ -69,3 +70,14 @@ def relative_speed(probe: CpuSpeedProbe, window: tuple[float, float], reference:
     if here is None or not there:
         return None
     return statistics.median(there) / here
+
+
+def cpu_times() -> list[int]:
+    """The machine's CPU time counters (/proc/stat's first line: user ... steal)."""
+    return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+
+
+def steal_share(before: list[int], after: list[int]) -> float:
+    """Share of CPU time the hypervisor gave to other guests between two samples."""
+    delta = [a - b for a, b in zip(after, before, strict=True)]
+    return delta[7] / sum(delta) if sum(delta) else 0.0

@@ -29,7 +29,7 @@ from adapters.vllm.scrape import parse_metrics
 from console.analysis import run_metrics
 from console.fidelity import build_rows, failures
 from console.fidelity import table as fidelity_table
-from tests.cpu_speed import CpuSpeedProbe, relative_speed
+from tests.cpu_speed import CpuSpeedProbe, cpu_times, relative_speed, steal_share
 from tests.procs import ROOT, Console, alive, start_console, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -256,7 +256,7 @@ def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp
     goes to the stage log and .build/vllm-fidelity.md, and the stage fails outside the gate
     (console/fidelity.py). The fitted profile is kept in .build for `make refresh-cpu-profile`."""
     con = cluster
-    cpu_before = _cpu_times()
+    cpu_before = cpu_times()
     # The calibration replays sit between the judged rounds: this shared VM's speed drifts over
     # minutes, and interleaving keeps that drift from biasing every prediction one way. The probe
     # says how fast the cores ran during each replay.
@@ -280,7 +280,7 @@ def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp
     cores = {i["id"]: sorted(os.sched_getaffinity(i["pid"])) for i in con.state()["instances"]}
     speeds = {f"{load}, {iid}'s core {c[0]}": [relative_speed(probe, w, cal_windows, core=c[0]) for w in spans]
               for load, spans in windows.items() for iid, c in cores.items() if len(c) == 1}
-    steal = _steal_share(cpu_before, _cpu_times())
+    steal = steal_share(cpu_before, cpu_times())
     fitted = tmp_path / "cpu-tiny-llama.json"
     cal = con.cli("calibrate", *cal_runs, "--out", str(fitted), "--name", "cpu-tiny-llama", "--db", str(con.db))
     assert cal.returncode == 0, cal.stderr
@@ -314,17 +314,6 @@ def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp
         assert all(sum(r["status"] != "ok" for r in store.requests(run)) == 0 for run in runs), f"real {load} replay lost requests"
     off = failures(rows)
     assert not off, "predictions outside the gate:\n" + "\n".join(off)
-
-
-def _cpu_times() -> list[int]:
-    """The machine's CPU time counters (/proc/stat's first line: user ... steal)."""
-    return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-
-
-def _steal_share(before: list[int], after: list[int]) -> float:
-    """Share of CPU time the hypervisor gave to other guests between two samples."""
-    delta = [a - b for a, b in zip(after, before, strict=True)]
-    return delta[7] / sum(delta) if sum(delta) else 0.0
 
 
 def _replay(con: Console, args: list[str]) -> str:

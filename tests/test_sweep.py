@@ -264,6 +264,17 @@ def _stored(db: Path, sweep: str) -> list[dict[str, Any]]:
     return [dict(r) for r in rows]
 
 
+def _completed_so_far(db: Path, sweep: str) -> int:
+    """Completed points of a sweep another process is writing; 0 while its store is still being
+    created (the file appears before its tables do)."""
+    if not db.exists():
+        return 0
+    try:
+        return sum(r["status"] == "completed" for r in _stored(db, sweep))
+    except sqlite3.OperationalError:  # no such table / column yet
+        return 0
+
+
 def _sweep(*args: str) -> dict[str, Any]:
     result = runner.invoke(app, ["sweep", *args, "--json"])
     assert result.exit_code == 0, (result.output, result.exception)
@@ -330,7 +341,7 @@ def test_an_interrupted_sweep_keeps_what_finished_and_resumes(ray_cluster: str, 
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            if db.exists() and sum(r["status"] == "completed" for r in _stored(db, "tiny")) >= 2:
+            if _completed_so_far(db, "tiny") >= 2:
                 break
             time.sleep(0.2)
         else:

@@ -452,6 +452,7 @@ servegen_cells = st.one_of(
         st.dictionaries(st.sampled_from(["0", "21600", "x"]), st.dictionaries(st.sampled_from(["input_tokens", "output_tokens"]), st.one_of(json_values, st.sampled_from(["{1: 0.5, 8: 0.5}", "{}", "{0: 1}", "{1: -1}", "[1]", "{1: 0.5"])))),
     ),
 )
+@example(rows=[["0.000", "5.000", "1.000", "Gamma", "1.000", "1.000"]], dataset={})  # no windows: was an IndexError
 def test_servegen_on_random_folders(rows: list[list[str]], dataset: Any) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         write(tmp, "chunk-3-trace.csv", "".join(",".join(r) + "\n" for r in rows).encode())

@@ -126,8 +126,8 @@ def _load_dataset(path_str: str, mtime_ns: int) -> tuple[str, dict[str, dict[str
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path.name}:{exc.lineno}: invalid JSON ({exc.msg})") from exc
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise TraceError(f"{path.name}: expected an object of 6-hour windows, each an object")
+    if not isinstance(data, dict) or not data or not all(isinstance(v, dict) for v in data.values()):
+        raise TraceError(f"{path.name}: expected a non-empty object of 6-hour windows, each an object")
     return text, data
 
 

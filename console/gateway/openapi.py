@@ -117,7 +117,7 @@ def build_openapi(
             "model": _model_field(models),
             "prompt": {
                 "oneOf": [
-                    {"type": "string"},
+                    {"type": "string", "minLength": 1},  # vLLM refuses an empty prompt (400)
                     {"type": "array", "items": {"type": "string"}, "minItems": 1},
                     {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
                     {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}, "minItems": 1},

@@ -22,8 +22,11 @@ from adapters.ports import free_port
 ROOT = Path(__file__).resolve().parents[1]
 FIXED_PROFILE = str(ROOT / "tests" / "data" / "cpu-fixed.json")
 """A profile that stays put (cpu-tiny-llama's hand-measured values before calibration replaced
-them): tests whose thresholds are set in its terms, and end-to-end tests that need no particular
-timing, whose consoles decode ~3x faster on it than on the calibrated cpu-tiny-llama."""
+them): end-to-end tests whose thresholds, stream lengths and waits are set in its terms, so
+that refreshing the shipped calibration does not move them."""
+FAST_PROFILE = str(ROOT / "tests" / "data" / "cpu-fast.json")
+"""A quick emulated engine (~10x quicker steps than FIXED_PROFILE) for end-to-end tests that check
+what happens rather than when: replays of long trace outputs, API fuzzing."""
 
 
 def alive(pid: int) -> bool:

@@ -8,7 +8,7 @@ import httpx
 
 from adapters.store import RunStore
 from console.breaker import BreakerState, CircuitBreaker
-from tests.procs import kill_children, start_console, wait_for
+from tests.procs import FIXED_PROFILE, kill_children, start_console, wait_for
 
 
 def test_the_breaker_opens_after_consecutive_failures_half_opens_and_closes() -> None:
@@ -25,7 +25,7 @@ def test_the_breaker_opens_after_consecutive_failures_half_opens_and_closes() ->
 
 def test_an_instance_that_fails_every_request_is_routed_around_then_used_again(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text('prefill = 1\ndecode = 2\nprofile = "cpu-tiny-llama"\npolicy = "round_robin"\n'
+    cfg.write_text(f'prefill = 1\ndecode = 2\nprofile = "{FIXED_PROFILE}"\npolicy = "round_robin"\n'
                    'breaker_failures = 3\nbreaker_cooloff_s = 1.0\n')
     con = start_console(tmp_path, str(cfg))
     try:

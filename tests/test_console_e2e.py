@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,15 +19,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.emulator.process import EmulatorProcess
 from adapters.store import RunStore
-from tests.procs import Console, alive, emulators, kill_children, start_console, wait_for
+from tests.procs import (
+    FIXED_PROFILE,
+    Console,
+    alive,
+    emulators,
+    kill_children,
+    start_console,
+    wait_for,
+)
 
-FAST = ["--profile", "cpu-tiny-llama"]
+PROFILE = ["--profile", FIXED_PROFILE]
+"""The stream lengths and waits below are set in this profile's step times."""
 
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     tmp = tmp_path_factory.mktemp("console")
-    c = start_console(tmp, *FAST)
+    c = start_console(tmp, *PROFILE)
     try:
         yield c
     finally:
@@ -138,37 +148,54 @@ def test_policy_swap_under_load_drops_nothing_and_is_recorded(console: Console) 
     assert [(e["new"], e["source"]) for e in events][-1] == ("round_robin", "cli")
 
 
-@pytest.mark.parametrize("failure_migration", [True, False], ids=["failure-migration", "off"])
+STREAM_TOKENS = 900
+"""~4.5 s of decoding at three streams an instance on FIXED_PROFILE: still mid-stream when d0 is killed
+even if admitting the six streams takes seconds on a loaded machine."""
+
+
+@pytest.mark.parametrize(
+    "failure_migration",
+    [True, pytest.param(False, marks=pytest.mark.slow)],  # "off" (the streams fail) runs in make test-slow
+    ids=["failure-migration", "off"],
+)
 def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(tmp_path: Path, failure_migration: bool) -> None:
     """d0 is SIGKILLed while completions (a text and a token-id prompt) and chat streams decode on
     it and d1. With failure migration (the default) d0's streams continue on d1 from prompt +
     streamed text (a token-id prompt + the text as d1 tokenizes it) and every client reads each of
-    its 400 tokens exactly once; with it off they fail, d1's untouched."""
+    its STREAM_TOKENS tokens exactly once; with it off they fail, d1's untouched."""
     cfg = tmp_path / "console.toml"
     cfg.write_text(f"failure_migration_attempts = {1 if failure_migration else 0}\n")
-    con = start_console(tmp_path, str(cfg), *FAST, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+    con = start_console(tmp_path, str(cfg), *PROFILE, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
     try:
         state = con.state()
         d0 = next(i for i in state["instances"] if i["id"] == "d0")
         c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
         results: dict[int, str] = {}
         usage: dict[int, int] = {}
-        expected = "".join(f" t{i}" for i in range(400))
+        read: dict[int, int] = dict.fromkeys(range(6), 0)  # chunks each client has read so far
+        expected = "".join(f" t{i}" for i in range(STREAM_TOKENS))
 
         kinds = ["text", "text", "ids", "ids", "chat", "chat"]  # round robin in arrival order: one of each per instance
+
+        def counted(k: int, s: Any) -> list[Any]:
+            chunks = []
+            for ch in s:
+                chunks.append(ch)
+                read[k] += 1
+            return chunks
 
         def stream(k: int) -> None:
             try:
                 opts = {"stream_options": {"include_usage": True}}
                 if kinds[k] == "chat":
-                    s = c.chat.completions.create(model="sibyl-model", messages=[{"role": "user", "content": f"s{k}"}], max_tokens=400,
+                    s = c.chat.completions.create(model="sibyl-model", messages=[{"role": "user", "content": f"s{k}"}], max_tokens=STREAM_TOKENS,
                                                   stream=True, extra_body={"ignore_eos": True}, **opts)
-                    chunks = list(s)
+                    chunks = counted(k, s)
                     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
                 else:
                     prompt: str | list[int] = f"s{k}" if kinds[k] == "text" else [5, 6, 7, k]
-                    s = c.completions.create(model="sibyl-model", prompt=prompt, max_tokens=400, stream=True, extra_body={"ignore_eos": True}, **opts)
-                    chunks = list(s)
+                    s = c.completions.create(model="sibyl-model", prompt=prompt, max_tokens=STREAM_TOKENS, stream=True, extra_body={"ignore_eos": True}, **opts)
+                    chunks = counted(k, s)
                     text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
                 usage[k] = next(ch.usage.completion_tokens for ch in chunks if ch.usage)
                 results[k] = "ok" if text == expected else f"short:{text.count(' t')}"
@@ -180,6 +207,8 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(t
             t.start()
             wait_for(lambda k=k: con.state()["requests"]["in_flight"] == k + 1, 10, f"stream {k} admitted")  # arrival order = k
         wait_for(lambda: all(i["running"] == 3 for i in con.state()["instances"] if i["role"] == "decode"), 10, "three streams on each decode instance")
+        wait_for(lambda: all(n > 0 for n in read.values()), 10, "every client reading its stream")
+        assert all(n < STREAM_TOKENS // 2 for n in read.values()), f"a stream is too far along to be killed mid-stream: {read}"
         os.killpg(d0["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
         wait_for(lambda: not next(i for i in con.state()["instances"] if i["id"] == "d0")["healthy"], 5, "d0 to be marked down")
@@ -189,14 +218,14 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(t
         assert len(results) == 6
         if failure_migration:
             assert results == {k: "ok" for k in range(6)}, results
-            assert usage == {k: 400 for k in range(6)}, usage  # the resumed streams' usage counts every token once
+            assert usage == {k: STREAM_TOKENS for k in range(6)}, usage  # the resumed streams' usage counts every token once
         else:
             assert sorted(results.values()).count("ok") == 3  # d1's streams are untouched
         # requests now avoid d0
         for _ in range(3):
             assert c.completions.create(model="sibyl-model", prompt="after", max_tokens=2).choices
         port = int(d0["url"].rsplit(":", 1)[1])
-        restarted = EmulatorProcess("decode", port, FAST).start()
+        restarted = EmulatorProcess("decode", port, PROFILE).start()
         try:
             restarted.wait_ready(30)
             wait_for(lambda: next(i for i in con.state()["instances"] if i["id"] == "d0")["healthy"], 5, "d0 back up")
@@ -209,7 +238,7 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(t
         assert len(hit) == 3  # a text, a token-id and a chat stream
         if failure_migration:
             assert all(r["status"] == "ok" and r["decode_instance"] == "d1" and "resumed on d1" in r["reason"]
-                       and r["output_tokens"] == 400 for r in hit)
+                       and r["output_tokens"] == STREAM_TOKENS for r in hit)
         else:
             assert all(r["status"] == "failed" and r["decode_instance"] == "d0" and "failure migration is off" in r["reason"] for r in hit)
         events = [(e["instance_id"], e["event"]) for e in store.instance_events(con.run_id)]
@@ -220,7 +249,7 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(t
 
 
 def test_sigkill_keeps_completed_requests_and_the_run_is_marked_interrupted(tmp_path: Path) -> None:
-    con = start_console(tmp_path, *FAST, "--prefill", "1", "--decode", "1")
+    con = start_console(tmp_path, *PROFILE, "--prefill", "1", "--decode", "1")
     try:
         c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
         finished = 0
@@ -244,7 +273,7 @@ def test_sigkill_keeps_completed_requests_and_the_run_is_marked_interrupted(tmp_
 
 
 def test_prefill_retry_no_capacity_503_and_the_event_stream(tmp_path: Path) -> None:
-    con = start_console(tmp_path, *FAST, "--prefill", "2", "--decode", "1", "--policy", "round_robin")
+    con = start_console(tmp_path, *PROFILE, "--prefill", "2", "--decode", "1", "--policy", "round_robin")
     try:
         urls = {i["id"]: i["url"] for i in con.state()["instances"]}
         with con.control() as ctl, ctl.stream("GET", "/control/events") as events:
@@ -299,7 +328,7 @@ def test_sim_backend_serves_with_the_simulators_timing(tmp_path: Path) -> None:
 
 
 def test_attach_to_running_instances_with_slo_classes_and_cli_errors(tmp_path: Path) -> None:
-    with emulators(("prefill", FAST), ("decode", FAST)) as (p, d):
+    with emulators(("prefill", PROFILE), ("decode", PROFILE)) as (p, d):
         con = start_console(tmp_path, "--backend", "vllm", "--attach", f"prefill={p.url};decode={d.url}")
         try:
             assert con.state()["cluster"] == "1P1D" and con.state()["backend"] == "vllm-attached"
@@ -316,7 +345,7 @@ def test_attach_to_running_instances_with_slo_classes_and_cli_errors(tmp_path: P
 
 
 def test_scale_out_and_in_while_serving(tmp_path: Path) -> None:
-    con = start_console(tmp_path, *FAST, "--prefill", "1", "--decode", "1", "--policy", "round_robin")
+    con = start_console(tmp_path, *PROFILE, "--prefill", "1", "--decode", "1", "--policy", "round_robin")
     try:
         assert con.state()["capabilities"]["scale"] is True
         out = con.cli("scale", "decode", "1", "--json")
@@ -382,7 +411,7 @@ def test_a_prefill_instance_lost_before_its_kv_is_pulled_is_recomputed_on_the_de
     # vLLM keeps a NIXL read to a dead peer open (the decode leg then never answers); the emulator's
     # kv_pull_hang fault reproduces it. When the console marks the prefill instance down, it drops
     # the stuck decode legs and sends them again without kv_transfer_params.
-    con = start_console(tmp_path, *FAST, "--prefill", "1", "--decode", "1")
+    con = start_console(tmp_path, *PROFILE, "--prefill", "1", "--decode", "1")
     try:
         urls = {i["id"]: i["url"] for i in con.state()["instances"]}
         httpx.put(urls["p0"] + "/admin/faults", json={"kv_pull_hang": True}).raise_for_status()
@@ -429,7 +458,7 @@ def test_a_decode_instance_that_refuses_the_connection_is_replaced_before_anythi
     # same KV from p0.
     cfg = tmp_path / "console.toml"
     cfg.write_text("down_after_failures = 20\nbreaker_failures = 20\n")
-    con = start_console(tmp_path, str(cfg), *FAST, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+    con = start_console(tmp_path, str(cfg), *PROFILE, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
     try:
         d0 = next(i for i in con.state()["instances"] if i["id"] == "d0")
         os.killpg(d0["pid"], signal.SIGKILL)

@@ -278,7 +278,7 @@ def test_a_policy_that_binds_late_chooses_the_decode_instance_at_prefill_end(tmp
 
 
 def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_with_no_failed_request(tmp_path: Path) -> None:
-    """Long prompts at 5/s keep one prefill instance busy (≈ 0.3 s each on cpu-tiny-llama) while
+    """Long prompts at 5/s keep one prefill instance busy (≈ 0.3 s each on the fixed profile) while
     two decode instances idle: HyperFlexis' scaler takes a decode instance for prefill by a flip
     (drained first), with its reason, and no client request fails."""
     scaling = {"period_s": 0.5, "low_ticks": 40, "max_instances": 3}

@@ -23,9 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.procs import ROOT, Console, alive, kill_children, start_console, wait_for
+import pytest
 
-FAST = ["--profile", "cpu-tiny-llama"]
+from tests.procs import FIXED_PROFILE, ROOT, Console, alive, kill_children, start_console, wait_for
+
+pytestmark = pytest.mark.slow  # seeded kills 2-5 s into replays, 8 s steady replays: ~35 s (make test-slow)
+
+PROFILE = ["--profile", FIXED_PROFILE]
 SEED = int(os.environ.get("SIBYL_TEST_SEED", "1717"))
 FLUSH_INTERVAL_S = 0.5  # RunRecorder's default
 MARGIN_S = 1.0  # a request done this long before the kill must be on disk (the flush interval plus slack)
@@ -73,7 +77,7 @@ def run_status(db: Path, run_id: str) -> str:
 
 def restart(tmp: Path, previous: str) -> Console:
     """`up` again on the same SIBYL_HOME and DB; wait until it announced its own run (not the killed one's)."""
-    con = start_console(tmp, *FAST, "--prefill", "1", "--decode", "1")
+    con = start_console(tmp, *PROFILE, "--prefill", "1", "--decode", "1")
     announce = con.home / "console.json"
     wait_for(lambda: json.loads(announce.read_text())["run_id"] != previous, 10, "the new console's announcement")
     data = json.loads(announce.read_text())
@@ -126,7 +130,7 @@ def test_sigkill_during_replay_twice_keeps_what_was_done_and_marks_runs_interrup
     trace = write_trace(tmp_path / "short.csv", 300, 0.025)  # 300 requests over 7.5 s, 4 output tokens each
     cons: list[Console] = []
     try:
-        cons.append(start_console(tmp_path, *FAST, "--prefill", "1", "--decode", "1"))
+        cons.append(start_console(tmp_path, *PROFILE, "--prefill", "1", "--decode", "1"))
         first = kill_round(cons[0], trace, rng)
         run1 = cons[0].run_id
         check_round(first, run1, "first kill")
@@ -173,7 +177,7 @@ def _ours_alive(home: Path) -> bool:
 
 
 def test_a_long_read_transaction_and_the_cli_do_not_block_the_recorder(tmp_path: Path) -> None:
-    con = start_console(tmp_path, *FAST, "--prefill", "1", "--decode", "2")
+    con = start_console(tmp_path, *PROFILE, "--prefill", "1", "--decode", "2")
     trace = write_trace(tmp_path / "steady.csv", 320, 0.025)  # 8 s of steady arrivals
     replay: subprocess.Popen[str] | None = None
     reader: sqlite3.Connection | None = None

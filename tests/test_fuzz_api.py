@@ -34,9 +34,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.procs import FIXED_PROFILE, Console, kill_children, start_console
+from tests.procs import FAST_PROFILE, Console, kill_children, start_console
 
-ARGS = ["--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "1"]
+ARGS = ["--profile", FAST_PROFILE, "--prefill", "1", "--decode", "1"]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance, ignored_auth]
 SCALE_OUT_BUDGET = 2
 MAX_TOKENS_IN_TEST = 8

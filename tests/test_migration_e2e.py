@@ -7,17 +7,21 @@ import threading
 import uuid
 from pathlib import Path
 
+import pytest
 from openai import OpenAI
 
 from adapters.store import RunStore
-from tests.procs import kill_children, start_console, wait_for
+from tests.procs import FIXED_PROFILE, kill_children, start_console, wait_for
+
+pytestmark = pytest.mark.slow  # three consoles decoding 1,000-token streams: ~27 s (make test-slow); the
+# emulator's side of a move is in test_emulator_migration.py, a stream resumed after a failure in test_console_e2e.py
 
 TOKENS = 1000
-"""About 3 s of decoding on cpu-tiny-llama: time to move it mid-stream."""
+"""About 3 s of decoding on FIXED_PROFILE: time to move it mid-stream."""
 
 
 def test_a_stream_follows_its_request_to_another_decode_instance_without_a_lost_or_repeated_token(tmp_path: Path) -> None:
-    con = start_console(tmp_path, "--profile", "cpu-tiny-llama", "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+    con = start_console(tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
     try:
         client = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
         rid = uuid.uuid4().hex
@@ -65,7 +69,7 @@ def test_a_stream_follows_its_request_to_another_decode_instance_without_a_lost_
 
 
 def test_migrating_a_non_streaming_request_or_onto_a_prefill_instance_is_refused(tmp_path: Path) -> None:
-    con = start_console(tmp_path, "--profile", "cpu-tiny-llama", "--prefill", "1", "--decode", "1")
+    con = start_console(tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "1")
     try:
         unknown = con.cli("migrate", "nope", "d0")
         assert unknown.returncode != 0 and "'nope' is not decoding" in unknown.stderr
@@ -88,7 +92,7 @@ def test_a_reschedule_policy_moves_streams_onto_an_added_instance_and_no_client_
     """Four long streams decode on d0; d1 joins empty; `current_load` (every 0.5 s) moves streams
     to d1 through the backend's migration, each recorded with its stall, and every client reads
     every token once."""
-    con = start_console(tmp_path, "--profile", "cpu-tiny-llama", "--prefill", "1", "--decode", "1", "--policy", "round_robin")
+    con = start_console(tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "1", "--policy", "round_robin")
     try:
         client = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
         texts: dict[int, list[str]] = {}

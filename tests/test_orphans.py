@@ -11,9 +11,9 @@ from pathlib import Path
 
 from adapters import orphans
 from adapters.store import RunStore
-from tests.procs import alive, kill_children, start_console, wait_for
+from tests.procs import FIXED_PROFILE, alive, kill_children, start_console, wait_for
 
-FAST = ["--profile", "cpu-tiny-llama", "--prefill", "1", "--decode", "2"]
+ARGS = ["--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "2"]
 
 
 def instance_pids(con: object) -> list[int]:
@@ -21,7 +21,7 @@ def instance_pids(con: object) -> list[int]:
 
 
 def test_instances_stop_by_themselves_when_the_console_is_killed(tmp_path: Path) -> None:
-    con = start_console(tmp_path, *FAST)
+    con = start_console(tmp_path, *ARGS)
     try:
         pids = instance_pids(con)
         assert len(pids) == 3 and all(alive(p) for p in pids)
@@ -34,7 +34,7 @@ def test_instances_stop_by_themselves_when_the_console_is_killed(tmp_path: Path)
 
 
 def test_a_closed_terminal_stops_the_console_and_its_instances_cleanly(tmp_path: Path) -> None:
-    con = start_console(tmp_path, *FAST)
+    con = start_console(tmp_path, *ARGS)
     try:
         pids = instance_pids(con)
         os.kill(con.proc.pid, signal.SIGHUP)  # what an SSH session dropping or `tmux kill-session` sends

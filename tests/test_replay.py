@@ -13,7 +13,7 @@ import pytest
 
 from adapters.store import RunStore
 from core.traces import read_trace
-from tests.procs import FIXED_PROFILE, ROOT, kill_children, start_console, wait_for
+from tests.procs import FAST_PROFILE, FIXED_PROFILE, ROOT, kill_children, start_console, wait_for
 
 DEMO = ROOT / "demos" / "azure_conv_sample.csv"
 # committed slices of the real traces (tests/data/traces/README.md): no ../shared/traces needed
@@ -29,7 +29,7 @@ def replay(con, *args: str) -> dict:  # type: ignore[no-untyped-def, type-arg]
 
 
 def test_replay_records_each_trace_slice_linked_to_the_console(tmp_path: Path) -> None:
-    con = start_console(tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "2")
+    con = start_console(tmp_path, "--profile", FAST_PROFILE, "--prefill", "1", "--decode", "2")
     try:
         # Azure CSV, Mooncake JSONL (10 rows at 0 ms, 5 at 3,000 ms) and a ServeGen folder
         # (sampled: its first 600 s hold only client 39's traffic)
@@ -62,7 +62,7 @@ def test_each_replay_sends_fresh_prompts_under_its_own_ids_and_calibrates_from_i
 
     assert prompt_ids(300, 1, 0, 5) != prompt_ids(300, 2, 0, 5) and prompt_ids(300, 1, 0, 5) == prompt_ids(300, 1, 0, 5)
     assert prompt_ids(300, 1, 0, 5)[:16] != prompt_ids(300, 1, 0, 6)[:16] and set(prompt_ids(2000, 3, 1, 1)) <= set(range(1, 1001))
-    con = start_console(tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "1", "--policy", "least_load")
+    con = start_console(tmp_path, "--profile", FAST_PROFILE, "--prefill", "1", "--decode", "1", "--policy", "least_load")
     try:
         first = replay(con, str(DEMO), "--limit", "14", "--speed", "20")
         second = replay(con, str(DEMO), "--limit", "14", "--speed", "20", "--url", con.url + "/")
@@ -99,7 +99,7 @@ def test_bad_trace_and_missing_console_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_up_replay_pauses_resumes_and_records_a_child_run(tmp_path: Path) -> None:
-    con = start_console(tmp_path, "--profile", "cpu-tiny-llama", "--prefill", "1", "--decode", "1", "--replay", str(DEMO), "--replay-speed", "4", "--loop")
+    con = start_console(tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "1", "--replay", str(DEMO), "--replay-speed", "4", "--loop")
     try:
         wait_for(lambda: (con.state()["replay"] or {}).get("sent", 0) >= 5, 15, "the replay to send")
         with con.control() as c:

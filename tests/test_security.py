@@ -11,7 +11,7 @@ import httpx
 from adapters.ports import is_loopback
 from adapters.redact import redact_args, redact_config, redact_env
 from adapters.store import RunStore
-from tests.procs import kill_children, start_console
+from tests.procs import FIXED_PROFILE, kill_children, start_console
 
 
 def test_secret_flags_and_variables_are_hidden_and_nothing_else() -> None:
@@ -30,7 +30,7 @@ def test_loopback_addresses() -> None:
 
 def test_tokens_never_reach_the_run_store_and_the_token_file_is_private(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text('prefill = 1\ndecode = 1\nprofile = "cpu-tiny-llama"\n[emulator]\nextra_args = ["--admin-token", "s3cret-admin"]\n')
+    cfg.write_text(f'prefill = 1\ndecode = 1\nprofile = "{FIXED_PROFILE}"\n[emulator]\nextra_args = ["--admin-token", "s3cret-admin"]\n')
     con = start_console(tmp_path, str(cfg))
     try:
         url = con.state()["instances"][1]["url"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Sequence
 
 import typer
 
@@ -16,30 +18,33 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+MODULES = ("up", "status", "tui", "replay", "sim", "sweep", "emulate", "runs", "calibrate", "bench", "doctor", "train_predictor")
+"""console.commands modules, in the order `--help` lists their commands."""
+COMMANDS = {"scale": "status", "flip": "status", "migrate": "status", "policy": "status", "train-predictor": "train_predictor"}
+"""Commands whose module is not named after them."""
+_registered: set[str] = set()
 
-def _register_commands() -> None:
-    from console.commands import (
-        bench,
-        calibrate,
-        doctor,
-        emulate,
-        replay,
-        runs,
-        sim,
-        status,
-        sweep,
-        train_predictor,
-        tui,
-        up,
-    )
 
-    for module in (up, status, tui, replay, sim, sweep, emulate, runs, calibrate, bench, doctor, train_predictor):
-        module.register(app)
+@app.callback()
+def _root() -> None:
+    """Operator console for prefill/decode-disaggregated LLM serving on vLLM."""
+
+
+def _register_commands(argv: Sequence[str] | None = None) -> None:
+    """Register the command modules (each once). When `argv` starts with a command, only that
+    command's module is imported, so a call loads what it runs (`status` does not import the run
+    store or the simulator); no command, an option first or an unknown name registers them all."""
+    first = argv[0] if argv else ""
+    wanted = COMMANDS.get(first, first)
+    for name in (wanted,) if wanted in MODULES else MODULES:
+        if name not in _registered:
+            importlib.import_module(f"console.commands.{name}").register(app)
+            _registered.add(name)
 
 
 def main() -> None:
     """Entry point: run the app; a SibylError becomes one line on stderr and exit code 2."""
-    _register_commands()
+    _register_commands(sys.argv[1:])
     try:
         app()
     except SibylError as e:

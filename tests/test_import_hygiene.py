@@ -1,4 +1,4 @@
-"""core/ stays pure: importing all of it loads no UI, HTTP or database library."""
+"""Import hygiene: core/ loads no UI, HTTP or database library, and a CLI call imports only the command it runs."""
 
 from __future__ import annotations
 
@@ -23,3 +23,31 @@ def test_core_imports_no_ui_http_or_db_library() -> None:
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert out.stdout.strip() == "", f"core/ pulled in: {out.stdout.strip()}"
+
+
+def _cli_imports(*argv: str) -> tuple[set[str], str]:
+    """The modules a `sibyl-console ARGV` call had imported by the time it exited, and its output."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('MODULES', ','.join(sorted(sys.modules)), file=sys.stderr))\n"
+        f"sys.argv = ['sibyl-console', *{list(argv)!r}]\n"
+        "from console.cli import main\n"
+        "main()\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=60)
+    line = next(x for x in out.stderr.splitlines() if x.startswith("MODULES "))
+    return set(line.removeprefix("MODULES ").split(",")), out.stdout
+
+
+def test_a_cli_call_imports_only_the_command_it_runs() -> None:
+    modules, _ = _cli_imports("status", "--help")
+    assert "console.commands.status" in modules
+    assert not {"sqlalchemy", "console.commands.up", "console.commands.runs", "core.sim.engine"} & modules
+    modules, out = _cli_imports("scale", "--help")
+    assert "console.commands.status" in modules and "console.commands.up" not in modules and "scale [OPTIONS]" in out
+    # the root --help lists every command
+    modules, out = _cli_imports("--help")
+    assert {f"console.commands.{m}" for m in ("up", "runs", "doctor", "train_predictor")} <= modules
+    for command in ("up", "status", "policy", "scale", "replay", "sweep", "runs", "calibrate", "doctor", "train-predictor"):
+        assert f" {command} " in out, command

@@ -31,7 +31,7 @@ demo-sim: $(VENV)/.installed
 test: $(VENV)/.installed-test lint
 	$(PY) -m pytest
 
-## test-slow: the slower checks (benchmarks-as-tests, long simulations); CI runs them too
+## test-slow: the slower checks (soak, chaos, long simulations, kill/migration/scaling end-to-end); CI runs them too
 test-slow: $(VENV)/.installed-test
 	$(PY) -m pytest -m slow
 

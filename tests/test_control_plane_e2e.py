@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 from openai import OpenAI
 
 from adapters.store import RunStore
@@ -69,6 +70,7 @@ def open_loop(url: str, n: int, rate: float, max_tokens: int, errors: list[str])
     return threads
 
 
+@pytest.mark.slow  # waits out the policy's load windows both ways: ~12 s (make test-slow)
 def test_threshold_scales_out_under_load_then_drains_back_with_no_failed_request(tmp_path: Path) -> None:
     params = ", ".join(f"{k} = {json.dumps(v)}" for k, v in THRESHOLD.items())
     cfg = write_config(tmp_path, f'prefill = 1\ndecode = 1\nprofile = "{PROFILE}"\npolicy = "least_load"\n'
@@ -277,6 +279,7 @@ def test_a_policy_that_binds_late_chooses_the_decode_instance_at_prefill_end(tmp
         kill_children(con.home)
 
 
+@pytest.mark.slow  # builds prompt-heavy load until the policy flips: ~11 s (make test-slow)
 def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_with_no_failed_request(tmp_path: Path) -> None:
     """Long prompts at 5/s keep one prefill instance busy (≈ 0.3 s each on the fixed profile) while
     two decode instances idle: HyperFlexis' scaler takes a decode instance for prefill by a flip

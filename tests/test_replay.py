@@ -28,6 +28,7 @@ def replay(con, *args: str) -> dict:  # type: ignore[no-untyped-def, type-arg]
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow  # three trace formats end to end: ~14 s (make test-slow)
 def test_replay_records_each_trace_slice_linked_to_the_console(tmp_path: Path) -> None:
     con = start_console(tmp_path, "--profile", FAST_PROFILE, "--prefill", "1", "--decode", "2")
     try:

@@ -15,9 +15,9 @@ slope, h keeps its prior.
 
 The slope is the ratio of the totals, Σ excess / Σ size: the h with which the modelled busy time
 equals the measured one. Queueing at a prefill instance follows the mean service time, and on a
-shared host the slow batches are real (the console's gateway streams decode tokens on the same
-cores, so a busy prefill instance slows as decode traffic grows). A robust fit that drops them as
-outliers fits a typical batch instead: on the stage's real runs it gave h ≈ 8 ms against ≈ 19 ms
+shared host the slow batches are real (the instance's API server, the NIXL reads it serves and the
+console's gateway all run on the same two cores). A robust fit that drops them as outliers fits a
+typical batch instead: on the stage's real runs it gave h ≈ 8 ms against ≈ 19 ms
 for the totals, and the emulator then queued prefills ~40% less than real vLLM at the queueing
 load. Batches the 5 ms rule splits or merges wrongly also cancel in the totals.
 """

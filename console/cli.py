@@ -27,7 +27,7 @@ _registered: set[str] = set()
 
 @app.callback()
 def _root() -> None:
-    """Operator console for prefill/decode-disaggregated LLM serving on vLLM."""
+    """Keeps the app a command group when a call registers only one command (its help is the app's)."""
 
 
 def _register_commands(argv: Sequence[str] | None = None) -> None:

@@ -1,0 +1,168 @@
+"""The cache index of many instances: longest-prefix match, precise events, approximate routes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from core.cache.block_pool import PrefixBlockPool
+from core.cache.events import AllBlocksCleared, BlockRemoved, BlockStored
+from core.cache.index import CacheIndex
+from core.cache.keys import chain_keys
+
+BS = 4
+CHAIN = chain_keys(list(range(40)), BS)  # 10 keys
+
+
+def stored(keys: list[int]) -> BlockStored:
+    return BlockStored(tuple(keys), None, (), BS)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_match_across_instances(exact: bool) -> None:
+    idx = CacheIndex()
+    idx.apply("p0", stored(CHAIN[:3]))
+    idx.apply("p1", stored(CHAIN[:1]))
+    idx.apply("p2", stored(CHAIN))
+    idx.apply("p3", stored(chain_keys(list(range(100, 140)), BS)))  # unrelated prompt
+    assert idx.match(CHAIN, exact=exact) == {"p0": 3, "p1": 1, "p2": 10}
+    assert idx.match(CHAIN[:2], exact=exact) == {"p0": 2, "p1": 1, "p2": 2}
+    assert idx.match(chain_keys(list(range(500, 520)), BS), exact=exact) == {}
+    assert idx.match([], exact=exact) == {}
+    assert idx.best(CHAIN) == ("p2", 10)
+    assert idx.best([12345]) == (None, 0)
+
+
+def test_precise_removal_shortens_the_match() -> None:
+    idx = CacheIndex()
+    idx.apply("p", stored(CHAIN[:6]))
+    idx.apply("p", BlockRemoved((CHAIN[5], CHAIN[4])))
+    assert idx.match(CHAIN) == {"p": 4}
+    assert idx.num_blocks("p") == 4 and not idx.holds("p", CHAIN[5])
+    idx.apply("p", BlockRemoved((999,)))  # unknown: ignored
+    assert idx.num_blocks("p") == 4
+
+
+def test_a_block_stored_twice_needs_two_removals() -> None:
+    """vLLM does not de-duplicate identical blocks: one BlockStored and one BlockRemoved each."""
+    idx = CacheIndex()
+    idx.apply("p", stored(CHAIN[:2]))
+    idx.apply("p", BlockStored((CHAIN[1],), CHAIN[0], (), BS))
+    idx.apply("p", BlockRemoved((CHAIN[1],)))
+    assert idx.match(CHAIN) == {"p": 2}
+    idx.apply("p", BlockRemoved((CHAIN[1],)))
+    assert idx.match(CHAIN) == {"p": 1}
+
+
+def test_all_blocks_cleared_and_clear_and_remove_instance() -> None:
+    idx = CacheIndex()
+    idx.apply_all("a", [stored(CHAIN[:5]), AllBlocksCleared()])
+    idx.apply("b", stored(CHAIN[:5]))
+    assert idx.match(CHAIN) == {"b": 5} and idx.num_blocks("a") == 0
+    idx.clear("b")
+    assert idx.match(CHAIN) == {} and len(idx) == 0
+    idx.apply("a", stored(CHAIN[:2]))
+    idx.apply("b", stored(CHAIN[:3]))
+    idx.remove_instance("a")
+    assert idx.instances == ["b"]
+    # a new instance takes the freed slot and inherits nothing
+    idx.apply("c", stored(CHAIN[5:6]))
+    assert idx.match(CHAIN) == {"b": 3}
+    idx.remove_instance("nobody")
+    idx.clear("nobody")
+
+
+def test_approximate_ttl_expiry() -> None:
+    idx = CacheIndex(ttl_s=10.0)
+    idx.record_routed("d0", CHAIN[:4], now=0.0)
+    idx.record_routed("d1", CHAIN[:2], now=5.0)
+    assert idx.match(CHAIN, now=9.0) == {"d0": 4, "d1": 2}
+    assert idx.match(CHAIN, now=10.0) == {"d1": 2}  # d0's entries expired at 10
+    idx.record_routed("d1", CHAIN[:1], now=12.0)  # refreshes the head only
+    assert idx.match(CHAIN, now=15.5) == {"d1": 1}
+    assert idx.expire(100.0) == 1 and len(idx) == 0
+
+
+def test_approximate_capacity_evicts_least_recently_routed_tail_first() -> None:
+    idx = CacheIndex(ttl_s=None, capacity_blocks=5)
+    a = chain_keys(list(range(0, 12)), BS)  # 3 blocks
+    b = chain_keys(list(range(100, 112)), BS)  # 3 blocks
+    idx.record_routed("d", a, now=0.0)
+    idx.record_routed("d", b, now=1.0)
+    assert idx.num_blocks("d") == 5
+    assert idx.match(a) == {"d": 2}  # a's tail went first
+    assert idx.match(b) == {"d": 3}
+    idx.record_routed("d", a[:2], now=2.0)  # touch a's head: b's tail is now the oldest
+    idx.record_routed("d", chain_keys(list(range(200, 204)), BS), now=3.0)
+    assert idx.match(a) == {"d": 2} and idx.match(b) == {"d": 2}
+    idx.set_capacity("d", 1)
+    assert idx.num_blocks("d") == 1
+
+
+def test_an_instance_is_either_precise_or_approximate() -> None:
+    idx = CacheIndex()
+    idx.apply("p", stored(CHAIN[:1]))
+    idx.record_routed("r", CHAIN[:1], now=0.0)
+    with pytest.raises(ValueError, match="precise"):
+        idx.record_routed("p", CHAIN, now=0.0)
+    with pytest.raises(ValueError, match="approximate"):
+        idx.apply("r", stored(CHAIN))
+    with pytest.raises(ValueError):
+        CacheIndex(ttl_s=0)
+
+
+def test_a_hole_reads_as_held_unless_exact() -> None:
+    """A parent missing under a held child (a subscriber that joined late) is trusted by default."""
+    idx = CacheIndex()
+    idx.apply("late", stored(CHAIN[1:]))
+    idx.apply("full", stored(CHAIN[:1]))
+    assert idx.match(CHAIN, exact=True) == {"full": 1}
+    idx.apply("late", stored(CHAIN[:1]))
+    idx.apply("late", BlockRemoved((CHAIN[4],)))
+    assert idx.match(CHAIN, exact=True) == {"full": 1, "late": 4}
+    assert idx.match(CHAIN) == {"full": 1, "late": 10}  # the missing CHAIN[4] is not looked at
+
+
+def test_bisection_equals_the_walk_on_prefix_closed_holdings() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        idx = CacheIndex()
+        n = rng.randint(1, 200)
+        keys = list(range(1000, 1000 + n))
+        for inst in range(rng.randint(1, 70)):
+            depth = rng.choice([0, n, rng.randint(0, n)])
+            if depth:
+                idx.apply(inst, stored(keys[:depth]))
+            if rng.random() < 0.3:
+                idx.apply(inst, stored(list(range(5000 + 10 * inst, 5005 + 10 * inst))))
+        query = keys[: rng.randint(1, n)] + [99999] * rng.randint(0, 3)
+        assert idx.match(query) == idx.match(query, exact=True)
+
+
+def test_precise_index_follows_a_pool_exactly() -> None:
+    """Events of a pool under churn, applied to the index, give the pool's own cached prefixes."""
+    rng = random.Random(11)
+    pools = {f"p{i}": PrefixBlockPool(num_blocks=30, block_size=BS) for i in range(3)}
+    idx = CacheIndex()
+    prefixes = [[rng.randrange(30) for _ in range(BS * rng.randint(1, 4))] for _ in range(5)]
+    live: dict[str, list[str]] = {name: [] for name in pools}
+    prompts = []
+    for step in range(600):
+        name = rng.choice(list(pools))
+        pool, reqs = pools[name], live[name]
+        if reqs and (rng.random() < 0.5 or len(reqs) > 4):
+            pool.free(reqs.pop(rng.randrange(len(reqs))))
+        elif rng.random() < 0.03 and not reqs:
+            pool.reset()
+        else:
+            p = rng.choice(prefixes) + [rng.randrange(30) for _ in range(rng.randrange(0, 10))]
+            prompts.append(chain_keys(p, BS))
+            if pool.allocate(f"r{step}", chain_keys(p, BS), len(p)) is not None:
+                reqs.append(f"r{step}")
+        idx.apply_all(name, pool.drain_events())
+        if step % 20 == 0:
+            for keys in prompts[-10:]:
+                want = {n: b for n, pl in pools.items() if (b := pl.cached_prefix_blocks(keys))}
+                assert idx.match(keys, exact=True) == want
+                assert idx.match(keys) == want

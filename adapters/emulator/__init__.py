@@ -6,7 +6,8 @@ run in one process on consecutive ports with `--instances N`.
 
 Modules: engine (continuous batching scheduler), sequence (what it schedules), protocol (request validation, response / SSE /
 error shapes), tokens (token counting and generated text), kv (held-KV leases and the pull side
-channel), metrics (vLLM's Prometheus series), faults and admin (fault injection, /admin/),
+channel), prefix_cache (the block pool: capacity, LRU, prefix hits, over core.cache), kv_publisher
+(its KV events in vLLM's ZMQ format), metrics (vLLM's Prometheus series), faults and admin (fault injection, /admin/),
 asgi (raw-ASGI plumbing and the token writers), app (the per-instance ASGI app), server (uvicorn),
 process (start/stop emulator processes), cli (the Typer command), settings.
 
@@ -23,6 +24,10 @@ Behaviour in brief:
   decode leg pulls them with POST /kv/pull, which takes kv_transfer_time(tokens). vLLM's failure
   modes: nothing listening → 500 after the handshake timeout (or recompute by policy); expired
   blocks, unknown engine or a lost prefill engine → 500 at once; the decode instance stays up.
+* Prefix caching (on by default, as in vLLM): full blocks keyed by a hash chain over the prompt's
+  token ids; a request reuses its longest cached prefix and prefills the rest; freed blocks stay
+  cached, evicted LRU; POST /reset_prefix_cache; --kv-events-config publishes the pool's events.
+  On a decode leg, blocks the instance already holds are not pulled again.
 * Faults: --fail-rate/--fail-status, --slowdown, --hang, --unhealthy, --exit-after-requests,
   --exit-after-s, and at run time GET/PUT /admin/faults, POST /admin/exit (the whole process
   exits, status 3), GET /admin/info, GET /admin/steps; --admin-token protects /admin/.

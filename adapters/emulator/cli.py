@@ -19,6 +19,8 @@ API: POST /v1/completions and /v1/chat/completions (streaming or not, stream_opt
 
 Tokens: a token-id prompt counts as its length; text counts as ceil(UTF-8 bytes / 4) tokens; chat counts its messages' text plus 4 tokens per message and 3 for the reply. Output token i is the text " t<i>". With ignore_eos a request gets exactly max_tokens; otherwise a length drawn from --output-len-dist (seeded; a request's `seed` field makes its draw reproducible), kept between min_tokens and max_tokens, finish "stop". A prompt that fits but leaves less room than max_tokens is cut short with finish "length".
 
+Prefix caching (vLLM's automatic prefix caching, on unless --no-enable-prefix-caching): full KV blocks of --block-size tokens are keyed by a hash chain over the prompt's token ids (text prompts get stand-in ids, as POST /tokenize shows); a request reuses its longest cached prefix and prefills only the rest; freed blocks stay cached and are evicted LRU. POST /reset_prefix_cache drops the cache ({"success": false} while blocks are in use). --kv-events-config publishes the cache's events in vLLM's ZMQ format, with its replay socket.
+
 Engine: continuous batching with --max-num-seqs slots and a FIFO (or priority) waiting queue, chunked prefill within --max-num-batched-tokens, KV in blocks of the profile's block size, preemption by recompute. A step of B sequences holding K KV tokens lasts step_time(B, K) plus the prefill of the prompt chunks it carries; each token is sent when its step ends.
 
 P/D (vLLM's NIXL pull protocol): a request with kv_transfer_params.do_remote_decode runs prefill only and answers one token plus kv_transfer_params naming this instance (remote_host and remote_port are its own HTTP address); its blocks stay allocated for --kv-lease-s. A decode request carrying those params pulls them with a real POST /kv/pull to that address, which takes the profile's KV-transfer time. Nothing listening there: 500 after --kv-handshake-timeout-s, or with --kv-load-failure-policy recompute (or that key in kv_transfer_params) the prompt is computed locally. Expired blocks or a lost prefill engine: 500 at once.
@@ -64,6 +66,13 @@ def emulate(
     writer_threads: Annotated[int, typer.Option(min=1, help="threads writing a step's tokens when 64+ streams release at once")] = 2,
     data_parallel_size: Annotated[int, typer.Option(min=1, max=256, help="ranks of a data-parallel group that step together behind a barrier "
                                                     "(each with --max-num-seqs slots and its own KV); a request picks one with the X-data-parallel-rank header")] = 1,
+    block_size: Annotated[int | None, typer.Option(min=1, help="tokens per KV block, like vLLM's --block-size [default: the profile's]")] = None,
+    enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching",
+                                                        help="automatic prefix caching of full blocks (vLLM's default: on)")] = True,
+    kv_events_config: Annotated[str | None, typer.Option(help="vLLM's --kv-events-config JSON: publish BlockStored/BlockRemoved/AllBlocksCleared over ZMQ, e.g. "
+                                                         '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\' '
+                                                         "(with --instances N, instance i offsets the ports by i)")] = None,
+    enable_prompt_tokens_details: Annotated[bool, typer.Option(help="report usage.prompt_tokens_details.cached_tokens, like vLLM's flag")] = False,
 ) -> None:
     """Run GPU-free stand-ins for vLLM 0.32 (see HELP)."""
     if role not in ("prefill", "decode", "both"):
@@ -80,6 +89,9 @@ def emulate(
     except ValueError as e:
         raise ConfigError(f"bad fault flags: {e}") from None
     OutputLengths(output_len_dist, seed)  # validate before starting anything
+    from adapters.vllm.kv_wire import KVEventsConfig
+
+    kv_events = KVEventsConfig.parse(kv_events_config)
     if not is_loopback(host) and not admin_token:
         print(f"emulate: warning: bound to {host} without --admin-token: anyone who can reach it can inject faults or stop it "
               "through /admin/ (bind 127.0.0.1, or set --admin-token)", file=sys.stderr)
@@ -89,7 +101,8 @@ def emulate(
         max_model_len=max_model_len, output_len_dist=output_len_dist, seed=seed, kv_lease_s=kv_lease_s,
         kv_handshake_timeout_s=kv_handshake_timeout_s, kv_load_failure_policy=kv_load_failure_policy,  # type: ignore[arg-type]
         scheduling_policy=scheduling_policy, admin_token=admin_token, faults=faults, writer_threads=writer_threads,  # type: ignore[arg-type]
-        data_parallel_size=data_parallel_size,
+        data_parallel_size=data_parallel_size, block_size=block_size, enable_prefix_caching=enable_prefix_caching, kv_events=kv_events,
+        enable_prompt_tokens_details=enable_prompt_tokens_details,
     )
     from adapters.emulator.server import run  # uvicorn and the app load only when serving
 

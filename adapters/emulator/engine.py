@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 from adapters.emulator.faults import Faults
 from adapters.emulator.loop import RunLoop
+from adapters.emulator.prefix_cache import KVBlocks
 from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
 from core.perf import PerfProfile
 
@@ -82,15 +83,19 @@ class Engine(RunLoop):
         max_num_batched_tokens: int | None = None,
         priority_scheduling: bool = False,
         step_log: int = STEP_LOG,
+        block_size: int | None = None,
+        enable_prefix_caching: bool = True,
+        kv_events: bool = False,
     ) -> None:
         self.profile = profile
         self.faults = faults
         self.clock = time.monotonic
         self.max_num_seqs = max_num_seqs or profile.max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens or profile.max_num_batched_tokens
-        self.block_size = profile.block_size
+        self.block_size = block_size or profile.block_size
         self.total_blocks = max(1, (kv_capacity_tokens or profile.kv_capacity_tokens) // self.block_size)
-        self.free_blocks = self.total_blocks
+        self.kv = KVBlocks(self.total_blocks, self.block_size, enable_caching=enable_prefix_caching, enable_events=kv_events)
+        """Every block goes through the pool (adapters/emulator/prefix_cache.py): capacity, LRU, prefix hits."""
         self.held_blocks = 0
         self.priority_scheduling = priority_scheduling
         self.running: list[Sequence] = []
@@ -114,6 +119,11 @@ class Engine(RunLoop):
         """Until when the host work of finished prefill-only requests delays the next step."""
 
     # --- queue ------------------------------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        """Blocks not held by a sequence (cached ones that may be evicted included, as vLLM counts)."""
+        return self.kv.free_blocks
+
     @property
     def kv_usage(self) -> float:
         return 1.0 - self.free_blocks / self.total_blocks
@@ -187,15 +197,13 @@ class Engine(RunLoop):
         """`s` now lives on another instance: leave the running set, free its blocks, end its stream."""
         self._leave(s, "migrated")
 
-    def reserve(self, blocks: int) -> bool:
-        """Take `blocks` for KV arriving from another instance; False (nothing taken) if they do not fit."""
-        if blocks > self.free_blocks:
-            return False
-        self.free_blocks -= blocks
-        return True
+    def reserve(self, blocks: int, owner: str = "") -> bool:
+        """Take `blocks` more for KV of `owner` arriving from another instance; False (nothing taken) if they do not fit."""
+        return self.kv.reserve(owner, blocks)
 
-    def unreserve(self, blocks: int) -> None:
-        self.free_blocks += blocks
+    def unreserve(self, blocks: int, owner: str = "") -> None:
+        """Give back everything reserved for `owner`."""
+        self.kv.unreserve(owner)
         self._wake.set()
 
     def resume(self, s: Sequence) -> None:
@@ -205,11 +213,15 @@ class Engine(RunLoop):
         self._wake.set()
 
     # --- KV holding (prefill side of P/D) ------------------------------------------------------
-    def release_held(self, blocks: int) -> None:
-        """Blocks a finished prefill-only sequence kept are pulled or expired: free them."""
-        self.held_blocks -= blocks
-        self.free_blocks += blocks
+    def release_held(self, blocks: int, kv_id: int = -1) -> None:
+        """Blocks a finished prefill-only sequence kept are pulled or expired: free them (they stay
+        cached). `kv_id` names the hold (`Sequence.kv_id`); -1 frees the oldest."""
+        self.held_blocks -= self.kv.release(kv_id)
         self._wake.set()
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's reset_prefix_cache: drop every cached block, only when no block is in use."""
+        return self.kv.reset()
 
     # --- task --------------------------------------------------------------------------------
 
@@ -227,8 +239,7 @@ class Engine(RunLoop):
     def _preempt(self, s: Sequence) -> None:
         self.running.remove(s)
         s.in_running = False
-        self.free_blocks += s.blocks
-        s.blocks = 0
+        self.kv.free(s)
         s.computed = 0
         s.prefilling = True
         s.external_tokens = 0
@@ -248,7 +259,7 @@ class Engine(RunLoop):
             if not s.in_running or s.frozen or budget <= 0:
                 continue
             n = min(s.context - s.computed, budget)
-            need = self.blocks_for(s.computed + n) - s.blocks
+            need = self.blocks_for(s.computed + n) - s.blocks if s.blocks else self.kv.need(s, s.computed + n)
             while need > self.free_blocks:
                 victim = self._victim()
                 if victim in sched:  # priority policy: an already scheduled one may be evicted
@@ -261,8 +272,7 @@ class Engine(RunLoop):
                     break
             if not s.in_running:
                 continue
-            s.blocks += need
-            self.free_blocks -= need
+            self.kv.ensure(s, s.computed + n)
             sched.append(s)
             new.append(n)
             budget -= n
@@ -271,8 +281,11 @@ class Engine(RunLoop):
             head = self._peek()
             if head is None:
                 break
-            n = min(head.context - head.computed, budget)
-            need = self.blocks_for(head.computed + n) - head.blocks  # a resumed sequence brings blocks
+            start = head.computed
+            if head.prefilling and not head.blocks:
+                start = max(start, self.kv.lookup(head))  # the cached prefix is not computed again
+            n = min(head.context - start, budget)
+            need = self.kv.need(head, start + n)  # a resumed sequence brings blocks
             if self.blocks_for(head.context) > self.total_blocks:
                 self._pop()  # larger than the whole cache: it could never run
                 self._finish(head, "error", self.clock())
@@ -280,8 +293,10 @@ class Engine(RunLoop):
             if need > self.free_blocks:
                 break
             self._pop()
-            head.blocks += need
-            self.free_blocks -= need
+            hit = self.kv.ensure(head, start + n, preempted=head.preemptions > 0)
+            head.computed = start
+            if head.cached_tokens < 0:
+                head.cached_tokens = hit if head.prompt_ids is not None and self.kv.enable_caching else 0
             head.in_running = True
             self.running.append(head)
             admitted.append(head)
@@ -362,6 +377,7 @@ class Engine(RunLoop):
         self.flush([s.sink for s in sampled if s.sink is not None and not s.finished])
         released = self.clock()
         self._complete(sched, new, deadline)
+        self.kv.flush()  # this step's KV events, one batch (vLLM publishes once per step)
         self._in_step = []
         if self._step_waiters:
             for fut in self._step_waiters:
@@ -409,9 +425,9 @@ class Engine(RunLoop):
         s.finished_at = t
         if s.hold_kv and reason == "length":
             self.held_blocks += s.blocks  # the prefill side keeps the KV until it is pulled
+            self.kv.hold(s)
         else:
-            self.free_blocks += s.blocks
-            s.blocks = 0
+            self.kv.free(s)
         if self.on_finish is not None:
             self.on_finish(s)
         if s.sink is not None:

@@ -43,6 +43,8 @@ class HeldKV:
     tokens: int
     block_ids: list[int]
     expires_at: float
+    kv_id: int = -1
+    """The held sequence's allocation in the engine's block pool."""
 
 
 class KVHolder:
@@ -58,11 +60,11 @@ class KVHolder:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    def hold(self, request_id: str, blocks: int, tokens: int) -> HeldKV:
+    def hold(self, request_id: str, blocks: int, tokens: int, kv_id: int = -1) -> HeldKV:
         """Keep `blocks` for a pull; block ids are labels, consecutive and wrapping at the cache size."""
         ids = [(self._pos + i) % self.total_blocks + 1 for i in range(blocks)]
         self._pos = (self._pos + blocks) % self.total_blocks
-        held = HeldKV(request_id, blocks, tokens, ids, time.monotonic() + self.lease_s)
+        held = HeldKV(request_id, blocks, tokens, ids, time.monotonic() + self.lease_s, kv_id)
         self.table[request_id] = held
         self._changed.set()
         return held
@@ -109,13 +111,15 @@ class KVPuller:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         return self._session
 
-    async def pull(self, params: dict[str, Any]) -> int:
-        """Pull the KV named by `params`; returns the number of prompt tokens transferred."""
+    async def pull(self, params: dict[str, Any], local_tokens: int = 0) -> int:
+        """Pull the KV named by `params` beyond the first `local_tokens` (cached here already, so
+        NIXL reads only the other blocks); returns the number of prompt tokens transferred."""
         host, port = params.get("remote_host"), params.get("remote_port")
         if not host or not port:
             raise PullFailed("kv_transfer_params lack remote_host/remote_port")
         url = f"http://{host}:{port}/kv/pull"
-        body = orjson.dumps({k: params.get(k) for k in ("remote_engine_id", "remote_request_id", "remote_block_ids")})
+        body = orjson.dumps({**{k: params.get(k) for k in ("remote_engine_id", "remote_request_id", "remote_block_ids")},
+                             "local_tokens": local_tokens})
         engine = str(params.get("remote_engine_id"))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handshake_timeout_s

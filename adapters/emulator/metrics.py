@@ -5,7 +5,12 @@ One CollectorRegistry per instance, so several instances in one process stay ind
 TTFT and e2e from arrival, queue time from arrival to first scheduling, prefill time from first
 scheduling to first token, decode time from first to last token, inter-token latency per token.
 Prompt tokens are counted when a request's first token is produced, split by source
-(`external_kv_transfer` for KV pulled from a prefill instance, `local_compute` for the rest).
+(`local_cache_hit` for the prefix found in the instance's own cache, `external_kv_transfer` for KV
+pulled from a prefill instance, `local_compute` for the rest); at the same moment, with prefix
+caching on, the prefix-cache counters as vLLM counts them at admission: `prefix_cache_queries`
++= prompt tokens, `prefix_cache_hits` += local hits (source "device"), and on a decode leg
+`external_prefix_cache_queries` += the tokens not found locally, `external_prefix_cache_hits` +=
+those pulled (source "p2p", NixlConnector's). Preempted requests' later lookups are not counted.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1,
 LONG_BUCKETS = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+CACHE_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 
 
 def buckets_1_2_5(limit: int) -> tuple[float, ...]:
@@ -47,7 +53,8 @@ def buckets_pow2(limit: int) -> tuple[float, ...]:
 class EngineMetrics:
     """The instance's registry; the engine's hooks and the HTTP layer feed it."""
 
-    def __init__(self, model: str, engine: Scheduler, max_model_len: int) -> None:
+    def __init__(self, model: str, engine: Scheduler, max_model_len: int, prefix_caching: bool = False) -> None:
+        self.prefix_caching = prefix_caching
         self.registry = r = CollectorRegistry()
         labels = ["model_name", "engine"]
         lv = {"model_name": model, "engine": "0"}
@@ -74,15 +81,22 @@ class EngineMetrics:
         )
         info.labels(
             block_size=str(engine.block_size), num_gpu_blocks=str(engine.total_blocks),
-            kv_cache_size_tokens=str(engine.total_blocks * engine.block_size), enable_prefix_caching="False", engine="0",
+            kv_cache_size_tokens=str(engine.total_blocks * engine.block_size), enable_prefix_caching=str(prefix_caching), engine="0",
         ).set(1)
 
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         by_source = Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", [*labels, "source"], registry=r)
         self.prompt_local = by_source.labels(**lv, source="local_compute")
-        by_source.labels(**lv, source="local_cache_hit")
+        self.prompt_cache_hit = by_source.labels(**lv, source="local_cache_hit")
         self.prompt_external = by_source.labels(**lv, source="external_kv_transfer")
-        counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
+        self.prompt_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
+        cached_by = Counter("vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the cache tier that supplied them.",
+                            [*labels, "source"], registry=r)
+        self.cached_by = {src: cached_by.labels(**lv, source=src) for src in CACHE_SOURCES}
+        self.cache_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        self.cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.ext_queries = counter("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.")
+        self.ext_hits = counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self._success = Counter("vllm:request_success", "Count of successfully processed requests.", [*labels, "finished_reason"], registry=r)
         self.success_by = {reason: self._success.labels(**lv, finished_reason=reason) for reason in FINISH_REASONS}
@@ -120,9 +134,25 @@ class EngineMetrics:
             if prev is not None and s.last_token_at is not None:
                 itl(s.last_token_at - prev)
             elif s.generated == 1:
-                self.prompt_tokens.inc(s.prompt_tokens)
-                self.prompt_external.inc(s.external_tokens)
-                self.prompt_local.inc(s.prompt_tokens - s.external_tokens)
+                self._prompt(s)
+
+    def _prompt(self, s: Sequence) -> None:
+        """A request's first token: its prompt tokens by source and its prefix-cache lookup."""
+        hit = max(s.cached_tokens, 0)
+        ext = s.external_tokens
+        self.prompt_tokens.inc(s.prompt_tokens)
+        self.prompt_external.inc(ext)
+        self.prompt_cache_hit.inc(hit)
+        self.prompt_local.inc(max(0, s.prompt_tokens - ext - hit))
+        self.prompt_cached.inc(hit + ext)
+        if self.prefix_caching and s.cached_tokens >= 0:
+            self.cache_queries.inc(s.prompt_tokens)
+            self.cache_hits.inc(hit)
+            self.cached_by["device"].inc(hit)
+        if ext:
+            self.ext_queries.inc(s.prompt_tokens - hit)
+            self.ext_hits.inc(ext)
+            self.cached_by["p2p"].inc(ext)
 
     def on_finish(self, s: Sequence) -> None:
         """A request left the engine: its outcome and latencies (engine clock)."""

@@ -160,7 +160,7 @@ class MigrationsIn:
         if cur is None:
             cur = self.incoming[rid] = _Incoming(0, 0)
         need = engine.blocks_for(total + 1) - cur.blocks  # room for the next token's KV too
-        if need > 0 and not engine.reserve(need):
+        if need > 0 and not engine.reserve(need, owner=rid):
             self._drop(rid)
             return 409, {"error": f"no KV room for {total} tokens ({need} more blocks, {engine.free_blocks} free)"}
         cur.blocks += max(need, 0)
@@ -176,7 +176,7 @@ class MigrationsIn:
         seq.computed = total
         seq.prefilling = False
         seq.resumed = True
-        seq.blocks = cur.blocks
+        engine.kv.adopt(rid, seq)  # the reserved blocks become the sequence's
         waiter = self.waiting.pop(rid, None)
         if waiter is not None and not waiter.done():
             del self.incoming[rid]
@@ -216,4 +216,8 @@ class MigrationsIn:
             if cur.timer is not None:
                 cur.timer.cancel()
             if isinstance(self.inst.engine, Engine):
-                self.inst.engine.unreserve(cur.blocks)
+                if cur.parked is not None:  # it had adopted the reservation
+                    self.inst.engine.kv.free(cur.parked)
+                    self.inst.engine.kick()
+                else:
+                    self.inst.engine.unreserve(cur.blocks, owner=rid)

@@ -17,10 +17,12 @@ from typing import Any
 import orjson
 
 from adapters.emulator.tokens import (
+    chat_ids,
     continued_from,
     continued_from_ids,
     count_messages,
     count_prompt,
+    prompt_ids,
     token_json,
 )
 
@@ -74,6 +76,8 @@ class GenRequest:
     first_token_index: int = 0
     """The prompt ends with this many of the emulator's own tokens: generation continues there
     (adapters/emulator/tokens.py)."""
+    prompt_ids: list[int] | None = None
+    """The prompt's token ids (stand-ins for text, tokens.py), when the caller asked for them."""
 
 
 def _int(body: dict[str, Any], key: str, default: int | None) -> int | None:
@@ -94,8 +98,9 @@ def _bool(body: dict[str, Any], key: str) -> bool:
     return v
 
 
-def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: int) -> GenRequest:
-    """Validate a request body the way vLLM 0.32 does; raises ApiError."""
+def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: int, want_ids: bool = False) -> GenRequest:
+    """Validate a request body the way vLLM 0.32 does; raises ApiError. `want_ids`: also give the
+    prompt's token ids (prefix caching needs them)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -163,6 +168,7 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
         chat=chat, model=served_model, prompt_tokens=n_prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
         min_tokens=min_tokens, priority=priority, stream=stream,
         include_usage=bool(opts and opts.get("include_usage")), seed=seed, kv_transfer_params=kv, first_token_index=first,
+        prompt_ids=(chat_ids(body["messages"]) if chat else prompt_ids(body.get("prompt"))) if want_ids else None,
     )
 
 
@@ -213,9 +219,20 @@ class Formatter:
         )
         return b"data: " + usage + b"\n\ndata: [DONE]\n\n"
 
+    cached_tokens: int | None = None
+    """Prompt tokens served from a cache; with `details` on, usage reports them as vLLM's
+    --enable-prompt-tokens-details does (prompt_tokens_details.cached_tokens)."""
+    created_cache_tokens: int | None = None
+    """Chat only: prompt tokens computed and written to the prefix cache."""
+    details: bool = False
+
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         p = self.req.prompt_tokens
-        return {"prompt_tokens": p, "total_tokens": p + completion_tokens, "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+        details = None
+        if self.details and (self.cached_tokens is not None or self.created_cache_tokens is not None):
+            details = {"cached_tokens": self.cached_tokens, "created_cache_tokens": self.created_cache_tokens if self.req.chat else None,
+                       "multimodal_tokens": None}
+        return {"prompt_tokens": p, "total_tokens": p + completion_tokens, "completion_tokens": completion_tokens, "prompt_tokens_details": details}
 
     def full(self, text: str, finish_reason: str, completion_tokens: int, kv_transfer_params: dict[str, Any] | None) -> bytes:
         """A non-streaming response body."""

@@ -68,6 +68,18 @@ class Sequence:
     """Migrated away: the JSON the last event of its stream carries (where it went)."""
     dp_rank: int = -1
     """The data-parallel rank it runs on in a DP group (asked with X-data-parallel-rank; -1: any)."""
+    prompt_ids: list[int] | None = None
+    """The prompt's token ids; None: no prefix caching for it (the engine counts blocks only)."""
+    output_base: int = 0
+    """Token id of its generated token 0 (generated token i is output_base + i)."""
+    keys: list[int] = field(default_factory=list)
+    """Block keys (core.cache.keys) of its full blocks so far, prompt then output."""
+    kv_id: int = -1
+    """Its allocation in the instance's block pool (-1: none yet)."""
+    kv_full: int = 0
+    """Full blocks of it the pool has cached (prefix_cache.py)."""
+    cached_tokens: int = -1
+    """Prompt tokens found in the local prefix cache when first admitted (-1: never looked up)."""
 
     def __post_init__(self) -> None:
         if self.external_tokens:

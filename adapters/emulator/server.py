@@ -20,8 +20,9 @@ GRACE_S = 3
 
 
 def instance_settings(base: InstanceSettings, instances: int = 1) -> list[InstanceSettings]:
-    """`instances` independent copies of `base` on ports port, port+1, … with seeds seed, seed+1, …"""
-    return [replace(base, port=base.port + i, seed=base.seed + i) for i in range(instances)]
+    """`instances` independent copies of `base` on ports port, port+1, … with seeds seed, seed+1, …
+    (and KV-event endpoints offset by i, as vLLM offsets them per data-parallel rank)."""
+    return [replace(base, port=base.port + i, seed=base.seed + i, kv_events=base.kv_events.for_rank(i)) for i in range(instances)]
 
 
 async def serve(settings: list[InstanceSettings]) -> None:

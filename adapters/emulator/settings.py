@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from adapters.emulator.faults import FaultConfig
+from adapters.vllm.kv_wire import KVEventsConfig
 from core.errors import ConfigError
 from core.perf import PerfProfile
 
@@ -38,6 +39,14 @@ class InstanceSettings:
     """Ranks of a data-parallel group stepping together (adapters/emulator/dp_group.py); 1: one engine."""
     """Threads writing a large step's tokens at its deadline (1: the event loop alone)."""
     faults: FaultConfig = field(default_factory=FaultConfig)
+    block_size: int | None = None
+    """Tokens per KV block (vLLM's --block-size); None: the profile's."""
+    enable_prefix_caching: bool = True
+    """Automatic prefix caching (vLLM's default; --no-enable-prefix-caching turns it off)."""
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    """vLLM's --kv-events-config: publish the block pool's events over ZMQ."""
+    enable_prompt_tokens_details: bool = False
+    """Report usage.prompt_tokens_details (cached tokens), as vLLM's --enable-prompt-tokens-details."""
 
     @property
     def kv_tokens(self) -> int:
@@ -51,8 +60,12 @@ class InstanceSettings:
         serves the shorter context instead (and says so at start).
         """
         want = self.max_model_len or self.profile.max_model_len
-        cache = self.kv_tokens // self.profile.block_size * self.profile.block_size
+        cache = self.kv_tokens // self.kv_block_size * self.kv_block_size
         return max(2, min(want, cache))
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.block_size or self.profile.block_size
 
     @property
     def advertised_host(self) -> str:

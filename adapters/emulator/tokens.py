@@ -15,6 +15,7 @@ that ends with ids OWN_TOKEN_BASE + 0 … n−1 continues at token n too.
 from __future__ import annotations
 
 import re
+import zlib
 from functools import lru_cache
 from typing import Any
 
@@ -52,6 +53,52 @@ def count_messages(messages: Any) -> int | None:
             content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
         total += CHAT_TOKENS_PER_MESSAGE + (count_text(str(content)) if content else 0)
     return total
+
+
+VOCAB = 32000
+"""Text pieces map to ids below this (crc32 of each 4-byte piece, as /tokenize has always answered)."""
+TEMPLATE_BASE = 32000
+"""Ids of the chat template's own tokens (above every text id)."""
+_ROLES = {"system": 1, "user": 2, "assistant": 3, "tool": 4, "developer": 5}
+
+
+def text_ids(text: str) -> list[int]:
+    """Stand-in token ids of a text: one per 4-byte UTF-8 piece (so ``len == count_text(text)``)."""
+    raw = text.encode()
+    crc = zlib.crc32
+    return [crc(raw[i : i + 4]) % VOCAB for i in range(0, len(raw), 4)] or [0]
+
+
+def _content(m: dict[str, Any]) -> str:
+    content = m.get("content") or ""
+    if isinstance(content, list):
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def chat_ids(messages: list[Any]) -> list[int]:
+    """Stand-in ids of a chat as the template renders it: per message a 4-token header (its role
+    among them) and its text, then the assistant turn's 3-token header; ``len == count_messages``."""
+    out: list[int] = []
+    for m in messages:
+        role = _ROLES.get(str(m.get("role")), 6)
+        out += [TEMPLATE_BASE, TEMPLATE_BASE + 10 + role, TEMPLATE_BASE + 7, TEMPLATE_BASE + 8]
+        content = _content(m)
+        if content:
+            out += text_ids(content)
+    return out + [TEMPLATE_BASE, TEMPLATE_BASE + 10 + _ROLES["assistant"], TEMPLATE_BASE + 7]
+
+
+def prompt_ids(prompt: Any) -> list[int] | None:
+    """Token ids of a completions `prompt` (ids as given, text as `text_ids`); None if invalid."""
+    if isinstance(prompt, str):
+        return text_ids(prompt) if prompt else None
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in prompt):
+            return list(prompt)
+        if len(prompt) == 1:
+            return prompt_ids(prompt[0])
+    return None
 
 
 def token_text(i: int) -> str:

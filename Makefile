@@ -74,16 +74,16 @@ lint: $(VENV)/.installed-test
 ## bench: the speed benchmarks (each prints a table; figures in benchmarks/README.md)
 bench: $(VENV)/.installed
 	$(SIBYL) bench decision --policy sibyl --policy least_load --policy round_robin
-	$(PY) benchmarks/sim_speed.py
-	$(PY) benchmarks/gateway_bench.py
-	$(PY) benchmarks/emulator_concurrency.py
+	$(PY) -m benchmarks.sim_speed
+	$(PY) -m benchmarks.gateway_bench
+	$(PY) -m benchmarks.emulator_concurrency
 
 ## soak: 30 minutes of 200 streaming clients through an emulated cluster (drift, errors, RSS); soak-short: 1 minute
 soak: $(VENV)/.installed
-	$(PY) benchmarks/soak.py --swap-every 60
+	$(PY) -m benchmarks.soak --swap-every 60
 
 soak-short: $(VENV)/.installed
-	$(PY) benchmarks/soak.py --minutes 1 --clients 50 --warmup 10 --window-s 10 --swap-every 20
+	$(PY) -m benchmarks.soak --minutes 1 --clients 50 --warmup 10 --window-s 10 --swap-every 20
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .build

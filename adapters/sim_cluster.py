@@ -1,8 +1,8 @@
-"""The simulator as a live backend: core.sim's instance model paced to wall-clock, behind vLLM's HTTP API.
+"""The simulator as a live backend: core.sim.cluster's instance model paced to wall-clock, behind vLLM's HTTP API.
 
 Each simulated instance keeps the discrete-event simulator's semantics: prompts are prefilled
 FIFO one at a time for profile.prefill_time(l) (the prefill produces the first token), and
-decoding is processor sharing with the profile's TPS(N) curve (core.sim.decode_ps). Time is
+decoding is processor sharing with the profile's TPS(N) curve (core.sim.cluster.decode_ps). Time is
 `time.monotonic()`, so a live console routes to instances that behave like the ones
 `sibyl-console sim` simulates. Decode progress is published to the streams every `tick_s`; a
 stream that earned several tokens within one tick gets them together.
@@ -27,7 +27,7 @@ from adapters.emulator.loop import RunLoop
 from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
 from adapters.emulator.settings import InstanceSettings
 from core.perf import PerfProfile
-from core.sim.decode_ps import PSDecodeInstance
+from core.sim.cluster.decode_ps import PSDecodeInstance
 
 
 class SimEngine(RunLoop):

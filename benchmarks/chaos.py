@@ -13,7 +13,7 @@ time and never the last healthy one of its role. Afterwards it checks, and print
 - no request failed on an instance the console had already marked down (routing moved on);
 - every instance that came back served requests again.
 
-Usage: python benchmarks/chaos.py [--trace FILE] [--limit 400] [--speed 4] [--seed 7] [--every 2] [--fault-s 1.5]
+Usage: python -m benchmarks.chaos [--trace FILE] [--limit 400] [--speed 4] [--seed 7] [--every 2] [--fault-s 1.5]
 Exit status 1 when an audit check fails.
 """
 
@@ -36,18 +36,17 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adapters.emulator.process import EmulatorProcess
+from adapters.pids import running
+from adapters.ports import free_port
+from adapters.store import RunStore
+from benchmarks.harness import console_env, start_console, stop
+from benchmarks.paths import AZURE_CONV, add_traces_option, traces_dir
 
-from adapters.emulator.process import EmulatorProcess  # noqa: E402
-from adapters.pids import running  # noqa: E402
-from adapters.ports import free_port  # noqa: E402
-from adapters.store import RunStore  # noqa: E402
-from benchmarks.harness import console_env, start_console, stop  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MIN_LATER = 10
 """An instance back before at least this many more arrivals must have served one of them."""
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
 
 
 class Chaos:
@@ -163,7 +162,8 @@ def failure_reasons(store: RunStore, console_run: str) -> Counter[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    ap.add_argument("--trace", type=Path, default=None, help=f"the trace to replay (default: TRACES/{AZURE_CONV})")
+    add_traces_option(ap)
     ap.add_argument("--limit", type=int, default=400)
     ap.add_argument("--speed", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=7)
@@ -173,6 +173,8 @@ def main() -> int:
     ap.add_argument("--decode", type=int, default=3)
     ap.add_argument("--profile", default="cpu-tiny-llama")
     a = ap.parse_args()
+    if a.trace is None:
+        a.trace = traces_dir(a.traces) / AZURE_CONV
     with TemporaryDirectory() as tmp:
         home = Path(tmp)
         port, token = free_port(), secrets.token_urlsafe(16)

@@ -23,7 +23,7 @@ releases 500 tokens at one instant: the hardest case. --max-num-seqs 0 keeps the
 slots (256 for h20-qwen3-32b: 256 run, the rest queue as in vLLM). With --instances N the streams
 are spread round-robin over N instances of one process.
 Target (issue): >= 500 concurrent streams in one process with p99 error <= 5 ms.
-Usage: python benchmarks/emulator_concurrency.py [--concurrency 500] [--tokens 64] [--profile h20-qwen3-32b] [--instances 1]
+Usage: python -m benchmarks.emulator_concurrency [--concurrency 500] [--tokens 64] [--profile h20-qwen3-32b] [--instances 1]
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import os
 import select
 import socket
 import struct
-import sys
 import time
 from pathlib import Path
 
@@ -41,10 +40,8 @@ import httpx
 import numpy as np
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from adapters.emulator.process import EmulatorProcess, free_ports  # noqa: E402
-from core.perf import PerfProfile, get_profile  # noqa: E402
+from adapters.emulator.process import EmulatorProcess, free_ports
+from core.perf import PerfProfile, get_profile
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: kernel receive time of the bytes
 

@@ -9,7 +9,7 @@ runs twice: over 1P1D (SIBYL has one decode candidate, so it scores nothing) and
 second decode fake, so every decision runs SIBYL's whole load projection).
 Targets: >= 35% of the req/s of hitting the decode fake directly (one leg, issue 12), <= 1 ms
 gateway CPU per P/D request (issue 12), >= 5x the toy proxy's req/s, <= 2 ms added p50 unloaded.
-Usage: python benchmarks/gateway_bench.py [--shared ../shared] [--toy-proxy PATH --toy-python PY]
+Usage: python -m benchmarks.gateway_bench [--shared ../shared] [--toy-proxy PATH --toy-python PY]
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adapters.ports import free_port
+from benchmarks.harness import start, stop, wait_http
 
-from adapters.ports import free_port  # noqa: E402
-from benchmarks.harness import start, stop, wait_http  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(loadgen: Path, url: str, pid: int, concurrency: int, n: int) -> dict[str, float]:

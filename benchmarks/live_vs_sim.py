@@ -10,7 +10,7 @@ To keep 10 emulated instances, the gateway and the client within this 2-core mac
 of the profile is multiplied by --slowdown (decode throughput divided by it): the same batching
 dynamics at a fraction of the tokens per second through the gateway.
 
-Usage: python benchmarks/live_vs_sim.py [--trace FILE] [--limit 800] [--rate 11]
+Usage: python -m benchmarks.live_vs_sim [--trace FILE] [--limit 800] [--rate 11]
            [--policy least_load --policy sibyl:unit=requests --policy sibyl:unit=tokens]
 """
 
@@ -25,16 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adapters.ports import free_port
+from adapters.store import RunStore
+from benchmarks.harness import console_env, start_console, stop
+from benchmarks.paths import AZURE_CONV, add_traces_option, traces_dir
+from console.simulate import SimPlan, run_one
+from core.perf import DecodeCurve, PerfProfile, get_profile, save_profile_file
+from core.slo import SLOClass
+from core.traces import read_trace
 
-from adapters.ports import free_port  # noqa: E402
-from adapters.store import RunStore  # noqa: E402
-from benchmarks.harness import console_env, start_console, stop  # noqa: E402
-from console.simulate import SimPlan, run_one  # noqa: E402
-from core.perf import DecodeCurve, PerfProfile, get_profile, save_profile_file  # noqa: E402
-from core.slo import SLOClass  # noqa: E402
-from core.traces import read_trace  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TIME_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s", "decode_step_base_s",
                "decode_step_per_seq_s", "decode_step_per_kv_token_s", "kv_transfer_base_s", "kv_transfer_per_token_s")
@@ -83,7 +83,8 @@ def live_p99(args: argparse.Namespace, profile_file: Path, policy: str, home: Pa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", type=Path, default=ROOT.parent / "shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
+    ap.add_argument("--trace", type=Path, default=None, help=f"the trace to replay (default: TRACES/{AZURE_CONV})")
+    add_traces_option(ap)
     ap.add_argument("--limit", type=int, default=800)
     ap.add_argument("--rate", type=float, default=11.0, help="arrival rate (req/s) the slice is compressed to")
     ap.add_argument("--prefill", type=int, default=4)
@@ -93,6 +94,8 @@ def main() -> None:
     ap.add_argument("--policy", action="append", help="routing policy, NAME or NAME:key=value,...; the first is the reference "
                     "(default: least_load, sibyl:unit=requests, sibyl:unit=tokens)")
     args = ap.parse_args()
+    if args.trace is None:
+        args.trace = traces_dir(args.traces) / AZURE_CONV
     policies = args.policy or ["least_load", "sibyl:unit=requests", "sibyl:unit=tokens"]
     profile = slowed(get_profile(args.profile), args.slowdown)
     trace = read_trace(args.trace).window(limit=args.limit)

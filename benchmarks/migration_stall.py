@@ -8,7 +8,7 @@ between the last token from the source and the first from the target. The final 
 transfer is part of it, so a profile whose transfer latency is large next to its decode step
 (cpu-tiny-llama: 15 ms per transfer against ~3 ms steps) cannot get under two steps.
 
-Usage: python benchmarks/migration_stall.py [--profile cpu-tiny-llama --profile h20-qwen3-32b] [--migrations 8]
+Usage: python -m benchmarks.migration_stall [--profile cpu-tiny-llama --profile h20-qwen3-32b] [--migrations 8]
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ from tempfile import TemporaryDirectory
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adapters.ports import free_port
+from adapters.store import RunStore
+from benchmarks.harness import console_env, start_console, stop
+from core.perf import get_profile
 
-from adapters.ports import free_port  # noqa: E402
-from adapters.store import RunStore  # noqa: E402
-from benchmarks.harness import console_env, start_console, stop  # noqa: E402
-from core.perf import get_profile  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STALL = re.compile(r"waited ([\d.]+) ms between tokens \(([\d.]+) of its decode steps of ([\d.]+) ms\)")
 

@@ -11,13 +11,13 @@ OOM preempts by recompute), the same least-KV dispatch for every system (spec §
 - ares-learned  ARES with the learned MLP (--model, or trained here when torch is importable)
 - ares_oracle   ARES with the true remaining lengths (the paper's ARES-Oracle), a reference
 
-Workload: the ServeGen DeepSeek-R1 reasoning distributions in /work/shared/traces (the only real
+Workload: the ServeGen DeepSeek-R1 reasoning distributions in the traces folder (--traces; the only real
 source with reasoning-length outputs, up to 32,768 tokens), all 73 clients pooled, sampled from the
 12:00 6-hour window and rescaled to a rate set by Little's law so the *expected* resident KV per
 decode instance is --kv-load of its capacity (the paper's sanity check puts its setting at ≈75 %).
 Profile: the spec's 4090D / 7B W8A8 estimate (§7): step 9 ms + 0.09 µs per resident KV token,
 200K-token KV, migration and P→D transfer at 25 Gbps (18.4 µs/token + 10 ms).
-Usage: python benchmarks/reproduce_ares.py [--sizes 8,64] [--duration 2000] [--kv-load 0.75]
+Usage: python -m benchmarks.reproduce_ares [--sizes 8,64] [--duration 2000] [--kv-load 0.75]
        [--model model.pt] [--lengths servegen|table2] [--seed 0]      (about 5 minutes)
 """
 
@@ -32,16 +32,14 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import core.policies.ares  # noqa: F401  (registers ares, current_load, ares_oracle)
+from benchmarks.paths import SERVEGEN_R1, add_traces_option, traces_dir
+from core.dispatch import Dispatcher
+from core.perf import PerfProfile
+from core.sim.cluster import ClusterSimulation
+from core.slo import SLOClass, summarize
+from core.traces import Trace, read_servegen
 
-import core.policies.ares  # noqa: E402,F401  (registers ares, current_load, ares_oracle)
-from core.dispatch import Dispatcher  # noqa: E402
-from core.perf import PerfProfile  # noqa: E402
-from core.sim import Simulation  # noqa: E402
-from core.slo import SLOClass, summarize  # noqa: E402
-from core.traces import Trace, read_servegen  # noqa: E402
-
-SERVEGEN = Path("/work/shared/traces/servegen_deepseek_r1")
 PAPER = {"none": 96.3, "current_load": 28.3, "ares": 24.3}
 PAPER_GOODPUT_X = 1.93
 OUTPUT_CAP = 32768
@@ -89,9 +87,9 @@ def table2_lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.nda
     return prompt.astype(np.int64), np.maximum(out, 1).astype(np.int64)
 
 
-def load_workload(seed: int, start_s: float, span_s: float) -> Trace:
+def load_workload(seed: int, start_s: float, span_s: float, traces: Path) -> Trace:
     """ServeGen all-client sample (lengths only matter; arrivals are redrawn by `arrivals`)."""
-    t = read_servegen(SERVEGEN, seed=seed, start_s=start_s, duration_s=span_s)
+    t = read_servegen(traces / SERVEGEN_R1, seed=seed, start_s=start_s, duration_s=span_s)
     out = np.minimum(t.output_tokens, OUTPUT_CAP)
     return Trace(t.name, t.arrivals, t.prompt_tokens, out, source=t.source)
 
@@ -128,7 +126,7 @@ def run(
         true_lengths=True,
         survival_prior_max=OUTPUT_CAP,
     )
-    sim = Simulation(
+    sim = ClusterSimulation(
         arrivals=trace.arrivals,
         prompt_tokens=trace.prompt_tokens,
         output_tokens=trace.output_tokens,
@@ -183,7 +181,7 @@ def learned_model(args: argparse.Namespace) -> Path | None:
 
     # Disjoint from the benchmark's requests: another seed and the following hour of the window.
     if args.lengths == "servegen":
-        t = load_workload(args.seed + 1000, args.servegen_start + 3600.0, 3600.0)
+        t = load_workload(args.seed + 1000, args.servegen_start + 3600.0, 3600.0, traces_dir(args.traces))
     else:
         tp, to = table2_lengths(50_000, np.random.default_rng(args.seed + 1000))
         t = Trace("table2-train", np.zeros(len(tp)), tp, to)
@@ -270,12 +268,13 @@ def main() -> None:
     ap.add_argument("--train-samples", type=int, default=100_000)
     ap.add_argument("--workdir", default="/tmp/sibyl-ares", help="where a trained model is kept")
     ap.add_argument("--seed", type=int, default=0)
+    add_traces_option(ap)
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     started = time.perf_counter()
     model = None if args.no_learned else learned_model(args)
     if args.lengths == "servegen":
-        pool = load_workload(args.seed, args.servegen_start, 3600.0)
+        pool = load_workload(args.seed, args.servegen_start, 3600.0, traces_dir(args.traces))
     else:
         tp, to = table2_lengths(200_000, np.random.default_rng(args.seed))
         pool = Trace("table2", np.zeros(len(tp)), tp, to, source="[EST] ARES Table 2 shape")

@@ -4,30 +4,36 @@ Policies: fcfs, jsq (by tokens, the authors' JSQ), bf_io(H=0) and bf_io(H=80) wi
 default FCFS admission (shared/design/papers/bf-io.md §3.5), plus bf_io with admit=pool: the
 IO's own choice of *which* requests to admit, which the authors' code makes (§3.3). H=80 uses an
 exact predictor of remaining lengths, like the paper (--noise adds the authors' U[1±δ] noise).
-Lengths: --trace, else a BurstGPT file found under /work/shared/traces, else a synthetic stand-in
-fitted to the BurstGPT statistics in the spec (see `synthetic_burstgpt`); the source is printed.
-Usage: python benchmarks/reproduce_bfio.py [--requests 100000] [--trace burst_data_8000.json]
+Lengths: --trace, else the BF-IO authors' BurstGPT sample shipped in the traces folder
+(TRACES/burstgpt_sample/burst_data_8000.json; TRACES from --traces, $SIBYL_TRACES or
+../shared/traces), else a synthetic stand-in fitted to the BurstGPT statistics in the spec (see
+`synthetic_burstgpt`); the source is printed.
+Usage: python -m benchmarks.reproduce_bfio [--requests 100000] [--trace burst_data_8000.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.paths import BURSTGPT_SAMPLE, add_traces_option, traces_dir
+from core.errors import TraceError
+from core.sim.dp.assign import DPAssignPolicy, build
+from core.sim.dp.engine import DPSimResult, simulate_dp
+from core.sim.dp.model import DPGroup, DPState, Waiting
+from core.traces import read_trace
 
-from core.dp.assign import DPAssignPolicy, build  # noqa: E402
-from core.dp.model import DPGroup, DPState, Waiting  # noqa: E402
-from core.dp.simulate import SimResult, simulate  # noqa: E402
-from core.traces import read_trace  # noqa: E402
+JSON_FIELDS = "{input_length, output_length}"
+"""The fields of one row of the authors' JSON sample."""
 
-TRACES_DIR = Path("/work/shared/traces")
-"""Searched for a BurstGPT file (name containing "burst", .csv or .json) when --trace is not given."""
 PAPER = {  # Table 1 (G=16, B=72, BurstGPT, N=100k): AvgImb tok, throughput tok/s, TPOT s, energy kJ
     "fcfs": (27.9e4, 8.00e4, 1.42e-2, 396.0),
     "jsq": (28.2e4, 7.99e4, 1.42e-2, 396.0),
@@ -79,35 +85,75 @@ def synthetic_burstgpt(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np
     return prompt, output.astype(np.int64)
 
 
+def _json_rows(path: Path, text: str, rows: list[Any]) -> Iterator[tuple[int, Any]]:
+    """(line, row) for every element of the top-level "data" list, the line where it starts."""
+    m = re.search(r'"data"\s*:\s*\[', text)
+    if m is None:  # an unusual layout: number the rows instead of the lines
+        yield from ((i + 1, r) for i, r in enumerate(rows))
+        return
+    decoder = json.JSONDecoder()
+    pos, line, counted = m.end(), 1, 0
+    for row in rows:
+        while text[pos] in " \t\r\n,":
+            pos += 1
+        line += text.count("\n", counted, pos)
+        counted = pos
+        _, pos = decoder.raw_decode(text, pos)
+        yield line, row
+
+
+def _length(row: Any, field: str, path: Path, line: int) -> int:
+    if not isinstance(row, dict):
+        raise TraceError(f"{path.name}:{line}: expected an object with {JSON_FIELDS}, got {row!r}")
+    if field not in row:
+        raise TraceError(f"{path.name}:{line}: field '{field}': missing (a row needs {JSON_FIELDS})")
+    value = row[field]
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 0:
+        raise TraceError(f"{path.name}:{line}: field '{field}': expected a non-negative integer, got {value!r}")
+    return int(value)
+
+
 def read_lengths(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Prompt/output tokens of a trace: the authors' JSON sample ({"data": [{input_length,
-    output_length}]}) or any file core.traces reads (BurstGPT CSV, Azure, Mooncake)."""
-    if path.suffix == ".json":
-        rows = json.loads(path.read_text())["data"]
-        pairs = [(int(r["input_length"]), int(r["output_length"])) for r in rows]
-        pairs = [(s, o) for s, o in pairs if s > 0 and o > 0]
-        return np.array([s for s, _ in pairs]), np.array([o for _, o in pairs])
-    trace = read_trace(path)
-    return trace.prompt_tokens, trace.output_tokens
+    output_length}, ...]}, rows with a 0 length dropped) or any file core.traces reads (BurstGPT
+    CSV, Azure, Mooncake). A bad file or row is a TraceError naming the file, line and field."""
+    if path.suffix != ".json":
+        trace = read_trace(path)
+        return trace.prompt_tokens, trace.output_tokens
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceError(f"{path}: cannot read: {e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path.name}:{e.lineno}: not valid JSON: {e.msg}") from None
+    rows = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(rows, list):
+        raise TraceError(
+            f"{path.name}:1: field 'data': missing or not a list (expected the BF-IO authors' "
+            f'layout {{"data": [{JSON_FIELDS}, ...]}})'
+        )
+    pairs = [
+        (_length(r, "input_length", path, line), _length(r, "output_length", path, line))
+        for line, r in _json_rows(path, text, rows)
+    ]
+    pairs = [(s, o) for s, o in pairs if s > 0 and o > 0]
+    if not pairs:
+        raise TraceError(f"{path.name}: no row with positive input_length and output_length")
+    return np.array([s for s, _ in pairs]), np.array([o for _, o in pairs])
 
 
 def load_workload(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str]:
     rng = np.random.default_rng(args.seed)
-    path: Path | None = Path(args.trace) if args.trace else None
-    if path is None and TRACES_DIR.is_dir():
-        found = sorted(
-            p
-            for p in TRACES_DIR.rglob("*")
-            if "burst" in p.name.lower() and p.suffix in (".csv", ".json")
-        )
-        path = found[0] if found else None
-    if path is None:
+    path = Path(args.trace) if args.trace else traces_dir(args.traces) / BURSTGPT_SAMPLE
+    if not args.trace and not path.is_file():
         s, o = synthetic_burstgpt(args.requests, rng)
         return (
             s,
             o,
             (
-                f"synthetic BurstGPT-like (no BurstGPT rows under {TRACES_DIR}; prompts lognormal "
+                f"synthetic BurstGPT-like (no BurstGPT sample at {path}; prompts lognormal "
                 "median 217 / mean 363, outputs geometric mean 57; spec §5 statistics)"
             ),
         )
@@ -134,9 +180,9 @@ def describe(s: np.ndarray, o: np.ndarray) -> str:
 
 def run_all(
     args: argparse.Namespace, s: np.ndarray, o: np.ndarray
-) -> dict[str, tuple[SimResult, float]]:
+) -> dict[str, tuple[DPSimResult, float]]:
     group = DPGroup.paper(args.ranks, args.slots)
-    out: dict[str, tuple[SimResult, float]] = {}
+    out: dict[str, tuple[DPSimResult, float]] = {}
     wanted = set(args.policies.split(",")) if args.policies else None
     for key, label, name, params in policies(args.max_wait):
         if wanted is not None and key not in wanted:
@@ -151,14 +197,14 @@ def run_all(
             )
 
         print(f"running {label} ...", file=sys.stderr, flush=True)
-        result = simulate(
+        result = simulate_dp(
             build(name, **params), group, s, o, noise=args.noise, seed=args.seed, progress=progress
         )
         out[label] = (result, time.monotonic() - t0)
     return out
 
 
-def print_results(runs: dict[str, tuple[SimResult, float]]) -> None:
+def print_results(runs: dict[str, tuple[DPSimResult, float]]) -> None:
     print(
         f"\n{'policy':<28} {'AvgImb':>9} {'barrier':>9} {'thr':>8} {'TPOT':>7} {'energy':>7} {'J/tok':>6} "
         f"{'idle':>6} {'wait':>11} {'decide':>8} {'wall':>6}"
@@ -181,7 +227,7 @@ def print_results(runs: dict[str, tuple[SimResult, float]]) -> None:
     )
 
 
-def print_comparison(runs: dict[str, tuple[SimResult, float]]) -> None:
+def print_comparison(runs: dict[str, tuple[DPSimResult, float]]) -> None:
     print(
         f"\n{'vs paper Table 1':<28} {'AvgImb ×1e4':>17} {'thr ×1e4 tok/s':>17} {'TPOT ×1e-2 s':>17} {'energy kJ':>17}"
     )
@@ -228,7 +274,7 @@ def print_comparison(runs: dict[str, tuple[SimResult, float]]) -> None:
 
 
 def verdict(
-    runs: dict[str, tuple[SimResult, float]], args: argparse.Namespace, s: np.ndarray, o: np.ndarray
+    runs: dict[str, tuple[DPSimResult, float]], args: argparse.Namespace, s: np.ndarray, o: np.ndarray
 ) -> None:
     if "fcfs" not in runs or "bf_io(H=0)" not in runs:
         return
@@ -266,8 +312,8 @@ def diagnose(args: argparse.Namespace, s: np.ndarray, o: np.ndarray) -> None:
     group = DPGroup.paper(args.ranks, args.slots)
     print(f"  diagnosis on the first {n:,} requests (AvgImb ×1e4: fcfs | bf_io(H=0) | ratio):")
     for label, (ss, oo) in cases.items():
-        f = simulate(build("fcfs"), group, ss, oo).avg_imbalance
-        b = simulate(build("bf_io"), group, ss, oo).avg_imbalance
+        f = simulate_dp(build("fcfs"), group, ss, oo).avg_imbalance
+        b = simulate_dp(build("bf_io"), group, ss, oo).avg_imbalance
         print(f"    {label:<30} {f / 1e4:7.2f} | {b / 1e4:6.2f} | {f / b:5.1f}x")
     print(
         "  FCFS's imbalance grows with the spread of resident sizes (prompt + tokens generated so far),"
@@ -324,8 +370,11 @@ def main() -> None:
     )
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument(
-        "--trace", help="lengths file: the authors' burst_data_8000.json or a BurstGPT CSV"
+        "--trace",
+        help="lengths file: the authors' burst_data_8000.json or a BurstGPT CSV "
+        f"(default: TRACES/{BURSTGPT_SAMPLE})",
     )
+    add_traces_option(ap)
     ap.add_argument("--seed", type=int, default=42, help="sampling seed (the authors' default: 42)")
     ap.add_argument("--ranks", type=int, default=16)
     ap.add_argument("--slots", type=int, default=72)
@@ -348,7 +397,10 @@ def main() -> None:
     ap.add_argument("--skip-latency", action="store_true")
     args = ap.parse_args()
     t0 = time.monotonic()
-    s, o, source = load_workload(args)
+    try:
+        s, o, source = load_workload(args)
+    except TraceError as e:
+        raise SystemExit(f"reproduce_bfio: {e}") from None
     print(
         f"BF-IO reproduction: G={args.ranks}, B={args.slots}, {args.requests:,} requests, "
         f"backlogged pool of 4G, C={DPGroup.paper(args.ranks, args.slots).overhead_s * 1e3:.2f} ms"

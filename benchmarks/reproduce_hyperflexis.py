@@ -14,7 +14,7 @@ A new instance's cold start is the paper's Table 2 time for Qwen32B (TP=2): D2D 
 Cost is instance-seconds: every instance from its start (or its scale-out decision) until it is
 released or the run ends (the paper's Eq. 3 with a unit of one instance-second).
 
-Usage: python benchmarks/reproduce_hyperflexis.py [--per-task 300] [--rates 6,9,12,15] [--seeds 1]
+Usage: python -m benchmarks.reproduce_hyperflexis [--per-task 300] [--rates 6,9,12,15] [--seeds 1]
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from core.dispatch import Dispatcher
+from core.perf import PerfProfile, get_profile
+from core.sim.cluster import ClusterSimResult, ClusterSimulation
+from core.slo import SLOClass, met, tpot, ttft
 
-from core.dispatch import Dispatcher  # noqa: E402
-from core.perf import PerfProfile, get_profile  # noqa: E402
-from core.sim.engine import SimResult, Simulation  # noqa: E402
-from core.slo import SLOClass, met, tpot, ttft  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ def workload(per_task: int, rate: float, seed: int) -> tuple[np.ndarray, np.ndar
             np.maximum(np.rint(out[order]), 1).astype(np.int64), [str(x) for x in names[order]])
 
 
-def cost_instance_seconds(result: SimResult, initial: int, end: float) -> float:
+def cost_instance_seconds(result: ClusterSimResult, initial: int, end: float) -> float:
     """Instance-seconds from each instance's start (or scale-out decision) to its release or `end`."""
     started = {iid: 0.0 for iid in result.instance_ids[:initial]}
     stopped: dict[str, float] = {}
@@ -102,7 +101,7 @@ def run(setup: str, profile: PerfProfile, per_task: int, rate: float, seed: int)
     name, params = s["routing"]
     d = Dispatcher(profile, name, params, queue=s.get("queue", ("fcfs", {})), scaling=s.get("scaling", ("static", {})),
                    true_lengths=True, slo=slo)
-    sim = Simulation(arrivals=arrivals, prompt_tokens=prompt, output_tokens=out, profile=profile, n_prefill=2,
+    sim = ClusterSimulation(arrivals=arrivals, prompt_tokens=prompt, output_tokens=out, profile=profile, n_prefill=2,
                      n_decode=2, dispatcher=d, mode="iteration", slo_classes=classes)
     r = sim.run()
     good = r.ok.astype(bool)

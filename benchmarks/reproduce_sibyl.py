@@ -3,21 +3,17 @@
 64 decode instances, the H20/Qwen3-32B processor-sharing curve, reasoning-chat (ShareGPT-like)
 and reasoning-code (Zeta-like) workloads near decode saturation. For each workload: P99, P99.9
 and mean TPOT of sibyl vs least_load (ILS) and vs round_robin, and the optimal-assignment ratios.
-Usage: python benchmarks/reproduce_sibyl.py [--requests 20000] [--load 0.95] [--burstiness 1.0]
+Usage: python -m benchmarks.reproduce_sibyl [--requests 20000] [--load 0.95] [--burstiness 1.0]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from console.simulate import SimPlan, run_one  # noqa: E402
-from core.perf import get_profile  # noqa: E402
-from core.slo import SLOClass  # noqa: E402
-from core.traces import synthetic_trace  # noqa: E402
+from console.simulate import SimPlan, run_one
+from core.perf import get_profile
+from core.slo import SLOClass
+from core.traces import synthetic_trace
 
 PAPER = {  # sim, 64 decode instances (SIBYL Table/§5, shared/design/papers/sibyl.md §6)
     "reasoning-chat": {"p99_vs_ils": -47.7, "p99_vs_rr": -24.5, "mean_vs_ils": -28.0, "mean_vs_rr": -12.5,

@@ -1,6 +1,6 @@
 """Reproduce the tail-aware scheduling claim (seed 002, shared/design/papers/tail-aware.md §6).
 
-One vLLM-like instance (core/sched/instance.py): Llama-3-8B-class roofline on one A100-80GB
+One vLLM-like instance (core/sim/instance/engine.py): Llama-3-8B-class roofline on one A100-80GB
 (`roofline-a100-llama3-8b`, ~427k KV tokens, max_num_seqs 256), chunked prefill C=1024 inside a
 2048-token step budget, preemption by recompute. Workload "Mix-2" (paper Table 2): 70% reasoning
 requests with lengths from the ServeGen DeepSeek-R1 distributions and 30% requests from the
@@ -11,7 +11,7 @@ predicted lengths, tail_aware (UniBoost). Prints P99 E2E, P95/P99 TTFT and mean 
 paper's claims (P99 E2E 35–50% lower than SRPT-perfect; mean ~19% worse) and, if the target
 (≥ 25% lower P99 E2E) is missed, what the data say about why.
 
-Usage: python benchmarks/reproduce_tail.py [--requests 4000] [--rho 0.99] [--seed 0]
+Usage: python -m benchmarks.reproduce_tail [--requests 4000] [--rho 0.99] [--seed 0]
 """
 
 from __future__ import annotations
@@ -24,16 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from core.perf import PerfProfile, get_profile  # noqa: E402
-from core.sched.instance import DONE, InstanceParams, InstanceSim, SimResult  # noqa: E402
-from core.sched.orderings import boost, build_ordering  # noqa: E402
-from core.traces import read_azure, read_servegen  # noqa: E402
-
-TRACES = Path("/work/shared/traces")
-AZURE = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
-SERVEGEN = TRACES / "servegen_deepseek_r1"
+from benchmarks.paths import AZURE_CONV, SERVEGEN_R1, add_traces_option, traces_dir
+from core.perf import PerfProfile, get_profile
+from core.sim.instance.engine import InstanceSim
+from core.sim.instance.gamma import boost
+from core.sim.instance.model import DONE, InstanceParams, InstanceSimResult
+from core.sim.instance.orderings import build_ordering
+from core.traces import read_azure, read_servegen
 
 POLICIES: list[tuple[str, str, dict[str, object]]] = [
     ("fcfs", "fcfs", {}),
@@ -55,11 +52,12 @@ def log(msg: str) -> None:
 
 
 def workload(
-    n: int, reasoning_share: float, max_model_len: int, seed: int
+    n: int, reasoning_share: float, max_model_len: int, seed: int, traces: Path
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, float]]:
-    """Unit-rate arrivals (mean 1 req/s, Azure burstiness), prompt, output, is_reasoning."""
+    """Unit-rate arrivals (mean 1 req/s, Azure burstiness), prompt, output, is_reasoning, from
+    the traces folder `traces`."""
     rng = np.random.default_rng(seed)
-    az = read_azure(AZURE)
+    az = read_azure(traces / AZURE_CONV)
     if n > len(az.arrivals):
         raise SystemExit(f"--requests {n} > {len(az.arrivals)} rows of the Azure trace")
     start = int(rng.integers(0, len(az.arrivals) - n + 1))
@@ -69,7 +67,7 @@ def workload(
     pool_p: list[np.ndarray] = []
     pool_o: list[np.ndarray] = []
     for w in (0.0, 21600.0, 43200.0, 64800.0):  # one 600-s window per 6-h dataset PMF set
-        sg = read_servegen(SERVEGEN, seed=seed, duration_s=600.0, start_s=w)
+        sg = read_servegen(traces / SERVEGEN_R1, seed=seed, duration_s=600.0, start_s=w)
         pool_p.append(sg.prompt_tokens)
         pool_o.append(sg.output_tokens)
     rp, ro = np.concatenate(pool_p), np.concatenate(pool_o)
@@ -138,7 +136,7 @@ def run(
     arr: np.ndarray,
     prompt: np.ndarray,
     output: np.ndarray,
-) -> tuple[SimResult, float]:
+) -> tuple[InstanceSimResult, float]:
     t0 = time.perf_counter()
     inst = _Progress(prof, build_ordering(name, params), iparams)
     inst.label, inst._wall0, inst._last = label, t0, t0
@@ -153,7 +151,7 @@ def pct_better(new: float, base: float) -> float:
     return (base - new) / base * 100.0
 
 
-def tail_profile(res: SimResult, reason: np.ndarray, q: float = 99.0) -> dict[str, float]:
+def tail_profile(res: InstanceSimResult, reason: np.ndarray, q: float = 99.0) -> dict[str, float]:
     """Who is in the top (100 − q)% of E2E: their lengths, wait and decode time."""
     e2e = res.e2e
     thr = float(np.percentile(e2e, q))
@@ -204,13 +202,14 @@ def main() -> None:
     ap.add_argument(
         "--no-ablation", action="store_true", help="skip the γ runs made when the target is missed"
     )
+    add_traces_option(ap)
     args = ap.parse_args()
 
     wall0 = time.perf_counter()
     prof = get_profile(args.profile).model_copy(update={"max_model_len": args.max_model_len})
     iparams = InstanceParams(token_budget=args.token_budget, chunk_size=args.chunk)
     unit_arr, prompt, output, reason, info = workload(
-        args.requests, args.reasoning_share, args.max_model_len, args.seed
+        args.requests, args.reasoning_share, args.max_model_len, args.seed, traces_dir(args.traces)
     )
     log("measuring FCFS saturation throughput (all requests queued at t=0) ...")
     sat, sat_tok = saturation_rate(prof, iparams, prompt, output, args.saturation_requests)
@@ -245,7 +244,7 @@ def main() -> None:
             log(f"  {label} done in {walls[label]:.0f}s ({rows[label].steps:,} steps)")
 
     wanted = args.policies.split(",")
-    rows: dict[str, SimResult] = {}
+    rows: dict[str, InstanceSimResult] = {}
     walls: dict[str, float] = {}
     run_all([p for p in POLICIES if p[0] in wanted])
     table(rows, walls)
@@ -277,7 +276,7 @@ def main() -> None:
 TARGET = 25.0
 
 
-def table(rows: dict[str, SimResult], walls: dict[str, float]) -> None:
+def table(rows: dict[str, InstanceSimResult], walls: dict[str, float]) -> None:
     print(
         f"\n{'policy':<17}{'P99 E2E s':>10}{'P95 TTFT s':>11}{'P99 TTFT s':>11}{'mean E2E s':>11}"
         f"{'P50 E2E s':>10}{'preempt':>8}{'recomp Mtok':>12}{'tok/s':>6}{'step ms':>8}{'wall s':>7}"
@@ -292,7 +291,7 @@ def table(rows: dict[str, SimResult], walls: dict[str, float]) -> None:
         )
 
 
-def _busy_median(res: SimResult) -> tuple[float, float]:
+def _busy_median(res: InstanceSimResult) -> tuple[float, float]:
     """Median (γ, τ) over the tail-aware re-key checks while half or more of the run remained."""
     if not res.trace:
         return math.nan, math.nan
@@ -303,7 +302,7 @@ def _busy_median(res: SimResult) -> tuple[float, float]:
 
 
 def explain(
-    rows: dict[str, SimResult], reason: np.ndarray, gain: float, rate: float, prof: PerfProfile
+    rows: dict[str, InstanceSimResult], reason: np.ndarray, gain: float, rate: float, prof: PerfProfile
 ) -> None:
     """Print, from the runs themselves, what makes up the P99 E2E and what tail_aware changed."""
     print("\nwho is in the top 1% of E2E (means over those requests):")

@@ -15,11 +15,11 @@ length. The same rate is used in iteration mode (whose H20 step model is fitted 
 its peak, so it saturates a little later). Bursty arrivals are gamma gaps of shape 0.2.
 
 Usage:
-  python benchmarks/routing_sweep.py --grid quick [--requests 8000] [--out routing_sweep.jsonl]
-  python benchmarks/routing_sweep.py --grid full --requests 20000            # the whole grid
-  python benchmarks/routing_sweep.py --only workload=reasoning-chat --only decode=64 \\
+  python -m benchmarks.routing_sweep --grid quick [--requests 8000] [--out routing_sweep.jsonl]
+  python -m benchmarks.routing_sweep --grid full --requests 20000            # the whole grid
+  python -m benchmarks.routing_sweep --only workload=reasoning-chat --only decode=64 \\
       --only policy=least_load,clairvoyant
-  python benchmarks/routing_sweep.py --report-only --out routing_sweep.jsonl
+  python -m benchmarks.routing_sweep --report-only --out routing_sweep.jsonl
 """
 
 from __future__ import annotations
@@ -35,14 +35,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from console.benchmarking import split_policy_spec  # noqa: E402
-from console.simulate import SimPlan, run_one  # noqa: E402
-from console.sweep import traffic  # noqa: E402
-from console.sweep_config import WorkloadRef, params_for_mode  # noqa: E402
-from core.perf import PerfProfile, get_profile  # noqa: E402
-from core.slo import SLOClass  # noqa: E402
+from benchmarks.report import md_header, md_row, ms
+from console.benchmarking import split_policy_spec
+from console.simulate import SimPlan, run_one
+from console.sweep import traffic
+from console.sweep_config import WorkloadRef, params_for_mode
+from core.perf import PerfProfile, get_profile
+from core.slo import SLOClass
 
 BURSTY = 0.2
 """Gamma shape of the bursty arrivals (vllm bench serve --burstiness)."""
@@ -325,10 +324,6 @@ def sweep(
 # --- report ----------------------------------------------------------------------------------
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:.1f}"
-
-
 def summarize_cells(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per cell: every policy's metrics, the clairvoyant's P99 headroom over least_load and how
     much of it sibyl(lifetime) closes."""
@@ -357,28 +352,29 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
         "P99 TPOT (ms) per cell; headroom = (least_load − clairvoyant) / least_load; "
         "closes = share of that headroom sibyl(lifetime) closes; Δlife = sibyl(lifetime) vs least_load.",
         "",
-        "| cell | " + " | ".join(policies) + " | headroom | closes | Δlife |",
-        "|---|" + "---:|" * (len(policies) + 3),
+        *md_header(["cell", *policies, "headroom", "closes", "Δlife"], "l" + "r" * (len(policies) + 3)),
     ]
     for c in cells:
         pol = c["policies"]
-        vals = [_ms(pol.get(p, {}).get("tpot_p99")) for p in policies]
+        vals = [ms(pol.get(p, {}).get("tpot_p99")) for p in policies]
         head = c.get("headroom")
         closes = c.get("lifetime_closes")
         dl = c.get("lifetime_vs_baseline")
         lines.append(
-            f"| {c['cell']} | "
-            + " | ".join(vals)
-            + f" | {'-' if head is None else f'{head:+.1%}'}"
-            + f" | {'-' if closes is None else f'{closes:.0%}'}"
-            + f" | {'-' if dl is None else f'{dl:+.1%}'} |"
+            md_row([
+                c["cell"], *vals, "-" if head is None else f"{head:+.1%}",
+                "-" if closes is None else f"{closes:.0%}", "-" if dl is None else f"{dl:+.1%}",
+            ])  # fmt: skip
         )
     lines += [
         "",
         "All metrics (TPOT in ms, SLO attainment: TTFT ≤ 2 s and TPOT ≤ 100 ms):",
         "",
-        "| cell | policy | P99 | P99.9 | mean | SLO att. | TTFT P99 s | preempt. | ΔP99 vs least_load |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        *md_header(
+            ["cell", "policy", "P99", "P99.9", "mean", "SLO att.", "TTFT P99 s", "preempt.",
+             "ΔP99 vs least_load"],
+            "llrrrrrrr",
+        ),
     ]
     for c in cells:
         pol = c["policies"]
@@ -391,9 +387,11 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
             slo = r.get("slo_attainment")
             ttft = r.get("ttft_p99")
             lines.append(
-                f"| {c['cell']} | {p} | {_ms(r.get('tpot_p99'))} | {_ms(r.get('tpot_p999'))} | "
-                f"{_ms(r.get('tpot_mean'))} | {'-' if slo is None else f'{slo:.1%}'} | "
-                f"{'-' if ttft is None else f'{ttft:.2f}'} | {r.get('preemptions', '-')} | {d} |"
+                md_row([
+                    c["cell"], p, ms(r.get("tpot_p99")), ms(r.get("tpot_p999")),
+                    ms(r.get("tpot_mean")), "-" if slo is None else f"{slo:.1%}",
+                    "-" if ttft is None else f"{ttft:.2f}", r.get("preemptions", "-"), d,
+                ])  # fmt: skip
             )
     return "\n".join(lines) + "\n"
 

@@ -2,23 +2,19 @@
 
 Targets (issue 2): 100,000 requests in processor-sharing mode with SIBYL in <= 30 s wall,
 round robin in <= 10 s. Prints one table; --json for a machine-readable copy.
-Usage: python benchmarks/sim_speed.py [--requests 100000] [--modes ps,iteration] [--json]
+Usage: python -m benchmarks.sim_speed [--requests 100000] [--modes ps,iteration] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from core.dispatch import Dispatcher  # noqa: E402
-from core.perf import get_profile  # noqa: E402
-from core.sim import Simulation  # noqa: E402
-from core.traces import synthetic_trace  # noqa: E402
+from core.dispatch import Dispatcher
+from core.perf import get_profile
+from core.sim.cluster import ClusterSimulation
+from core.traces import synthetic_trace
 
 SATURATION_RPS = 64 * 1176.6 / 5657  # 64 decode instances at the H20 peak / mean reasoning-chat output
 
@@ -27,7 +23,7 @@ def run(policy: str, mode: str, requests: int, load: float) -> dict[str, float |
     trace = synthetic_trace("reasoning-chat", requests=requests, rate=SATURATION_RPS * load, seed=0)
     prof = get_profile("h20-qwen3-32b")
     d = Dispatcher(prof, policy, survival_prior_max=8192)
-    sim = Simulation(
+    sim = ClusterSimulation(
         arrivals=trace.arrivals, prompt_tokens=trace.prompt_tokens, output_tokens=trace.output_tokens,
         profile=prof, n_prefill=16, n_decode=64, dispatcher=d, mode=mode,  # type: ignore[arg-type]
     )

@@ -21,9 +21,9 @@ instead (and the table on stderr). Exit code 0 on PASS, 1 on FAIL, 2 when the cl
 start.
 
 Usage:
-  python benchmarks/soak.py                                    # the long soak: 30 min, 200 streams
-  python benchmarks/soak.py --minutes 1 --clients 50 --warmup 10 --window-s 10   # a cheap one
-  python benchmarks/soak.py --minutes 5 --clients 100 --swap-every 60 --json
+  python -m benchmarks.soak                                    # the long soak: 30 min, 200 streams
+  python -m benchmarks.soak --minutes 1 --clients 50 --warmup 10 --window-s 10   # a cheap one
+  python -m benchmarks.soak --minutes 5 --clients 100 --swap-every 60 --json
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ import aiohttp
 import httpx
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adapters.ports import free_port
+from adapters.vllm.pd_protocol import SSETokenCounter
+from benchmarks.report import md_header, md_row, num, to_ms
 
-from adapters.ports import free_port  # noqa: E402
-from adapters.vllm.pd_protocol import SSETokenCounter  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 POLICY_CYCLE = ["least_load", "round_robin", "sibyl"]
 
@@ -342,8 +342,8 @@ def build_report(soak: Soak, samples: list[dict[str, Any]], swaps: list[dict[str
         rows.append({
             "window": name, "start_s": round(a, 1), "end_s": round(b, 1), "warmup": name == "warmup",
             "requests": len(ok), "errors": len(rs) - len(ok), "req_per_s": len(ok) / span, "tokens_per_s": sum(r.tokens for r in ok) / span,
-            "e2e_p50_ms": _ms(pct(e2e, 50)), "e2e_p99_ms": _ms(pct(e2e, 99)), "ttft_p99_ms": _ms(pct(ttft, 99)),
-            "tpot_p50_ms": _ms(pct(tpot, 50)), "tpot_p99_ms": _ms(pct(tpot, 99)),
+            "e2e_p50_ms": to_ms(pct(e2e, 50)), "e2e_p99_ms": to_ms(pct(e2e, 99)), "ttft_p99_ms": to_ms(pct(ttft, 99)),
+            "tpot_p50_ms": to_ms(pct(tpot, 50)), "tpot_p99_ms": to_ms(pct(tpot, 99)),
             "rss_mib": {n: (v / 1024 if v is not None else None) for n, v in rss_at(samples, b).items()},
         })
     judged = [w for w in rows if not w["warmup"]]
@@ -399,14 +399,6 @@ def build_report(soak: Soak, samples: list[dict[str, Any]], swaps: list[dict[str
     }
 
 
-def _ms(x: float | None) -> float | None:
-    return None if x is None else x * 1000
-
-
-def _f(x: float | None, fmt: str = ".0f") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
 def _pc(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:+.1f}%"
 
@@ -419,13 +411,14 @@ def markdown(rep: dict[str, Any]) -> str:
         f"(warm-up {c['warmup_s']:.0f} s, windows {c['window_s']:.0f} s), max_tokens {c['max_tokens']}, prompt {c['prompt_tokens']} tokens"
         + (f", routing swapped every {c['swap_every_s']:.0f} s" if c["swap_every_s"] > 0 else f", routing {c['policy']}"),
         "",
-        "| window | req/s | tok/s | errors | E2E p50 ms | E2E p99 ms | TPOT p50 ms | TPOT p99 ms | " + " | ".join(f"{n} MiB" for n in names) + " |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(names),
+        *md_header(["window", "req/s", "tok/s", "errors", "E2E p50 ms", "E2E p99 ms", "TPOT p50 ms", "TPOT p99 ms",
+                    *(f"{n} MiB" for n in names)], "l" + "r" * (7 + len(names))),
     ]
     for w in rep["windows"]:
         label = f"{w['window']} ({w['start_s']:.0f}–{w['end_s']:.0f} s)"
-        lines.append(f"| {label} | {w['req_per_s']:.1f} | {w['tokens_per_s']:.0f} | {w['errors']} | {_f(w['e2e_p50_ms'])} | {_f(w['e2e_p99_ms'])} | "
-                     f"{_f(w['tpot_p50_ms'], '.1f')} | {_f(w['tpot_p99_ms'], '.1f')} | " + " | ".join(_f(w["rss_mib"].get(n), ".1f") for n in names) + " |")
+        lines.append(md_row([label, f"{w['req_per_s']:.1f}", f"{w['tokens_per_s']:.0f}", w["errors"], num(w["e2e_p50_ms"]),
+                             num(w["e2e_p99_ms"]), num(w["tpot_p50_ms"], ".1f"), num(w["tpot_p99_ms"], ".1f"),
+                             *(num(w["rss_mib"].get(n), ".1f") for n in names)]))
     t, d = rep["totals"], rep["p99_drift"]
     lines += [
         "",
@@ -435,7 +428,7 @@ def markdown(rep: dict[str, Any]) -> str:
         f"p99 drift (last vs first window after warm-up): E2E {_pc(d['e2e_p99'])}, TPOT {_pc(d['tpot_p99'])}"
         + (" (needs two windows after warm-up: pass a shorter --window-s)" if d["e2e_p99"] is None else ""),
         "RSS growth after warm-up: " + ", ".join(
-            f"{n} {_f(g['after_warmup_mib'], '.1f')}→{_f(g['end_mib'], '.1f')} MiB ({_pc(g['growth'])})" for n, g in rep["rss_growth"].items()),
+            f"{n} {num(g['after_warmup_mib'], '.1f')}→{num(g['end_mib'], '.1f')} MiB ({_pc(g['growth'])})" for n, g in rep["rss_growth"].items()),
         f"Stop: {rep['stop']['how']} (exit {rep['stop']['exit_code']}), leftover processes: {rep['stop']['leftover'] or 'none'}",
         f"{rep['verdict']}" + (": " + "; ".join(rep["failures"]) if rep["failures"] else
                                f" (errors ≤ {rep['targets']['max_errors']}, p99 drift ≤ {rep['targets']['max_p99_drift']:.0%}, "

@@ -90,11 +90,11 @@ def decision_latency(d: Dispatcher, iterations: int = 3000, warmup: int = 200, s
 
 def rank_decision_latency(name: str, params: dict[str, Any], *, ranks: int = 64, slots: int = 72, waiting: int = 256,
                           free_per_rank: int = 4, states: int = 200, seed: int = 1) -> dict[str, float]:
-    """Time one admission round of a DP rank policy (core/dp/assign.py: the code the live `rank`
+    """Time one admission round of a DP rank policy (core/sim/dp/assign.py: the code the live `rank`
     policies and the DP simulator run) on random full-ish groups: `ranks` ranks of `slots` slots
     with `free_per_rank` free, resident sizes prompt + age, and `waiting` requests in the pool."""
-    from core.dp.assign import build
-    from core.dp.model import DPState, Waiting
+    from core.sim.dp.assign import build
+    from core.sim.dp.model import DPState, Waiting
 
     rng = np.random.default_rng(seed)
     policy = build(name, **params)

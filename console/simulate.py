@@ -13,7 +13,7 @@ import numpy as np
 from core.dispatch import Dispatcher
 from core.perf import PerfProfile
 from core.policies import registry
-from core.sim import FAIL_REASONS, Mode, SimResult, Simulation
+from core.sim.cluster import FAIL_REASONS, ClusterSimResult, ClusterSimulation, Mode
 from core.slo import SLOClass, summarize
 from core.types import PolicyKind
 
@@ -65,7 +65,7 @@ def validate_policies(
 
 def run_one(
     plan: SimPlan, name: str, params: dict[str, Any], on_progress: ProgressFn | None = None
-) -> tuple[dict[str, Any], SimResult]:
+) -> tuple[dict[str, Any], ClusterSimResult]:
     """Simulate one policy; returns its metrics row and the raw per-request result."""
     others = [(n, p) for n, p in plan.policies if (n, p) != (name, params)] if plan.shadow else []
     dispatcher = Dispatcher(
@@ -80,7 +80,7 @@ def run_one(
         survival_prior_max=int(plan.output_tokens.max()) if len(plan.output_tokens) else None,
         slo={"default": plan.slo},
     )
-    sim = Simulation(
+    sim = ClusterSimulation(
         arrivals=plan.arrivals,
         prompt_tokens=plan.prompt_tokens,
         output_tokens=plan.output_tokens,
@@ -131,7 +131,7 @@ def _nullable(values: np.ndarray) -> list[float | None]:
     return [None if x != x else x for x in values.tolist()]  # x != x only for NaN
 
 
-def request_rows(result: SimResult, slo: SLOClass) -> list[dict[str, Any]]:
+def request_rows(result: ClusterSimResult, slo: SLOClass) -> list[dict[str, Any]]:
     """Per-request records for the run store (times relative to the trace start)."""
     prefill_names = result.prefill_ids
     decode_names = result.decode_ids
@@ -191,7 +191,7 @@ _SCALE_EVENT_NAMES = {
 }
 
 
-def instance_event_rows(result: SimResult) -> list[dict[str, Any]]:
+def instance_event_rows(result: ClusterSimResult) -> list[dict[str, Any]]:
     """The run's scale steps as run-store instance events (event names as live runs use)."""
     return [
         {
@@ -215,7 +215,7 @@ def json_safe(x: Any) -> Any:
     return x
 
 
-def store_result(store: RunStore, run_id: str, result: SimResult, slo: SLOClass, summary: dict[str, Any], *,
+def store_result(store: RunStore, run_id: str, result: ClusterSimResult, slo: SLOClass, summary: dict[str, Any], *,
                  requests: bool = True) -> None:
     """Write a finished simulation into its run: requests (unless `requests` is off), instance and
     policy events, then close the run with `summary`."""

@@ -16,7 +16,7 @@ from console.errors import ConsoleError
 from console.simulate import SimPlan, run_one, store_result
 from console.sweep_config import Point, WorkloadRef
 from core.perf import PerfProfile
-from core.sim import SimResult
+from core.sim.cluster import ClusterSimResult
 from core.slo import SLOClass
 from core.traces import Trace, read_trace, synthetic_trace
 
@@ -118,7 +118,7 @@ class PointOutcome:
 
     row: dict[str, Any]
     """The metrics row `sim` stores as a run's summary, plus the point's arrival rate."""
-    result: SimResult
+    result: ClusterSimResult
     source: str
     """Where the trace came from (the run's `workload`)."""
 

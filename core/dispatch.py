@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from core.admission import AdmissionControl
-from core.dp.model import DPState
+from core.cache.events import KVEvent
+from core.cache.index import PrefixLookup
+from core.cache.tracker import PrefixTracker
 from core.errors import NoCapacityError, PolicyError
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
 from core.perf import PerfProfile
@@ -25,6 +27,7 @@ from core.policies.base import QueuePolicy, ReschedulePolicy, RoutingPolicy, Sca
 from core.policies.rank import RankPolicyBase, dp_state
 from core.predict.survival import SurvivalPredictor
 from core.request_table import RUNNING, RequestTable
+from core.sim.dp.model import DPState
 from core.slo import SLOClass
 from core.types import (
     Admission,
@@ -66,6 +69,8 @@ class _Tracked:
     """When its prefill was projected to end on its prefill instance (FIFO behind the backlog)."""
     in_prefill: bool = True
     """Routed and its prefill has not ended (counted in view.prefill_n)."""
+    computed: int = 0
+    """Prompt tokens its prefill computes (the uncached part on its prefill instance, as routed)."""
     routed_at: float = 0.0
     shadow_choices: list[int] = field(default_factory=list)
 
@@ -114,7 +119,9 @@ class Dispatcher:
         """Requests finished (the processing rate of the scaling signals)."""
         self.migrations = 0
         """Running requests moved between decode instances (live migrations executed)."""
-        self._index: dict[str, int] = {}
+        self._index: dict[str, int] = self.view.index
+        self.prefix = PrefixTracker()
+        """Where `view.prefix` comes from (off until a caller chooses a source, see `use_prefix_*`)."""
         self._dp_groups: dict[int, tuple[int, int]] = {}
         """Decode instances that are data-parallel groups: index → (ranks, slots per rank)."""
         self._tracked: dict[Hashable, _Tracked] = {}
@@ -237,6 +244,45 @@ class Dispatcher:
             k.value: {"name": p.name, "params": p.params.model_dump()}
             for k, p in self.policies.items()
         }
+
+    # --- the prefix cache -----------------------------------------------------------------------
+    def use_prefix_lookup(self, lookup: PrefixLookup, block_size: int, decode_only: bool = True) -> None:
+        """Exact: routing reads the world's own caches (the simulator's pools); `decode_only`
+        says the world can serve a request on a decode instance alone."""
+        self.prefix.exact(lookup)
+        self._prefix_view(block_size, decode_only)
+
+    def use_prefix_routes(
+        self, block_size: int, ttl_s: float | None = 300.0, capacity_blocks: int | None = None,
+        decode_only: bool = False,
+    ) -> None:
+        """Approximate: assume each routed request's blocks are cached on the prefill and decode
+        instances it was sent to, for `ttl_s` seconds and at most `capacity_blocks` blocks per
+        instance (None: the profile's KV capacity in blocks of `block_size`)."""
+        cap = capacity_blocks if capacity_blocks is not None else max(1, self.view.profile.kv_capacity_tokens // block_size)
+        self.prefix.approximate(ttl_s, cap)
+        self._prefix_view(block_size, decode_only)
+
+    def use_prefix_events(self, block_size: int, decode_only: bool = False) -> None:
+        """Precise: each instance's cache comes from its KV events, given to `apply_kv_events`."""
+        self.prefix.precise()
+        self._prefix_view(block_size, decode_only)
+
+    def _prefix_view(self, block_size: int, decode_only: bool) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        v = self.view
+        v.prefix, v.block_size, v.decode_only = self.prefix.lookup, block_size, decode_only
+        v.forget_cached()
+
+    def apply_kv_events(self, instance_id: str, events: Iterable[KVEvent]) -> None:
+        """KV events of one instance, keys already translated to ours (`core.cache.events`), in
+        the order it emitted them; only with the precise source (`use_prefix_events`)."""
+        self.prefix.apply(instance_id, events)
+
+    def clear_prefix_cache(self, instance_id: str) -> None:
+        """Forget what an instance caches: it reset its cache, restarted, lost events or left."""
+        self.prefix.clear(instance_id)
 
     # --- instances ------------------------------------------------------------------------------
     def add_instance(
@@ -457,11 +503,25 @@ class Dispatcher:
         if request.tpot_s is None or request.ttft_s is None:
             self.set_targets(request)
         router = self.routing
-        a = router.route(request, v)
-        p = self._index[a.prefill]
-        est = float(v.prefill_time(request.prompt_tokens))
-        due = v.prefill_free_at[p] = max(v.prefill_free_at[p], now) + est
-        v.prefill_n[p] += 1
+        try:
+            a = router.route(request, v)
+            if a.prefill is None:
+                if a.decode is None:
+                    raise ValueError(f"{router.name}: a decode-only assignment needs a decode instance")
+                p = -1
+                computed = request.prompt_tokens - int(v.cached_tokens(request)[self._index[a.decode]])
+                est = 0.0
+                due = now
+            else:
+                p = self._index[a.prefill]
+                computed = request.prompt_tokens - int(v.cached_tokens(request)[p])
+                est = float(v.prefill_time(computed))
+                due = v.prefill_free_at[p] = max(v.prefill_free_at[p], now) + est
+                v.prefill_n[p] += 1
+        finally:
+            v.forget_cached()
+        if self.prefix.source == "approximate":
+            self.prefix.routed([x for x in (a.prefill, a.decode) if x is not None], request.prefix_keys, now)
         t = v.table
         i = t.add(request.id)
         t.prefill[i] = p
@@ -474,7 +534,7 @@ class Dispatcher:
         if a.decode is not None:
             d = t.inst[i] = self._index[a.decode]
             v.pending_n[d] += 1
-        tracked = _Tracked(request, router, est, float(due), routed_at=now)
+        tracked = _Tracked(request, router, est, float(due), in_prefill=p >= 0, routed_at=now, computed=computed)
         for _, shadow in self.shadows:
             try:
                 choice = shadow.route(request, v).decode
@@ -500,6 +560,8 @@ class Dispatcher:
         d = tracked.router.choose_decode(tracked.request, v)
         t.inst[i] = d
         v.pending_n[d] += 1
+        if self.prefix.source == "approximate":
+            self.prefix.routed([v.instance_ids[d]], tracked.request.prefix_keys, now)
         return v.instance_ids[d]
 
     def decode_of(self, request_id: Hashable) -> str | None:
@@ -534,9 +596,10 @@ class Dispatcher:
         v = self.view
         t = v.table
         i = t.row[rid]
-        self._end_prefill(self._tracked[rid], int(t.prefill[i]), now)
+        tracked = self._tracked[rid]
+        self._end_prefill(tracked, int(t.prefill[i]), now)
         if seconds is not None and seconds > 0:
-            v.prefill_time.observe(t.l_in[i], seconds)
+            v.prefill_time.observe(tracked.computed, seconds)
         t.tau[i] = now + v.profile.kv_transfer_time(t.l_in[i])
 
     def retry_prefill(self, rid: Hashable, tried: Sequence[str], now: float) -> str | None:

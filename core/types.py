@@ -51,6 +51,11 @@ class Request:
     """Its TTFT target; the dispatcher fills it from its SLO class when the client gave none."""
     tpot_s: float | None = None
     """Its TPOT target, filled the same way."""
+    prefix_keys: tuple[int, ...] = ()
+    """Our chain keys (``core.cache.keys.chain_keys``) of the prompt's full blocks at the cache's
+    block size, in chain order; empty when unknown (nothing is matched: the prompt counts as fresh)."""
+    session: str = ""
+    """Conversation or client session it belongs to (session-affinity routing); empty: none."""
 
 
 class InstancePhase(StrEnum):
@@ -95,12 +100,22 @@ class InstanceState:
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """A routing decision: a prefill instance and (unless bound later) a decode instance."""
+    """A routing decision: a prefill instance and (unless bound later) a decode instance.
 
-    prefill: str
+    ``prefill`` is None for a *decode-only* request (a prefix-based P/D decider found the decode
+    instance already holding most of the prompt): there is no prefill leg, ``decode`` is set and
+    computes the prompt's uncached part itself (one request to it, without kv_transfer_params).
+    """
+
+    prefill: str | None
     decode: str | None
     projected_handoff: float = 0.0
     """When the policy expects decode to start (τ), in the dispatcher's clock."""
+
+    @property
+    def decode_only(self) -> bool:
+        """No prefill leg: the decode instance serves the whole request."""
+        return self.prefill is None
 
 
 @dataclass(frozen=True, slots=True)

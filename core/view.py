@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.cache.index import PrefixLookup
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
 from core.perf import PerfProfile
 from core.request_table import RUNNING, RequestTable
 from core.slo import DEFAULT_SLO, SLOClass
-from core.types import InstancePhase, Role
+from core.types import InstancePhase, Request, Role
 
 PHASES: tuple[InstancePhase, ...] = tuple(InstancePhase)
 """Phase codes as stored in `ClusterView.phase` (index into this tuple)."""
@@ -65,8 +66,47 @@ class ClusterView:
     """Requests routed to each prefill instance whose prefill has not ended yet."""
     slo: dict[str, SLOClass] = field(default_factory=lambda: {"default": DEFAULT_SLO})
     """The SLO classes requests name (`default` always present)."""
+    index: dict[str, int] = field(default_factory=dict)
+    """Instance id → index (the dispatcher keeps it)."""
+    prefix: PrefixLookup | None = None
+    """Every instance's prefix cache as far as it is known (exact in the simulator, approximate
+    from routing decisions or precise from KV events live); None: unknown, nothing counts as
+    cached. Read it through `cached_tokens`."""
+    block_size: int = 16
+    """Tokens per KV block of the keys in `Request.prefix_keys` and of `prefix`."""
+    decode_only: bool = False
+    """Whether a request may be served by a decode instance alone (Assignment.prefill None): the
+    simulator models it; a live console sets it when its backend forwards such requests."""
     _masks: dict[Role, np.ndarray] = field(default_factory=dict)
     _n_routable: dict[Role, int] = field(default_factory=dict)
+    _cached: tuple[Request, float, np.ndarray] | None = None
+
+    def cached_tokens(self, request: Request) -> np.ndarray:
+        """Prompt tokens each instance (by index) would find cached for `request`: its matched
+        leading blocks × block size, capped as vLLM caps a hit (whole blocks of at most
+        prompt − 1 tokens). Zeros without a prefix view or keys. Remembered for the request and
+        `now` until `forget_cached` (the dispatcher calls it after each decision); read-only."""
+        n = self.n_instances
+        keys = request.prefix_keys
+        if self.prefix is None or not keys:
+            return np.zeros(n)
+        memo = self._cached
+        if memo is not None and memo[0] is request and memo[1] == self.now and len(memo[2]) == n:
+            return memo[2]
+        bs = self.block_size
+        cap = max(request.prompt_tokens - 1, 0) // bs
+        out = np.zeros(n)
+        index = self.index
+        for iid, m in self.prefix.match(keys[:cap] if cap < len(keys) else keys, self.now).items():
+            i = index.get(str(iid))
+            if i is not None:
+                out[i] = min(m, cap) * bs
+        self._cached = (request, self.now, out)
+        return out
+
+    def forget_cached(self) -> None:
+        """Drop the remembered `cached_tokens` (the caches may change before the next decision)."""
+        self._cached = None
 
     def invalidate(self) -> None:
         """Forget cached masks after instances are added, removed, flipped or change health."""

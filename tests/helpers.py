@@ -73,6 +73,7 @@ def instance_table_after(*snapshots: list[dict[str, Any]]) -> Any:
 
     from textual.app import App, ComposeResult
 
+    from console.live.state import InstanceRow
     from console.tui.instances import InstanceTable
 
     class TableOnly(App[None]):
@@ -86,7 +87,7 @@ def instance_table_after(*snapshots: list[dict[str, Any]]) -> Any:
         async with app.run_test() as pilot:
             table = app.query_one(InstanceTable)
             for instances in snapshots:
-                table.show(instances)
+                table.show([InstanceRow.model_validate(i) for i in instances])
                 await pilot.pause()
                 seen.append({"columns": [c.value for c in table.columns], "cells": {iid: {str(c.value): str(table.get_cell(iid, c)) for c in table.columns}
                                                                          for iid in (str(i["id"]) for i in instances)}})

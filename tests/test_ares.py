@@ -16,8 +16,8 @@ from core.dispatch import Dispatcher
 from core.errors import PolicyError
 from core.policies import registry
 from core.predict import SurvivalPredictor
-from core.sim import Simulation
-from core.sim.decode_iter import IterationDecodeInstance
+from core.sim.cluster import ClusterSimulation
+from core.sim.cluster.decode_iter import IterationDecodeInstance
 from core.types import Migration, PolicyKind, Role
 from tests.helpers import toy_profile
 
@@ -256,7 +256,7 @@ def _sim(profile: Any, prompts: list[int], outputs: list[int], moves: list[Migra
         policy = Scripted(at, moves)
         d.policies[PolicyKind.RESCHEDULE] = policy
         d.runner.schedule(PolicyKind.RESCHEDULE, policy, 0.0)
-    sim = Simulation(
+    sim = ClusterSimulation(
         arrivals=np.zeros(len(prompts)),
         prompt_tokens=np.array(prompts),
         output_tokens=np.array(outputs),
@@ -319,7 +319,7 @@ def test_migration_under_processor_sharing() -> None:
     policy = Scripted(2.1, [Migration(0, "d0", "d1", "test")])
     d.policies[PolicyKind.RESCHEDULE] = policy
     d.runner.schedule(PolicyKind.RESCHEDULE, policy, 0.0)
-    sim = Simulation(
+    sim = ClusterSimulation(
         arrivals=np.zeros(2), prompt_tokens=np.array([10, 10]), output_tokens=np.array([50, 40]),
         profile=prof, n_prefill=2, n_decode=2, dispatcher=d, mode="ps",
     )
@@ -378,7 +378,7 @@ def test_ares_in_the_simulator_moves_load_and_keeps_every_request() -> None:
     n = 40
     out = np.where(np.arange(n) % 2 == 0, 2000, 50)
     d = Dispatcher(prof, "round_robin", reschedule=("ares", {"period_s": 0.5}))
-    sim = Simulation(
+    sim = ClusterSimulation(
         arrivals=np.arange(n) * 0.05, prompt_tokens=np.full(n, 200), output_tokens=out,
         profile=prof, n_prefill=1, n_decode=2, dispatcher=d, mode="iteration",
     )

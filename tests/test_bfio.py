@@ -8,8 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from core.dp.assign import BfIo, BfIoParams, Fcfs, Jsq, JsqParams, build
-from core.dp.model import (
+from core.errors import PolicyError
+from core.sim.dp.assign import BfIo, BfIoParams, FcfsAssign, Jsq, JsqParams, build
+from core.sim.dp.engine import simulate_dp
+from core.sim.dp.model import (
     PAPER_T_TOK_S,
     DPGroup,
     DPState,
@@ -22,9 +24,7 @@ from core.dp.model import (
     imbalance,
     project_loads,
 )
-from core.dp.oracle import IoOracle, OracleParams, solve_round
-from core.dp.simulate import simulate
-from core.errors import PolicyError
+from core.sim.dp.oracle import IoOracle, OracleParams, solve_round
 
 # --- the model ----------------------------------------------------------------------------------
 
@@ -74,8 +74,8 @@ def test_snapshots_reject_inconsistent_input() -> None:
 
 def test_fcfs_fills_ranks_in_index_order_from_the_head_of_the_pool() -> None:
     state = DPState.from_loads([0, 0, 0], running=[2, 4, 3], slots=4)  # free 2, 0, 1
-    assert Fcfs().assign(state, Waiting(np.array([5, 6, 7, 8]))) == [(0, 0), (1, 0), (2, 2)]
-    assert Fcfs().assign(state, Waiting(np.array([5]))) == [(0, 0)]
+    assert FcfsAssign().assign(state, Waiting(np.array([5, 6, 7, 8]))) == [(0, 0), (1, 0), (2, 2)]
+    assert FcfsAssign().assign(state, Waiting(np.array([5]))) == [(0, 0)]
 
 
 def test_jsq_sends_each_request_in_order_to_the_least_loaded_open_rank() -> None:
@@ -93,9 +93,9 @@ def test_bf_io_h0_puts_the_largest_new_request_on_the_least_loaded_rank() -> Non
     waiting = Waiting(np.array([900, 100, 400]))
     pairs = BfIo().assign(state, waiting)
     assert sorted(pairs) == [(0, 1), (1, 0), (2, 2)]  # loads 1100, 900, 900
-    assert Fcfs().assign(state, waiting) == [(0, 0), (1, 1), (2, 2)]  # loads 1900, 100, 900
+    assert FcfsAssign().assign(state, waiting) == [(0, 0), (1, 1), (2, 2)]  # loads 1900, 100, 900
     assert assignment_cost(state, waiting, pairs) == 3 * 1100 - 2900
-    assert assignment_cost(state, waiting, Fcfs().assign(state, waiting)) == 3 * 1900 - 2900
+    assert assignment_cost(state, waiting, FcfsAssign().assign(state, waiting)) == 3 * 1900 - 2900
 
 
 def test_bf_io_h0_exchange_pass_fixes_the_cardinality_trap_of_plain_lpt() -> None:
@@ -220,7 +220,7 @@ def test_bf_io_fcfs_admission_reaches_the_milp_optimum_on_most_small_instances(
         ours = assignment_cost(
             state, waiting, BfIo(BfIoParams(horizon=horizon)).assign(state, waiting), horizon
         )
-        fcfs = assignment_cost(state, waiting, Fcfs().assign(state, waiting), horizon)
+        fcfs = assignment_cost(state, waiting, FcfsAssign().assign(state, waiting), horizon)
         tol = 1e-6 * max(1.0, abs(best.cost))
         assert ours >= best.cost - tol and fcfs >= best.cost - tol
         hits += ours <= best.cost + tol
@@ -249,7 +249,7 @@ def test_bf_io_pool_mode_against_the_full_io_including_admission() -> None:
 def test_simulation_matches_a_hand_computed_run() -> None:
     group = DPGroup(ranks=2, slots=1, overhead_s=0.01, t_tok_s=0.001)
     prompt, output = np.array([10, 5, 3]), np.array([2, 1, 1])
-    r = simulate(Fcfs(), group, prompt, output, reveal_target=8)
+    r = simulate_dp(FcfsAssign(), group, prompt, output, reveal_target=8)
     # step 1 runs loads [10, 5]: dt 0.02; request 1 finishes (loads after: [11, 0]); 2 → rank 1
     # step 2 runs [11, 3]: dt 0.021; requests 0 and 2 finish. Last assignment after step 1.
     dt1, dt2 = 0.01 + 0.010, 0.01 + 0.011
@@ -270,11 +270,11 @@ def _workload(seed: int, n: int = 3000) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    "policy", [Fcfs(), Jsq(), BfIo(), BfIo(BfIoParams(horizon=8)), BfIo(BfIoParams(admit="pool"))]
+    "policy", [FcfsAssign(), Jsq(), BfIo(), BfIo(BfIoParams(horizon=8)), BfIo(BfIoParams(admit="pool"))]
 )
-def test_simulation_conserves_requests_and_tokens(policy: Fcfs | Jsq | BfIo) -> None:
+def test_simulation_conserves_requests_and_tokens(policy: FcfsAssign | Jsq | BfIo) -> None:
     prompt, output = _workload(1, 1500)
-    r = simulate(policy, DPGroup.paper(4, 8), prompt, output, noise=0.2, seed=3)
+    r = simulate_dp(policy, DPGroup.paper(4, 8), prompt, output, noise=0.2, seed=3)
     assert r.finished == r.requests == 1500
     assert np.all(r.start_step >= 0) and np.all(r.finish_step - r.start_step == output)
     assert r.tokens_generated == int(output.sum())  # one token per resident request per step
@@ -287,8 +287,8 @@ def test_bf_io_beats_fcfs_on_imbalance_in_a_small_simulation() -> None:
     group = DPGroup.paper(8, 16)
     for seed in (0, 1):
         prompt, output = _workload(seed)
-        fcfs = simulate(Fcfs(), group, prompt, output)
-        ours = simulate(BfIo(), group, prompt, output)
+        fcfs = simulate_dp(FcfsAssign(), group, prompt, output)
+        ours = simulate_dp(BfIo(), group, prompt, output)
         assert ours.avg_imbalance < 0.5 * fcfs.avg_imbalance  # measured 2.4-3.2x lower
         assert ours.throughput_tok_s > fcfs.throughput_tok_s
         assert ours.mean_tpot_s < fcfs.mean_tpot_s
@@ -297,7 +297,7 @@ def test_bf_io_beats_fcfs_on_imbalance_in_a_small_simulation() -> None:
 def test_open_arrivals_underloaded_group_never_queues() -> None:
     prompt, output = _workload(2, 400)
     arrivals = np.arange(400) * 1.0  # one request a second: far below capacity
-    r = simulate(BfIo(), DPGroup.paper(4, 8), prompt, output, arrivals_s=arrivals)
+    r = simulate_dp(BfIo(), DPGroup.paper(4, 8), prompt, output, arrivals_s=arrivals)
     assert r.finished == 400 and r.max_wait_steps == 0
     assert np.all(r.start_s >= arrivals)
 
@@ -306,8 +306,8 @@ def test_simulator_is_seeded_and_rejects_a_policy_that_overfills() -> None:
     prompt, output = _workload(3, 600)
     group = DPGroup.paper(4, 8)
     lookahead = BfIo(BfIoParams(horizon=8))
-    a = simulate(lookahead, group, prompt, output, noise=0.3, seed=5)
-    b = simulate(lookahead, group, prompt, output, noise=0.3, seed=5)
+    a = simulate_dp(lookahead, group, prompt, output, noise=0.3, seed=5)
+    b = simulate_dp(lookahead, group, prompt, output, noise=0.3, seed=5)
     assert a.avg_imbalance == b.avg_imbalance and np.array_equal(a.finish_step, b.finish_step)
 
     class Greedy:
@@ -319,4 +319,4 @@ def test_simulator_is_seeded_and_rejects_a_policy_that_overfills() -> None:
             return [(i, 0) for i in range(fillable(state, waiting))]  # everything on rank 0
 
     with pytest.raises(ValueError, match="overfills"):
-        simulate(Greedy(), group, prompt, output)
+        simulate_dp(Greedy(), group, prompt, output)

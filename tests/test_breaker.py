@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 
 from adapters.store import RunStore
-from console.breaker import BreakerState, CircuitBreaker
+from core.breaker import BreakerState, CircuitBreaker
 from tests.procs import FIXED_PROFILE, kill_children, start_console, wait_for
 
 

@@ -16,7 +16,7 @@ from openai import OpenAI
 from adapters.store import RunStore
 from core.dispatch import Dispatcher
 from core.perf import get_profile
-from core.sim import Simulation
+from core.sim.cluster import ClusterSimulation
 from tests.procs import (
     FIXED_PROFILE,
     Console,
@@ -121,7 +121,7 @@ def test_the_same_threshold_policy_in_the_simulator_scales_at_the_same_load() ->
     def simulate(rate: float) -> list[tuple[float, str, str]]:
         n = int(rate * SECONDS)
         d = Dispatcher(prof, "least_load", scaling=("threshold", THRESHOLD))
-        sim = Simulation(arrivals=np.arange(n) / rate, prompt_tokens=np.full(n, 8), output_tokens=np.full(n, OUTPUT),
+        sim = ClusterSimulation(arrivals=np.arange(n) / rate, prompt_tokens=np.full(n, 8), output_tokens=np.full(n, OUTPUT),
                          profile=prof, n_prefill=1, n_decode=1, dispatcher=d, mode="iteration")
         r = sim.run()
         assert r.ok.all()

@@ -15,8 +15,7 @@ What must hold:
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from core.dispatch import Dispatcher
 from core.perf import get_profile
 from core.policies.base import NoParams, RoutingPolicyBase
 from core.policies.choice import projected_handoff
-from core.sim.engine import SimResult
+from core.sim.cluster import ClusterSimResult
 from core.traces import Trace
 from core.types import Assignment, Request
 from core.view import ClusterView
@@ -36,14 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "gateway_shards", ROOT / "benchmarks" / "gateway_shards.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gateway_shards"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.gateway_shards")
 
 
 gs = _load()
@@ -57,7 +49,7 @@ def trace() -> Trace:
     return t
 
 
-def _same(a: SimResult, b: SimResult) -> None:
+def _same(a: ClusterSimResult, b: ClusterSimResult) -> None:
     for name in (
         "prefill_instance",
         "decode_instance",
@@ -72,7 +64,7 @@ def _same(a: SimResult, b: SimResult) -> None:
 
 def _sharded(
     trace: Trace, name: str, k: int, delta: float, setting: Any = SMALL, **kw: Any
-) -> tuple[Any, SimResult]:
+) -> tuple[Any, ClusterSimResult]:
     gw = gs.ShardedDispatcher(k, delta, gs.dispatcher_factory(PROFILE, name, {}, trace), **kw)
     return gw, gs.simulate(trace, PROFILE, setting, gw)
 

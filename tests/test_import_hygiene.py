@@ -14,7 +14,7 @@ BANNED = ["textual", "rich", "typer", "httpx", "starlette", "fastapi", "uvicorn"
 
 def test_core_imports_no_ui_http_or_db_library() -> None:
     modules = [m.name for m in pkgutil.walk_packages(core.__path__, "core.")]
-    assert "core.sim.engine" in modules and "core.policies.sibyl" in modules
+    assert "core.sim.cluster.engine" in modules and "core.policies.sibyl" in modules
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
@@ -43,7 +43,7 @@ def _cli_imports(*argv: str) -> tuple[set[str], str]:
 def test_a_cli_call_imports_only_the_command_it_runs() -> None:
     modules, _ = _cli_imports("status", "--help")
     assert "console.commands.status" in modules
-    assert not {"sqlalchemy", "console.commands.up", "console.commands.runs", "core.sim.engine"} & modules
+    assert not {"sqlalchemy", "console.commands.up", "console.commands.runs", "core.sim.cluster.engine"} & modules
     modules, out = _cli_imports("scale", "--help")
     assert "console.commands.status" in modules and "console.commands.up" not in modules and "scale [OPTIONS]" in out
     # the root --help lists every command

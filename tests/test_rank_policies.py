@@ -85,15 +85,16 @@ def test_the_dispatcher_tracks_each_ranks_load_and_forgets_a_rank_when_the_reque
 def test_the_console_reports_a_group_whose_ranks_drift_apart_once_and_again_when_balanced() -> None:
     from types import SimpleNamespace
 
-    from console.controller import Controller
+    from console.live.health import RankWatch
+    from console.live.state import InstanceRow
     from console.tui.events import describe
     from console.tui.fmt import Palette
 
     published: list[dict[str, object]] = []
-    fake = SimpleNamespace(_imbalanced=set(), events=SimpleNamespace(publish=lambda kind, **kw: published.append({"type": kind, **kw})),
-                           dispatcher=SimpleNamespace(rank=SimpleNamespace(name="jsq")))
+    events = SimpleNamespace(publish=lambda kind, **kw: published.append({"type": kind, **kw}))
+    watch = RankWatch(events, lambda: "jsq")  # type: ignore[arg-type]
     for loads in ([100, 100, 100, 100], [400, 100, 100, 100], [500, 100, 100, 100], [130, 100, 100, 100], [110, 100, 100, 100]):
-        Controller._watch_ranks(fake, [{"id": "d0", "dp_ranks": loads}, {"id": "d1", "dp_ranks": None}])  # type: ignore[arg-type]
+        watch.check([InstanceRow(id="d0", role="decode", dp_ranks=loads), InstanceRow(id="d1", role="decode", dp_ranks=None)])
     # x2.29 is reported once (not again at x2.5); x1.24 is not yet balanced; x1.07 is
     assert [(e["factor"], e["busiest"], e["balanced"]) for e in published] == [(2.29, 0, False), (1.07, 0, True)]
     tag, text, _ = describe(published[0], Palette("g", "y", "r", "b", "d"))

@@ -6,7 +6,6 @@ import importlib.util
 import inspect
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -229,14 +228,7 @@ def test_survival_integrals_match_the_curve() -> None:
 
 
 def _sweep_module():
-    spec = importlib.util.spec_from_file_location(
-        "routing_sweep", ROOT / "benchmarks" / "routing_sweep.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["routing_sweep"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.routing_sweep")
 
 
 def test_sweep_cells_produce_rows_and_resume(tmp_path: Path) -> None:

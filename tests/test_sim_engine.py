@@ -7,13 +7,13 @@ import pytest
 
 from core.dispatch import Dispatcher
 from core.perf import DecodeCurve
-from core.sim import ScheduledSwap, Simulation
+from core.sim.cluster import ClusterSimulation, ScheduledSwap
 from tests.helpers import toy_profile
 
 
 def simulate(profile, arrivals, prompts, outputs, *, mode="ps", policy="round_robin", n_prefill=1, n_decode=1, swaps=()):
     d = Dispatcher(profile, policy)
-    sim = Simulation(
+    sim = ClusterSimulation(
         arrivals=np.array(arrivals, dtype=float),
         prompt_tokens=np.array(prompts),
         output_tokens=np.array(outputs),

@@ -9,7 +9,7 @@ import pytest
 
 from core.dispatch import Dispatcher
 from core.policies.base import PeriodicParams, ScalingPolicyBase
-from core.sim import Simulation
+from core.sim.cluster import ClusterSimulation
 from core.types import PolicyKind, Role, ScaleAction
 from tests.helpers import toy_profile
 
@@ -26,7 +26,7 @@ def run(
     **dispatcher_kw: Any,
 ) -> tuple[Any, Dispatcher]:
     d = Dispatcher(profile, policy, **dispatcher_kw)
-    sim = Simulation(
+    sim = ClusterSimulation(
         arrivals=np.array(arrivals, dtype=float),
         prompt_tokens=np.ones(len(arrivals), dtype=np.int64),
         output_tokens=np.array(outputs),
@@ -88,7 +88,7 @@ class FlipOnce(ScalingPolicyBase):
 def test_flip_drains_then_changes_where_later_requests_go() -> None:
     prof = toy_profile()  # prefill 1 s, decode 10 tok/s shared
     d = Dispatcher(prof, "round_robin")
-    sim = Simulation(
+    sim = ClusterSimulation(
         arrivals=np.array([0.0, 0.0, 3.0, 3.0]),
         prompt_tokens=np.ones(4, dtype=np.int64),
         output_tokens=np.array([5, 5, 5, 5]),

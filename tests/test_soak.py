@@ -32,7 +32,7 @@ def ours(home: Path) -> list[int]:
 @pytest.mark.slow
 def test_short_soak_has_no_errors_reports_every_window_and_leaves_nothing_running(tmp_path: Path) -> None:
     work = tmp_path / "soak"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--seconds", str(SECONDS), "--clients", str(CLIENTS),
+    cmd = [sys.executable, "-m", "benchmarks.soak", "--seconds", str(SECONDS), "--clients", str(CLIENTS),
            "--warmup", str(WARMUP), "--window-s", str(WINDOW), "--prefill", "1", "--decode", "2", "--max-tokens", "32",
            "--swap-every", "15", "--workdir", str(work), "--json",
            # drift and RSS are judged by the long soak; 50 s on a shared 2-core machine is too noisy for 10 %

@@ -164,12 +164,7 @@ def test_grid_expands_every_axis_with_stable_keys(tmp_path: Path) -> None:
 
 
 def _routing_sweep() -> Any:
-    spec = importlib.util.spec_from_file_location("routing_sweep", ROOT / "benchmarks" / "routing_sweep.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["routing_sweep"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.routing_sweep")
 
 
 def test_the_demo_config_is_the_full_routing_sweep() -> None:

@@ -15,31 +15,25 @@ import core.policies.tail_aware  # noqa: F401  (registers the queue policy)
 from core.perf import PerfProfile
 from core.policies import build
 from core.policies.tail_aware import TailAwareQueue, TailAwareQueueParams
-from core.sched.instance import (
+from core.sim.instance.engine import InstanceSim, simulate_instance
+from core.sim.instance.gamma import LN5, GammaAda, GammaAdaParams, boost, predicted_length, quantize
+from core.sim.instance.model import (
     DONE,
     REJECTED,
     RUNNING,
     WAITING,
     InstanceParams,
-    InstanceSim,
     SimRequest,
-    simulate,
 )
-from core.sched.orderings import (
-    LN5,
-    Fcfs,
-    GammaAda,
-    GammaAdaParams,
+from core.sim.instance.orderings import (
+    FcfsOrdering,
     Sjf,
     SjfParams,
     Srpt,
     SrptParams,
     TailAware,
     TailAwareParams,
-    boost,
     build_ordering,
-    predicted_length,
-    quantize,
 )
 from core.types import Request
 
@@ -77,7 +71,7 @@ def test_two_requests_step_times_and_ttfts_by_hand() -> None:
     # step 2 @0.042: A chunk 8 (B not there) → 0.010 + 0.008            = 0.018 → t=0.060, A tok 1
     # step 3 @0.060: A decode + B chunk 10  → 0.020 + 0.005 + 0.010     = 0.035 → t=0.095, A 2, B 1
     # step 4 @0.095: A, B decode            → 0.020 + 2·0.005           = 0.030 → t=0.125, both done
-    inst = InstanceSim(PROF, Fcfs(), InstanceParams(token_budget=64, chunk_size=32))
+    inst = InstanceSim(PROF, FcfsOrdering(), InstanceParams(token_budget=64, chunk_size=32))
     a = inst.submit(0, 0.0, 40, 3)
     b = inst.submit(1, 0.05, 10, 2)
     recs = []
@@ -92,22 +86,22 @@ def test_two_requests_step_times_and_ttfts_by_hand() -> None:
 
 
 def test_prefill_chunks_sum_to_the_attention_square_and_a_lone_prompt_costs_prefill_time() -> None:
-    whole = simulate(PROF2, Fcfs(), np.zeros(1), np.array([20]), np.array([1]))
+    whole = simulate_instance(PROF2, FcfsOrdering(), np.zeros(1), np.array([20]), np.array([1]))
     assert whole.e2e[0] == pytest.approx(float(PROF2.prefill_time(20)))
     # chunks of 8, 8, 4 at offsets 0, 8, 16: 3 fixed costs + 1 ms·20 + 1 µs·(8² + (16²−8²) + (20²−16²))
-    inst = InstanceSim(PROF2, Fcfs(), InstanceParams(chunk_size=8))
+    inst = InstanceSim(PROF2, FcfsOrdering(), InstanceParams(chunk_size=8))
     r = inst.submit(0, 0.0, 20, 1)
     inst.run()
     assert r.finish == pytest.approx(3 * 0.010 + 0.020 + 1e-6 * 400)
     # a decode step reads the resident KV: 20 ms + 5 ms + 10 µs·20 tokens
-    two = simulate(PROF2, Fcfs(), np.zeros(1), np.array([20]), np.array([2]))
+    two = simulate_instance(PROF2, FcfsOrdering(), np.zeros(1), np.array([20]), np.array([2]))
     assert two.e2e[0] - whole.e2e[0] == pytest.approx(0.020 + 0.005 + 1e-5 * 20)
 
 
 def test_chunked_prefill_respects_the_token_budget_and_chunk_size() -> None:
     rng = np.random.default_rng(3)
     n = 60
-    inst = InstanceSim(PROF, Fcfs(), InstanceParams(token_budget=48, chunk_size=32))
+    inst = InstanceSim(PROF, FcfsOrdering(), InstanceParams(token_budget=48, chunk_size=32))
     for i in range(n):
         inst.submit(i, float(i) * 0.01, int(rng.integers(1, 300)), int(rng.integers(1, 30)))
     steps = 0
@@ -121,7 +115,7 @@ def test_chunked_prefill_respects_the_token_budget_and_chunk_size() -> None:
         assert all(q <= 32 for _, q in rec.batch)
     assert all(r.state == DONE for r in inst.requests)
     # the budget binds: one decode + two prompts of 100 → 1 + 32 + 15 tokens in one step
-    inst = InstanceSim(PROF, Fcfs(), InstanceParams(token_budget=48, chunk_size=32))
+    inst = InstanceSim(PROF, FcfsOrdering(), InstanceParams(token_budget=48, chunk_size=32))
     inst.submit(0, 0.0, 5, 10)
     inst.step()  # request 0 prefilled, now decoding
     inst.submit(1, inst.now, 100, 2)
@@ -133,7 +127,7 @@ def test_chunked_prefill_respects_the_token_budget_and_chunk_size() -> None:
 def test_preemption_by_recompute_frees_blocks_and_requeues() -> None:
     # 4 blocks of 16. A and B (prompt 30) each take 2 blocks in step 1 and decode. In step 4 A
     # needs a 3rd block (33 tokens): FCFS (vLLM) preempts the latest admitted, B.
-    inst = InstanceSim(PROF, Fcfs(), InstanceParams(kv_capacity_tokens=64, token_budget=64))
+    inst = InstanceSim(PROF, FcfsOrdering(), InstanceParams(kv_capacity_tokens=64, token_budget=64))
     a = inst.submit(0, 0.0, 30, 20)
     b = inst.submit(1, 0.0, 30, 20)
     recs = [inst.step() for _ in range(4)]
@@ -157,7 +151,7 @@ def test_fcfs_admits_nothing_in_a_step_that_preempted() -> None:
     # admitted) is preempted and frees 2; A takes 1 and C (one block) would fit, but is not
     # admitted in that step.
     ip = InstanceParams(kv_capacity_tokens=64, chunk_size=16, reserve_full_isl=False)
-    inst = InstanceSim(PROF, Fcfs(), ip)
+    inst = InstanceSim(PROF, FcfsOrdering(), ip)
     inst.submit(0, 0.0, 32, 30)
     inst.submit(1, 0.0, 16, 40)
     inst.submit(2, 0.001, 16, 5)
@@ -176,7 +170,7 @@ def test_admission_reserves_kv_for_the_whole_input_as_vllm_0_32() -> None:
     # chunk would fit in the 2 free blocks, its whole input (3 blocks) would not.
     def second_step(reserve: bool) -> list[tuple[int, int]]:
         ip = InstanceParams(kv_capacity_tokens=64, chunk_size=16, reserve_full_isl=reserve)
-        inst = InstanceSim(PROF, Fcfs(), ip)
+        inst = InstanceSim(PROF, FcfsOrdering(), ip)
         inst.submit(0, 0.0, 30, 30)
         inst.step()  # A: chunks of 16 → only 16 tokens, 1 block
         inst.step()  # A: 14 more, 2 blocks, first token
@@ -190,15 +184,15 @@ def test_admission_reserves_kv_for_the_whole_input_as_vllm_0_32() -> None:
 
 
 def test_requests_larger_than_the_cache_are_rejected_and_runs_are_deterministic() -> None:
-    inst = InstanceSim(PROF, Fcfs(), InstanceParams(kv_capacity_tokens=64))
+    inst = InstanceSim(PROF, FcfsOrdering(), InstanceParams(kv_capacity_tokens=64))
     assert inst.submit(0, 0.0, 60, 10).state == REJECTED
     rng = np.random.default_rng(7)
     arr = np.sort(rng.uniform(0, 3, 80))
     p, o = rng.integers(1, 400, 80), rng.integers(1, 200, 80)
     ip = InstanceParams(kv_capacity_tokens=2048, max_num_seqs=6)
     for name in ("fcfs", "sjf", "srpt", "tail_aware"):
-        r1 = simulate(PROF, build_ordering(name), arr, p, o, ip)
-        r2 = simulate(PROF, build_ordering(name), arr, p, o, ip)
+        r1 = simulate_instance(PROF, build_ordering(name), arr, p, o, ip)
+        r2 = simulate_instance(PROF, build_ordering(name), arr, p, o, ip)
         assert np.array_equal(r1.e2e, r2.e2e) and np.isfinite(r1.e2e).all(), name
 
 
@@ -459,7 +453,7 @@ def test_tail_aware_adapts_gamma_online_in_the_simulator() -> None:
     arr = np.sort(rng.uniform(0, 20, n))
     params = {"tau_s": TAU, "min_samples": 50, "update_every": 25, "update_min_interval_s": 1.0}
     params["rekey_interval_s"] = 1.0
-    res = simulate(
+    res = simulate_instance(
         PROF,
         build_ordering("tail_aware", params),
         arr,

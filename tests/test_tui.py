@@ -49,13 +49,14 @@ def test_table_shows_every_instance_with_live_values() -> None:
             table = app.query_one(InstanceTable)
             await until(pilot, lambda: table.row_count == 6)
             assert [r.key.value for r in table.ordered_rows] == ["p0", "p1", "d0", "d1", "d2", "d3"]
-            await until(pilot, lambda: app.state is not None and app.state["instances"][3]["running"] == int(table.row_texts("d1")["running"]))
+            await until(pilot, lambda: app.state is not None and app.state.instances[3].running == int(table.row_texts("d1")["running"]))
             tick = fake.tick
             await until(pilot, lambda: fake.tick >= tick + 3)
             row = table.row_texts("d1")
             assert row["health"] == "UP" and row["role"] == "decode" and row["kv"].endswith("%")
-            shown = next(i for i in app.state["instances"] if i["id"] == "d1")  # type: ignore[index]
-            assert row["tps"] == f"{shown['tokens_per_s']:.0f}" or row["tps"] == f"{shown['tokens_per_s']:.1f}"
+            assert app.state is not None
+            shown = next(i for i in app.state.instances if i.id == "d1")
+            assert row["tps"] == f"{shown.tokens_per_s:.0f}" or row["tps"] == f"{shown.tokens_per_s:.1f}"
             assert "2P4D" in str(app.query_one("#header").render())
             assert app.query_one(LoadChart).shown() and len(app.query_one(LoadChart).shown()) == 4
 
@@ -106,7 +107,7 @@ def test_state_arriving_while_a_modal_is_open_updates_the_dashboard_behind_it() 
             await until(pilot, lambda: app.state is not None)
             await app.run_action("pick_policy('routing')")
             await until(pilot, lambda: isinstance(app.screen, PolicyPicker))
-            state = fake.state()
+            state = fake.snapshot()
             app.on_state_arrived(StateArrived(state))  # the modal is the active screen: no NoMatches
             assert app.dashboard.query_one("#header").state is state  # type: ignore[attr-defined]
             assert isinstance(app.screen, PolicyPicker)
@@ -207,7 +208,7 @@ def test_64_instances_keep_refreshing_while_keys_are_served() -> None:
             assert table.sort_column == "health"
             await until(pilot, lambda: fake.tick >= start_tick + 5, timeout=20)  # polling goes on
             for _ in range(3):  # a refresh updates widgets in place and re-plots both charts
-                app.on_state_arrived(StateArrived(fake.state()))
+                app.on_state_arrived(StateArrived(fake.snapshot()))
                 for chart in (app.query_one(LoadChart), app.query_one(SloChart)):
                     chart.render()
             assert table.row_count == 64

@@ -8,9 +8,10 @@ import io
 from rich.console import Console
 from textual.command import CommandList
 
+from console.live.state import ConsoleState
 from console.tui.charts import LoadChart, SloChart
 from console.tui.events import EventLog
-from console.tui.help import ConfirmScreen, HelpScreen, help_table
+from console.tui.help import HelpScreen, QuitScreen, help_table
 from console.tui.instances import InstanceTable
 from console.tui.messages import StateArrived
 from console.tui.policy_picker import PolicyPicker
@@ -18,24 +19,32 @@ from tests.test_tui import SIZE, app_for, until
 from tests.test_tui_client import FakeConsole
 
 
+async def _quit_owned(fake: FakeConsole, key: str) -> str | None:
+    """Quit a dashboard that owns its cluster: cancel once, then answer with `key`."""
+    owned = app_for(fake, owns_cluster=True)
+    async with owned.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(owned.screen, QuitScreen))
+        await pilot.press("escape")  # cancel: the dashboard stays
+        await until(pilot, lambda: not isinstance(owned.screen, QuitScreen))
+        assert owned.is_running
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(owned.screen, QuitScreen))
+        await pilot.press(key)
+        await until(pilot, lambda: not owned.is_running)
+    return owned.return_value
+
+
 def test_quit_asks_only_when_the_dashboard_owns_the_cluster() -> None:
     async def body() -> None:
         fake = FakeConsole(1, 1)
-        owned = app_for(fake, owns_cluster=True)
-        async with owned.run_test(size=SIZE) as pilot:
-            await pilot.press("q")
-            await until(pilot, lambda: isinstance(owned.screen, ConfirmScreen))
-            await pilot.press("n")
-            await until(pilot, lambda: not isinstance(owned.screen, ConfirmScreen))
-            assert owned.is_running
-            await pilot.press("q")
-            await until(pilot, lambda: isinstance(owned.screen, ConfirmScreen))
-            await pilot.press("y")
-            await until(pilot, lambda: not owned.is_running)
+        assert await _quit_owned(fake, "s") == "stop"
+        assert await _quit_owned(fake, "l") == "leave"
         attached = app_for(fake)
         async with attached.run_test(size=SIZE) as pilot:
             await pilot.press("q")
             await until(pilot, lambda: not attached.is_running)
+        assert attached.return_value is None
 
     asyncio.run(body())
 
@@ -74,7 +83,7 @@ def test_command_palette_opens_the_picker() -> None:
         fake = FakeConsole(1, 2)
         app = app_for(fake, autopoll=False)  # an idle app: Pilot's key presses return quickly
         async with app.run_test(size=SIZE) as pilot:
-            app.post_message(StateArrived(fake.state()))
+            app.post_message(StateArrived(fake.snapshot()))
             await until(pilot, lambda: app.state is not None)
             await pilot.press("ctrl+p")
             await pilot.press(*"swap routing")
@@ -90,7 +99,7 @@ def test_sorting_keeps_role_groups() -> None:
         fake = FakeConsole(2, 4)
         app = app_for(fake, autopoll=False)
         async with app.run_test(size=SIZE) as pilot:
-            app.post_message(StateArrived(fake.state()))
+            app.post_message(StateArrived(fake.snapshot()))
             table = app.query_one(InstanceTable)
             await until(pilot, lambda: table.row_count == 6)
             table.sort_by("running", reverse=True)
@@ -135,10 +144,10 @@ def test_a_restarted_console_starts_the_charts_over() -> None:
         fake = FakeConsole(1, 2, clock=lambda: 30.0)
         app = app_for(fake, autopoll=False)
         async with app.run_test(size=SIZE) as pilot:
-            app.post_message(StateArrived(fake.state()))
+            app.post_message(StateArrived(fake.snapshot()))
             await until(pilot, lambda: app.query_one(LoadChart).shown() != [])
             app.query_one(SloChart).add_marker(20.0, "routing→least_load")
-            restarted = {**fake.state(), "run_id": "r-new", "uptime_s": 1.0}
+            restarted = ConsoleState.model_validate({**fake.state(), "run_id": "r-new", "uptime_s": 1.0})
             app.post_message(StateArrived(restarted))
             await until(pilot, lambda: app.query_one(SloChart).markers() == [])
             assert any("restarted: run r-new" in str(line.text) for line in app.query_one(EventLog).lines)
@@ -151,7 +160,7 @@ def test_resize_relays_out_the_charts() -> None:
         fake = FakeConsole(1, 2, clock=lambda: 5.0)
         app = app_for(fake, autopoll=False)
         async with app.run_test(size=SIZE) as pilot:
-            app.post_message(StateArrived(fake.state()))
+            app.post_message(StateArrived(fake.snapshot()))
             chart = app.query_one(LoadChart)
             await until(pilot, lambda: chart.shown() != [])
             wide = chart.size.width

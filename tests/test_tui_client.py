@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from console.controller import catalog
+from console.live.policies import catalog
+from console.live.state import ConsoleState
 from console.tui.client import ApiError, ConnectionLost, DashboardClient
 from core.errors import PolicyError
 from core.policies import registry
@@ -102,6 +103,10 @@ class FakeConsole:
         if self.replay is not None:
             out["replay"] = dict(self.replay)
         return out
+
+    def snapshot(self) -> ConsoleState:
+        """The next `state()`, validated as the dashboard's client validates what it reads."""
+        return ConsoleState.model_validate(self.state())
 
     def catalog(self) -> dict[str, Any]:
         return {"active": self.policies, "available": catalog(live=True)}
@@ -218,7 +223,7 @@ def test_state_and_catalog() -> None:
         fake = FakeConsole(1, 2)
         c = fake.client()
         s = await c.state()
-        assert [i["id"] for i in s["instances"]] == ["p0", "d0", "d1"]
+        assert [i.id for i in s.instances] == ["p0", "d0", "d1"]
         cat = await c.policies()
         assert {p["name"] for p in cat["available"]} >= {"least_load", "sibyl", "static"}
         await c.aclose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -35,6 +35,32 @@ async def until(pilot: Pilot[None], cond: Callable[[], bool], timeout: float = 1
     while not holds():
         assert time.monotonic() < deadline, "condition not met in time"
         await pilot.pause(0.05)
+
+
+def serve_while(config: ConsoleConfig, ui: Callable[[LiveConsole], Awaitable[None]]) -> None:
+    """Serve a console in this process while `ui` runs against it (a dashboard in the test's own
+    loop, so Pilot can drive it), then stop it through `POST /control/shutdown`; `ui`'s failure is
+    the test's."""
+
+    async def main() -> None:
+        running: list[asyncio.Future[None]] = []
+
+        def ready(live: LiveConsole) -> None:
+            async def run() -> None:
+                try:
+                    await ui(live)
+                finally:
+                    token = live.token_file.read_text().strip()
+                    async with httpx.AsyncClient(base_url=live.url, timeout=10) as c:
+                        r = await c.post("/control/shutdown", headers={"Authorization": f"Bearer {token}"})
+                        assert r.status_code == 202, r.text
+
+            running.append(asyncio.ensure_future(run()))
+
+        assert await run_console(config, ready) == "completed"
+        await running[0]
+
+    asyncio.run(main())
 
 
 @pytest.fixture
@@ -98,7 +124,7 @@ def test_dashboard_on_an_emulated_cluster(tmp_path: Path, monkeypatch: pytest.Mo
                 await pilot.press("ctrl+s")
                 await until(pilot, lambda: not isinstance(app.screen, PolicyPicker))
                 state = await client.state()  # checked through the control API, not the app
-                assert state["policies"]["routing"] == {"name": "least_load", "params": {"by": "tokens", "bind": "arrival"}}
+                assert state.policy_entries()["routing"] == {"name": "least_load", "params": {"by": "tokens", "bind": "arrival"}}
 
                 d1.kill()
                 await until(pilot, lambda: table.row_texts("d1")["health"] == "DOWN")
@@ -109,7 +135,7 @@ def test_dashboard_on_an_emulated_cluster(tmp_path: Path, monkeypatch: pytest.Mo
                 await traffic
             await client.aclose()
 
-    asyncio.run(run_console(config, lambda live: None, ui))
+    serve_while(config, ui)
     store = RunStore(tmp_path / "runs.db")
     events = store.policy_events(seen["run_id"])
     store.close()
@@ -134,15 +160,16 @@ def test_dashboard_pauses_a_replay_and_scales_a_real_cluster(tmp_path: Path, mon
             async with app.run_test(size=(160, 48)) as pilot:
                 await until(pilot, lambda: {"scale", "replay"} <= set(app.capabilities), 15)
                 await pilot.press("space")
-                await until(pilot, lambda: (app.state or {}).get("replay", {}).get("status") == "paused", 10)
-                assert (await client.state())["replay"]["status"] == "paused"
+                await until(pilot, lambda: app.state is not None and app.state.replay is not None and app.state.replay.status == "paused", 10)
+                replay = (await client.state()).replay
+                assert replay is not None and replay.status == "paused"
                 await pilot.press("space")
-                await until(pilot, lambda: (app.state or {}).get("replay", {}).get("status") == "running", 10)
+                await until(pilot, lambda: app.state is not None and app.state.replay is not None and app.state.replay.status == "running", 10)
                 await pilot.press("plus")
-                await until(pilot, lambda: len([i for i in (app.state or {}).get("instances", []) if i["role"] == "decode"]) == 2, 30)
+                await until(pilot, lambda: app.state is not None and len([i for i in app.state.instances if i.role == "decode"]) == 2, 30)
                 state = await client.state()
-                assert [i["id"] for i in state["instances"] if i["role"] == "decode"] == ["d0", "d1"]
+                assert [i.id for i in state.instances if i.role == "decode"] == ["d0", "d1"]
         finally:
             await client.aclose()
 
-    asyncio.run(run_console(config, lambda live: None, ui))
+    serve_while(config, ui)

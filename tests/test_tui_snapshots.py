@@ -45,7 +45,7 @@ def scripted(prefill: int = 2, decode: int = 4, theme: str = "textual-dark") -> 
             if i == 40:
                 fake.set_health("d1", False)
                 fake.publish("failure", request_id="cmpl-7", reason="decode d1 unreachable", prefill="p0", decode="d1")
-            app.on_state_arrived(StateArrived(fake.state()))
+            app.on_state_arrived(StateArrived(fake.snapshot()))
             for event in fake.history[seen:]:
                 app.on_console_event(ConsoleEvent(event))
             seen = len(fake.history)

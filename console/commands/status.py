@@ -11,6 +11,7 @@ from rich.table import Table
 
 from console.control_client import ControlClient
 from console.discovery import local_running
+from console.live.state import ConsoleState
 from core.errors import ConfigError
 from core.policies import parse_param_assignments
 
@@ -35,24 +36,25 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
     Example: sibyl-console status --json | jq '.instances[] | select(.healthy | not)'
     """
     client = ControlClient(url, token)
-    s = client.state()
+    s = ConsoleState.model_validate(client.state())
     if as_json:
-        typer.echo(json.dumps(s, indent=2))
+        typer.echo(json.dumps(s.to_json(), indent=2))
         return
     con = Console()
-    con.print(f"run [bold]{s['run_id']}[/]  backend {s['backend']}  cluster {s['cluster']}  up {s['uptime_s']:.0f}s  "
-              f"requests {s['requests']['total']} ({s['requests']['in_flight']} in flight, {s['requests']['failed']} failed)")
-    con.print("policies: " + ", ".join(f"{k}={v['name']}{v['params'] or ''}" for k, v in s["policies"].items()))
+    req = s.requests
+    con.print(f"run [bold]{s.run_id}[/]  backend {s.backend}  cluster {s.cluster}  up {s.uptime_s:.0f}s  "
+              f"requests {req.total} ({req.in_flight} in flight, {req.failed} failed)")
+    con.print("policies: " + ", ".join(f"{k}={v.name}{v.params or ''}" for k, v in s.policies.items()))
     t = Table()
     for col in ("id", "role", "healthy", "running", "waiting", "KV", "tok/s", "load", "url"):
         t.add_column(col)
-    for i in s["instances"]:
-        t.add_row(i["id"], i["role"], "yes" if i["healthy"] else "[red]DOWN[/]", str(i["running"]), str(i["waiting"]),
-                  _pct(i["kv_usage"]), f"{i['tokens_per_s']:.0f}", "-" if i["projected_load"] is None else f"{i['projected_load']:.0f}", i["url"])
+    for i in s.instances:
+        t.add_row(i.id, i.role, "yes" if i.healthy else "[red]DOWN[/]", str(i.running), str(i.waiting),
+                  _pct(i.kv_usage), f"{i.tokens_per_s or 0.0:.0f}", "-" if i.projected_load is None else f"{i.projected_load:.0f}", i.url)
     con.print(t)
-    w, r = s["slo"]["window"], s["slo"]["run"]
-    con.print(f"SLO last {s['slo']['window_s']:.0f}s: attainment {_pct(w['attainment'])}  TTFT p50/p99 {_ms(w['ttft_p50'])}/{_ms(w['ttft_p99'])} ms  "
-              f"TPOT p50/p99 {_ms(w['tpot_p50'])}/{_ms(w['tpot_p99'])} ms   run: attainment {_pct(r['attainment'])}")
+    w, r = s.slo.window, s.slo.run
+    con.print(f"SLO last {s.slo.window_s:.0f}s: attainment {_pct(w.attainment)}  TTFT p50/p99 {_ms(w.ttft_p50)}/{_ms(w.ttft_p99)} ms  "
+              f"TPOT p50/p99 {_ms(w.tpot_p50)}/{_ms(w.tpot_p99)} ms   run: attainment {_pct(r.attainment)}")
 
 
 @policy_app.command("list")
@@ -68,7 +70,7 @@ def policy_list(
       sibyl-console policy list
       sibyl-console policy list --kind scaling --json
     """
-    from console.controller import catalog
+    from console.live.policies import catalog
 
     active: dict[str, Any] = {}
     if url or token or local_running():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,17 +13,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from console.controller import Controller
 from console.gateway.control import control_routes
 from console.gateway.errors import error_body
 from console.gateway.openapi import build_openapi
 from console.gateway.proxy import Proxy
+from console.live.controller import Controller
 
 HOT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
-def build_app(controller: Controller, *, manage_lifecycle: bool = True) -> Any:
-    """The ASGI app. With `manage_lifecycle` the app's lifespan starts and stops the controller."""
+def build_app(controller: Controller, *, manage_lifecycle: bool = True,
+              request_shutdown: Callable[[str], None] | None = None) -> Any:
+    """The ASGI app. With `manage_lifecycle` the app's lifespan starts and stops the controller;
+    `request_shutdown` (the serving process's stop) backs `POST /control/shutdown`."""
     c = controller
 
     async def health(_: Request) -> Response:
@@ -68,7 +70,7 @@ def build_app(controller: Controller, *, manage_lifecycle: bool = True) -> Any:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         *(Route(path, hot_path_elsewhere, methods=["POST"]) for path in sorted(HOT_PATHS)),  # other methods: 405
-        *control_routes(c),
+        *control_routes(c, request_shutdown),
     ]
     starlette = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
     proxy = Proxy(c)

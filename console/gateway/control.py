@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -11,8 +11,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from console.controller import Controller, ScaleError
 from console.gateway.errors import error_body
+from console.live.controller import Controller
+from console.live.operations import ScaleError
 from core.errors import ConfigError, SibylError
 from core.types import PolicyKind
 
@@ -48,7 +49,9 @@ def _authorized(request: Request, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode("latin-1"), token.encode())
 
 
-def control_routes(c: Controller) -> list[Route]:
+def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None = None) -> list[Route]:
+    """The /control/ routes of console `c`; `request_shutdown` (the server's stop) backs POST /control/shutdown."""
+
     def guard(handler: Any) -> Any:
         async def wrapped(request: Request) -> Response:
             if not _authorized(request, c.token):
@@ -141,6 +144,12 @@ def control_routes(c: Controller) -> list[Route]:
     async def run(_: Request) -> Response:
         return _json({"run_id": c.run_id, "db": str(c.store.path), "run_dir": str(c.run_dir)})
 
+    async def shutdown(_: Request) -> Response:
+        if request_shutdown is None:
+            return _error(409, "this console cannot be stopped through its control API (it is embedded in another program)")
+        request_shutdown("control API")
+        return _json({"stopping": True, "run_id": c.run_id, "drain_timeout_s": c.config.drain_timeout_s}, 202)
+
     return [
         Route("/control/state", guard(state), methods=["GET"]),
         Route("/control/events", guard(events), methods=["GET"]),
@@ -151,4 +160,5 @@ def control_routes(c: Controller) -> list[Route]:
         Route("/control/scale", guard(scale), methods=["POST"]),
         Route("/control/flip", guard(flip), methods=["POST"]),
         Route("/control/migrate", guard(migrate), methods=["POST"]),
+        Route("/control/shutdown", guard(shutdown), methods=["POST"]),
     ]

@@ -16,6 +16,7 @@ import copy
 from typing import Any
 
 from console.gateway.control import MAX_SCALE_DELTA
+from console.live.state import json_schema
 from core.types import PolicyKind
 
 _ERROR_REF = {"$ref": "#/components/schemas/Error"}
@@ -203,7 +204,7 @@ def build_openapi(
                 "get": {
                     "operationId": "getState",
                     "security": bearer,
-                    "responses": {"200": _json_response("the console's state", {"type": "object", "required": ["instances"], "properties": {"instances": {"type": "array"}}}), "401": _UNAUTHORIZED},
+                    "responses": {"200": _json_response("the console's state", {"$ref": "#/components/schemas/ConsoleState"}), "401": _UNAUTHORIZED},
                 }
             },
             "/control/events": {
@@ -309,6 +310,19 @@ def build_openapi(
                     "responses": {"200": _json_response("the run", {"type": "object", "required": ["run_id", "db", "run_dir"]}), "401": _UNAUTHORIZED},
                 }
             },
+            "/control/shutdown": {
+                "post": {
+                    "operationId": "shutdown",
+                    "security": bearer,
+                    "description": "Stop the console as SIGTERM does: drain in-flight requests (up to drain_timeout_s), "
+                                   "stop the instances it launched, close the run. A second stop request skips the drain.",
+                    "responses": {
+                        "202": _json_response("the stop has started", {"type": "object", "required": ["stopping", "run_id", "drain_timeout_s"]}),
+                        "401": _UNAUTHORIZED,
+                        "409": _error_response("a console embedded in another program, which stops with it"),
+                    },
+                }
+            },
             "/control/replay/{action}": {
                 "post": {
                     "operationId": "replayAction",
@@ -340,7 +354,14 @@ def build_openapi(
                             },
                         }
                     },
-                }
+                },
+                **_state_schemas(),
             },
         },
     }
+
+
+def _state_schemas() -> dict[str, Any]:
+    """`ConsoleState` and the models it refers to, generated from console/live/state.py."""
+    schema, defs = json_schema("#/components/schemas/")
+    return {"ConsoleState": schema, **defs}

@@ -1,8 +1,8 @@
 """The gateway's hot path (raw ASGI): parse an OpenAI completions/chat request and hand it over.
 
 POST /v1/completions and /v1/chat/completions are parsed and validated here, turned into a
-console.live_request.LiveRequest, and run with a channel back to the client; the LiveRequest
-takes every decision with the dispatcher and relays the decode stream (console/live_request.py
+console.live.request.LiveRequest, and run with a channel back to the client; the LiveRequest
+takes every decision with the dispatcher and relays the decode stream (console/live/request.py
 describes one request's life). Errors in the request itself are answered here, OpenAI-shaped.
 """
 
@@ -15,9 +15,10 @@ from typing import Any
 import orjson
 
 from adapters.vllm.forward import forward_headers
-from console.controller import Controller
 from console.gateway.errors import error_body
-from console.live_request import JSON_HEADERS, ClientChannel, LiveRequest, respond
+from console.live.channel import JSON_HEADERS, ClientChannel, respond
+from console.live.controller import Controller
+from console.live.request import LiveRequest
 from core.types import Request
 
 Scope = dict[str, Any]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import deque
 from collections.abc import Awaitable, Iterable
 from functools import partial
@@ -18,13 +19,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
+from console.live.state import ConsoleState
 from console.tui.actions import ACTIONS, POLICY_KINDS, action_name, bindings, requirement
 from console.tui.charts import LoadChart, SloChart
 from console.tui.client import ApiError, ConnectionLost, DashboardClient
 from console.tui.events import EventLog
-from console.tui.fmt import load_of
 from console.tui.header import DashboardHeader
-from console.tui.help import ConfirmScreen, HelpScreen
+from console.tui.help import HelpScreen, QuitScreen
 from console.tui.instances import InstanceTable
 from console.tui.messages import ConnectionChanged, ConsoleEvent, StateArrived
 from console.tui.policy_picker import PolicyPicker
@@ -32,7 +33,7 @@ from console.tui.slo import SloPanel
 from console.tui.swaps import SwapTracker
 
 
-class SibylDashboard(App[None]):
+class SibylDashboard(App[str]):
     """The live dashboard of one console, reached only through its control API."""
 
     CSS_PATH = "dashboard.tcss"
@@ -63,7 +64,7 @@ class SibylDashboard(App[None]):
         self.autopoll = autopoll
         """Start the polling and event workers on mount (False in snapshot tests)."""
         self.history = history
-        self.state: dict[str, Any] | None = None
+        self.state: ConsoleState | None = None
         """The latest snapshot."""
         self.events_live = False
         """Whether the SSE stream is connected (then swaps are logged from it, not from polls)."""
@@ -104,6 +105,7 @@ class SibylDashboard(App[None]):
         """Poll `/control/state`; the next poll starts only after this one ends (backoff on errors)."""
         delay, lost = self.poll_interval_s, False
         while True:
+            started = time.monotonic()
             try:
                 state = await self.client.state()
             except (ConnectionLost, ApiError) as e:
@@ -115,7 +117,8 @@ class SibylDashboard(App[None]):
                 lost, delay = False, self.poll_interval_s
                 self.post_message(ConnectionChanged(None))
             self.post_message(StateArrived(state))
-            await asyncio.sleep(self.poll_interval_s)
+            # a steady cadence: the poll's own latency does not stretch the interval
+            await asyncio.sleep(max(0.0, self.poll_interval_s - (time.monotonic() - started)))
 
     @work(exclusive=True, group="events", exit_on_error=False)
     async def read_events(self) -> None:
@@ -159,36 +162,34 @@ class SibylDashboard(App[None]):
             return
         s, previous = message.state, self.state
         self.state = s
-        t = float(s.get("uptime_s") or 0.0)
-        restarted = previous is not None and (
-            previous.get("run_id") != s.get("run_id") or t < float(previous.get("uptime_s") or 0.0)
-        )
+        t = float(s.uptime_s or 0.0)
+        restarted = previous is not None and (previous.run_id != s.run_id or t < float(previous.uptime_s or 0.0))
         if restarted:
             self._console_restarted(s)
-        instances = s.get("instances") or []
+        instances = s.instances
         self.dashboard.query_one(DashboardHeader).state = s
         self.dashboard.query_one(InstanceTable).show(instances)
         slo = self.dashboard.query_one(SloPanel)
-        slo.uptime_s, slo.requests, slo.slo = t, s.get("requests") or {}, s.get("slo") or {}
-        decode = {str(i["id"]): load_of(i) for i in instances if i.get("role") in ("decode", "both")}
+        slo.uptime_s, slo.requests, slo.slo = t, s.requests, s.slo
+        decode = {i.id: i.load for i in instances if i.role in ("decode", "both")}
         self.dashboard.query_one(LoadChart).push(t, decode)
-        self.dashboard.query_one(SloChart).push(t, s.get("slo") or {})
-        caps = {k for k, v in (s.get("capabilities") or {}).items() if v}
-        if s.get("replay"):
+        self.dashboard.query_one(SloChart).push(t, s.slo)
+        caps = {k for k, v in s.capabilities.items() if v}
+        if s.replay is not None:
             caps.add("replay")
         self.capabilities = frozenset(caps)
         if previous is None or restarted:
-            self.swaps.prime(s.get("policies") or {})
+            self.swaps.prime(s.policy_entries())
         elif not self.events_live:
-            for event in self.swaps.between(previous.get("policies") or {}, s.get("policies") or {}, t):
+            for event in self.swaps.between(previous.policy_entries(), s.policy_entries(), t):
                 self._show_swap(event, fallback=True)
 
-    def _console_restarted(self, s: dict[str, Any]) -> None:
+    def _console_restarted(self, s: ConsoleState) -> None:
         """A new run behind the same URL: its timeline starts over."""
         for chart in (self.dashboard.query_one(LoadChart), self.dashboard.query_one(SloChart)):
             chart.reset()
         self.swaps.reset()
-        self.dashboard.query_one(EventLog).note(f"the console restarted: run {s.get('run_id')}", "bold")
+        self.dashboard.query_one(EventLog).note(f"the console restarted: run {s.run_id}", "bold")
 
     def _show_swap(self, event: dict[str, Any], *, fallback: bool = False) -> None:
         """Log a swap and mark it on both charts (a fallback only if not shown yet)."""
@@ -197,7 +198,7 @@ class SibylDashboard(App[None]):
         self.dashboard.query_one(EventLog).record(event)
         t = event.get("t")
         if not isinstance(t, int | float):
-            t = float((self.state or {}).get("uptime_s") or 0.0)
+            t = float(self.state.uptime_s if self.state is not None else 0.0)
         label = f"{event.get('kind')}→{event.get('new')}"
         self.dashboard.query_one(SloChart).add_marker(float(t), label)
         self.dashboard.query_one(LoadChart).add_marker(float(t), label)
@@ -288,8 +289,8 @@ class SibylDashboard(App[None]):
 
     @work(group="control-actions", exit_on_error=False)
     async def action_toggle_replay(self) -> None:
-        replay = (self.state or {}).get("replay") or {}
-        paused = bool(replay.get("paused")) or replay.get("status") == "paused"
+        replay = self.state.replay if self.state is not None else None
+        paused = replay is not None and (replay.paused or replay.status == "paused")
         verb = "resume" if paused else "pause"
         await self._control(f"replay {verb}", self.client.replay(verb))
 
@@ -313,9 +314,9 @@ class SibylDashboard(App[None]):
             self.exit()
             return
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.exit()
+        def answered(choice: str | None) -> None:
+            if choice is not None:
+                self.exit(choice)
 
-        detail = "This dashboard launched it: yes drains in-flight requests and stops every instance."
-        self.push_screen(ConfirmScreen("Stop the cluster?", detail), answered)
+        run_id = self.state.run_id if self.state is not None else None
+        self.push_screen(QuitScreen(str(run_id) if run_id else None), answered)

@@ -11,6 +11,8 @@ from textual.app import RenderResult
 from textual.timer import Timer
 from textual_plotext import PlotextPlot
 
+from console.live.state import SloSnapshot
+
 LINE_COLORS: tuple[tuple[int, int, int], ...] = (
     (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
     (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207),
@@ -168,17 +170,17 @@ class SloChart(TimeChart):
         self._tpot.clear()
         self._att.clear()
 
-    def push(self, t: float, slo: Mapping[str, Any]) -> None:
+    def push(self, t: float, slo: SloSnapshot) -> None:
         """Append the window's P99 TPOT and attainment at uptime `t` (missing values are skipped)."""
-        window = slo.get("window") or {}
-        if window.get("tpot_p99") is not None:
-            self._tpot.append((t, float(window["tpot_p99"]) * 1000))
-        if window.get("attainment") is not None:
-            self._att.append((t, float(window["attainment"]) * 100))
-        classes = slo.get("classes") or {}
+        window = slo.window
+        if window.tpot_p99 is not None:
+            self._tpot.append((t, float(window.tpot_p99) * 1000))
+        if window.attainment is not None:
+            self._att.append((t, float(window.attainment) * 100))
+        classes = slo.classes
         default = classes.get("default") or next(iter(classes.values()), None)
-        if default and default.get("tpot_s"):
-            self.tpot_limit_ms = float(default["tpot_s"]) * 1000
+        if default and default.tpot_s:
+            self.tpot_limit_ms = float(default.tpot_s) * 1000
         self.changed()
 
     def _draw(self) -> None:

@@ -7,8 +7,10 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from console.control_client import ControlError
+from console.live.state import ConsoleState
 
 
 class ConnectionLost(ControlError):
@@ -63,10 +65,13 @@ class DashboardClient:
         except ValueError:
             raise ApiError(r.status_code, f"{method} {path}: the answer is not JSON") from None
 
-    async def state(self) -> dict[str, Any]:
-        """`GET /control/state`: the controller's snapshot."""
-        result: dict[str, Any] = await self._call("GET", "/control/state")
-        return result
+    async def state(self) -> ConsoleState:
+        """`GET /control/state`: the console's snapshot, validated into the typed model."""
+        data = await self._call("GET", "/control/state")
+        try:
+            return ConsoleState.model_validate(data)
+        except ValidationError as e:
+            raise ApiError(200, f"GET /control/state: not a console state: {e.error_count()} errors, first: {e.errors()[0]['msg']}") from None
 
     async def policies(self) -> dict[str, Any]:
         """`GET /control/policies`: {"active": {kind: {name, params}}, "available": [...]}."""

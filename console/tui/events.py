@@ -6,9 +6,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
 from rich.text import Text
 from textual.widgets import RichLog
 
+from console.live.state import ReplayProgress
 from console.tui.fmt import Palette, palette_for, policy_label
 from console.tui.header import replay_label
 
@@ -49,7 +51,11 @@ def describe(event: Mapping[str, Any], p: Palette) -> tuple[str, str, str]:
         rest = ", ".join(f"{k}={v}" for k, v in event.items() if k not in _SKIP | {"role", "delta"})
         return "SCALE", f"{event.get('role', '?')} {sign}{rest}".strip(), p.warn
     if kind == "replay":
-        return "REPLAY", replay_label(event) or "replay", ""
+        try:
+            progress = ReplayProgress.model_validate(event)
+        except ValidationError:
+            progress = None
+        return "REPLAY", replay_label(progress) or "replay", ""
     if kind == "note":
         return "NOTE", str(event.get("message", "")), str(event.get("style") or p.muted)
     rest = ", ".join(f"{k}={v}" for k, v in event.items() if k not in _SKIP)

@@ -71,14 +71,6 @@ def policy_label(entry: Mapping[str, Any] | None, with_params: bool = True) -> s
     return f"{entry.get('name')}({inner})"
 
 
-def load_of(inst: Mapping[str, Any]) -> float:
-    """Projected load as the active policy sees it, else running + waiting."""
-    load = inst.get("projected_load")
-    if load is None:
-        return float(inst.get("running", 0) + inst.get("waiting", 0))
-    return float(load)
-
-
 @dataclass(frozen=True)
 class Palette:
     """Rich styles taken from the current Textual theme, so text stays readable on dark and light."""

@@ -1,4 +1,4 @@
-"""Modal screens: `?` help listing every binding, and the yes/no confirmation before stopping a cluster."""
+"""Modal screens: `?` help listing every binding, and the question a quit asks of a dashboard that launched its cluster."""
 
 from __future__ import annotations
 
@@ -49,36 +49,40 @@ class HelpScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
-class ConfirmScreen(ModalScreen[bool]):
-    """A yes/no question; dismisses with True for yes."""
+class QuitScreen(ModalScreen[str | None]):
+    """Quitting a dashboard that launched its cluster: stop the cluster, leave it running, or stay.
+
+    Dismisses with "stop", "leave", or None (stay)."""
 
     BINDINGS = [
-        Binding("y", "answer(True)", "Yes", id="confirm.yes"),
-        Binding("n,escape", "answer(False)", "No", id="confirm.no"),
+        Binding("s", "answer('stop')", "Stop the cluster", id="quit.stop"),
+        Binding("l", "answer('leave')", "Leave it running", id="quit.leave"),
+        Binding("escape,c", "answer(None)", "Cancel", id="quit.cancel"),
     ]
 
-    def __init__(self, question: str, detail: str = "") -> None:
+    def __init__(self, run_id: str | None = None) -> None:
         super().__init__()
-        self.question = question
-        """The question, e.g. "Stop the cluster?"."""
-        self.detail = detail
-        """What yes will do."""
+        self.run_id = run_id
+        """The console's run, for the reattach hint."""
 
     def compose(self) -> ComposeResult:
+        run = f" --run {self.run_id}" if self.run_id else ""
         with Vertical(id="confirm"):
-            yield Static(self.question, id="confirm-question")
-            if self.detail:
-                yield Static(self.detail, id="confirm-detail")
+            yield Static("Quit the dashboard: stop the cluster too?", id="confirm-question")
+            yield Static("Stop drains in-flight requests and stops every instance this dashboard launched. "
+                         f"Leave keeps it serving: reattach with `sibyl-console tui{run}`, stop it later with "
+                         f"`sibyl-console down{' ' + self.run_id if self.run_id else ''}`.", id="confirm-detail")
             with Horizontal(id="confirm-buttons"):
-                yield Button("Yes (y)", variant="error", id="confirm-yes")
-                yield Button("No (n)", variant="primary", id="confirm-no")
+                yield Button("Stop (s)", variant="error", id="quit-stop")
+                yield Button("Leave running (l)", variant="primary", id="quit-leave")
+                yield Button("Cancel (esc)", id="quit-cancel")
 
     def on_mount(self) -> None:
-        self.query_one("#confirm-no", Button).focus()
+        self.query_one("#quit-cancel", Button).focus()
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "confirm-yes")
+        self.dismiss({"quit-stop": "stop", "quit-leave": "leave"}.get(event.button.id or ""))
 
-    def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
+    def action_answer(self, choice: str | None) -> None:
+        self.dismiss(choice)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import DataTable
 
-from console.tui.fmt import Palette, bar, load_of, num, palette_for, sparkline
+from console.live.state import InstanceRow
+from console.tui.fmt import Palette, bar, num, palette_for, sparkline
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("id", "instance"),
@@ -38,14 +39,14 @@ BAR_WIDTH = 16
 TREND_WIDTH = 12
 
 
-def _queue(inst: Mapping[str, Any]) -> float:
-    return float(inst.get("running", 0) + inst.get("waiting", 0))
+def _queue(inst: InstanceRow) -> float:
+    return float(inst.running + inst.waiting)
 
 
-def _health(inst: Mapping[str, Any], p: Palette) -> Text:
+def _health(inst: InstanceRow, p: Palette) -> Text:
     """UP / DOWN, OPEN / PROBE while its circuit breaker is open or half-open, or the phase while it starts or drains."""
-    phase = str(inst.get("phase") or "active")
-    breaker = str(inst.get("breaker") or "closed")
+    phase = inst.phase or "active"
+    breaker = inst.breaker or "closed"
     if breaker == "open":
         return Text("OPEN", style=p.bad)  # its circuit breaker keeps it out of routing
     if breaker == "half_open":
@@ -54,7 +55,7 @@ def _health(inst: Mapping[str, Any], p: Palette) -> Text:
         return Text("STARTING", style=p.warn)
     if phase == "draining":
         return Text("DRAINING", style=p.warn)
-    return Text("UP", style=p.ok) if inst.get("healthy") else Text("DOWN", style=p.bad)
+    return Text("UP", style=p.ok) if inst.healthy else Text("DOWN", style=p.bad)
 
 
 def rank_cell(loads: Sequence[float] | None, p: Palette) -> Text:
@@ -73,18 +74,18 @@ def natural(text: str) -> tuple[Any, ...]:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
-def _sort_value(inst: Mapping[str, Any], column: str) -> Any:
+def _sort_value(inst: InstanceRow, column: str) -> Any:
     if column == "id":
-        return natural(str(inst["id"]))
+        return natural(inst.id)
     if column == "health":
-        return bool(inst.get("healthy"))
+        return inst.healthy
     if column == "kv":
-        return float(inst.get("kv_usage") or 0.0)
+        return float(inst.kv_usage or 0.0)
     if column == "tps":
-        return float(inst.get("tokens_per_s") or 0.0)
+        return float(inst.tokens_per_s or 0.0)
     if column == "load":
-        return load_of(inst)
-    return float(inst.get(column) or 0)
+        return inst.load
+    return float(getattr(inst, column, None) or 0)
 
 
 class InstanceTable(DataTable[Any]):
@@ -97,7 +98,7 @@ class InstanceTable(DataTable[Any]):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
-        self._instances: dict[str, Mapping[str, Any]] = {}
+        self._instances: dict[str, InstanceRow] = {}
         self._cells: dict[str, dict[str, Any]] = {}
         self._history: dict[str, deque[float]] = {}
         self._order: list[str] = []
@@ -110,36 +111,36 @@ class InstanceTable(DataTable[Any]):
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self._restyle())
 
     # --- data in ----------------------------------------------------------------------------
-    def show(self, instances: Sequence[Mapping[str, Any]], *, record: bool = True) -> None:
+    def show(self, instances: Sequence[InstanceRow], *, record: bool = True) -> None:
         """Update rows in place (add new instances, drop gone ones); O(instances).
 
         `record` appends each load to the row's trend (False when only re-rendering).
         """
         palette = palette_for(self.app)
-        if not self._node_column and any(inst.get("node") for inst in instances):
+        if not self._node_column and any(inst.node for inst in instances):
             self._node_column = True
             self.add_column(NODE_COLUMN[1], key=NODE_COLUMN[0], default="")
-        if not self._ranks_column and any(inst.get("dp_ranks") for inst in instances):
+        if not self._ranks_column and any(inst.dp_ranks for inst in instances):
             self._ranks_column = True
             self.add_column(RANKS_COLUMN[1], key=RANKS_COLUMN[0], default="")
         scale: dict[str, float] = {}
         for inst in instances:
-            role = str(inst.get("role"))
-            scale[role] = max(scale.get(role, 0.0), load_of(inst))
+            role = inst.role
+            scale[role] = max(scale.get(role, 0.0), inst.load)
         # a role the policy projects no load for (prefill, usually) is drawn by its queue instead
         queue_roles = {r for r, top in scale.items() if top <= 0}
         for inst in instances:
-            if str(inst.get("role")) in queue_roles:
-                role = str(inst.get("role"))
+            if inst.role in queue_roles:
+                role = inst.role
                 scale[role] = max(scale[role], _queue(inst))
         seen = set()
         for inst in instances:
-            iid = str(inst["id"])
-            role = str(inst.get("role"))
+            iid = inst.id
+            role = inst.role
             seen.add(iid)
             self._instances[iid] = inst
             hist = self._history.setdefault(iid, deque(maxlen=TREND_WIDTH))
-            drawn = _queue(inst) if role in queue_roles else load_of(inst)
+            drawn = _queue(inst) if role in queue_roles else inst.load
             if record or not hist:
                 hist.append(drawn)
             cells = self._render_row(inst, drawn, hist, scale.get(role, 1.0), palette)
@@ -158,30 +159,30 @@ class InstanceTable(DataTable[Any]):
         self._resort()
 
     def _render_row(
-        self, inst: Mapping[str, Any], drawn: float, hist: deque[float], scale: float, p: Palette
+        self, inst: InstanceRow, drawn: float, hist: deque[float], scale: float, p: Palette
     ) -> dict[str, Any]:
-        healthy = bool(inst.get("healthy"))
-        role = str(inst.get("role", "?"))
+        healthy = inst.healthy
+        role = inst.role
         frac = drawn / scale if scale > 0 else 0.0
         bar_style = p.accent if healthy else p.muted
-        kv = inst.get("kv_usage")
+        kv = inst.kv_usage
         kv_style = p.bad if kv is not None and kv >= 0.95 else (p.warn if kv is not None and kv >= 0.8 else "")
         cells: dict[str, Any] = {
-            "id": str(inst["id"]),
+            "id": inst.id,
             "role": Text(role, style=p.accent if role == "prefill" else ""),
             "health": _health(inst, p),
-            "running": Text(str(inst.get("running", 0)), justify="right"),
-            "waiting": Text(str(inst.get("waiting", 0)), justify="right", style=p.warn if inst.get("waiting") else ""),
+            "running": Text(str(inst.running), justify="right"),
+            "waiting": Text(str(inst.waiting), justify="right", style=p.warn if inst.waiting else ""),
             "kv": Text("-" if kv is None else f"{kv:.0%}", justify="right", style=kv_style),
-            "tps": Text(num(inst.get("tokens_per_s")), justify="right"),
-            "load": Text(num(inst.get("projected_load")), justify="right"),
+            "tps": Text(num(inst.tokens_per_s), justify="right"),
+            "load": Text(num(inst.projected_load), justify="right"),
             "bar": Text(bar(frac, BAR_WIDTH), style=bar_style),
             "trend": Text(sparkline(hist, scale, TREND_WIDTH), style=bar_style),
         }
         if self._node_column:
-            cells["node"] = Text(str(inst.get("node") or "-"), style=p.muted)
+            cells["node"] = Text(inst.node or "-", style=p.muted)
         if self._ranks_column:
-            cells["ranks"] = rank_cell(inst.get("dp_ranks"), p)
+            cells["ranks"] = rank_cell(inst.dp_ranks, p)
         return cells
 
     def _restyle(self) -> None:
@@ -197,14 +198,14 @@ class InstanceTable(DataTable[Any]):
     def desired_order(self) -> list[str]:
         """Instance ids as they should appear: role group first, then the sort column."""
         col, rev = self.sort_column, self.sort_reverse
-        groups: dict[int, list[Mapping[str, Any]]] = {}
+        groups: dict[int, list[InstanceRow]] = {}
         for inst in self._instances.values():
-            groups.setdefault(GROUP.get(str(inst.get("role")), 3), []).append(inst)
+            groups.setdefault(GROUP.get(inst.role, 3), []).append(inst)
         order: list[str] = []
         for g in sorted(groups):
-            rows = sorted(groups[g], key=lambda i: natural(str(i["id"])))
+            rows = sorted(groups[g], key=lambda i: natural(i.id))
             rows.sort(key=lambda i: _sort_value(i, col), reverse=rev)
-            order.extend(str(i["id"]) for i in rows)
+            order.extend(i.id for i in rows)
         return order
 
     def _resort(self) -> None:
@@ -243,7 +244,8 @@ class InstanceTable(DataTable[Any]):
         return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
 
     def row_role(self, instance_id: str) -> str:
-        return str(self._instances.get(instance_id, {}).get("role", ""))
+        row = self._instances.get(instance_id)
+        return row.role if row is not None else ""
 
     def row_texts(self, instance_id: str) -> dict[str, str]:
         """Plain text of one row by column key (for tests and the command palette)."""

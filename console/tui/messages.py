@@ -7,12 +7,14 @@ from typing import Any
 
 from textual.message import Message
 
+from console.live.state import ConsoleState
+
 
 @dataclass
 class StateArrived(Message):
     """A fresh `/control/state` snapshot; a newer one replaces an unprocessed older one."""
 
-    state: dict[str, Any]
+    state: ConsoleState
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, StateArrived)

@@ -4,7 +4,7 @@ A decode instance may be a data-parallel group of G ranks that step together, ea
 as its most loaded rank's (BF-IO, shared/design/papers/bf-io.md). Live, the rank is chosen when a
 request's decode leg is sent (vLLM's `X-data-parallel-rank` header), from the dispatcher's own
 record of what each rank holds: a one-request admission round of the same policies the DP
-simulator runs (core/dp/assign.py), so `fcfs`, `jsq` and `bf_io` decide here as they do there.
+simulator runs (core/sim/dp/assign.py), so `fcfs`, `jsq` and `bf_io` decide here as they do there.
 `engine` sends no rank and leaves the choice to the group's own balancer (vLLM's default).
 """
 
@@ -15,10 +15,18 @@ from typing import ClassVar
 
 import numpy as np
 
-from core.dp.assign import BfIo, BfIoParams, DPAssignPolicy, Fcfs, FcfsParams, Jsq, JsqParams
-from core.dp.model import DPState, Waiting
 from core.policies.base import NoParams, PolicyBase, PolicyParams
 from core.policies.registry import register
+from core.sim.dp.assign import (
+    BfIo,
+    BfIoParams,
+    DPAssignPolicy,
+    FcfsAssign,
+    FcfsParams,
+    Jsq,
+    JsqParams,
+)
+from core.sim.dp.model import DPState, Waiting
 from core.types import PolicyKind
 
 
@@ -37,7 +45,7 @@ class RankPolicyBase(PolicyBase, ABC):
 
 
 class _Assigning(RankPolicyBase):
-    """A core/dp/assign policy asked about a pool of one request."""
+    """A core/sim/dp/assign policy asked about a pool of one request."""
 
     policy: DPAssignPolicy
 
@@ -64,7 +72,7 @@ class EngineBalancer(RankPolicyBase):
 class FcfsRank(_Assigning):
     def __init__(self, params: FcfsParams) -> None:
         super().__init__(params)
-        self.policy = Fcfs(params)
+        self.policy = FcfsAssign(params)
 
 
 @register(PolicyKind.RANK, "jsq", JsqParams, "join the shortest queue: the rank with the fewest resident KV tokens (or requests)")

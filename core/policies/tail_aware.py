@@ -11,7 +11,7 @@ than b_max is never overtaken by a later arrival (§2.2 "no starvation"), and ag
 `tau_s` if given, else measured from completions observed while requests are held (tokens
 completed per second under saturation), starting from `tau_prior_s`. Keys are recomputed when γ
 is updated. What this form cannot do (§4): decay the boost with decode progress, reorder running
-requests, preempt, or hold MemGuard leases; those need the engine plugin (core/sched models it).
+requests, preempt, or hold MemGuard leases; those need the engine plugin (core/sim/instance models it).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pydantic import Field
 
 from core.policies.base import QueueParams, QueuePolicyBase
 from core.policies.registry import register
-from core.sched.orderings import GammaAda, GammaAdaParams, boost, quantize
+from core.sim.instance.gamma import GammaAda, GammaAdaParams, boost, quantize
 from core.types import PolicyKind, Request
 
 

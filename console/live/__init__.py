@@ -1,0 +1,1 @@
+"""The running console: its controller and collaborators, the live request, the typed state."""

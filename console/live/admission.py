@@ -1,0 +1,63 @@
+"""Requests the queue policy holds: hold, release when there is room, expire, the retry-after hint."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from console.live.channel import Rejected
+from core.types import PolicyKind
+
+if TYPE_CHECKING:
+    from console.live.request import LiveRequest
+    from core.dispatch import Dispatcher
+    from core.perf import PerfProfile
+
+
+class HeldRequests:
+    """The live requests the queue policy holds, by id; each one's `released` future is resolved here."""
+
+    def __init__(self, dispatcher: Dispatcher, profile: PerfProfile, poll_interval_s: float) -> None:
+        self.dispatcher = dispatcher
+        """Holds the queue itself and its policy (which request goes first, which expires)."""
+        self.profile = profile
+        """The performance profile (its context length sizes the retry-after hint)."""
+        self.poll_interval_s = poll_interval_s
+        """How often instances are polled (a retry sooner than that sees the same cluster)."""
+        self._held: dict[str, LiveRequest] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, live: LiveRequest) -> None:
+        """The queue policy holds `live` until `release` or `expire` resolves it."""
+        self._held[live.id] = live
+
+    def unhold(self, live: LiveRequest) -> None:
+        """`live` left the queue by itself (its client went away)."""
+        self._held.pop(live.id, None)
+
+    def release(self) -> None:
+        """Let held requests go while the cluster has room (the queue policy picks which)."""
+        if not self._held:
+            return
+        for req in self.dispatcher.release(time.monotonic()):
+            live = self._held.pop(str(req.id), None)
+            if live is not None and live.released is not None and not live.released.done():
+                live.released.set_result(None)
+
+    def expire(self) -> None:
+        """Reject the held requests that waited longer than the queue policy's ttl_s (503, retry-after)."""
+        if not self._held:
+            return
+        ttl = self.dispatcher.policies[PolicyKind.QUEUE].params.ttl_s
+        for req in self.dispatcher.expire(time.monotonic()):
+            live = self._held.pop(str(req.id), None)
+            if live is not None and live.released is not None and not live.released.done():
+                why = f"queued longer than the queue policy's ttl_s={ttl:g} s while every instance was saturated"
+                live.released.set_exception(Rejected(503, why, self.retry_after_s()))
+
+    def retry_after_s(self) -> float:
+        """What a rejected client is told to wait: a poll period plus the decode time of a typical request."""
+        decode_s = self.profile.max_model_len / max(self.dispatcher.view.decode_rate.value, 1.0) / 8
+        return max(1.0, self.poll_interval_s + decode_s)

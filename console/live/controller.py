@@ -1,0 +1,381 @@
+"""The running console's wiring: its collaborators, start and stop, the tick, policy swaps, the state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from adapters.backends import Backend, Capability
+from adapters.store import RunRecorder, RunStore
+from adapters.vllm.instances import Instance
+from adapters.vllm.poller import Poller
+from console.config import ConsoleConfig
+from console.live.admission import HeldRequests
+from console.live.events import EventBus
+from console.live.health import InstanceHealth, RankWatch
+from console.live.metrics import GatewayMetrics
+from console.live.operations import Operations
+from console.live.outcomes import Outcomes
+from console.live.policies import POLICY_NEEDS, catalog, check_capability
+from console.live.request import LiveRequest
+from console.live.scaler import Scaler
+from console.live.state import ConsoleState, InstanceRow, QueueState, ScrapedCounters
+from core.dispatch import Dispatcher
+from core.errors import PolicyError
+from core.perf import get_profile
+from core.slo import SlidingWindow
+from core.types import PolicyEvent, PolicyKind, Role
+
+PERIODIC_TICK_S = 0.1
+"""How often the controller expires queued requests and asks whether periodic policies are due."""
+
+
+class Controller:
+    """Owns everything a live console runs; the gateway and the dashboard talk to it.
+
+    The work is done by its collaborators: `held` (the queue policy's held requests), `health`
+    (probes, breakers, lost signals), `outcomes` (counts, SLO window, metrics, events, stored rows)
+    and `operations` (scale, flip, migrate). The controller wires them, runs the tick, swaps
+    policies and builds the state; it is the host a LiveRequest and the scaler see through their
+    protocols (console.live.request.RequestHost, console.live.operations.OperationsHost)."""
+
+    def __init__(
+        self,
+        config: ConsoleConfig,
+        instances: list[Instance],
+        *,
+        store: RunStore,
+        run_id: str,
+        run_dir: Path,
+        backend: Backend,
+    ) -> None:
+        self.config = config
+        self.instances = {i.id: i for i in instances}
+        self.profile = get_profile(config.profile)
+        self.backend = backend
+        self.dispatcher = Dispatcher(
+            self.profile, config.policy, config.params,
+            queue=(config.queue.name, config.queue.params),
+            reschedule=(config.reschedule.name, config.reschedule.params),
+            scaling=(config.scaling.name, config.scaling.params),
+            rank=(config.rank.name, config.rank.params),
+            slo=config.slo,
+        )
+        for kind in POLICY_NEEDS:
+            check_capability(backend, kind, self.dispatcher.policies[kind].name)
+        self.engine_priorities = Capability.PRIORITY in backend.capabilities
+        """Whether the instances order their queues by `priority` (a queue policy may then set it)."""
+        self.store = store
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.recorder = RunRecorder(store, run_id)
+        self.t0 = time.monotonic()
+        self.started_wall = time.time()
+        self.outcomes = Outcomes(self.recorder, config.slo, self.t0)
+        self.held = HeldRequests(self.dispatcher, self.profile, config.poll_interval_s)
+        self.outcomes.metrics.queue_depth.set_function(lambda: len(self.held))
+        self.health = InstanceHealth(config, self.instances, self.dispatcher, self.outcomes, self.held.release)
+        for inst in instances:
+            self.dispatcher.add_instance(inst.id, inst.role)
+            self.health.track_data_parallel(inst)
+        self.operations = Operations(self)
+        self.ranks = RankWatch(self.outcomes.events, lambda: self.dispatcher.rank.name)
+        self.served_models: set[str] = {config.served_model_name}
+        self.max_model_len: int | None = None
+        """The smallest context length the instances report (None when they do not say)."""
+        self.token = os.environ.get("SIBYL_TOKEN") or secrets.token_urlsafe(32)
+        self.poller = Poller(
+            lambda: list(self.instances.values()),
+            interval_s=config.poll_interval_s,
+            down_after=config.down_after_failures,
+            probe_timeout_s=config.probe_timeout_s,
+            on_status=self.health.on_status,
+            on_sample=self.health.on_sample,
+        )
+        self.health.kick = self.poller.kick
+        self._tasks: list[asyncio.Task[None]] = []
+        self.replay: Any = None
+        """The Replayer started by `up --replay`, if any (console.replay.Replayer)."""
+        self.replay_label = ""
+        self.draining = False
+        for kind, policy in self.dispatcher.policies.items():
+            self.outcomes.policy_active(kind.value, policy.name, policy.params.model_dump())
+
+    # --- what the gateway, the requests and the scaler read ------------------------------------
+    @property
+    def events(self) -> EventBus:
+        return self.outcomes.events
+
+    @property
+    def metrics(self) -> GatewayMetrics:
+        return self.outcomes.metrics
+
+    @property
+    def slo(self) -> SlidingWindow:
+        return self.outcomes.slo
+
+    @property
+    def live(self) -> Mapping[str, LiveRequest]:
+        """Requests in the gateway now, by id."""
+        return self.outcomes.live
+
+    @property
+    def in_flight(self) -> int:
+        return self.outcomes.in_flight
+
+    @property
+    def total(self) -> int:
+        return self.outcomes.total
+
+    @property
+    def failed(self) -> int:
+        return self.outcomes.failed
+
+    @property
+    def scaler(self) -> Scaler:
+        return self.operations.scaler
+
+    @property
+    def can_scale(self) -> bool:
+        return self.operations.can_scale
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def write_token(self) -> Path:
+        """The control token, readable by the owner only."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "token"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token + "\n")
+        return path
+
+    async def start(self) -> None:
+        for inst in self.instances.values():
+            inst.open(connect_timeout_s=self.config.connect_timeout_s)
+            self.outcomes.instance_up(inst, True)
+        await self._discover_models()
+        for ev in self.dispatcher.policy_events:
+            self.recorder.policy_event(t=0.0, kind=ev.kind.value, old=None, new=ev.new, params=ev.params, source="config")
+        await self.poller.poll_once()
+        self.poller.start()
+        self.backend.on_lost(self.health.instance_lost)  # backends that see instances die (ray: actor or node)
+        self.dispatcher.start_periodic(time.monotonic())
+        self._tasks.append(asyncio.create_task(self._publish_state(), name="state-publisher"))
+        self._tasks.append(asyncio.create_task(self._periodic(), name="periodic-policies"))
+
+    async def _discover_models(self) -> None:
+        for inst in self.instances.values():
+            with contextlib.suppress(Exception):
+                assert inst.session is not None
+                async with inst.session.get("/v1/models") as r:
+                    if r.status == 200:
+                        data = await r.json()
+                        for m in data.get("data", []):
+                            if "id" in m:
+                                self.served_models.add(m["id"])
+                            if isinstance(m.get("max_model_len"), int):
+                                old = self.max_model_len
+                                self.max_model_len = m["max_model_len"] if old is None else min(old, m["max_model_len"])
+
+    async def stop(self, status: str = "completed", drain: bool = True) -> None:
+        """Drain in-flight requests (bounded; not when `drain` is False), stop polling and periodic work,
+        close clients and the run record."""
+        self.draining = True
+        if drain and self.in_flight:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.outcomes.idle.wait(), self.config.drain_timeout_s)
+        await self.poller.stop()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.operations.stop()
+        for inst in self.instances.values():
+            await inst.close()
+        self.recorder.close(status=status, summary=self.summary())
+
+    # --- time ----------------------------------------------------------------------------------
+    def rel(self, t: float | None) -> float | None:
+        return self.outcomes.rel(t)
+
+    # --- policies ------------------------------------------------------------------------------
+    def set_policy(self, kind: str, name: str, params: dict[str, Any] | None, source: str) -> PolicyEvent:
+        try:
+            k = PolicyKind(kind)
+        except ValueError:
+            raise PolicyError(f"unknown policy kind {kind!r}; kinds: {', '.join(PolicyKind)}") from None
+        check_capability(self.backend, k, name)
+        ev = self.dispatcher.set_policy(k, name, params, source=source, now=time.monotonic())
+        self.outcomes.policy_swapped(ev.time - self.t0, ev.kind.value, ev.old, ev.new, ev.params, source)
+        if k == PolicyKind.QUEUE:
+            self.release_queued()  # a new limit may let held requests go
+        return ev
+
+    def policy_catalog(self) -> list[dict[str, Any]]:
+        return catalog(live=True)
+
+    # --- the host of a LiveRequest (console.live.request.RequestHost) and of the scaler -----------
+    def request_started(self, live: LiveRequest) -> None:
+        self.outcomes.started(live)
+
+    def request_done(self, live: LiveRequest) -> None:
+        """The dispatcher learns the outcome, held requests may go, the outcome is recorded."""
+        finish = live.times[live.step]
+        if live.ok:
+            self.dispatcher.on_finish(live.request.id, finish, live.output_tokens, live.first_token_at)
+        else:
+            self.dispatcher.on_fail(live.request.id, finish)
+        self.outcomes.left(live)
+        self.held.release()
+        self.outcomes.record(live)
+
+    def hold(self, live: LiveRequest) -> None:
+        self.held.hold(live)
+
+    def unhold(self, live: LiveRequest) -> None:
+        self.held.unhold(live)
+
+    def release_queued(self) -> None:
+        self.held.release()
+
+    def retry_after_s(self) -> float:
+        return self.held.retry_after_s()
+
+    def upstream_failed(self, instance_id: str) -> None:
+        self.health.upstream_failed(instance_id)
+
+    def upstream_ok(self, instance_id: str) -> None:
+        self.health.upstream_ok(instance_id)
+
+    def lost_signal(self, instance_id: str) -> asyncio.Future[None]:
+        return self.health.lost_signal(instance_id)
+
+    def instance_removed(self, instance_id: str) -> None:
+        self.health.instance_removed(instance_id)
+
+    def track_data_parallel(self, inst: Instance) -> None:
+        self.health.track_data_parallel(inst)
+
+    def migration_done(self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int, first_after: float) -> None:
+        self.operations.migration_done(live, src, target, last_before, tokens_before, first_after)
+
+    def instance_event(self, instance_id: str, role: Role | None, event: str, detail: str, source: str = "") -> None:
+        self.outcomes.instance_event(instance_id, role, event, detail, source)
+
+    # --- operations (the control API's) ----------------------------------------------------------
+    async def scale(self, role: str, delta: int, source: str = "api") -> dict[str, Any]:
+        return await self.operations.scale(role, delta, source)
+
+    async def flip(self, instance_id: str, role: str, source: str = "api") -> dict[str, Any]:
+        return await self.operations.flip(instance_id, role, source)
+
+    async def migrate(self, request_id: str, target: str, source: str = "api", reason: str = "") -> dict[str, Any]:
+        return await self.operations.migrate(request_id, target, source, reason)
+
+    # --- the tick --------------------------------------------------------------------------------
+    async def _periodic(self) -> None:
+        """Wall-clock driver of the periodic decision point (the simulator drives it on virtual time)."""
+        while True:
+            await asyncio.sleep(PERIODIC_TICK_S)
+            self.held.expire()
+            now = time.monotonic()
+            self.health.tick(now)
+            if now < self.dispatcher.next_periodic_at():
+                continue
+            decisions = self.dispatcher.periodic(now)
+            policies = self.dispatcher.policies
+            self.operations.carry_out(decisions, policies[PolicyKind.SCALING].name, policies[PolicyKind.RESCHEDULE].name)
+
+    async def _publish_state(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.outcomes.publish_attainment(time.monotonic())
+            state = self.snapshot()
+            self.ranks.check(state.instances)
+            self.events.publish("state", state=state.to_json())
+
+    # --- views -------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The snapshot as the control API serves it (`snapshot().to_json()`)."""
+        return self.snapshot().to_json()
+
+    def snapshot(self) -> ConsoleState:
+        """The console's state now, built once (see console.live.state for every field)."""
+        now = time.monotonic()
+        d = self.dispatcher
+        d.view.now = now
+        loads = d.projected_loads()
+        rows = [self._row(inst, loads, now) for inst in self.instances.values()]
+        for iid in d.view.instance_ids:  # not reachable yet: shown so the operator sees the scale-out under way
+            if str(d.phase_of(iid)) == "starting":
+                rows.append(InstanceRow(
+                    id=iid, role=d.view.roles[d.index_of(iid)].value, phase="starting", url="", healthy=False, managed=True,
+                    running=0, waiting=0, kv_usage=0.0, tokens_per_s=0.0, projected_load=None, routed_running=0, routed_pending=0,
+                    failures=0, pid=None, node=None, dp_ranks=None, scraped=ScrapedCounters(),
+                ))
+        active = [i for i in self.instances.values() if str(d.phase_of(i.id)) == "active"]
+        n_p = sum(1 for i in active if i.role.serves_prefill())
+        n_d = sum(1 for i in active if i.role.serves_decode())
+        queue = d.policies[PolicyKind.QUEUE].params
+        caps: dict[str, bool] = {c.value: True for c in self.backend.capabilities}
+        caps["replay"] = self.replay is not None
+        return ConsoleState.model_validate({
+            "run_id": self.run_id,
+            "backend": self.backend.label,
+            "cluster": f"{n_p}P{n_d}D",
+            "model": sorted(self.served_models),
+            "uptime_s": now - self.t0,
+            "started_at": self.started_wall,
+            "instances": rows,
+            "policies": d.active_policies(),
+            "slo": {"classes": {k: v.model_dump() for k, v in self.config.slo.items()}, **self.slo.snapshot(now)},
+            "requests": {"in_flight": self.in_flight, "total": self.total, "failed": self.failed},
+            "queue": QueueState(depth=d.queue_depth(), by_class=d.queue_depth_by_class(), max_queued=queue.max_queued,
+                                max_in_flight_per_instance=queue.max_in_flight_per_instance, ttl_s=queue.ttl_s),
+            "assignment_ratio": d.assignment_ratios()["active"],
+            "draining": self.draining,
+            "replay": {**self.replay.snapshot(), "label": self.replay_label} if self.replay is not None else None,
+            "capabilities": caps,
+        })
+
+    def _row(self, inst: Instance, loads: Mapping[str, float], now: float) -> InstanceRow:
+        d = self.dispatcher
+        idx = d.index_of(inst.id)
+        s = inst.sample
+        return InstanceRow(
+            id=inst.id,
+            role=inst.role.value,
+            phase=str(d.phase_of(inst.id)),
+            breaker=self.health.breaker_state(inst.id),
+            url=inst.url,
+            healthy=inst.healthy,
+            managed=inst.managed,
+            running=int(s.running),
+            waiting=int(s.waiting),
+            kv_usage=s.kv_usage,
+            tokens_per_s=inst.tokens_per_s,
+            projected_load=loads.get(inst.id),
+            routed_running=int(d.view.running_n[idx]),
+            routed_pending=int(d.view.pending_n[idx]),
+            failures=inst.failed,
+            pid=inst.pid,
+            node=inst.node,
+            dp_ranks=d.rank_loads(inst.id, now),
+            scraped=ScrapedCounters(
+                prompt_tokens_total=s.prompt_tokens_total,
+                generation_tokens_total=s.generation_tokens_total,
+                success_total=s.success_total,
+                preemptions_total=s.preemptions_total,
+                failed_transfers_total=s.failed_transfers_total,
+            ),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return self.outcomes.summary(time.monotonic(), self.instances.values())

@@ -1,0 +1,61 @@
+"""An in-process publish/subscribe bus of console events (state snapshots, swaps, instance up/down)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+
+class EventBus:
+    """Fan-out of dict events to any number of subscribers; slow subscribers lose the oldest."""
+
+    def __init__(self, queue_size: int = 256, history: int = 200) -> None:
+        self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._queue_size = queue_size
+        self.history: deque[dict[str, Any]] = deque(maxlen=history)
+        """Recent non-snapshot events, so a new subscriber sees what just happened."""
+        self.closed = False
+        """Set by `close`: the console is stopping and every subscription has ended."""
+
+    def publish(self, event_type: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": event_type, "time": time.time(), **fields}
+        if event_type != "state":
+            self.history.append(event)
+        for q in list(self._subscribers):
+            if q.full():
+                q.get_nowait()
+            q.put_nowait(event)
+        return event
+
+    def close(self, event_type: str = "stopping", **fields: Any) -> None:
+        """Publish a last event, then end every subscription (so open event streams let a stopping
+        server finish instead of holding its connections open until the drain bound)."""
+        if self.closed:
+            return
+        self.publish(event_type, **fields)
+        self.closed = True
+        for q in list(self._subscribers):
+            if q.full():
+                q.get_nowait()
+            q.put_nowait(_END)
+
+    async def subscribe(self) -> AsyncIterator[dict[str, Any]]:
+        if self.closed:
+            return
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(self._queue_size)
+        self._subscribers.add(q)
+        try:
+            while True:
+                event = await q.get()
+                if event is _END:
+                    return
+                yield event
+        finally:
+            self._subscribers.discard(q)
+
+
+_END: dict[str, Any] = {"type": "end"}
+"""The sentinel `close` puts on every subscriber's queue."""

@@ -1,0 +1,534 @@
+"""LiveRequest: the one object that owns a live request from admission to its outcome.
+
+Its life, each step stamped with the time it was entered:
+
+    admitted → [queued] → prefill (retried once elsewhere) → decode bound → decoding → finished
+                                                                             (→ moved) ↘ failed
+
+"Moved" is a migration (the KV moves, adapters/emulator/migration.py) or, when the decode instance
+dies mid-stream, a failover: prompt + the text already streamed are sent to another decode
+instance, which recomputes them and continues (as Dynamo's request migration does).
+
+The gateway handler parses the HTTP request, builds a LiveRequest and calls `run` with a channel
+to its client; from then on this object asks its host's dispatcher for every decision (at
+arrival, after a queue wait, at prefill end for policies that bind late), drives the two P/D legs
+through adapters.vllm.forward, relays the decode stream to the client, and hands its outcome to
+its host once. Nothing else builds or mutates the outcome. The host is anything with the members
+of `RequestHost` (the running console's controller, or a fake in a test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+
+from adapters.http.upstream import Response
+from adapters.vllm.forward import (
+    CONNECTION_ERRORS,
+    StreamBroken,
+    UpstreamFailure,
+    decode_leg,
+    open_decode,
+    prefill_leg,
+    relay_stream,
+    tokenize,
+)
+from adapters.vllm.pd_protocol import (
+    SSETokenCounter,
+    StreamTranscript,
+    add_streamed_usage,
+    completion_tokens,
+    continuation_body,
+    decode_leg_body,
+    prefill_leg_body,
+    prompt_is_token_ids,
+    resume_leg_body,
+)
+from console.gateway.errors import sse_error
+from console.live.channel import JSON_HEADERS, ClientChannel, Rejected, recording, usage_fixer
+from core.errors import NoCapacityError
+from core.types import Admission, Request
+
+if TYPE_CHECKING:
+    from adapters.vllm.instances import Instance
+    from console.config import ConsoleConfig
+    from console.live.metrics import GatewayMetrics
+    from core.dispatch import Dispatcher
+
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 0.05
+"""How often a streaming request's token count is passed to the dispatcher (at most)."""
+PREFILL_ATTEMPTS = 2
+"""A prefill leg that fails (instance unreachable or 5xx) is sent once more, to another instance."""
+
+
+class Step(StrEnum):
+    """Where a live request is in its life."""
+
+    ADMITTED = "admitted"
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE_BOUND = "decode_bound"
+    DECODING = "decoding"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class RequestHost(Protocol):
+    """What a LiveRequest needs from the console that runs it, and nothing more."""
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """Every routing decision, and the request table the outcome is reported to."""
+
+    @property
+    def instances(self) -> Mapping[str, Instance]:
+        """The instances by id (the legs are sent to them)."""
+
+    @property
+    def config(self) -> ConsoleConfig:
+        """The console's settings (failure_migration_attempts)."""
+
+    @property
+    def metrics(self) -> GatewayMetrics:
+        """The gateway's Prometheus metrics (the decision-time histogram)."""
+
+    @property
+    def engine_priorities(self) -> bool:
+        """Whether the instances order their queues by `priority` (then the queue policy may set it)."""
+
+    def request_started(self, live: LiveRequest) -> None:
+        """`live` entered the gateway (counted in flight)."""
+
+    def request_done(self, live: LiveRequest) -> None:
+        """`live` left with its outcome (called exactly once)."""
+
+    def hold(self, live: LiveRequest) -> None:
+        """The queue policy holds `live` until its `released` future is resolved."""
+
+    def unhold(self, live: LiveRequest) -> None:
+        """`live` left the queue (its client went away)."""
+
+    def release_queued(self) -> None:
+        """Let held requests go while the cluster has room."""
+
+    def retry_after_s(self) -> float:
+        """What a rejected client is told to wait."""
+
+    def upstream_failed(self, instance_id: str) -> None:
+        """A leg failed because of the instance."""
+
+    def upstream_ok(self, instance_id: str) -> None:
+        """A leg succeeded on the instance."""
+
+    def lost_signal(self, instance_id: str) -> asyncio.Future[None]:
+        """A future done once the instance is marked down or removed."""
+
+    def migration_done(self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int,
+                       first_after: float) -> None:
+        """The first token of a migrated request arrived from its new instance."""
+
+
+class LiveRequest:
+    """One request through the gateway; see the module docstring for its life."""
+
+    __slots__ = (
+        "request", "path", "body", "stream", "forward_headers", "step", "times", "prefill_instance",
+        "decode_instance", "tried_prefill", "output_tokens", "reason", "ok", "released", "first_token_at",
+        "recovered", "migrating_to", "handed_over", "last_token_at", "resume_leg", "tried_decode", "dp_rank",
+    )
+
+    def __init__(self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes) -> None:
+        self.request = request
+        self.path = path
+        self.body = body
+        self.stream = bool(body.get("stream"))
+        self.forward_headers = forward_headers
+        """Header lines both legs carry (X-Request-Id, the client's Authorization)."""
+        self.step = Step.ADMITTED
+        self.times: dict[Step, float] = {Step.ADMITTED: request.arrival}
+        """When each step was entered (monotonic seconds)."""
+        self.prefill_instance: str | None = None
+        self.decode_instance: str | None = None
+        self.tried_prefill: list[str] = []
+        self.tried_decode: list[str] = []
+        """Decode instances that failed this request (refused it, or died mid-stream)."""
+        self.output_tokens = 0
+        self.reason: str | None = None
+        self.ok = False
+        self.released: asyncio.Future[None] | None = None
+        """Resolved by the host when a queued request may be routed."""
+        self.first_token_at: float | None = None
+        self.migrating_to: str | None = None
+        """The decode instance this request is being migrated to (set by the console's operations)."""
+        self.handed_over: tuple[str, str, float, int] | None = None
+        """(source, target, last token time, tokens) before a migration whose first token after it
+        has not come yet."""
+        self.last_token_at: float | None = None
+        self.resume_leg: asyncio.Future[Response] | None = None
+        """The continuation stream on the migration target, opened ahead of the hand-off."""
+        self.recovered: str | None = None
+        """What the gateway did to save this request after a failure (it is recorded as the reason)."""
+        self.dp_rank: int | None = None
+        """The data-parallel rank its decode leg asked for (a decode instance that is a DP group)."""
+
+    @property
+    def id(self) -> str:
+        return str(self.request.id)
+
+    def enter(self, step: Step, now: float | None = None) -> float:
+        """Move to `step` and stamp it."""
+        t = time.monotonic() if now is None else now
+        self.step = step
+        self.times[step] = t
+        return t
+
+    def at(self, step: Step) -> float | None:
+        return self.times.get(step)
+
+    # --- the life ---------------------------------------------------------------------------------
+    async def run(self, c: RequestHost, client: ClientChannel) -> None:
+        """Serve this request end to end; the outcome reaches the host exactly once."""
+        c.request_started(self)
+        try:
+            await self._admit(c, client)
+            reply = await self._prefill(c)
+            await self._decode(c, client, reply)
+        except Rejected as e:
+            self.reason = str(e)
+            if not client.gone.is_set():
+                await client.error(e.status, str(e), e.retry_after_s)
+        except UpstreamFailure as e:
+            self.reason = str(e)
+            if e.status < 500 and e.body:
+                await client.respond(e.status, e.body)  # the instance's own 4xx, as vLLM's proxy does
+            else:
+                await client.error(502, str(e))
+        except Exception as e:  # a bug of ours: recorded, logged, answered in the OpenAI shape
+            self.reason = f"internal error: {type(e).__name__}: {e}"
+            log.exception("request %s failed inside the gateway", self.id)
+            if not client.started and not client.gone.is_set():
+                await client.error(500, f"the gateway failed on this request ({type(e).__name__}); it is recorded as {self.id}")
+        finally:
+            client.close()
+            self.drop_resume()
+            if self.recovered is not None:
+                self.reason = self.recovered if self.reason is None else f"{self.recovered}; then {self.reason}"
+            self.enter(Step.FINISHED if self.ok else Step.FAILED)
+            c.request_done(self)
+
+    async def _admit(self, c: RequestHost, client: ClientChannel) -> None:
+        """The queue policy's decision, then the routing policy's."""
+        d = c.dispatcher
+        decision = d.admit(self.request, self.request.arrival)
+        if decision == Admission.SHED:
+            raise Rejected(429, f"the gateway queue is full ({d.queue_depth()} requests held); retry later", c.retry_after_s())
+        if decision == Admission.QUEUED:
+            self.enter(Step.QUEUED)
+            self.released = asyncio.get_running_loop().create_future()
+            c.hold(self)
+            client.watch()
+            gone: asyncio.Future[Any] = asyncio.ensure_future(client.gone.wait())
+            waiting: set[asyncio.Future[Any]] = {self.released, gone}
+            try:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            if not self.released.done():
+                d.cancel(self.request.id)
+                c.unhold(self)
+                raise Rejected(499, "client disconnected while queued")
+            self.released.result()  # raises Rejected when the request expired in the queue
+        now = time.monotonic()
+        try:
+            t = time.perf_counter()
+            assignment = d.route(self.request, now)
+            c.metrics.decision.observe(time.perf_counter() - t)
+        except NoCapacityError as e:
+            raise Rejected(503, f"no capacity: {e}; try again when instances recover", c.retry_after_s()) from None
+        self.prefill_instance = assignment.prefill
+        self.decode_instance = assignment.decode
+        if c.engine_priorities:
+            prio = d.queue.engine_priority(self.request)
+            if prio is not None:
+                self.body = {**self.body, "priority": prio}
+
+    async def _prefill(self, c: RequestHost) -> dict[str, Any]:
+        """Leg 1, sent once more to another prefill instance if the first one is at fault."""
+        d = c.dispatcher
+        payload = orjson.dumps(prefill_leg_body(self.body))
+        rid = self.request.id
+        while True:
+            inst = c.instances[self.prefill_instance or ""]
+            now = self.enter(Step.PREFILL)
+            d.on_prefill_start(rid, now)
+            try:
+                reply = await prefill_leg(inst, self.path, payload, self.forward_headers)
+            except UpstreamFailure as e:
+                if not e.instance_fault:
+                    raise
+                c.upstream_failed(inst.id)
+                self.tried_prefill.append(inst.id)
+                retry = d.retry_prefill(rid, self.tried_prefill, time.monotonic()) if len(self.tried_prefill) < PREFILL_ATTEMPTS else None
+                if retry is None:
+                    raise
+                self.prefill_instance = retry
+                continue
+            end = time.monotonic()
+            d.on_prefill_end(rid, end, end - now)
+            inst.routed += 1
+            c.upstream_ok(inst.id)
+            c.release_queued()  # a queue policy may hold arrivals while prefill is backlogged
+            return reply
+
+    async def _decode(self, c: RequestHost, client: ClientChannel, reply: dict[str, Any]) -> None:
+        """Bind the decode instance if the policy binds late, then leg 2, relayed to the client.
+
+        The decode instance pulls the prompt's KV from the prefill instance. If that instance is
+        marked down before the first token arrived, the pull may never finish (vLLM keeps a NIXL
+        read to a dead peer open): the leg is dropped and sent again without `kv_transfer_params`,
+        so the decode instance computes the prompt itself."""
+        d = c.dispatcher
+        rid = self.request.id
+        if self.decode_instance is None:
+            try:
+                self.decode_instance = d.bind_late(rid, time.monotonic())
+            except NoCapacityError as e:
+                raise Rejected(503, f"no capacity at prefill end: {e}; try again when instances recover", c.retry_after_s()) from None
+        self.enter(Step.DECODE_BOUND)
+        dec = c.instances[self.decode_instance]
+        kv = reply.get("kv_transfer_params")
+        d.on_decode_start(rid, self.enter(Step.DECODING))
+        try:
+            await self._decode_with_kv(c, client, dec, kv)
+        except UpstreamFailure as e:
+            # unreachable before a byte was streamed: the KV still waits on the prefill instance,
+            # so another decode instance can pull it
+            if e.status != 502 or client.started or self.output_tokens:
+                raise
+            retry = d.retry_decode(rid, [dec.id], time.monotonic())
+            if retry is None:
+                raise
+            log.warning("request %s: %s; sent to %s instead", self.id, e, retry)
+            self.decode_instance = retry
+            await self._decode_with_kv(c, client, c.instances[retry], kv)
+
+    async def _decode_with_kv(self, c: RequestHost, client: ClientChannel, dec: Instance, kv: dict[str, Any] | None) -> None:
+        """Leg 2 on `dec`, recomputing the prompt there if its prefill instance is lost first."""
+        if kv is None:
+            await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, None)))
+            return
+        lost = c.lost_signal(self.prefill_instance or "")
+        if not lost.done():
+            # No task per request: if the prefill instance is lost before the first token, this
+            # request's own task is cancelled out of the leg (and uncancelled below).
+            me = asyncio.current_task()
+            assert me is not None
+            cut = False
+
+            def on_lost(_: asyncio.Future[None]) -> None:
+                nonlocal cut
+                if self.first_token_at is None:
+                    cut = True
+                    me.cancel()
+
+            lost.add_done_callback(on_lost)
+            try:
+                await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, kv)))
+                return
+            except asyncio.CancelledError:
+                if not cut or me.uncancel() > 0:
+                    raise
+            finally:
+                lost.remove_done_callback(on_lost)
+        self.recovered = (f"prefill {self.prefill_instance} was lost before decode {dec.id} received the prompt's KV: "
+                          f"the prompt was recomputed on {dec.id}")
+        log.warning("request %s: %s", self.id, self.recovered)
+        await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, None)))
+
+    async def _decode_leg(self, c: RequestHost, client: ClientChannel, dec: Instance, payload: bytes) -> None:
+        """One decode leg to `dec`, its answer relayed to the client."""
+        try:
+            async with decode_leg(dec, self.path, payload, self._leg_headers(c, dec)) as r:
+                dec.routed += 1
+                if not self.stream:
+                    try:
+                        raw = await r.read()
+                    except CONNECTION_ERRORS as e:
+                        raise StreamBroken(SSETokenCounter(), f"{type(e).__name__}: {e}") from None
+                    self.first_token_at = time.monotonic()  # a whole reply: its first token arrives with the last
+                    self.output_tokens = completion_tokens(orjson.loads(raw))
+                    self.ok = True
+                    c.upstream_ok(dec.id)
+                    await client.respond(200, raw, [*JSON_HEADERS, (b"x-request-id", self.id.encode())])
+                    return
+                if not client.started:
+                    await client.start_stream(self.id)
+                    client.watch()
+                await self._relay(c, client, r, dec.id)
+        except UpstreamFailure as e:
+            if e.instance_fault:
+                c.upstream_failed(dec.id)
+            raise
+        except StreamBroken as e:  # a whole (non-streamed) reply broke off: nothing reached the client
+            c.upstream_failed(dec.id)
+            target = self._fail_over(c, dec.id, 0, f"decode {dec.id} failed before its reply was complete: {e}")
+            if target is None:
+                raise UpstreamFailure(dec.id, 503, self.reason or str(e)) from None  # not 502: the KV is gone, no plain retry
+            await self._decode_leg(c, client, target, orjson.dumps(decode_leg_body(self.body, None)))
+
+    def _fail_over(self, c: RequestHost, failed: str, streamed: int, why: str) -> Instance | None:
+        """Rebind this request to another decode instance after `failed` died under it; None (and
+        the reason set) when the attempts are used up or no decode instance is left."""
+        self.tried_decode.append(failed)
+        limit = c.config.failure_migration_attempts
+        if len(self.tried_decode) > limit:
+            self.reason = f"{why} (failure migration: {limit} attempt{'s' if limit != 1 else ''} allowed, used)"
+            return None
+        target = c.dispatcher.retry_decode(self.request.id, self.tried_decode, time.monotonic())
+        if target is None:
+            self.reason = f"{why}; no other decode instance to continue it"
+            return None
+        note = f"{why}: resumed on {target} after {streamed} tokens by recomputing prompt + streamed tokens"
+        self.recovered = note if self.recovered is None else f"{self.recovered}; {note}"
+        log.warning("request %s: %s", self.id, note)
+        self.decode_instance = target
+        return c.instances[target]
+
+    def _leg_headers(self, c: RequestHost, dec: Instance) -> bytes:
+        """The decode leg's extra headers: the client's, plus the rank the rank policy chose when
+        `dec` is a data-parallel group (vLLM's X-data-parallel-rank)."""
+        if dec.dp_size <= 1:
+            return self.forward_headers
+        self.dp_rank = c.dispatcher.choose_rank(self.request.id, time.monotonic())
+        if self.dp_rank is None:
+            return self.forward_headers
+        return self.forward_headers + b"X-data-parallel-rank: %d\r\n" % self.dp_rank
+
+    def open_resume(self, target: Instance) -> None:
+        """Open the stream that continues this request on `target` before its migration's last stage,
+        so the target decodes the moment the KV lands (the console's operations call this, then migrate)."""
+        self.resume_leg = asyncio.ensure_future(self._open_resume(target))
+
+    def drop_resume(self) -> None:
+        """The migration was given up: close the stream opened on the target."""
+        leg, self.resume_leg = self.resume_leg, None
+        if leg is not None:
+            leg.cancel()
+            leg.add_done_callback(lambda f: f.result().release() if not f.cancelled() and f.exception() is None else None)
+
+    async def _open_resume(self, target: Instance) -> Response:
+        return await open_decode(target, self.path, orjson.dumps(resume_leg_body(self.body, self.id)), self.forward_headers)
+
+    async def _relay(self, c: RequestHost, client: ClientChannel, r: Any, decode_id: str) -> None:
+        """Relay the decode stream to the client; follow the request when its instance migrates it."""
+        progress = c.dispatcher.on_progress
+        rid = self.request.id
+        next_report = 0.0
+
+        def on_tokens(n: int) -> None:
+            # The dispatcher learns this request's progress at most every PROGRESS_EVERY_S: its
+            # decode-rate estimate needs no more, and a busy stream sends tens of tokens a second.
+            nonlocal next_report
+            now = time.monotonic()
+            if self.first_token_at is None:
+                self.first_token_at = now
+            if self.handed_over is not None:
+                c.migration_done(self, *self.handed_over, now)
+                self.handed_over = None
+            self.last_token_at = now
+            if now >= next_report:
+                next_report = now + PROGRESS_EVERY_S
+                progress(rid, n, now)
+
+        counter = None
+        last = b""
+        relayed: Callable[[bytes], Awaitable[None]] = client.write
+        transcript = StreamTranscript(self.path.endswith("chat/completions")) if c.config.failure_migration_attempts else None
+        if transcript is not None:
+            relayed = recording(relayed, transcript.add)
+        write = relayed
+
+        async with contextlib.AsyncExitStack() as legs:
+            while True:
+                try:
+                    counter, handoff, last = await relay_stream(r, write, on_tokens, client.gone, counter)
+                except StreamBroken as e:
+                    c.upstream_failed(decode_id)
+                    resumed = await self._resume_elsewhere(c, decode_id, e, transcript)
+                    if resumed is None:
+                        self.output_tokens = e.counter.tokens
+                        await client.end(sse_error(502, self.reason or str(e)))
+                        return
+                    r, decode_id = resumed
+                    legs.callback(r.release)
+                    counter = e.counter
+                    counter.offset = counter.tokens
+                    write = usage_fixer(relayed, counter.offset)  # one fixer, with every token streamed so far
+                    continue
+                if handoff is None:
+                    break
+                target, self.migrating_to = self.migrating_to, None
+                if target is None or target not in c.instances:
+                    self.reason = f"decode {decode_id} handed the request over unasked ({handoff[:200].decode(errors='replace')})"
+                    await client.end(sse_error(502, self.reason))
+                    return
+                opened, self.resume_leg = self.resume_leg, None
+                if opened is None:
+                    opened = asyncio.ensure_future(self._open_resume(c.instances[target]))
+                try:
+                    r = await opened
+                    legs.callback(r.release)
+                except UpstreamFailure as e:
+                    self.output_tokens = counter.tokens
+                    self.reason = f"migrated from {decode_id} to {target}, but {target} could not continue it: {e}"
+                    await client.end(sse_error(502, self.reason))
+                    return
+                self.handed_over = (decode_id, target, self.last_token_at or time.monotonic(), counter.tokens)
+                c.dispatcher.on_migrated(rid, target, time.monotonic())
+                decode_id = self.decode_instance = target
+        self.output_tokens = counter.output_tokens
+        if client.gone.is_set():
+            self.reason = f"client disconnected mid-stream after {counter.tokens} tokens"
+            return
+        if counter.done and counter.error is None:
+            self.ok = True
+            c.upstream_ok(decode_id)
+        else:
+            self.reason = f"decode {decode_id} stream ended early: {counter.error or 'no [DONE]'}"
+        await client.end(add_streamed_usage(last, counter.offset) if counter.offset and last else last)
+
+    async def _resume_elsewhere(self, c: RequestHost, failed: str, broken: StreamBroken,
+                                transcript: StreamTranscript | None) -> tuple[Response, str] | None:
+        """Failure migration: continue a stream whose decode instance died on another one, from
+        the prompt plus the text already relayed; None (reason set) when it cannot be."""
+        streamed = broken.counter.tokens
+        why = f"decode {failed} failed mid-stream after {streamed} tokens: {broken}"
+        if transcript is None:
+            self.reason = f"{why} (failure migration is off)"
+            return None
+        text = transcript.text()
+        by_ids = not transcript.chat and prompt_is_token_ids(self.body)
+        body, refusal = continuation_body(self.body, transcript.chat, text, streamed, [] if by_ids else None)
+        if body is None or transcript.resumable is not None:
+            self.reason = f"{why}; not resumed: {transcript.resumable or refusal}"
+            return None
+        while (target := self._fail_over(c, failed, streamed, why)) is not None:
+            try:
+                if by_ids:  # a token-id prompt continues with the streamed text as the target tokenizes it
+                    body, _ = continuation_body(self.body, False, text, streamed, await tokenize(target, text, self.forward_headers) if text else [])
+                return await open_decode(target, self.path, orjson.dumps(body), self._leg_headers(c, target)), target.id
+            except UpstreamFailure as e:
+                if not e.instance_fault:
+                    self.reason = f"{why}; {target.id} refused the continuation: {e}"
+                    return None
+                c.upstream_failed(target.id)
+                failed, why = target.id, f"{why}; then {target.id} could not continue it: {e}"
+        return None

@@ -1,0 +1,192 @@
+"""The console's state as the control API serves it: `ConsoleState` with one `InstanceRow` per instance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.slo import SLOClass
+
+
+class _Model(BaseModel):
+    # Unknown keys are kept (a newer console may send more) and every field has a default where the
+    # dashboard has a fallback, so a client validates what any console sends. A snapshot is dumped
+    # with exclude_unset: the JSON has exactly the keys the console set.
+    model_config = ConfigDict(extra="allow")
+
+
+class ScrapedCounters(_Model):
+    """An instance's own cumulative counters at its last /metrics scrape (vLLM's names without `vllm:`)."""
+
+    prompt_tokens_total: float | None = Field(None, description="prompt tokens it has processed (vllm:prompt_tokens)")
+    generation_tokens_total: float | None = Field(None, description="tokens it has generated (vllm:generation_tokens)")
+    success_total: float | None = Field(None, description="requests it finished (vllm:request_success)")
+    preemptions_total: float | None = Field(None, description="requests it preempted (vllm:num_preemptions)")
+    failed_transfers_total: float | None = Field(
+        None, description="KV transfers that failed (vllm:nixl_num_failed_transfers)"
+    )
+
+
+class InstanceRow(_Model):
+    """One instance as the console sees it: identity, health, its own load and what the gateway routed to it."""
+
+    id: str = Field(description="instance id (p0, d1, ...)")
+    role: str = Field(description="prefill, decode or both")
+    phase: str = Field(
+        "active", description="starting, active, draining or stopped (only active instances are routed to)"
+    )
+    breaker: str = Field(
+        "closed",
+        description="its circuit breaker: closed, open (not routed to) or half_open (the next request tries it)",
+    )
+    url: str = Field("", description="base URL of its OpenAI-compatible server (empty while it starts)")
+    healthy: bool = Field(False, description="whether its /health probes pass")
+    managed: bool = Field(
+        True, description="started by this console's backend (false: attached, never stopped by the console)"
+    )
+    running: int = Field(0, description="requests it runs, from its /metrics")
+    waiting: int = Field(0, description="requests waiting in its queue, from its /metrics")
+    kv_usage: float | None = Field(None, description="share of its KV cache in use, 0..1, from its /metrics")
+    tokens_per_s: float | None = Field(None, description="tokens it generated per second between the last two scrapes")
+    projected_load: float | None = Field(
+        None, description="its load as the active routing policy sees it (none: the policy projects none)"
+    )
+    routed_running: int = Field(0, description="requests the gateway routed to it that are running there")
+    routed_pending: int = Field(0, description="requests the gateway routed to it that have not started there yet")
+    failures: int = Field(0, description="requests that failed because of it since the console started")
+    pid: int | None = Field(None, description="its local process id when this console started it")
+    node: str | None = Field(
+        None, description="where it runs when the backend places instances across machines (none: this host)"
+    )
+    dp_ranks: list[int] | None = Field(
+        None,
+        description="resident KV tokens per rank of a data-parallel group "
+                    "(none: not a group, or the group places requests itself)",
+    )
+    scraped: ScrapedCounters = Field(
+        default_factory=ScrapedCounters,
+        description="its cumulative counters at the last /metrics scrape (empty while it starts)",
+    )
+
+    @property
+    def load(self) -> float:
+        """Projected load as the active policy sees it, else running + waiting."""
+        if self.projected_load is None:
+            return float(self.running + self.waiting)
+        return float(self.projected_load)
+
+
+class ActivePolicy(_Model):
+    """The active policy of one kind."""
+
+    name: str = Field(description="registered policy name")
+    params: dict[str, Any] = Field(default_factory=dict, description="its parameters, defaults filled in")
+
+
+class SloStats(_Model):
+    """Outcomes over a span (the last window, or the whole run); none where nothing finished yet."""
+
+    requests: int | None = Field(None, description="requests that finished")
+    failed: int | None = Field(None, description="requests that failed")
+    attainment: float | None = Field(None, description="share of requests that met their SLO (TTFT and TPOT), 0..1")
+    ttft_attainment: float | None = Field(None, description="share that met their TTFT target (window only)")
+    tpot_attainment: float | None = Field(None, description="share that met their TPOT target (window only)")
+    ttft_p50: float | None = Field(None, description="median time to first token, seconds")
+    ttft_p99: float | None = Field(None, description="99th percentile time to first token, seconds")
+    tpot_p50: float | None = Field(None, description="median time per output token, seconds")
+    tpot_p99: float | None = Field(None, description="99th percentile time per output token, seconds")
+    goodput_req_s: float | None = Field(None, description="requests per second that met their SLO (window only)")
+
+
+class SloSnapshot(_Model):
+    """SLO targets and attainment, over the last window and the run."""
+
+    classes: dict[str, SLOClass] = Field(
+
+        default_factory=dict, description="the SLO classes by name (their TTFT and TPOT targets)"
+
+    )
+    window_s: float = Field(60.0, description="length of the sliding window, seconds")
+    window: SloStats = Field(default_factory=SloStats, description="outcomes of the last window_s seconds")
+    run: SloStats = Field(default_factory=SloStats, description="outcomes since the console started")
+
+
+class RequestCounts(_Model):
+    """Requests through the gateway."""
+
+    in_flight: int | None = Field(None, description="requests in the gateway now")
+    total: int | None = Field(None, description="requests since the console started")
+    failed: int | None = Field(None, description="requests that failed since the console started")
+
+
+class QueueState(_Model):
+    """The gateway's queue (requests the queue policy holds while the cluster is saturated) and its limits."""
+
+    depth: int = Field(0, description="requests held now")
+    by_class: dict[str, int] = Field(default_factory=dict, description="held requests per priority band or SLO class")
+    max_queued: int | None = Field(None, description="the most it holds before it sheds (429)")
+    max_in_flight_per_instance: int | None = Field(
+        None, description="requests per instance above which arrivals are held"
+    )
+    ttl_s: float | None = Field(None, description="how long a request may be held before it is rejected (503)")
+
+
+class ReplayProgress(_Model):
+    """A trace replay started with `up --replay`."""
+
+    status: str | None = Field(None, description="running, paused, stopped or done")
+    paused: bool = Field(False, description="whether it is paused")
+    total: int | None = Field(None, description="requests in the trace")
+    sent: int | None = Field(None, description="requests sent so far")
+    done: int | None = Field(None, description="requests answered so far")
+    failed: int | None = Field(None, description="requests that failed")
+    in_flight: int | None = Field(None, description="requests sent and not answered yet")
+    laps: int | None = Field(None, description="times the trace was replayed in full (looping)")
+    ttft_p50: float | None = Field(None, description="median time to first token the replayer saw, seconds")
+    ttft_p99: float | None = Field(None, description="99th percentile time to first token the replayer saw, seconds")
+    tpot_p50: float | None = Field(None, description="median time per output token the replayer saw, seconds")
+    tpot_p99: float | None = Field(None, description="99th percentile time per output token the replayer saw, seconds")
+    label: str | None = Field(None, description="the trace, its speed-up and whether it loops")
+
+
+class ConsoleState(_Model):
+    """A snapshot of a running console (`GET /control/state`, the `state` events, `status --json`)."""
+
+    run_id: str = Field("", description="the run this console records into")
+    backend: str = Field("", description="what runs the instances (emulator, vllm, sim, ray...)")
+    cluster: str = Field("", description="active prefill and decode instances, e.g. 2P4D")
+    model: list[str] = Field(default_factory=list, description="model names the gateway serves")
+    uptime_s: float = Field(0.0, description="seconds since the console started")
+    started_at: float | None = Field(None, description="when it started, Unix seconds")
+    instances: list[InstanceRow] = Field(description="every instance, starting ones included")
+    policies: dict[str, ActivePolicy] = Field(
+        default_factory=dict, description="the active policy of each kind (routing, queue, reschedule, scaling, rank)"
+    )
+    slo: SloSnapshot = Field(default_factory=SloSnapshot, description="SLO targets and attainment")
+    requests: RequestCounts = Field(default_factory=RequestCounts, description="requests through the gateway")
+    queue: QueueState | None = Field(None, description="the gateway's queue and its limits")
+    assignment_ratio: float | None = Field(
+        None, description="share of routing decisions that were optimal at handoff (SIBYL's optimal assignment ratio)"
+    )
+    draining: bool = Field(False, description="whether the console is stopping (new requests get 503)")
+    replay: ReplayProgress | None = Field(None, description="a replay started with `up --replay` (none: no replay)")
+    capabilities: dict[str, bool] = Field(
+        default_factory=dict,
+        description="what the backend can do beyond the basics (scale, role_flip, migration...) and replay",
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object served: the keys the console set, nothing added."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def policy_entries(self) -> dict[str, dict[str, Any]]:
+        """The active policies as plain {name, params} objects (as the control API's events carry them)."""
+        return {kind: p.model_dump(mode="json", exclude_unset=True) for kind, p in self.policies.items()}
+
+
+def json_schema(ref_prefix: str = "#/components/schemas/") -> tuple[dict[str, Any], dict[str, Any]]:
+    """The JSON schema of ConsoleState for an OpenAPI document: (its schema, the schemas it refers to by name)."""
+    schema = ConsoleState.model_json_schema(ref_template=ref_prefix + "{model}")
+    defs = schema.pop("$defs", {})
+    return schema, defs

@@ -1,6 +1,0 @@
-"""Data-parallel decode groups (ranks meeting at a barrier every step) and BF-IO rank assignment.
-
-`model` holds the group, its step-time and imbalance metrics and the IO objective; `assign` the
-rank-assignment policies (fcfs, jsq, bf_io); `oracle` the exact integer program for one round;
-`simulate` a seeded step simulator of one group. See shared/design/papers/bf-io.md.
-"""

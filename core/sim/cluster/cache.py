@@ -1,0 +1,188 @@
+"""The simulated cluster's KV caches: one prefix-cached block pool per instance, what each request found cached, what moved.
+
+Each instance (prefill and decode alike) holds a ``core.cache.PrefixBlockPool`` of the profile's
+KV capacity in blocks (vLLM 0.32's block pool: longest cached prefix of full blocks, capped at
+prompt − 1 tokens; freed blocks stay cached and are evicted LRU). The engine calls it at these
+points of a request's life:
+
+- prefill start on instance P: ``prefill`` allocates the prompt there; the prefill computes only
+  the uncached tokens. The blocks are held until the decode side has pulled them (``handoff``).
+- prefill end, decode instance D known: ``pull`` allocates the prompt on D first from D's own
+  cache (what D holds locally is not pulled again, as vLLM's NIXL decode side counts local hits
+  before it asks the remote), and D pulls the rest: the KV transfer moves only the missing tokens.
+  The pulled blocks are cached on D when they have arrived (``handoff``: vLLM delays caching a
+  receiving request's blocks until its transfer ends).
+- decode-only (no prefill leg): ``local`` allocates the prompt on D, which computes the uncached
+  part itself.
+- finish: ``finish`` grows the request by its output tokens (taking free blocks, so evicting LRU
+  cached ones as its decode would have; done at once at the end, not token by token) and frees it.
+  Failures free what the request holds.
+
+Approximations (the decode model keeps its own KV accounting in tokens; the pools model what is
+cached, not admission): a pool that has too few free blocks for a request caches nothing for it
+(it computes, or pulls, the whole prompt); a migrated request's blocks stay on its first decode
+instance until it finishes. Everything is keyed by request index, and nothing is random.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.cache.block_pool import PrefixBlockPool
+from core.cache.index import InstanceId
+from core.cache.keys import BlockKey
+
+
+@dataclass(frozen=True)
+class CacheParams:
+    """How a simulation models the KV cache (it is on only for traces with prefix structure)."""
+
+    enabled: bool = True
+    """False: no pools, every prompt computed and transferred in full (as before the cache)."""
+    block_size: int | None = None
+    """Tokens per KV block (None: the profile's, 16 as vLLM and the emulator)."""
+    capacity_blocks: int | None = None
+    """Blocks per instance (None: the profile's KV capacity in tokens // block size)."""
+    hash_block_tokens: int = 512
+    """Tokens per trace hash block, as the replay sends them (Mooncake's own 512)."""
+    prompt_seed: int = 0
+    """The replay's prompt seed (keys equal a replay's with ``--prompt-seed`` this, lap 0)."""
+
+
+class SimCache:
+    """The pools of one simulation, per instance index, and the exact prefix lookup routing reads."""
+
+    def __init__(self, n_requests: int, block_size: int, capacity_blocks: int) -> None:
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        self.block_size = block_size
+        self.capacity_blocks = capacity_blocks
+        self.pools: list[PrefixBlockPool | None] = []
+        self.ids: list[str] = []
+        self.keys: list[tuple[BlockKey, ...]] = [()] * n_requests
+        """Each request's block keys, set at arrival and dropped when it leaves."""
+        self.prefill_cached = np.zeros(n_requests, dtype=np.int64)
+        """Prompt tokens found cached on the prefill instance (on the decode instance for a
+        decode-only request): not computed."""
+        self.decode_cached = np.zeros(n_requests, dtype=np.int64)
+        """Prompt tokens the decode instance already held (not pulled)."""
+        self.transferred = np.zeros(n_requests, dtype=np.int64)
+        """KV tokens pulled from the prefill instance to the decode instance."""
+        self._pre: dict[int, int] = {}
+        """Request → the prefill instance whose pool holds its blocks (until the handoff)."""
+        self._dec: dict[int, int] = {}
+        """Request → the decode instance whose pool holds its blocks."""
+        self._pending_commit: dict[int, int] = {}
+        """Request → decode instance whose pulled blocks are cached when the transfer ends."""
+
+    # --- instances ----------------------------------------------------------------------------
+    def add_instance(self, x: int, iid: str) -> None:
+        while len(self.pools) <= x:
+            self.pools.append(None)
+            self.ids.append("")
+        if self.pools[x] is None:
+            self.pools[x] = PrefixBlockPool(self.capacity_blocks + 1, self.block_size, enable_events=False)
+            self.ids[x] = iid
+
+    def pool(self, x: int) -> PrefixBlockPool:
+        p = self.pools[x]
+        assert p is not None
+        return p
+
+    # --- the lookup routing reads -------------------------------------------------------------
+    def match(self, keys: Sequence[BlockKey], now: float | None = None) -> dict[InstanceId, int]:
+        """Leading ``keys`` cached per instance (those holding the first one), exactly as the pools
+        hold them. A pool's cached blocks are prefix-closed (a block's parent is used with it and
+        freed after it, so LRU never evicts the parent first), so the depth is found by bisection."""
+        out: dict[InstanceId, int] = {}
+        if not keys:
+            return out
+        first, n = keys[0], len(keys)
+        for x, pool in enumerate(self.pools):
+            if pool is None or first not in pool:
+                continue
+            lo, hi = 1, n  # keys[:lo] cached; find the largest such lo
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if keys[mid - 1] in pool:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out[self.ids[x]] = lo
+        return out
+
+    # --- one request's life -------------------------------------------------------------------
+    def prefill(self, x: int, i: int, prompt: int) -> int:
+        """Request i's prefill starts on instance x: the tokens it computes there."""
+        alloc = self.pool(x).allocate(i, self.keys[i], prompt)
+        if alloc is None:
+            return prompt
+        self._pre[i] = x
+        self.prefill_cached[i] = alloc.cached_tokens
+        return prompt - alloc.cached_tokens
+
+    def would_compute(self, x: int, i: int, prompt: int) -> int:
+        """The tokens request i's prefill would compute on instance x now (nothing changes)."""
+        return prompt - self.pool(x).cached_tokens(self.keys[i], prompt)
+
+    def pull(self, x: int, i: int, prompt: int) -> int:
+        """Request i's KV is about to move to decode instance x: the tokens it pulls."""
+        if self._pre.get(i) == x:
+            return 0  # it was prefilled here (an instance serving both roles): nothing moves
+        alloc = self.pool(x).allocate(i, self.keys[i], prompt, commit=False)
+        if alloc is None:
+            self.transferred[i] = prompt
+            return prompt
+        self._dec[i] = x
+        self._pending_commit[i] = x
+        self.decode_cached[i] = alloc.cached_tokens
+        self.transferred[i] = prompt - alloc.cached_tokens
+        return prompt - alloc.cached_tokens
+
+    def local(self, x: int, i: int, prompt: int) -> int:
+        """Request i is served by decode instance x alone: the prompt tokens x computes."""
+        alloc = self.pool(x).allocate(i, self.keys[i], prompt)
+        if alloc is None:
+            return prompt
+        self._dec[i] = x
+        self.prefill_cached[i] = self.decode_cached[i] = alloc.cached_tokens
+        return prompt - alloc.cached_tokens
+
+    def handoff(self, i: int) -> None:
+        """Request i's KV has arrived on its decode instance: cache the pulled blocks there and
+        free its blocks on the prefill instance (they stay cached)."""
+        d = self._pending_commit.pop(i, None)
+        if d is not None:
+            self.pool(d).commit_full_blocks(i, self.keys[i])
+        p = self._pre.get(i)
+        if p is not None and p != self._dec.get(i, p):
+            del self._pre[i]
+            self.pool(p).free(i)
+
+    def finish(self, i: int, output_tokens: int) -> None:
+        """Request i finished: its decode grew by its output (evicting LRU blocks if it must), then
+        everything it holds is freed."""
+        x = self._dec.get(i, self._pre.get(i))
+        if x is not None:
+            self.pool(x).append_tokens(i, output_tokens)
+        self.release(i)
+
+    def release(self, i: int) -> None:
+        """Free whatever request i holds (finished, failed, rejected)."""
+        for x in {self._pre.pop(i, -1), self._dec.pop(i, -1)} - {-1}:
+            self.pool(x).free(i)
+        self._pending_commit.pop(i, None)
+        self.keys[i] = ()
+
+    # --- results ------------------------------------------------------------------------------
+    def hit_rates(self) -> dict[str, float]:
+        """Per instance id: prompt tokens found cached / prompt tokens looked up (vLLM's prefix
+        cache hit rate; decode instances count their local hits on pulled prompts)."""
+        return {self.ids[x]: p.stats.hit_rate for x, p in enumerate(self.pools) if p is not None}
+
+    def lookups(self) -> dict[str, tuple[int, int]]:
+        """Per instance id: (prompt tokens looked up, tokens found cached)."""
+        return {self.ids[x]: (p.stats.queries, p.stats.hits) for x, p in enumerate(self.pools) if p is not None}

@@ -1,0 +1,1 @@
+"""Unit tests of console/live/: each collaborator against fakes."""

@@ -1,0 +1,78 @@
+"""The controller's wiring without a network: its state keeps the shape clients read, swaps, the request host."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from adapters.store import RunStore
+from console.config import ConsoleConfig
+from console.live.controller import Controller
+from console.live.request import Step
+from core.errors import PolicyError
+from core.types import InstancePhase, Role
+from tests.console.live.fakes import FakeBackend, instances, live_request
+from tests.console.live.test_state import LEGACY_ROW_KEYS
+
+LEGACY_KEYS = ["run_id", "backend", "cluster", "model", "uptime_s", "started_at", "instances", "policies", "slo", "requests", "queue",
+               "assignment_ratio", "draining", "replay", "capabilities"]
+"""The keys of `/control/state` before the state was typed, in their order."""
+
+
+def controller(tmp_path: Path) -> Controller:
+    store = RunStore(tmp_path / "runs.db")
+    run_id = store.create_run(kind="live", backend="fake", cluster="1P2D", workload="", policy="round_robin", config={})
+    return Controller(ConsoleConfig(policy="round_robin"), instances(1, 2), store=store, run_id=run_id, run_dir=tmp_path / run_id,
+                      backend=FakeBackend())  # type: ignore[arg-type]
+
+
+def test_the_state_has_the_keys_clients_read(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+    c.dispatcher.add_instance("d2", Role.DECODE, phase=InstancePhase.STARTING)
+    state = c.state()
+    assert list(state) == LEGACY_KEYS
+    assert state["cluster"] == "1P2D" and state["capabilities"] == {"replay": False} and state["replay"] is None
+    rows = {r["id"]: r for r in state["instances"]}
+    assert list(rows) == ["p0", "d0", "d1", "d2"]
+    assert list(rows["d0"]) == LEGACY_ROW_KEYS and list(rows["d0"]["scraped"]) == ["prompt_tokens_total", "generation_tokens_total",
+                                                                                    "success_total", "preemptions_total", "failed_transfers_total"]
+    assert "breaker" not in rows["d2"] and rows["d2"]["phase"] == "starting" and rows["d2"]["scraped"] == {}
+    assert list(state["slo"]) == ["classes", "window_s", "window", "run"] and "goodput_req_s" not in state["slo"]["run"]
+    assert state["slo"]["classes"]["default"] == {"name": "default", "ttft_s": 2.0, "tpot_s": 0.1}
+    assert list(state["queue"]) == ["depth", "by_class", "max_queued", "max_in_flight_per_instance", "ttl_s"]
+    assert list(state["policies"]) == ["routing", "queue", "reschedule", "scaling", "rank"]
+    c.recorder.close(status="completed")
+
+
+def test_a_policy_swap_is_stored_published_and_refused_when_unknown(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+    ev = c.set_policy("routing", "least_load", {"by": "tokens"}, source="cli")
+    assert (ev.old, ev.new) == ("round_robin", "least_load")
+    assert c.events.history[-1]["type"] == "policy" and c.events.history[-1]["source"] == "cli"
+    assert c.snapshot().policies["routing"].params["by"] == "tokens"
+    with pytest.raises(PolicyError, match="unknown policy kind"):
+        c.set_policy("nonsense", "x", None, source="cli")
+    with pytest.raises(PolicyError, match="cannot do"):  # a scaling policy the fake backend cannot carry out
+        c.set_policy("scaling", "threshold", None, source="cli")
+    c.recorder.close(status="completed")
+
+
+def test_a_request_through_the_host_is_counted_then_recorded(tmp_path: Path) -> None:
+    async def body() -> None:
+        c = controller(tmp_path)
+        live = live_request("r1")
+        c.request_started(live)
+        assert (c.in_flight, c.total, dict(c.live)) == (1, 1, {"r1": live})
+        c.dispatcher.admit(live.request, live.request.arrival)
+        c.dispatcher.route(live.request, live.request.arrival)
+        live.reason = "client went away"
+        live.enter(Step.FAILED)
+        c.request_done(live)
+        assert (c.in_flight, c.failed, dict(c.live)) == (0, 1, {})
+        assert c.state()["requests"] == {"in_flight": 0, "total": 1, "failed": 1}
+        assert c.summary()["requests_total"] == 1
+        c.recorder.close(status="completed")
+
+    asyncio.run(body())

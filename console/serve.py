@@ -5,23 +5,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from adapters import orphans
 from adapters.backends import registry as backends
 from adapters.redact import redact_config
-from adapters.serving import SHUTDOWN_SIGNALS, ManagedServer, on_shutdown_signals
+from adapters.serving import SHUTDOWN_SIGNALS, ManagedServer
 from adapters.store import RunStore
 from adapters.vllm.instances import Instance
 from console import discovery
 from console.config import ConsoleConfig
-from console.controller import Controller, check_policies
 from console.gateway.app import build_app
+from console.live.controller import Controller
+from console.live.policies import check_policies
+from console.shutdown import Shutdown
 
 Announce = Callable[["LiveConsole"], None]
 
@@ -38,6 +42,15 @@ class LiveConsole:
     server: ManagedServer
     reaped: list[orphans.Leftover]
     """Instances an earlier, crashed console had left running, stopped before this one started."""
+
+
+def describe(live: LiveConsole) -> dict[str, Any]:
+    """What `up` prints about a started console, as JSON-able data (also the server process's ready line)."""
+    return {
+        "url": live.url, "run_id": live.run_id, "token_file": str(live.token_file), "db": str(live.db), "pid": os.getpid(),
+        "cluster": live.controller.state()["cluster"], "backend": live.controller.backend.label, "log": None,
+        "reaped": [{"run_id": r.run_id, "instance": r.instance, "pid": r.pid, "stopped": r.stopped} for r in live.reaped],
+    }
 
 
 async def _starting(start: Coroutine[object, object, list[Instance]]) -> list[Instance]:
@@ -66,8 +79,10 @@ async def _starting(start: Coroutine[object, object, list[Instance]]) -> list[In
                 loop.remove_signal_handler(sig)
 
 
-async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Callable[[LiveConsole], Coroutine[object, object, None]] | None = None) -> str:
-    """Serve until Ctrl-C/SIGTERM (or until `attach_ui` returns). Returns the run's final status."""
+async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: int | None = None) -> str:
+    """Serve until a stop is requested (a signal, the owner pipe `owner_fd` closing without `detach`,
+    `POST /control/shutdown`). Returns the run's final status. This process never renders: a
+    dashboard is another process, a client of the control API (`console.server_process`)."""
     reaped = orphans.reap(discovery.runs_dir())  # instances a crashed console left running
     store = RunStore(config.db)
     store.mark_interrupted_runs()
@@ -78,12 +93,19 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
     run_dir = discovery.runs_dir() / run_id
     backend = backends.create(config.backend, config.backend_settings(), run_dir)
     status = "failed"
+    shutdown: Shutdown | None = None
+    controller_started = False
     try:
         check_policies(config, backend)
         instances = await _starting(backend.start())
         controller = Controller(config, instances, store=store, run_id=run_id, run_dir=run_dir, backend=backend)
         token_file = controller.write_token()
-        app = build_app(controller)
+
+        def request_shutdown(reason: str) -> None:
+            assert shutdown is not None
+            shutdown.request(reason)
+
+        app = build_app(controller, manage_lifecycle=False, request_shutdown=request_shutdown)
         server = ManagedServer(
             uvicorn.Config(
                 app, host=config.host, port=config.port, http="httptools", log_level="warning", proxy_headers=False,
@@ -96,7 +118,17 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
             if controller.replay is not None:
                 controller.replay.stop()
 
-        on_shutdown_signals([server], stop_replay)
+        def stopping() -> None:
+            assert shutdown is not None
+            stop_replay()
+            controller.events.close("stopping", reason=shutdown.reason, drain_timeout_s=config.drain_timeout_s)
+
+        shutdown = Shutdown(server, drain_timeout_s=config.drain_timeout_s, on_first=stopping, db=store.path, run_id=run_id)
+        shutdown.install_signal_handlers()
+        if owner_fd is not None:
+            shutdown.watch_owner(owner_fd)
+        await controller.start()
+        controller_started = True
         serving = asyncio.create_task(server.serve(), name="gateway")
         while not server.started and not serving.done():
             await asyncio.sleep(0.02)
@@ -105,33 +137,33 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, attach_ui: Call
             raise OSError(f"the gateway could not listen on {config.host}:{config.port}")
         port = server.servers[0].sockets[0].getsockname()[1] if config.port == 0 else config.port
         live = LiveConsole(f"http://{config.host}:{port}", run_id, token_file, store.path, controller, server, reaped)
-        discovery.announce(live.url, token_file, run_id)
+        discovery.announce(live.url, token_file, run_id, db=store.path)
         if config.replay is not None:
             replay_task = start_replay(config, controller, store, live.url)
         on_ready(live)
-        if attach_ui is not None:
-            ui: asyncio.Future[None] = asyncio.ensure_future(attach_ui(live))
-            done, _ = await asyncio.wait({serving, ui}, return_when=asyncio.FIRST_COMPLETED)
-            if ui in done:
-                server.should_exit = True
-            await serving
-        else:
-            await serving
+        await serving
         if replay_task is not None:
             stop_replay()
             await replay_task
-        status = "completed"
+        status = "interrupted" if shutdown.forced else "completed"
+        controller_started = False
+        await controller.stop(status=status, drain=not shutdown.forced)
     except (KeyboardInterrupt, asyncio.CancelledError):
         status = "interrupted"
         raise
     finally:
-        discovery.withdraw()
+        if controller_started:  # start-up failed after the controller started, or the stop was cancelled
+            with contextlib.suppress(Exception):
+                await controller.stop(status=status, drain=False)
+        discovery.withdraw(run_id)
         with contextlib.suppress(Exception):
             await backend.stop()
         run = store.get_run(run_id)
-        if run.status == "running":  # the controller closes the run when it got that far
-            store.finish_run(run_id, status=status)
+        if run.status == "running" or (status == "interrupted" and run.status == "completed"):
+            store.finish_run(run_id, status=status)  # the controller closes the run when it got that far
         store.close()
+        if shutdown is not None:
+            shutdown.disarm()
     return status
 
 
@@ -146,8 +178,8 @@ def start_replay(config: ConsoleConfig, controller: Controller, store: RunStore,
     run_id = store.create_run(kind="replay", backend="client", workload=trace.source or trace.name, parent_run_id=controller.run_id,
                               config={"trace": str(config.replay), "speed": config.replay_speed, "loop": config.replay_loop})
     recorder = RunRecorder(store, run_id)
-    rep = Replayer(trace.arrivals.tolist(), trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), url,
-                   speed=config.replay_speed, loop=config.replay_loop, max_context=controller.max_model_len, on_result=recorder.request)
+    rep = Replayer.from_trace(trace, url,  # keeps a Mooncake trace's prefix structure and sessions
+                              speed=config.replay_speed, loop=config.replay_loop, max_context=controller.max_model_len, on_result=recorder.request)
     controller.replay = rep
     controller.replay_label = f"{Path(config.replay).name} x{config.replay_speed:g}{' (loop)' if config.replay_loop else ''}"
 

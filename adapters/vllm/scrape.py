@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
 
 @dataclass
 class MetricsSample:
@@ -35,17 +33,34 @@ _COUNTERS = {
 }
 
 
+_SAMPLES = {**{name: attr for name, attr in _GAUGES.items()}, **{f"{name}_total": attr for name, attr in _COUNTERS.items()}}
+"""The sample names read (a counter family `x` exposes its value as `x_total`) and their fields."""
+
+
 def parse_metrics(text: str) -> MetricsSample:
-    """Sum each series over its labels (engines, finish reasons) into one sample."""
-    sample = MetricsSample()
-    for family in text_string_to_metric_families(text):
-        attr = _GAUGES.get(family.name) or _COUNTERS.get(family.name)
+    """Sum each series over its labels (engines, finish reasons) into one sample.
+
+    Reads only the lines of the series it needs: a vLLM page has hundreds of histogram lines, and
+    the console parses one page per instance twice a second on the loop that serves traffic (the
+    generic Prometheus parser spent ~50% of that loop at 64 instances). Lines follow the text
+    exposition format: `name{labels} value [timestamp]`; label values may hold spaces and braces."""
+    totals: dict[str, float] = {}
+    wanted = _SAMPLES
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        end = line.find("{")
+        if end < 0:
+            end = line.find(" ")
+        attr = wanted.get(line[:end])
         if attr is None:
             continue
-        total = 0.0
-        for s in family.samples:
-            if s.name.endswith("_created"):
-                continue
-            total += s.value
+        rest = line[line.rfind("}") + 1:] if line[end] == "{" else line[end:]
+        fields = rest.split()
+        if not fields:
+            raise ValueError(f"metrics line without a value: {line[:200]!r}")
+        totals[attr] = totals.get(attr, 0.0) + float(fields[0])
+    sample = MetricsSample()
+    for attr, total in totals.items():
         setattr(sample, attr, total)
     return sample

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from adapters.ports import is_loopback
-from console.config import load_config, parse_attach
-from console.serve import LiveConsole, run_console
+from console.config import ConsoleConfig, load_config, parse_attach
+from console.serve import LiveConsole, describe, run_console
+from console.server_process import ServerHandle, say_ready, spawn_server, stop_bound_s
 from core.errors import ConfigError
 from core.policies import parse_param_assignments
 
@@ -31,7 +35,8 @@ def up(
     param: Annotated[list[str], typer.Option("--param", help="key=value for the routing policy, or policy.key=value for any policy (repeat)")] = [],  # noqa: B006
     host: Annotated[str | None, typer.Option(help="gateway address (default 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="gateway port (default 8000; 0 picks a free one)")] = None,
-    headless: Annotated[bool, typer.Option(help="serve without the dashboard")] = False,
+    headless: Annotated[bool, typer.Option(help="serve in this process without the dashboard (Ctrl-C stops it)")] = False,
+    detach: Annotated[bool, typer.Option(help="start the console in the background and return (log and pid file in its run directory); `sibyl-console tui` attaches, `sibyl-console down` stops it")] = False,
     db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
     attach: Annotated[str | None, typer.Option(help="manage running instances: 'prefill=URL,...;decode=URL,...'")] = None,
     replay: Annotated[Path | None, typer.Option(help="replay this trace into the cluster once it is up")] = None,
@@ -46,10 +51,14 @@ def up(
 
     Backends: `emulator` (default; one GPU-free emulator process per instance), `sim` (the simulator's instance model, in-process), `vllm` (one `vllm serve` per instance with NixlConnector P/D, logs in the run directory; the \\[vllm] table of CONFIG sets the connector, KV cache size, kv_load_failure_policy, extra args...), `ray` (each instance a Ray actor running the --engine on the node Ray places it on; the \\[ray] table of CONFIG sets per-role custom resources, e.g. decode = {decode_slot = 1}, and the tensor-parallel size; needs `pip install 'sibyl-console\\[ray]'`). `--attach` manages instances started elsewhere instead.
 
-    Prints the gateway URL, the run id and the control token's file; Ctrl-C drains in-flight requests, stops what it started and closes the run record (Ctrl-C during start-up stops the instances launched so far).
+    The cluster is served by a process of its own that never renders; the dashboard is a client of its control API, so a frozen, closed or crashed terminal never touches traffic. Quitting the dashboard asks whether to stop the cluster or leave it running (reattach with `sibyl-console tui`, stop with `sibyl-console down`); if the dashboard's terminal goes away, the cluster drains and stops. `--detach` starts it in the background; `--headless` serves in this process, where Ctrl-C, SIGTERM or SIGHUP drain in-flight requests (up to drain_timeout_s), stop what it started and close the run record, and a second signal stops at once.
+
+    Prints the gateway URL, the run id and the control token's file (Ctrl-C during start-up stops the instances launched so far).
 
     Examples:
+      sibyl-console up
       sibyl-console up --headless
+      sibyl-console up --detach && sibyl-console tui && sibyl-console down
       sibyl-console up --prefill 1 --decode 2 --policy least_load --param by=tokens --port 0
       sibyl-console up --scaling threshold --param threshold.max_decode=8 --queue priority
       sibyl-console up --backend vllm --model ./tiny-llama --prefill 1 --decode 1 --vllm-arg=--enforce-eager
@@ -80,29 +89,57 @@ def up(
     if (ray_address or engine) and cfg.backend != "ray":
         raise ConfigError(f"--ray-address and --engine apply to --backend ray only (the backend is {cfg.backend})")
     out = Console(stderr=True)
-
-    def ready(live: LiveConsole) -> None:
-        if not is_loopback(cfg.host):
-            out.print(f"[yellow]warning:[/] the gateway listens on {cfg.host}: its OpenAI endpoints answer anyone who can reach it "
-                      "(the control API still needs the token); bind 127.0.0.1 unless a proxy in front authenticates clients")
-        for left in live.reaped:
-            what = "stopped" if left.stopped else "could NOT stop (not ours to signal); kill it by hand:"
-            out.print(f"[yellow]left behind by crashed run {left.run_id}:[/] {left.instance} pid {left.pid} {what}")
-        out.print(f"[bold green]sibyl-console[/] serving [bold]{live.url}[/] (OpenAI API: {live.url}/v1)")
-        out.print(f"  run id      {live.run_id}   (store: {live.db})")
-        out.print(f"  control     {live.url}/control/state   token in {live.token_file}")
-        out.print(f"  cluster     {live.controller.state()['cluster']} on backend {live.controller.backend.label}, routing: {cfg.policy}")
-        if cfg.replay is not None:
-            out.print(f"  replaying   {cfg.replay} x{cfg.replay_speed:g}{' in a loop' if cfg.replay_loop else ''} (demo traffic, recorded as a child run)")
-        out.print("  Ctrl-C to drain and stop")
-
-    ui = None
-    if not cfg.headless:
-        try:
-            from console.tui.launch import dashboard_for
+    if cfg.headless and not detach:
+        _serve_here(cfg, lambda live: _print_banner(out, cfg, describe(live), "Ctrl-C (or SIGTERM, SIGHUP) drains and stops"), out)
+        return
+    if not detach:
+        try:  # fail before starting anything when the dashboard cannot run
+            import console.tui.launch  # noqa: F401  (Textual loads only when a dashboard runs)
         except ImportError as e:
-            raise ConfigError(f"the dashboard cannot start ({e}); run with --headless") from None
-        ui = dashboard_for
+            raise ConfigError(f"the dashboard cannot start ({e}); run with --headless or --detach") from None
+    handle = _spawn(cfg, owned=not detach, out=out)
+    if detach:
+        _print_banner(out, cfg, handle.banner, f"left running in the background (pid {handle.pid}, log {handle.log})")
+        out.print(f"  attach      sibyl-console tui --run {handle.run_id}\n  stop        sibyl-console down {handle.run_id}")
+        return
+    _print_banner(out, cfg, handle.banner, "opening the dashboard")
+    from console.tui.launch import run_owned_dashboard
+
+    run_owned_dashboard(handle, stop_bound_s(cfg), out)
+
+
+def _spawn(cfg: ConsoleConfig, *, owned: bool, out: Console) -> ServerHandle:
+    """Start the console server process, with a spinner while the cluster comes up."""
+    with out.status("starting the cluster...") as status:
+        def waiting(elapsed: float, log: Path) -> None:
+            status.update(f"starting the cluster... {elapsed:.0f} s (log: {log})")
+
+        try:
+            return spawn_server(cfg, owned=owned, waiting=waiting)
+        except KeyboardInterrupt:
+            out.print("interrupted during start-up: stopped what had started")
+            raise typer.Exit(130) from None
+
+
+def _print_banner(out: Console, cfg: ConsoleConfig, info: dict[str, Any], last: str) -> None:
+    if not is_loopback(cfg.host):
+        out.print(f"[yellow]warning:[/] the gateway listens on {cfg.host}: its OpenAI endpoints answer anyone who can reach it "
+                  "(the control API still needs the token); bind 127.0.0.1 unless a proxy in front authenticates clients")
+    for left in info.get("reaped", []):
+        what = "stopped" if left["stopped"] else "could NOT stop (not ours to signal); kill it by hand:"
+        out.print(f"[yellow]left behind by crashed run {left['run_id']}:[/] {left['instance']} pid {left['pid']} {what}")
+    url = info["url"]
+    out.print(f"[bold green]sibyl-console[/] serving [bold]{url}[/] (OpenAI API: {url}/v1)")
+    out.print(f"  run id      {info['run_id']}   (store: {info['db']})")
+    out.print(f"  control     {url}/control/state   token in {info['token_file']}")
+    out.print(f"  cluster     {info['cluster']} on backend {info['backend']}, routing: {cfg.policy}")
+    if cfg.replay is not None:
+        out.print(f"  replaying   {cfg.replay} x{cfg.replay_speed:g}{' in a loop' if cfg.replay_loop else ''} (demo traffic, recorded as a child run)")
+    out.print(f"  {last}")
+
+
+def _serve_here(cfg: ConsoleConfig, on_ready: Callable[[LiveConsole], None], out: Console, owner_fd: int | None = None) -> str | None:
+    """Run the console server in this process until it is stopped; its final run status."""
     try:
         import uvloop
 
@@ -111,11 +148,50 @@ def up(
         runner = asyncio.Runner()
     try:
         with runner:
-            status = runner.run(run_console(cfg, ready, ui))
+            status = runner.run(run_console(cfg, on_ready, owner_fd=owner_fd))
         out.print(f"stopped; run {status}")
+        return status
     except KeyboardInterrupt:
         out.print("stopped")
+        return None
+
+
+def serve(
+    config: Annotated[Path, typer.Option(help="the console's configuration as JSON (read, then deleted)")],
+    ready_fd: Annotated[int, typer.Option("--ready-fd", help="pipe to write one JSON line to once serving")],
+    log: Annotated[Path, typer.Option(help="this process's log file; moved into the run directory once the run exists")],
+    owner_fd: Annotated[int | None, typer.Option("--owner-fd", help="pipe whose end-of-file (without 'detach') stops the console")] = None,
+) -> None:
+    """The console server process that `up` starts (internal): serve until stopped, never render."""
+    for fd in (ready_fd, owner_fd):
+        if fd is not None:
+            os.set_inheritable(fd, False)  # launched instances must not hold our pipes open
+    try:
+        cfg = ConsoleConfig.model_validate_json(config.read_text())
+    finally:
+        config.unlink(missing_ok=True)
+    out = Console(stderr=True)
+    pid_file: list[Path] = []
+
+    def ready(live: LiveConsole) -> None:
+        info = describe(live)
+        run_dir = live.controller.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        final = run_dir / "console.log"
+        with contextlib.suppress(OSError):
+            os.replace(log, final)
+            info["log"] = str(final)
+        pid_file.append(run_dir / "console.pid")
+        pid_file[0].write_text(f"{os.getpid()}\n")
+        say_ready(ready_fd, info)
+
+    try:
+        _serve_here(cfg, ready, out, owner_fd=owner_fd)
+    finally:
+        for p in pid_file:
+            p.unlink(missing_ok=True)
 
 
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
+    app.command("serve", hidden=True)(serve)

@@ -5,6 +5,14 @@ the row's prompt length and whose output is forced with `max_tokens` + `ignore_e
 sent at their arrival times (÷ speed) whatever happened to earlier ones, up to an optional
 concurrency cap. Pause/resume shift the schedule; stop ends sending and lets in-flight requests
 finish (bounded). Every result goes to a callback (the run recorder).
+
+Prompts keep a trace's prefix structure when it has one (Mooncake `hash_ids`): every hash block
+becomes a fixed block of `hash_block_tokens` token ids seeded by (prompt seed, lap)
+(core.traces.prompts), so rows sharing leading hash ids share that prefix on the server, while a
+new prompt seed (a new replay) or a new lap of a looped replay shares nothing with the last.
+Other rows get fresh ids of their own. A session id per row (core.traces.sessions) is sent as
+the `X-Session-ID` header, the first key vLLM's router hashes for `consistent_hash`; the body's
+`user` is left alone, because the console's gateway reads it as the fair-queueing tenant.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
@@ -24,6 +32,10 @@ import orjson
 
 from adapters.vllm.pd_protocol import SSETokenCounter
 from core.slo import percentile
+from core.traces.prompts import DEFAULT_VOCAB, NATIVE_BLOCK_TOKENS, hash_prompt, scaled_length
+
+if TYPE_CHECKING:
+    from core.traces.model import Trace
 
 ResultSink = Callable[[dict[str, Any]], None]
 
@@ -49,6 +61,23 @@ class ReplayStats:
             "ttft_p50": percentile(ttft, 50) if len(ttft) else None, "ttft_p99": percentile(ttft, 99) if len(ttft) else None,
             "tpot_p50": percentile(tpot, 50) if len(tpot) else None, "tpot_p99": percentile(tpot, 99) if len(tpot) else None,
         }
+
+
+class _UsageCounter(SSETokenCounter):
+    """An SSE token counter that also keeps the final usage's `prompt_tokens_details.cached_tokens`."""
+
+    cached_tokens: int | None = None
+
+    def _read_usage(self, event: bytes) -> None:
+        super()._read_usage(event)
+        try:
+            payload = orjson.loads(event[5:]) if event.startswith(b"data:") else None
+        except orjson.JSONDecodeError:
+            return
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        if isinstance(details, dict) and type(details.get("cached_tokens")) is int:
+            self.cached_tokens = details["cached_tokens"]
 
 
 def prompt_ids(n: int, *salt: int) -> list[int]:
@@ -77,9 +106,18 @@ class Replayer:
         headers: dict[str, str] | None = None,
         prompt_seed: int | None = None,
         id_prefix: str = "replay",
+        hash_ids: list[list[int]] | None = None,
+        sessions: list[int] | None = None,
+        hash_block_tokens: int = NATIVE_BLOCK_TOKENS,
+        vocab_size: int = DEFAULT_VOCAB,
     ) -> None:
         if speed <= 0:
             raise ValueError("speed must be > 0")
+        if hash_block_tokens < 1:
+            raise ValueError("hash_block_tokens must be >= 1")
+        for name, column in (("hash_ids", hash_ids), ("sessions", sessions)):
+            if column is not None and len(column) != len(arrivals):
+                raise ValueError(f"{name} has {len(column)} rows, arrivals has {len(arrivals)}")
         self.arrivals, self.prompts, self.outputs = arrivals, prompt_tokens, output_tokens
         self.url = url.rstrip("/") + "/v1/completions"
         self.model = model
@@ -92,6 +130,13 @@ class Replayer:
         """Seeds every prompt (with the lap and the row): a fresh one per replay unless given."""
         self.id_prefix = id_prefix
         """Request ids are `<id_prefix>-<lap>-<row>` (the replay command uses its run id)."""
+        self.hash_ids = hash_ids
+        """Prefix-block hashes per row (Mooncake), or None: every prompt fresh."""
+        self.sessions = sessions
+        """Session id per row, sent as `X-Session-ID: <id_prefix>-<lap>-s<session>`, or None."""
+        self.hash_block_tokens = hash_block_tokens
+        """Tokens per hash block; prompt lengths scale by hash_block_tokens / 512 with hash ids."""
+        self.vocab_size = vocab_size
         self.stats = ReplayStats(total=len(arrivals))
         self._cap = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self._running = asyncio.Event()
@@ -101,6 +146,22 @@ class Replayer:
         self._shift = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self.status = "running"
+
+    @classmethod
+    def from_trace(
+        cls, trace: Trace, url: str, *, hash_block_tokens: int = NATIVE_BLOCK_TOKENS, prefix: bool = True, **kwargs: Any
+    ) -> Replayer:
+        """A replayer of `trace` that keeps its prefix structure (hash ids and derived sessions)
+        unless `prefix` is False; `kwargs` as for the constructor."""
+        hashed = prefix and trace.hash_ids is not None
+        if hashed and trace.session is None:
+            trace = trace.with_sessions()
+        return cls(
+            trace.arrivals.tolist(), trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), url,
+            hash_ids=trace.hash_ids if hashed else None,
+            sessions=trace.session.tolist() if hashed and trace.session is not None else None,
+            hash_block_tokens=hash_block_tokens, **kwargs,
+        )
 
     # --- control -----------------------------------------------------------------------------------
     def pause(self) -> None:
@@ -178,24 +239,40 @@ class Replayer:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def request_prompt(self, i: int, lap: int = 0) -> tuple[Any, int]:
+        """(prompt token ids, max_tokens) of row `i` in lap `lap`: the row's hash blocks (its
+        length scaled to hash_block_tokens per 512-token block, then clipped to the context)
+        or fresh ids; a list or an int64 array."""
+        ids = self.hash_ids[i] if self.hash_ids is not None else None
+        length = self.prompts[i] if self.hash_ids is None else scaled_length(self.prompts[i], self.hash_block_tokens)
+        prompt, out = self._clip(length, self.outputs[i])
+        if not ids:
+            return prompt_ids(prompt, self.prompt_seed, lap, i), out
+        seed = (self.prompt_seed, lap)
+        return hash_prompt(ids, prompt, seed=seed, row=i, block_tokens=self.hash_block_tokens, vocab_size=self.vocab_size), out
+
     async def _send(self, session: aiohttp.ClientSession, i: int, lap: int, scheduled: float) -> None:
-        prompt, out = self._clip(self.prompts[i], self.outputs[i])
+        ids, out = self.request_prompt(i, lap)
+        prompt = len(ids)
         body: dict[str, Any] = {
-            "prompt": prompt_ids(prompt, self.prompt_seed, lap, i), "max_tokens": out, "ignore_eos": True, "stream": True,
+            "prompt": ids, "max_tokens": out, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True},
         }
         if self.model:
             body["model"] = self.model
         rid = f"{self.id_prefix}-{lap}-{i}"
+        headers = {**self.headers, "Content-Type": "application/json", "X-Request-Id": rid}
+        if self.sessions is not None:
+            headers["X-Session-ID"] = f"{self.id_prefix}-{lap}-s{self.sessions[i]}"
         st = self.stats
         st.sent += 1
         st.in_flight += 1
         sent = time.monotonic()
         first: float | None = None
-        counter = SSETokenCounter()
+        counter = _UsageCounter()
         status, reason = "failed", None
         try:
-            async with session.post(self.url, data=orjson.dumps(body), headers={**self.headers, "Content-Type": "application/json", "X-Request-Id": rid}) as r:
+            async with session.post(self.url, data=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), headers=headers) as r:
                 if r.status != 200:
                     reason = f"HTTP {r.status}: {(await r.read())[:200].decode(errors='replace')}"
                 else:
@@ -231,5 +308,5 @@ class Replayer:
                 "request_id": rid, "arrival": scheduled, "prompt_tokens": prompt, "output_tokens": n if status == "ok" else None,
                 "max_tokens": out, "first_token": None if first is None else first - sent + scheduled,
                 "finish": finish - sent + scheduled, "ttft": ttft, "tpot": tpot, "e2e": finish - sent if status == "ok" else None,
-                "status": status, "reason": reason,
+                "status": status, "reason": reason, "cached_tokens": counter.cached_tokens,
             })

@@ -20,12 +20,19 @@ from adapters.store import RunRecorder, RunStore
 from console.discovery import ConsoleNotFound, locate
 from console.replay import Replayer
 from core.errors import ConfigError
+from core.traces.prompts import NATIVE_BLOCK_TOKENS
+from core.traces.sessions import DEFAULT_MIN_SHARED_BLOCKS
 
 
-def load_window(trace: Path, fmt: str, seed: int, start: float, duration: float | None, limit: int | None) -> Any:
+def load_window(trace: Path, fmt: str, seed: int, start: float, duration: float | None, limit: int | None,
+                session_min_blocks: int | None = None) -> Any:
+    """The rows to replay; with `session_min_blocks`, sessions are derived from the hash ids of the
+    whole trace first, so a row whose earlier turns fall before the window keeps their session."""
     from core.traces import read_trace
 
     t = read_trace(trace, fmt, seed=seed)
+    if session_min_blocks is not None:
+        t = t.with_sessions(session_min_blocks)
     t = t.window(start=start, duration=duration, limit=limit)
     if len(t) == 0:
         raise ConfigError(f"{trace}: no requests in the window start={start}s duration={duration} limit={limit}")
@@ -60,6 +67,15 @@ def replay(
     seed: Annotated[int, typer.Option(help="seed for ServeGen sampling")] = 0,
     prompt_seed: Annotated[int | None, typer.Option(
         help="seed of the prompts' token ids (default: fresh each replay, so no server's prefix cache serves a repeat)")] = None,
+    prefixes: Annotated[bool, typer.Option("--prefixes/--no-prefixes",
+        help="keep the trace's prefix structure (Mooncake hash_ids: rows sharing leading hash ids share that prompt prefix; "
+             "sessions sent as X-Session-ID); --no-prefixes sends every row fresh ids")] = True,
+    hash_block_tokens: Annotated[int, typer.Option(min=1,
+        help="tokens per hash block (the trace's native 512); smaller scales prompts down, e.g. 16 for a tiny model: "
+             "each 512-token block becomes 16 tokens and every prompt length is scaled by 16/512")] = NATIVE_BLOCK_TOKENS,
+    session_min_blocks: Annotated[int, typer.Option(min=1,
+        help="a row continues the session of the latest earlier row sharing its longest hash-id prefix when that prefix has "
+             "at least N blocks (2 skips the system-prompt block every Mooncake conversation row starts with)")] = DEFAULT_MIN_SHARED_BLOCKS,
     db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary at the end")] = False,
 ) -> None:
@@ -68,13 +84,23 @@ def replay(
     request go to the run store, linked to the local console's run. Ctrl-C stops sending, waits
     for in-flight requests (bounded) and keeps everything recorded.
 
+    A Mooncake trace keeps its prefix structure: each hash id is a fixed block of token ids
+    (seeded by --prompt-seed), so requests sharing leading hash ids share a real prefix a
+    server's prefix cache can reuse, and a session derived from the hash ids goes out as the
+    X-Session-ID header. A new --prompt-seed shares nothing with an earlier replay.
+
     Examples:
       sibyl-console replay ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv --limit 500 --speed 4
       sibyl-console replay ../shared/traces/mooncake_fast25/conversation_trace.jsonl --duration 60 --url http://10.0.0.9:8000
+      sibyl-console replay ../shared/traces/mooncake_fast25/conversation_trace.jsonl --limit 200 --hash-block-tokens 16
     """
     if speed <= 0:
         raise ConfigError("--speed must be > 0")
-    t = load_window(trace, format, seed, start, duration, limit)
+    t = load_window(trace, format, seed, start, duration, limit, session_min_blocks if prefixes else None)
+    hashed = prefixes and t.hash_ids is not None
+    if hash_block_tokens != NATIVE_BLOCK_TOKENS and not hashed:
+        why = "--no-prefixes" if not prefixes else f"{trace.name} has no hash_ids (only Mooncake traces do)"
+        raise ConfigError(f"--hash-block-tokens {hash_block_tokens} scales hash blocks, but {why}")
     parent = None
     try:
         local = locate()
@@ -91,11 +117,13 @@ def replay(
     store.mark_interrupted_runs()
     run_id = store.create_run(kind="replay", backend="client", workload=t.source or t.name, seed=seed, parent_run_id=parent,
                               config={"trace": str(trace), "url": url, "speed": speed, "start": start, "duration": duration, "limit": limit, "max_concurrency": max_concurrency, "max_context": context,
-                                      "prompt_seed": prompt_seed})
+                                      "prompt_seed": prompt_seed, "prefixes": hashed, "hash_block_tokens": hash_block_tokens if hashed else None,
+                                      "session_min_blocks": session_min_blocks if hashed else None,
+                                      "sessions": len(set(t.session.tolist())) if hashed and t.session is not None else None})
     recorder = RunRecorder(store, run_id)
-    rep = Replayer(t.arrivals.tolist(), t.prompt_tokens.tolist(), t.output_tokens.tolist(), url, model=model, speed=speed,
-                   max_concurrency=max_concurrency, max_context=context, on_result=recorder.request, prompt_seed=prompt_seed,
-                   id_prefix=run_id)
+    rep = Replayer.from_trace(t, url, prefix=prefixes, hash_block_tokens=hash_block_tokens, model=model, speed=speed,
+                              max_concurrency=max_concurrency, max_context=context, on_result=recorder.request, prompt_seed=prompt_seed,
+                              id_prefix=run_id)
     err = Console(stderr=True)
     started = time.monotonic()
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import TraceError
+from core.traces.sessions import DEFAULT_MIN_SHARED_BLOCKS, derive_sessions
 from core.types import Request
 
 
@@ -19,7 +20,8 @@ class Trace:
 
     ``arrivals`` are seconds (float64, non-decreasing); file traces start at 0.0. Token counts
     are int64 and at least 1. ``hash_ids`` holds Mooncake prefix-block hashes (block size 512)
-    when the source has them. ``skipped`` counts source rows the reader dropped on purpose
+    when the source has them; ``session`` is a session id per row (int64) when known or derived
+    (:meth:`with_sessions`, from the hash ids). ``skipped`` counts source rows the reader dropped on purpose
     (BurstGPT failure rows); ``source`` says where the rows came from and with which parameters.
     """
 
@@ -32,6 +34,7 @@ class Trace:
     hash_ids: list[list[int]] | None = None
     source: str = ""
     skipped: int = 0
+    session: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.arrivals = np.asarray(self.arrivals, dtype=np.float64).reshape(-1)
@@ -40,12 +43,15 @@ class Trace:
         n = len(self.arrivals)
         if self.priority is not None:
             self.priority = np.asarray(self.priority, dtype=np.int64).reshape(-1)
+        if self.session is not None:
+            self.session = np.asarray(self.session, dtype=np.int64).reshape(-1)
         columns: dict[str, int | None] = {
             "prompt_tokens": len(self.prompt_tokens),
             "output_tokens": len(self.output_tokens),
             "slo_class": None if self.slo_class is None else len(self.slo_class),
             "priority": None if self.priority is None else len(self.priority),
             "hash_ids": None if self.hash_ids is None else len(self.hash_ids),
+            "session": None if self.session is None else len(self.session),
         }
         for column, length in columns.items():
             if length is not None and length != n:
@@ -75,6 +81,7 @@ class Trace:
             slo_class=None if self.slo_class is None else [self.slo_class[i] for i in idx],
             priority=None if self.priority is None else self.priority[index],
             hash_ids=None if self.hash_ids is None else [self.hash_ids[i] for i in idx],
+            session=None if self.session is None else self.session[index],
             source=f"{self.source} | {note}" if self.source else note,
         )
 
@@ -122,6 +129,14 @@ class Trace:
             )
         factor = current / rate
         return self._take(np.arange(len(self)), self.arrivals * factor, f"with_rate({rate:g})")
+
+    def with_sessions(self, min_shared_blocks: int | None = None) -> Trace:
+        """This trace with a ``session`` column derived from its hash ids
+        (:func:`core.traces.sessions.derive_sessions`); unchanged when it has no hash ids."""
+        if self.hash_ids is None:
+            return self
+        n = DEFAULT_MIN_SHARED_BLOCKS if min_shared_blocks is None else min_shared_blocks
+        return replace(self, session=derive_sessions(self.hash_ids, n))
 
     # -- views ------------------------------------------------------------------------------
 

@@ -36,6 +36,9 @@ PERIODIC_TICK_S = 0.1
 """How often the controller expires queued requests and asks whether periodic policies are due."""
 
 
+STATE_PUSH_S = 0.5
+"""How often the state snapshot is pushed on /control/events (a dashboard's redraw cadence)."""
+
 class Controller:
     """Owns everything a live console runs; the gateway and the dashboard talk to it.
 
@@ -294,11 +297,20 @@ class Controller:
             self.operations.carry_out(decisions, policies[PolicyKind.SCALING].name, policies[PolicyKind.RESCHEDULE].name)
 
     async def _publish_state(self) -> None:
+        """Every second: attainment and the data-parallel rank check; every STATE_PUSH_S, while
+        anyone follows the event stream, the snapshot (dashboards redraw from it)."""
+        tick = 0
         while True:
-            await asyncio.sleep(1.0)
-            self.outcomes.publish_attainment(time.monotonic())
+            await asyncio.sleep(STATE_PUSH_S)
+            tick += 1
+            every_second = tick % round(1.0 / STATE_PUSH_S) == 0
+            if not every_second and not self.events.subscribers:
+                continue
+            if every_second:
+                self.outcomes.publish_attainment(time.monotonic())
             state = self.snapshot()
-            self.ranks.check(state.instances)
+            if every_second:
+                self.ranks.check(state.instances)
             self.events.publish("state", state=state.to_json())
 
     # --- views -------------------------------------------------------------------------------------

@@ -30,6 +30,11 @@ class EventBus:
             q.put_nowait(event)
         return event
 
+    @property
+    def subscribers(self) -> int:
+        """How many subscriptions are open (event streams being followed)."""
+        return len(self._subscribers)
+
     def close(self, event_type: str = "stopping", **fields: Any) -> None:
         """Publish a last event, then end every subscription (so open event streams let a stopping
         server finish instead of holding its connections open until the drain bound)."""

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Iterable
 from functools import partial
 from typing import Any
 
+from pydantic import ValidationError
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Horizontal
@@ -68,6 +69,8 @@ class SibylDashboard(App[str]):
         """The latest snapshot."""
         self.events_live = False
         """Whether the SSE stream is connected (then swaps are logged from it, not from polls)."""
+        self.pushed_at = float("-inf")
+        """When the event stream last brought a state snapshot (polling pauses while they come)."""
         self._seen: deque[str] = deque(maxlen=512)
         self.swaps = SwapTracker()
         """Which policy swaps were already logged and marked."""
@@ -102,10 +105,14 @@ class SibylDashboard(App[str]):
     # --- workers ------------------------------------------------------------------------------
     @work(exclusive=True, group="poll-state", exit_on_error=False)
     async def poll_state(self) -> None:
-        """Poll `/control/state`; the next poll starts only after this one ends (backoff on errors)."""
+        """Poll `/control/state` while the event stream does not bring snapshots; the next poll
+        starts only after this one ends (backoff on errors)."""
         delay, lost = self.poll_interval_s, False
         while True:
             started = time.monotonic()
+            if started - self.pushed_at < 2 * self.poll_interval_s:  # the stream keeps us fresh
+                await asyncio.sleep(self.poll_interval_s)
+                continue
             try:
                 state = await self.client.state()
             except (ConnectionLost, ApiError) as e:
@@ -130,9 +137,16 @@ class SibylDashboard(App[str]):
                     self.events_live, delay = True, 1.0
                     if event.get("type") != "state":
                         self.post_message(ConsoleEvent(event))
+                        continue
+                    try:
+                        pushed = ConsoleState.model_validate(event.get("state"))
+                    except ValidationError:
+                        continue  # the poll takes over
+                    self.pushed_at = time.monotonic()
+                    self.post_message(StateArrived(pushed))
             except (ConnectionLost, ApiError):
                 pass
-            self.events_live = False
+            self.events_live, self.pushed_at = False, float("-inf")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 

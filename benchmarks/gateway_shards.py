@@ -54,8 +54,8 @@ import numpy as np
 from benchmarks.report import md_header, md_row, ms
 from benchmarks.shard_exchange import EXCHANGE_ROW, shard_of
 from benchmarks.sharded_dispatcher import ShardedDispatcher
-from console.sweep import traffic
-from console.sweep_config import WorkloadRef
+from console.offline.sweep import traffic
+from console.offline.sweep_config import WorkloadRef
 from core.dispatch import Dispatcher
 from core.perf import PerfProfile, get_profile
 from core.sim.cluster import ClusterSimResult, ClusterSimulation, Mode
@@ -122,7 +122,7 @@ def make_trace(setting: Setting, seed: int, profile: PerfProfile) -> Trace:
 def dispatcher_factory(
     profile: PerfProfile, name: str, params: dict[str, Any], trace: Trace
 ) -> Callable[[], Dispatcher]:
-    """Dispatchers built as `sim` builds them (console.simulate.run_one without shadows)."""
+    """Dispatchers built as `sim` builds them (console.offline.simulate.run_one without shadows)."""
     prior = int(trace.output_tokens.max()) if len(trace.output_tokens) else None
 
     def make() -> Dispatcher:

@@ -29,7 +29,7 @@ from adapters.ports import free_port
 from adapters.store import RunStore
 from benchmarks.harness import console_env, start_console, stop
 from benchmarks.paths import AZURE_CONV, add_traces_option, traces_dir
-from console.simulate import SimPlan, run_one
+from console.offline.simulate import SimPlan, run_one
 from core.perf import DecodeCurve, PerfProfile, get_profile, save_profile_file
 from core.slo import SLOClass
 from core.traces import read_trace
@@ -51,7 +51,7 @@ def slowed(profile: PerfProfile, k: float) -> PerfProfile:
 
 
 def clip(prompt: np.ndarray, out: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]:
-    """The replayer's rule (console/replay.py): output first, then the prompt, within the context."""
+    """The replayer's rule (console/offline/replay.py): output first, then the prompt, within the context."""
     out = np.clip(out, 1, context - 1)
     return np.clip(prompt, 1, context - out), out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from console.simulate import SimPlan, run_one
+from console.offline.simulate import SimPlan, run_one
 from core.perf import get_profile
 from core.slo import SLOClass
 from core.traces import synthetic_trace

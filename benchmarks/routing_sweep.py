@@ -6,7 +6,7 @@ what is already there, so an interrupted sweep resumes. At the end (and with --r
 whole file is turned into a markdown and a JSON table next to it (OUT.md, OUT.json).
 
 The same grid as a `sibyl-console sweep` CONFIG (Ray tasks, results in the run store):
-demos/sweep_routing.toml. Both plan a cell with console.sweep.traffic, so a cell gives the same
+demos/sweep_routing.toml. Both plan a cell with console.offline.sweep.traffic, so a cell gives the same
 numbers either way.
 
 Load is the arrival rate as a share of decode saturation: n_decode × peak instance throughput
@@ -36,11 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import md_header, md_row, ms
-from console.benchmarking import split_policy_spec
-from console.simulate import SimPlan, run_one
-from console.sweep import traffic
-from console.sweep_config import WorkloadRef, params_for_mode
+from console.offline.simulate import SimPlan, run_one
+from console.offline.sweep import traffic
+from console.offline.sweep_config import WorkloadRef, params_for_mode
+from core.errors import PolicyError
 from core.perf import PerfProfile, get_profile
+from core.policies import parse_policy_spec
 from core.slo import SLOClass
 
 BURSTY = 0.2
@@ -256,8 +257,8 @@ def parse_policy_case(text: str) -> PolicyCase:
     if not sep or not label or not spec:
         raise SystemExit(f"--add-policy {text!r}: expected LABEL=NAME[:key=value,...]")
     try:
-        name, params = split_policy_spec(spec)
-    except ValueError:
+        name, params = parse_policy_spec(spec)
+    except PolicyError:
         raise SystemExit(f"--add-policy {text!r}: expected LABEL=NAME[:key=value,...]") from None
     return PolicyCase(label, name, dict(params))
 

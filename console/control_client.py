@@ -6,8 +6,8 @@ from typing import Any
 
 import httpx
 
-from console.discovery import ConsoleAddress, locate
 from console.errors import ConsoleError
+from console.live.discovery import ConsoleAddress, locate
 
 
 class ControlError(ConsoleError):

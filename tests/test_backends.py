@@ -80,6 +80,6 @@ def test_a_third_party_backend_is_a_package_not_an_edit(tmp_path: Path) -> None:
     toy = next(b for b in json.loads(out.stdout)["backends"] if b["name"] == "toy")
     assert toy == {"name": "toy", "target": "toy_backend:ToyBackend", "summary": "a third-party backend found through its entry point",
                    "capabilities": ["scale"], "error": None}
-    cfg = subprocess.run([sys.executable, "-c", "from console.config import ConsoleConfig; print(ConsoleConfig(backend='toy').backend)"],
+    cfg = subprocess.run([sys.executable, "-c", "from console.live.config import ConsoleConfig; print(ConsoleConfig(backend='toy').backend)"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert cfg.stdout.strip() == "toy", cfg.stderr

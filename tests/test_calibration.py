@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from adapters.store import RunStore
-from console.calibration import calibrate
+from console.offline.calibration import calibrate
 from core.perf import PerfProfile, get_profile, load_profile_file, save_profile_file
 from tests.procs import ROOT, kill_children, start_console
 
@@ -273,7 +273,7 @@ def test_calibrate_needs_a_live_run(tmp_path: Path) -> None:
 def test_a_regression_whose_samples_do_not_follow_the_model_keeps_every_prior() -> None:
     """Few precise points of a bad model (real vLLM's TPOT once gave a 113% residual and a fitted
     step of 1 ms against a measured 48 ms): no term is taken from it."""
-    from console.calibration_fit import MAX_REL_RMS, fit_linear
+    from core.calibration.fit import MAX_REL_RMS, fit_linear
 
     rng = np.random.default_rng(3)
     batch = rng.uniform(1, 20, 60)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from console.calibration_host import busy_batches, fit_host_work
+from core.calibration.host import busy_batches, fit_host_work
 from tests.helpers import toy_profile
 
 PROFILE = toy_profile(prefill_base_s=0.01, prefill_per_token_s=0.001, decode_step_base_s=0.002, decode_step_per_seq_s=0.0005)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from console.config import load_config, parse_attach
+from console.live.config import load_config, parse_attach
 from core.errors import ConfigError
 
 

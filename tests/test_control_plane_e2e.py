@@ -330,7 +330,7 @@ def test_tail_aware_releases_held_requests_in_phi_order_and_the_config_asks_vllm
     leave the queue in Φ = arrival − boost(τ·bin(prompt)) order: the short one first (τ = 10 ms
     per token: boosts of 1.17 s and 0.37 s outweigh the 0.2 s). With tail_aware the vLLM backend
     is started with priority scheduling."""
-    from console.config import ConsoleConfig
+    from console.live.config import ConsoleConfig
 
     assert ConsoleConfig(queue={"name": "tail_aware"}).vllm.scheduling_policy == "priority"
     assert ConsoleConfig(queue={"name": "tail_aware"}, vllm={"scheduling_policy": "fcfs"}).vllm.scheduling_policy == "fcfs"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.fidelity import UNTARGETED, build_rows, failures, table
+from core.fidelity import UNTARGETED, build_rows, failures, table
 
 
 def metrics(ttft50: float, ttft99: float, tpot50: float, tpot99: float) -> dict[str, float]:

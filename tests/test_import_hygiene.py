@@ -51,3 +51,58 @@ def test_a_cli_call_imports_only_the_command_it_runs() -> None:
     assert {f"console.commands.{m}" for m in ("up", "runs", "doctor", "train_predictor")} <= modules
     for command in ("up", "status", "policy", "scale", "replay", "sweep", "runs", "calibrate", "doctor", "train-predictor"):
         assert f" {command} " in out, command
+
+
+def _folder_cycles(graph: object, package: str) -> list[list[str]]:
+    """Import cycles among the modules directly inside `package` (module-level imports and those inside
+    functions alike, as grimp sees them): strongly connected components of more than one module."""
+    members = {m for m in graph.find_children(package)}  # type: ignore[attr-defined]
+    edges = {m: {t for t in graph.find_modules_directly_imported_by(m) if t in members} for m in members}  # type: ignore[attr-defined]
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for m in sorted(members):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def test_no_import_cycle_inside_a_folder_of_console_or_the_simulators() -> None:
+    import grimp
+
+    graph = grimp.build_graph("console", "core", "adapters", exclude_type_checking_imports=True)  # runtime imports
+    folders = [p for p in graph.modules if p.startswith(("console", "core.sim")) and graph.find_children(p)]
+    assert {"console", "console.live", "console.offline", "console.tui", "core.sim.cluster"} <= set(folders)
+    cycles = {folder: _folder_cycles(graph, folder) for folder in folders}
+    assert {f: c for f, c in cycles.items() if c} == {}
+
+
+def test_no_module_outside_tests_is_much_over_500_lines() -> None:
+    root = Path(__file__).resolve().parents[1]
+    long = {str(p.relative_to(root)): n for top in ("core", "adapters", "console", "benchmarks")
+            for p in (root / top).rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    assert long == {}, "split these modules (the house aims at ~500 lines)"

@@ -59,7 +59,7 @@ def test_each_replay_sends_fresh_prompts_under_its_own_ids_and_calibrates_from_i
     """Two replays of one slice through the console (the second by its --url): neither repeats the
     other's prompts (a prefix cache would serve them), every request id carries its replay's run id,
     and `calibrate`/`runs whatif` of one replay use the gateway's records of that replay only."""
-    from console.replay import prompt_ids
+    from console.offline.replay import prompt_ids
 
     assert prompt_ids(300, 1, 0, 5) != prompt_ids(300, 2, 0, 5) and prompt_ids(300, 1, 0, 5) == prompt_ids(300, 1, 0, 5)
     assert prompt_ids(300, 1, 0, 5)[:16] != prompt_ids(300, 1, 0, 6)[:16] and set(prompt_ids(2000, 3, 1, 1)) <= set(range(1, 1001))

@@ -277,15 +277,19 @@ def test_sweep_cells_produce_rows_and_resume(tmp_path: Path) -> None:
 
 
 def test_bench_decision_times_policy_settings_and_oracles() -> None:
-    from console.benchmarking import decision_latency, loaded_dispatcher, split_policy_spec
+    from console.offline.benchmarking import decision_latency, loaded_dispatcher
+    from core.errors import PolicyError
+    from core.policies import parse_policy_spec
 
-    assert split_policy_spec("sibyl") == ("sibyl", {})
-    assert split_policy_spec("sibyl:horizon=lifetime,unit=requests") == (
+    assert parse_policy_spec("sibyl") == ("sibyl", {})
+    assert parse_policy_spec("sibyl:horizon=lifetime,unit=requests") == (
         "sibyl",
         {"horizon": "lifetime", "unit": "requests"},
     )
-    with pytest.raises(ValueError, match="key=value"):
-        split_policy_spec("sibyl:horizon")
+    assert parse_policy_spec("least_load(by=tokens, bind=arrival)") == ("least_load", {"by": "tokens", "bind": "arrival"})
+    for bad in ("sibyl:horizon", "(by=tokens)", "x(=1)"):
+        with pytest.raises(PolicyError, match="key=value|no name"):
+            parse_policy_spec(bad)
     for name, params in (("sibyl", {"horizon": "lifetime"}), ("clairvoyant", {})):
         d = loaded_dispatcher(
             toy_profile(),

@@ -125,7 +125,7 @@ def test_sim_queue_holds_when_saturated_and_releases_in_priority_order() -> None
 
 
 def test_sim_sheds_and_expires_and_says_which() -> None:
-    from console.simulate import request_rows
+    from console.offline.simulate import request_rows
     from core.slo import SLOClass
 
     prof = toy_profile()

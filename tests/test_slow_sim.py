@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.simulate import SimPlan, run_one
+from console.offline.simulate import SimPlan, run_one
 from core.perf import get_profile
 from core.slo import SLOClass
 from core.traces import synthetic_trace

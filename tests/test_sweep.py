@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 from adapters.store import RunStore
 from adapters.store.schema import MIGRATIONS
 from console.cli import _register_commands, app
-from console.simulate import json_safe
-from console.sweep import SweepError, deterministic, import_ray, run_point
-from console.sweep_config import (
+from console.offline.simulate import json_safe
+from console.offline.sweep import SweepError, deterministic, import_ray, run_point
+from console.offline.sweep_config import (
     SweepConfigError,
     expand,
     load_config,
@@ -154,7 +154,7 @@ def test_grid_expands_every_axis_with_stable_keys(tmp_path: Path) -> None:
     assert [p.key for p in a] == [p.key for p in b]
     # keys do not depend on the process (no hash randomisation, no dict order)
     code = (
-        "from console.sweep_config import parse_config, expand\nfrom core.perf import get_profile\n"
+        "from console.offline.sweep_config import parse_config, expand\nfrom core.perf import get_profile\n"
         f"c = parse_config({json.dumps({'name': 'k', 'rates': 1, 'policies': ['sibyl:horizon=lifetime,lifetime_tokens=256']})})\n"
         "print(expand(c, get_profile(c.profile))[0].key)\n"
     )

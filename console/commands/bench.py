@@ -9,14 +9,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from console.benchmarking import (
+from console.offline.benchmarking import (
     decision_latency,
     loaded_dispatcher,
     rank_decision_latency,
-    split_policy_spec,
 )
+from core.errors import PolicyError
 from core.perf import get_profile
-from core.policies import parse_param_assignments
+from core.policies import parse_param_assignments, parse_policy_spec
 
 
 def _print_latencies(title: str, count_label: str, count_key: str, rows: list[dict[str, Any]]) -> None:
@@ -54,8 +54,8 @@ def decision(
     rows = []
     for spec in policy:
         try:
-            name, inline = split_policy_spec(spec)
-        except ValueError as e:
+            name, inline = parse_policy_spec(spec)
+        except PolicyError as e:
             raise typer.BadParameter(str(e)) from None
         params = {**assigned.get("", {}), **assigned.get(name, {}), **inline}
         d = loaded_dispatcher(
@@ -88,10 +88,10 @@ def rank(
     rows = []
     for spec in policy:
         try:
-            name, inline = split_policy_spec(spec)
+            name, inline = parse_policy_spec(spec)
             rows.append({"policy": spec, **rank_decision_latency(name, dict(inline), ranks=ranks, slots=slots, waiting=waiting,
                                                                  free_per_rank=free_per_rank, states=rounds)})
-        except (ValueError, TypeError) as e:
+        except (PolicyError, ValueError, TypeError) as e:
             raise typer.BadParameter(f"--policy {spec!r}: {e}") from None
     if as_json:
         typer.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))

@@ -36,7 +36,7 @@ def calibrate_cmd(
 
     Example: sibyl-console calibrate r-20261122-1101 --out fitted.json && sibyl-console sim --profile fitted.json
     """
-    from console.calibration import calibrate
+    from console.offline.calibration import calibrate
 
     profile, report = calibrate(open_store(db), run, get_profile(base) if base else None)
     if name:

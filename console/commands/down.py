@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from console.discovery import ConsoleAddress, locate, running
 from console.errors import ConsoleError
+from console.live.discovery import ConsoleAddress, locate, running
 
 
 def down(
@@ -24,7 +24,7 @@ def down(
       sibyl-console down r-20261125-142000-1a2b
       sibyl-console down --all
     """
-    from console.server_process import stop_local
+    from console.live.server_process import stop_local
 
     if all_ and run is not None:
         raise ConsoleError("give a RUN or --all, not both")

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from adapters.store import RunRecorder, RunStore
-from console.discovery import ConsoleNotFound, locate
-from console.replay import Replayer
+from console.live.discovery import ConsoleNotFound, locate
+from console.offline.replay import Replayer
 from core.errors import ConfigError
 from core.traces.prompts import NATIVE_BLOCK_TOKENS
 from core.traces.sessions import DEFAULT_MIN_SHARED_BLOCKS

@@ -134,7 +134,7 @@ def runs_compare(
 
     Example: sibyl-console runs compare r-20261122-1101 r-20261122-1102 r-20261122-1103
     """
-    from console.analysis import LOWER_IS_BETTER, METRICS, compare
+    from console.offline.analysis import LOWER_IS_BETTER, METRICS, compare
 
     if len(runs) < 2:
         raise StoreError("runs compare needs at least two run ids")
@@ -219,7 +219,7 @@ def runs_plot(
 
     Example: sibyl-console runs plot r-20261122-1101 --metric attainment --out attainment.png
     """
-    from console.analysis import series
+    from console.offline.analysis import series
 
     store = open_store(db)
     info = store.get_run(run)
@@ -272,8 +272,8 @@ def runs_whatif(
 
     Example: sibyl-console runs whatif r-20261122-1101 --policy sibyl --policy least_load
     """
-    from console.analysis import run_metrics
-    from console.calibration import calibrate, serving_run, whatif
+    from console.offline.analysis import run_metrics
+    from console.offline.calibration import calibrate, serving_run, whatif
     from core.perf import get_profile
     from core.policies import parse_param_assignments
 

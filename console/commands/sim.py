@@ -20,14 +20,14 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from console.cluster_spec import parse_cluster
-from console.simulate import (
+from console.offline.simulate import (
     SimPlan,
     json_safe,
     run_one,
     store_result,
     validate_policies,
 )
+from core.cluster_spec import parse_cluster
 from core.errors import ConfigError
 from core.perf import get_profile
 from core.policies import parse_param_assignments

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from console.control_client import ControlClient
-from console.discovery import local_running
+from console.live.discovery import local_running
 from console.live.state import ConsoleState
 from core.errors import ConfigError
 from core.policies import parse_param_assignments

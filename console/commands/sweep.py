@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from console.sweep import (
+from console.offline.sweep import (
     COMPARED,
     PointOutcome,
     SweepError,
@@ -30,7 +30,7 @@ from console.sweep import (
     tpot_curves,
     x_label,
 )
-from console.sweep_config import Point, axes_summary, expand, load_config, resolve_profile
+from console.offline.sweep_config import Point, axes_summary, expand, load_config, resolve_profile
 
 
 def _fmt(key: str, spread: dict[str, float | None]) -> str:

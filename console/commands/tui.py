@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from console.commands.status import TokenOpt, UrlOpt
-from console.discovery import locate
+from console.live.discovery import locate
 
 
 def tui(

@@ -13,9 +13,9 @@ import typer
 from rich.console import Console
 
 from adapters.ports import is_loopback
-from console.config import ConsoleConfig, load_config, parse_attach
-from console.serve import LiveConsole, describe, run_console
-from console.server_process import ServerHandle, say_ready, spawn_server, stop_bound_s
+from console.live.config import ConsoleConfig, load_config, parse_attach
+from console.live.serve import LiveConsole, describe, run_console
+from console.live.server_process import ServerHandle, say_ready, spawn_server, stop_bound_s
 from core.errors import ConfigError
 from core.policies import parse_param_assignments
 

@@ -15,8 +15,8 @@ from adapters.backends import Backend, Capability
 from adapters.store import RunRecorder, RunStore
 from adapters.vllm.instances import Instance
 from adapters.vllm.poller import Poller
-from console.config import ConsoleConfig
 from console.live.admission import HeldRequests
+from console.live.config import ConsoleConfig
 from console.live.events import EventBus
 from console.live.health import InstanceHealth, RankWatch
 from console.live.metrics import GatewayMetrics
@@ -104,7 +104,7 @@ class Controller:
         self.health.kick = self.poller.kick
         self._tasks: list[asyncio.Task[None]] = []
         self.replay: Any = None
-        """The Replayer started by `up --replay`, if any (console.replay.Replayer)."""
+        """The Replayer started by `up --replay`, if any (console.offline.replay.Replayer)."""
         self.replay_label = ""
         self.draining = False
         for kind, policy in self.dispatcher.policies.items():

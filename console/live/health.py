@@ -11,7 +11,7 @@ from core.breaker import BreakerState, CircuitBreaker
 
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
-    from console.config import ConsoleConfig
+    from console.live.config import ConsoleConfig
     from console.live.events import EventBus
     from console.live.state import InstanceRow
     from core.dispatch import Dispatcher

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.backends import Backend, Capability
-from console.config import ConsoleConfig
+from console.live.config import ConsoleConfig
 from core.errors import PolicyError
 from core.policies import registry
 from core.types import PolicyKind

@@ -58,7 +58,7 @@ from core.types import Admission, Request
 
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
-    from console.config import ConsoleConfig
+    from console.live.config import ConsoleConfig
     from console.live.metrics import GatewayMetrics
     from core.dispatch import Dispatcher
 

@@ -24,7 +24,7 @@ from core.types import InstancePhase, Role, ScaleAction
 if TYPE_CHECKING:
     from adapters.backends import Backend
     from adapters.vllm.instances import Instance
-    from console.config import ConsoleConfig
+    from console.live.config import ConsoleConfig
     from console.live.metrics import GatewayMetrics
     from core.dispatch import Dispatcher
 

@@ -1,7 +1,15 @@
 """Routing, rescheduling, queueing and scaling policies behind one registry."""
 
 from core.policies.base import NoParams, PolicyParams, RoutingPolicy, RoutingPolicyBase
-from core.policies.registry import PolicySpec, build, parse_param_assignments, register, spec, specs
+from core.policies.registry import (
+    PolicySpec,
+    build,
+    parse_param_assignments,
+    parse_policy_spec,
+    register,
+    spec,
+    specs,
+)
 
 __all__ = [
     "NoParams",
@@ -11,6 +19,7 @@ __all__ = [
     "RoutingPolicyBase",
     "build",
     "parse_param_assignments",
+    "parse_policy_spec",
     "register",
     "spec",
     "specs",

@@ -121,3 +121,24 @@ def parse_param_assignments(items: Iterable[str]) -> dict[str, dict[str, str]]:
         policy, dot, field = key.rpartition(".")
         out.setdefault(policy if dot else "", {})[field] = value
     return out
+
+
+def parse_policy_spec(text: str) -> tuple[str, dict[str, str]]:
+    """The one parser of a policy written inline: `NAME`, `NAME:key=value,...` (the CLI's form) or
+    `NAME(key=value, ...)` (the form the console prints a policy in) → (name, {key: value}).
+    Values stay strings; the policy's params model types them."""
+    text = text.strip()
+    if text.endswith(")") and "(" in text:
+        name, _, rest = text[:-1].partition("(")
+    else:
+        name, _, rest = text.partition(":")
+    name = name.strip()
+    params: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not name:
+            raise PolicyError(f"policy {text!r}: expected NAME, NAME:key=value[,key=value] or NAME(key=value, ...)")
+        params[key.strip()] = value.strip()
+    if not name:
+        raise PolicyError(f"policy {text!r}: no name")
+    return name, params

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from adapters.emulator.process import running
 from adapters.store import RunStore
-from console.replay import Replayer
+from console.offline.replay import Replayer
 from core.traces import Trace, read_trace
 from core.traces.prompts import scaled_length
 from tests.emulator_fixtures import FAST_PROFILE, profile_file, scrape

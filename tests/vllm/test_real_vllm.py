@@ -26,9 +26,9 @@ from adapters.store import RunStore
 from adapters.vllm.pd_protocol import decode_leg_body, prefill_leg_body
 from adapters.vllm.platform import find_vllm_executable
 from adapters.vllm.scrape import parse_metrics
-from console.analysis import run_metrics
-from console.fidelity import build_rows, failures
-from console.fidelity import table as fidelity_table
+from console.offline.analysis import run_metrics
+from core.fidelity import build_rows, failures
+from core.fidelity import table as fidelity_table
 from tests.cpu_speed import CpuSpeedProbe, cpu_times, relative_speed, steal_share
 from tests.procs import ROOT, Console, alive, start_console, wait_for
 
@@ -254,7 +254,7 @@ def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp
     """Calibrate from two real replays, then predict other replays (light and queueing load, each run
     three times on real vLLM for its spread) with the emulator and the simulator (`runs whatif`); the table
     goes to the stage log and .build/vllm-fidelity.md, and the stage fails outside the gate
-    (console/fidelity.py). The fitted profile is kept in .build for `make refresh-cpu-profile`."""
+    (core/fidelity.py). The fitted profile is kept in .build for `make refresh-cpu-profile`."""
     con = cluster
     cpu_before = cpu_times()
     # The calibration replays sit between the judged rounds: this shared VM's speed drifts over

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from adapters.backends import Backend, Capability
 from adapters.vllm.instances import Instance
-from console.config import ConsoleConfig
+from console.live.config import ConsoleConfig
 from console.live.events import EventBus
 from console.live.metrics import GatewayMetrics
 from console.live.request import LiveRequest

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from console.config import ConsoleConfig
 from console.live.admission import HeldRequests
 from console.live.channel import Rejected
+from console.live.config import ConsoleConfig
 from core.perf import get_profile
 from core.types import Admission
 from tests.console.live.fakes import dispatcher, instances, live_request

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from adapters.store import RunStore
-from console.config import ConsoleConfig
+from console.live.config import ConsoleConfig
 from console.live.controller import Controller
 from console.live.request import Step
 from core.errors import PolicyError

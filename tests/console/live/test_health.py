@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from adapters.vllm.instances import Instance
-from console.config import ConsoleConfig
+from console.live.config import ConsoleConfig
 from console.live.events import EventBus
 from console.live.health import InstanceHealth, RankWatch
 from console.live.state import InstanceRow

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 
 from adapters.vllm.instances import Instance
-from console.config import ConsoleConfig
 from console.live.channel import ClientChannel
+from console.live.config import ConsoleConfig
 from console.live.metrics import GatewayMetrics
 from console.live.request import LiveRequest, Step
 from core.dispatch import Dispatcher

@@ -8,7 +8,7 @@ import pytest
 
 from adapters.backends import Capability
 from adapters.errors import BackendError
-from console.config import ConsoleConfig
+from console.live.config import ConsoleConfig
 from console.live.scaler import Scaler
 from core.types import InstancePhase, Role, ScaleAction
 from tests.console.live.fakes import FakeBackend, Host, instances

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from console.errors import ConsoleError
-from console.simulate import SimPlan, run_one, store_result
-from console.sweep_config import Point, WorkloadRef
+from console.offline.simulate import SimPlan, run_one, store_result
+from console.offline.sweep_config import Point, WorkloadRef
 from core.perf import PerfProfile
 from core.sim.cluster import ClusterSimResult
 from core.slo import SLOClass

@@ -3,7 +3,7 @@
 Every term of the profile `calibrate` writes is either fitted from the run or left at its prior
 (the run's own profile, or `base`) with the reason, and carries its fit quality: the relative RMS
 residual of the regression it came from, its sample count and the 1σ uncertainty of its
-contribution as a share of a typical target (console/calibration_fit.py). A term is fitted only
+contribution as a share of a typical target (core/calibration/fit.py). A term is fitted only
 when that is ≤ 5%; otherwise the run did not identify it (its regressor does not vary, moves with
 another one, or is too noisy) and it keeps its prior. Capacities (KV, blocks, max_num_seqs,
 max_model_len) and cold start are not timed by requests and stay at the prior; tps_curve is
@@ -54,10 +54,10 @@ from typing import Any
 import numpy as np
 
 from adapters.store import RunInfo, RunStore, StoreError
-from console.calibration_fit import Term, Timeline, fit_linear
-from console.calibration_host import fit_host_work
-from console.cluster_spec import parse_cluster
-from console.simulate import SimPlan, run_one
+from console.offline.simulate import SimPlan, run_one
+from core.calibration.fit import Term, Timeline, fit_linear
+from core.calibration.host import fit_host_work
+from core.cluster_spec import parse_cluster
 from core.perf import PerfProfile, get_profile
 from core.slo import DEFAULT_SLO
 

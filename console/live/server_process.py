@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.pids import running
-from console import discovery
-from console.config import ConsoleConfig
 from console.errors import ConsoleError
+from console.live import discovery
+from console.live.config import ConsoleConfig
 
 
 class ServerStartError(ConsoleError):
@@ -92,7 +92,7 @@ def wait_for_exit(proc: subprocess.Popen[bytes], timeout_s: float, progress: Cal
 
 def stop_bound_s(config: ConsoleConfig) -> float:
     """How long a server may take to stop after SIGTERM (its own watchdog's bound, plus a margin)."""
-    from console.shutdown import STOP_GRACE_S
+    from console.live.shutdown import STOP_GRACE_S
 
     return 2 * config.drain_timeout_s + STOP_GRACE_S + 5
 

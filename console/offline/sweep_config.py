@@ -21,11 +21,10 @@ from pydantic import (
     model_validator,
 )
 
-from console.benchmarking import split_policy_spec
-from console.cluster_spec import parse_cluster
-from core.errors import ConfigError, SibylError
+from core.cluster_spec import parse_cluster
+from core.errors import ConfigError, PolicyError, SibylError
 from core.perf import PerfProfile, get_profile
-from core.policies import registry
+from core.policies import parse_policy_spec, registry
 from core.traces import FORMATS, WORKLOADS
 from core.types import PolicyKind
 
@@ -88,8 +87,8 @@ def _spec(kind: PolicyKind, text: Any) -> tuple[str, dict[str, Any]]:
     if not isinstance(text, str):
         raise ValueError(f"expected a policy spec string NAME[:key=value,...], got {text!r}")
     try:
-        name, params = split_policy_spec(text)
-    except ValueError:
+        name, params = parse_policy_spec(text)
+    except PolicyError:
         raise ValueError(f"{text!r}: expected NAME or NAME:key=value[,key=value]") from None
     return name, _normalized(kind, name, params)
 
@@ -128,7 +127,7 @@ class SweepConfig(BaseModel):
     rates: Axis[Positive] | None = None
     """Arrival rates in req/s (a trace is rescaled to each)."""
     loads: Axis[Positive] | None = None
-    """Arrival rates as a share of decode saturation (see console.sweep.load_rate)."""
+    """Arrival rates as a share of decode saturation (see console.offline.sweep.load_rate)."""
     burstiness: Axis[Positive] = [1.0]
     """Gamma shape of synthetic inter-arrival gaps (1 = Poisson)."""
     shapes: Axis[str] = ["4P16D"]

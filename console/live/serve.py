@@ -20,12 +20,12 @@ from adapters.redact import redact_config
 from adapters.serving import SHUTDOWN_SIGNALS, ManagedServer
 from adapters.store import RunStore
 from adapters.vllm.instances import Instance
-from console import discovery
-from console.config import ConsoleConfig
 from console.gateway.app import build_app
+from console.live import discovery
+from console.live.config import ConsoleConfig
 from console.live.controller import Controller
 from console.live.policies import check_policies
-from console.shutdown import Shutdown
+from console.live.shutdown import Shutdown
 
 Announce = Callable[["LiveConsole"], None]
 
@@ -82,7 +82,7 @@ async def _starting(start: Coroutine[object, object, list[Instance]]) -> list[In
 async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: int | None = None) -> str:
     """Serve until a stop is requested (a signal, the owner pipe `owner_fd` closing without `detach`,
     `POST /control/shutdown`). Returns the run's final status. This process never renders: a
-    dashboard is another process, a client of the control API (`console.server_process`)."""
+    dashboard is another process, a client of the control API (`console.live.server_process`)."""
     reaped = orphans.reap(discovery.runs_dir())  # instances a crashed console left running
     store = RunStore(config.db)
     store.mark_interrupted_runs()
@@ -170,7 +170,7 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
 def start_replay(config: ConsoleConfig, controller: Controller, store: RunStore, url: str) -> asyncio.Task[None]:
     """Replay `config.replay` into this console's own gateway, recorded as a child run."""
     from adapters.store import RunRecorder
-    from console.replay import Replayer
+    from console.offline.replay import Replayer
     from core.traces import read_trace
 
     assert config.replay is not None

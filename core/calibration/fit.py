@@ -1,4 +1,4 @@
-"""Fitting helpers of `calibrate` (console/calibration.py).
+"""Fitting helpers of `calibrate` (console/offline/calibration.py).
 
 `fit_linear` fits y ≈ X·c where every column is a named profile term with a prior. A term is
 fitted only when the run identifies it: the 1σ uncertainty of its contribution (its standard
@@ -286,7 +286,8 @@ class Timeline:
 
     def _at(self, t: np.ndarray) -> np.ndarray:
         """Index of the first grid point at or after t."""
-        return np.clip(np.ceil((np.asarray(t) - self.t0) / self.dt - 1e-9).astype(int), 0, self.n)
+        out: np.ndarray = np.clip(np.ceil((np.asarray(t) - self.t0) / self.dt - 1e-9).astype(int), 0, self.n)
+        return out
 
     def _kv(self, clock: np.ndarray) -> np.ndarray:
         """Σ KV over the requests in the batch, each growing linearly in `clock` (a grid array)."""
@@ -299,7 +300,8 @@ class Timeline:
         np.add.at(s, self._i1, slope)
         np.add.at(a, self._i2, -(self._prompts - slope * c1))
         np.add.at(s, self._i2, -slope)
-        return np.maximum(np.cumsum(a)[: self.n] + np.cumsum(s)[: self.n] * clock, 0.0)
+        out: np.ndarray = np.maximum(np.cumsum(a)[: self.n] + np.cumsum(s)[: self.n] * clock, 0.0)
+        return out
 
     def _weights(self, step: tuple[float, float, float]) -> np.ndarray:
         """Steps per second at each grid point (0 when idle)."""
@@ -313,7 +315,8 @@ class Timeline:
 
     def index(self, t: np.ndarray) -> np.ndarray:
         """Index of the grid point at or before t."""
-        return np.clip(np.floor((np.asarray(t) - self.t0) / self.dt).astype(int), 0, self.n - 1)
+        out: np.ndarray = np.clip(np.floor((np.asarray(t) - self.t0) / self.dt).astype(int), 0, self.n - 1)
+        return out
 
     def at(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         i = self.index(t)

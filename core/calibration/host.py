@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from console.calibration_fit import IDENTIFIED, LinearFit, Term
+from core.calibration.fit import IDENTIFIED, LinearFit, Term
 from core.perf import PerfProfile
 
 BATCH_GAP_S = 0.005

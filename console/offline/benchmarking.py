@@ -53,18 +53,6 @@ def loaded_dispatcher(
     return d
 
 
-def split_policy_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """`sibyl` or `sibyl:horizon=lifetime,unit=requests` → (name, params) for `bench decision`."""
-    name, _, rest = spec.partition(":")
-    params: dict[str, str] = {}
-    for item in filter(None, (x.strip() for x in rest.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--policy {spec!r}: expected NAME or NAME:key=value[,key=value]")
-        params[key] = value
-    return name, params
-
-
 def decision_latency(d: Dispatcher, iterations: int = 3000, warmup: int = 200, seed: int = 1) -> dict[str, float]:
     """Time `route()` for new requests on a fixed state (each one is forgotten right after)."""
     rng = np.random.default_rng(seed)

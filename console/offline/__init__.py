@@ -1,0 +1,1 @@
+"""Offline work: simulate, sweep, replay (a client of any OpenAI endpoint), analysis, benchmarks, calibration."""

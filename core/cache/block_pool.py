@@ -314,19 +314,25 @@ class PrefixBlockPool:
 
     def _take(self, n: int) -> tuple[list[int], int]:
         free, ref, key = self._free, self._ref, self._key
+        cached, dups, events = self._cached, self._dups, self._events if self.enable_events else None
+        popitem = free.popitem
         out: list[int] = []
+        append = out.append
         evicted = 0
         for _ in range(n):
-            b = free.popitem(last=False)[0]
+            b = popitem(last=False)[0]
             k = key[b]
             if k is not None:
-                self._uncache(k, b)
+                if k in dups:
+                    self._uncache(k, b)
+                else:  # held by this block alone
+                    del cached[k]
                 key[b] = None
                 evicted += 1
-                if self.enable_events:
-                    self._events.append(BlockRemoved((k,)))
+                if events is not None:
+                    events.append(BlockRemoved((k,)))
             ref[b] = 1
-            out.append(b)
+            append(b)
         self.stats.evicted_blocks += evicted
         return out, evicted
 
@@ -351,14 +357,10 @@ class PrefixBlockPool:
         end = min(len(keys), req.num_tokens // self.block_size, len(req.blocks))
         if end <= start:
             return 0
-        cached, key = self._cached, self._key
-        for i in range(start, end):
-            b, k = req.blocks[i], keys[i]
+        key, setdefault = self._key, self._cached.setdefault
+        for b, k in zip(req.blocks[start:end], keys[start:end], strict=True):
             key[b] = k
-            other = cached.get(k)
-            if other is None:
-                cached[k] = b
-            else:
+            if setdefault(k, b) != b:  # another block holds the key already: a duplicate
                 self._dups.setdefault(k, []).append(b)
         req.num_committed = end
         if self.enable_events:

@@ -1,6 +1,6 @@
 """Block keys of a trace row's prompt from its Mooncake hash ids: the keys the emulator computes on a replay of it.
 
-A replay (console/replay.py) sends row ``i`` as ``core.traces.prompts.hash_prompt(ids, length,
+A replay (console/offline/replay.py) sends row ``i`` as ``core.traces.prompts.hash_prompt(ids, length,
 seed=(prompt_seed, lap), row=i, block_tokens=hash_block_tokens)``, and the engine (the emulator,
 or our KV-event subscriber for vLLM) keys its full blocks with ``chain_keys(tokens, block_size)``.
 `TraceKeys` gives the same keys without building whole prompts: when a hash block is a whole
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+
+import numpy as np
 
 from core.cache.keys import ROOT_KEY, BlockKey, chain_keys
 from core.traces.prompts import DEFAULT_VOCAB, NATIVE_BLOCK_TOKENS, block_ids, hash_prompt
@@ -41,36 +43,40 @@ class TraceKeys:
         self.block_size = block_size
         self.hash_block_tokens = hash_block_tokens
         self.seed = seed
-        """The replay's seed: console/replay.py uses (prompt_seed, lap)."""
+        """The replay's seed: console/offline/replay.py uses (prompt_seed, lap)."""
         self.vocab_size = vocab_size
         self.memo_blocks = memo_blocks
         self._aligned = hash_block_tokens % block_size == 0
-        self._per = hash_block_tokens // block_size
         self._memo: OrderedDict[tuple[BlockKey, int], tuple[BlockKey, ...]] = OrderedDict()
 
     def keys(self, hash_ids: Sequence[int], prompt_tokens: int, row: int) -> tuple[BlockKey, ...]:
         """Keys of every full block of row ``row``'s prompt of ``prompt_tokens`` tokens."""
         bs = self.block_size
         if not self._aligned:
-            tokens = hash_prompt(
+            prompt = hash_prompt(
                 hash_ids, prompt_tokens, seed=self.seed, row=row,
                 block_tokens=self.hash_block_tokens, vocab_size=self.vocab_size,
             )
-            return tuple(chain_keys(tokens.tolist(), bs))
+            return tuple(chain_keys(prompt.tolist(), bs))
         full = prompt_tokens // bs
         hbt = self.hash_block_tokens
         used = min(len(hash_ids), -(-prompt_tokens // hbt))
         out: list[BlockKey] = []
         parent = ROOT_KEY
         memo = self._memo
-        for h in hash_ids[:used]:
+        ids = [int(h) for h in hash_ids[:used]]
+        tokens: np.ndarray | None = None  # the token ids of ids[first_miss:], built once on the first miss
+        first_miss = 0
+        for j, h in enumerate(ids):
             if len(out) >= full:
                 break
-            key = (parent, int(h))
+            key = (parent, h)
             block = memo.get(key)
             if block is None:
-                tokens = block_ids([h], seed=self.seed, block_tokens=hbt, vocab_size=self.vocab_size)[0]
-                block = tuple(chain_keys(tokens.tolist(), bs, parent=parent))
+                if tokens is None:
+                    first_miss = j
+                    tokens = block_ids(ids[j:], seed=self.seed, block_tokens=hbt, vocab_size=self.vocab_size)
+                block = tuple(chain_keys(tokens[j - first_miss].tolist(), bs, parent=parent))
                 memo[key] = block
                 if len(memo) > self.memo_blocks:
                     memo.popitem(last=False)

@@ -8,6 +8,7 @@ from typing import Literal
 from core.cache.events import KVEvent
 from core.cache.index import CacheIndex, PrefixLookup
 from core.cache.keys import BlockKey
+from core.view import ClusterView
 
 PrefixSource = Literal["off", "exact", "approximate", "precise"]
 """off: nothing known (every prompt uncached everywhere); exact: the world's own caches (the
@@ -16,38 +17,55 @@ cached there for a TTL, up to a capacity); precise: the instances' KV events."""
 
 
 class PrefixTracker:
-    """One source of prefix-cache knowledge and the lookup routing reads (``lookup``)."""
+    """One source of prefix-cache knowledge, installed as `view.prefix` (with the block size and
+    whether decode-only service is possible) for the policies to read."""
 
-    def __init__(self) -> None:
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
         self.source: PrefixSource = "off"
         self.index: CacheIndex | None = None
         """The index of the approximate and precise sources (None otherwise)."""
-        self.lookup: PrefixLookup | None = None
 
-    def exact(self, lookup: PrefixLookup) -> None:
+    def _install(self, source: PrefixSource, lookup: PrefixLookup | None, block_size: int, decode_only: bool) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        v = self.view
+        self.source = source
+        v.prefix, v.block_size, v.decode_only = lookup, block_size, decode_only
+        v.forget_cached()
+
+    def exact(self, lookup: PrefixLookup, block_size: int, decode_only: bool = True) -> None:
         """Read the world's own caches (the simulator hands its pools' view)."""
-        self.source, self.index, self.lookup = "exact", None, lookup
+        self.index = None
+        self._install("exact", lookup, block_size, decode_only)
 
-    def approximate(self, ttl_s: float | None, capacity_blocks: int | None) -> None:
+    def approximate(
+        self, block_size: int, ttl_s: float | None = 300.0, capacity_blocks: int | None = None,
+        decode_only: bool = False,
+    ) -> None:
         """Assume what was routed to an instance is cached there for ``ttl_s`` seconds, at most
-        ``capacity_blocks`` blocks per instance (least recently routed dropped first)."""
-        self.index = CacheIndex(ttl_s=ttl_s, capacity_blocks=capacity_blocks)
-        self.source, self.lookup = "approximate", self.index
+        ``capacity_blocks`` blocks per instance (None: the profile's KV capacity), least recently
+        routed dropped first."""
+        cap = capacity_blocks or max(1, self.view.profile.kv_capacity_tokens // block_size)
+        self.index = CacheIndex(ttl_s=ttl_s, capacity_blocks=cap)
+        self._install("approximate", self.index, block_size, decode_only)
 
-    def precise(self) -> None:
+    def precise(self, block_size: int, decode_only: bool = False) -> None:
         """Take each instance's cache from its KV events (``apply``), which never expire."""
         self.index = CacheIndex(ttl_s=None)
-        self.source, self.lookup = "precise", self.index
+        self._install("precise", self.index, block_size, decode_only)
 
     def off(self) -> None:
-        self.source, self.index, self.lookup = "off", None, None
+        self.index = None
+        self._install("off", None, self.view.block_size, False)
 
-    def routed(self, instances: Iterable[str], keys: Sequence[BlockKey], now: float) -> None:
-        """A request with these keys was sent to ``instances`` (approximate source only)."""
+    def routed(self, instances: Iterable[str | None], keys: Sequence[BlockKey], now: float) -> None:
+        """A request with these keys was sent to ``instances`` (None: no such leg); approximate only."""
         if self.source == "approximate" and keys:
             assert self.index is not None
             for iid in instances:
-                self.index.record_routed(iid, keys, now)
+                if iid is not None:
+                    self.index.record_routed(iid, keys, now)
 
     def apply(self, instance: str, events: Iterable[KVEvent]) -> None:
         """Ingest an instance's KV events (keys already ours); an error unless the source is precise."""

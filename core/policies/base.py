@@ -105,6 +105,22 @@ class RoutingPolicyBase(PolicyBase):
             raise NoCapacityError("no healthy decode instance")
         return int(np.argmin(np.where(mask, self.display_load(view), np.inf)))
 
+    def route(self, request: Request, view: ClusterView) -> Assignment:
+        """Every routing policy defines its decision (see RoutingPolicy)."""
+        raise NotImplementedError
+
+    def choose_decode_at(self, request: Request, view: ClusterView, tau: float) -> int:
+        """The decode instance index this policy picks for a request whose KV lands at `tau`, when
+        another policy chose its prefill instance (core/policies/compose.py). Default: the decode
+        instance of its own routing decision (`choose_decode` if it has none)."""
+        d = self.route(request, view).decode
+        return view.index[d] if d is not None else self.choose_decode(request, view)
+
+    def decode_loads(self, request: Request, view: ClusterView, tau: float) -> np.ndarray:
+        """Per instance index, what this policy ranks decode instances by (lower is better) for a
+        request whose KV lands at `tau`. Default: `display_load`."""
+        return self.display_load(view)
+
 
 # --- queue ---------------------------------------------------------------------------------
 

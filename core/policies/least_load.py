@@ -59,6 +59,12 @@ class LeastLoad(RoutingPolicyBase):
     def choose_decode(self, request: Request, view: ClusterView) -> int:
         return self._argmin(self.load(view), decode_candidates(view))
 
+    def choose_decode_at(self, request: Request, view: ClusterView, tau: float) -> int:
+        return self.choose_decode(request, view)
+
+    def decode_loads(self, request: Request, view: ClusterView, tau: float) -> np.ndarray:
+        return self.load(view)
+
     def route(self, request: Request, view: ClusterView) -> Assignment:
         p, prefill_end = least_queued_prefill(request, view)
         late = self.params.bind == "prefill_end"

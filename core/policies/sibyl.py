@@ -326,6 +326,14 @@ class Sibyl(RoutingPolicyBase):
             minlength=view.n_instances,
         )
 
+    def choose_decode_at(self, request: Request, view: ClusterView, tau: float) -> int:
+        candidates = decode_candidates(view)
+        only = sole_candidate(view)
+        return only if only is not None else self._argmin(self.projected_load(tau, view), candidates)
+
+    def decode_loads(self, request: Request, view: ClusterView, tau: float) -> np.ndarray:
+        return self.projected_load(tau, view)
+
     def route(self, request: Request, view: ClusterView) -> Assignment:
         p, prefill_end = least_queued_prefill(request, view)
         tau = projected_handoff(request, prefill_end, view)

@@ -1,5 +1,6 @@
 """The discrete-event simulator of a P/D cluster (see engine.py)."""
 
+from core.sim.cluster.cache import CacheParams
 from core.sim.cluster.dispatcher import SimDispatcher
 from core.sim.cluster.engine import ClusterSimulation
 from core.sim.cluster.migration import MigrationEvent
@@ -7,6 +8,7 @@ from core.sim.cluster.result import FAIL_REASONS, ClusterSimResult, Mode, Schedu
 from core.sim.cluster.scaling import ScaleEvent
 
 __all__ = [
+    "CacheParams",
     "FAIL_REASONS",
     "ClusterSimResult",
     "ClusterSimulation",

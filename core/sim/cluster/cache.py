@@ -28,12 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from core.cache.block_pool import PrefixBlockPool
 from core.cache.index import InstanceId
 from core.cache.keys import BlockKey
+from core.cache.trace_keys import TraceKeys
+from core.perf import PerfProfile
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,36 @@ class SimCache:
         """Request → the decode instance whose pool holds its blocks."""
         self._pending_commit: dict[int, int] = {}
         """Request → decode instance whose pulled blocks are cached when the transfer ends."""
+        self._given: Sequence[Sequence[int]] | None = None
+        self._hash_ids: Sequence[Sequence[int]] | None = None
+        self._derive: TraceKeys | None = None
+
+    @classmethod
+    def for_trace(
+        cls, n_requests: int, profile: PerfProfile, params: CacheParams,
+        hash_ids: Sequence[Sequence[int]] | None, prefix_keys: Sequence[Sequence[int]] | None,
+    ) -> SimCache | None:
+        """The caches of a run, or None when it does not model them (turned off, or no row has
+        prefix structure: then nothing could be shared and the run costs what it did before)."""
+        if not params.enabled or (hash_ids is None and prefix_keys is None):
+            return None
+        bs = params.block_size or profile.block_size
+        cache = cls(n_requests, bs, params.capacity_blocks or max(1, profile.kv_capacity_tokens // bs))
+        cache._given, cache._hash_ids = prefix_keys, hash_ids
+        if prefix_keys is None:
+            # One line to change if the replay's prompts change: the keys an engine computes on them.
+            cache._derive = TraceKeys(bs, hash_block_tokens=params.hash_block_tokens, seed=(params.prompt_seed, 0))
+        return cache
+
+    def arrive(self, i: int, prompt: int) -> tuple[BlockKey, ...]:
+        """Request i arrives: its block keys (given, or derived from its trace hash ids)."""
+        if self._given is not None:
+            keys = tuple(self._given[i])
+        else:
+            assert self._derive is not None and self._hash_ids is not None
+            keys = self._derive.keys(self._hash_ids[i], prompt, i)
+        self.keys[i] = keys
+        return keys
 
     # --- instances ----------------------------------------------------------------------------
     def add_instance(self, x: int, iid: str) -> None:
@@ -178,6 +211,25 @@ class SimCache:
         self.keys[i] = ()
 
     # --- results ------------------------------------------------------------------------------
+    def results(self) -> dict[str, Any]:
+        """The cache's fields of ClusterSimResult."""
+        return {
+            "cached_tokens": self.prefill_cached.copy(),
+            "decode_cached_tokens": self.decode_cached.copy(),
+            "kv_transferred_tokens": self.transferred.copy(),
+            "cache_hit_rates": self.hit_rates(),
+            "cache_lookups": self.lookups(),
+            "cache_block_size": self.block_size,
+        }
+
+    @staticmethod
+    def no_results(prompt: np.ndarray, decode_start: np.ndarray, prefill_pos: np.ndarray) -> dict[str, Any]:
+        """The same fields for a run without the cache: nothing cached, every prompt that reached
+        decode after a prefill moved in full."""
+        moved = np.where(~np.isnan(decode_start) & (prefill_pos >= 0), prompt, 0)
+        zeros = np.zeros(len(prompt), dtype=np.int64)
+        return {"cached_tokens": zeros, "decode_cached_tokens": zeros.copy(), "kv_transferred_tokens": moved}
+
     def hit_rates(self) -> dict[str, float]:
         """Per instance id: prompt tokens found cached / prompt tokens looked up (vLLM's prefix
         cache hit rate; decode instances count their local hits on pulled prompts)."""

@@ -22,6 +22,14 @@ migrations by core/sim/cluster/migration.py: the migrating request's KV (prompt 
 tokens) moves in profile.kv_transfer_time(tokens) while only that request stalls. Both executors
 return effects (core/sim/cluster/effects.py) that this engine applies; neither writes its state.
 
+With prefix structure (trace hash ids, or block keys given per row) each instance keeps a KV
+cache (core/sim/cluster/cache.py): a prefill computes only its prompt's uncached tokens there,
+the decode instance pulls only the blocks it lacks, and routing reads the caches exactly. A
+routing decision without a prefill instance (decode-only) is served by its decode instance
+alone: the request starts decoding after that instance's prefill of its own uncached tokens
+(counted apart from its running batch: an approximation). Without prefix structure nothing
+changes and nothing is paid.
+
 The dispatcher is anything offering `SimDispatcher` (core/sim/cluster/dispatcher.py), usually
 core.dispatch.Dispatcher.
 """
@@ -31,11 +39,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
-from core.cache.trace_keys import TraceKeys
 from core.errors import NoCapacityError
 from core.perf import PerfProfile
 from core.sim.cluster import effects as fx
@@ -111,18 +117,9 @@ class ClusterSimulation:
         self._dirty: set[int] = set()
         # The KV cache (core/sim/cluster/cache.py): on when rows have prefix structure (trace
         # hash ids, or keys computed beforehand) and `cache` does not turn it off.
-        cp = cache or CacheParams()
-        self._hash_ids = hash_ids
-        self._given_keys = prefix_keys
-        self.cache: SimCache | None = None
-        self._keys: TraceKeys | None = None
-        if cp.enabled and (hash_ids is not None or prefix_keys is not None):
-            bs = cp.block_size or profile.block_size
-            cap = cp.capacity_blocks or max(1, profile.kv_capacity_tokens // bs)
-            self.cache = SimCache(n, bs, cap)
-            if prefix_keys is None:
-                self._keys = TraceKeys(bs, hash_block_tokens=cp.hash_block_tokens, seed=(cp.prompt_seed, 0))
-            dispatcher.use_prefix_lookup(self.cache, bs, decode_only=True)
+        self.cache = SimCache.for_trace(n, profile, cache or CacheParams(), hash_ids, prefix_keys)
+        if self.cache is not None:
+            dispatcher.use_prefix_lookup(self.cache, self.cache.block_size, decode_only=True)
         self._session_l: list[str] | None = None if sessions is None else list(sessions)
         self.scaler = ScaleExecutor(dispatcher, profile, self.idle)
         self.migrator = MigrationExecutor(dispatcher, profile, self.decoders, self.decode_of, n)
@@ -247,13 +244,6 @@ class ClusterSimulation:
         cache = self.cache
         if cache is None and self._prio_l is None and self._tenant_l is None and self._slo_l is None and self._session_l is None:
             return Request(i, self._arr_l[i], self._prompt_l[i], self._out_l[i])
-        keys: tuple[int, ...] = ()
-        if cache is not None:
-            if self._given_keys is not None:
-                keys = tuple(self._given_keys[i])
-            elif self._keys is not None and self._hash_ids is not None:
-                keys = self._keys.keys(self._hash_ids[i], self._prompt_l[i], i)
-            cache.keys[i] = keys
         return Request(
             i,
             self._arr_l[i],
@@ -262,7 +252,7 @@ class ClusterSimulation:
             slo_class="default" if self._slo_l is None else self._slo_l[i],
             priority=0 if self._prio_l is None else self._prio_l[i],
             tenant="" if self._tenant_l is None else self._tenant_l[i],
-            prefix_keys=keys,
+            prefix_keys=() if cache is None else cache.arrive(i, self._prompt_l[i]),
             session="" if self._session_l is None else self._session_l[i],
         )
 
@@ -276,6 +266,8 @@ class ClusterSimulation:
             self._arm_expiry()
         else:
             self.status[i] = "shed"
+            if self.cache is not None:
+                self.cache.release(i)
 
     def _route(self, req: Request, now: float) -> None:
         d = self.dispatcher
@@ -286,6 +278,8 @@ class ClusterSimulation:
             a = d.route(req, now)
         except NoCapacityError:
             self.status[i] = "no_capacity"
+            if self.cache is not None:
+                self.cache.release(i)
             return
         if a.prefill is None:  # decode-only: the decode instance computes the uncached prompt itself
             assert a.decode is not None
@@ -472,6 +466,8 @@ class ClusterSimulation:
             self._expiry_armed = _INF
         for req in self.dispatcher.expire(now):
             self.status[int(req.id)] = "expired"
+            if self.cache is not None:
+                self.cache.release(int(req.id))
         self._arm_expiry()
 
     def migrate(self, migration: Migration, now: float) -> bool:
@@ -566,21 +562,5 @@ class ClusterSimulation:
             migrated_tokens=self.migrator.tokens_moved,
             migration_events=list(self.migrator.events),
             request_migrations=self.migrator.per_request.copy(),
-            **self._cache_results(),
+            **(SimCache.no_results(self.prompt, self.t_dstart, self.r_prefill) if self.cache is None else self.cache.results()),
         )
-
-    def _cache_results(self) -> dict[str, Any]:
-        """The cache's part of the result: per-request cached and moved tokens, per-instance hits."""
-        c = self.cache
-        if c is None:  # every prompt computed in full; each one that reached decode moved in full
-            moved = np.where(~np.isnan(self.t_dstart) & (self.r_prefill >= 0), self.prompt, 0)
-            zeros = np.zeros(len(self.prompt), dtype=np.int64)
-            return {"cached_tokens": zeros, "decode_cached_tokens": zeros.copy(), "kv_transferred_tokens": moved}
-        return {
-            "cached_tokens": c.prefill_cached.copy(),
-            "decode_cached_tokens": c.decode_cached.copy(),
-            "kv_transferred_tokens": c.transferred.copy(),
-            "cache_hit_rates": c.hit_rates(),
-            "cache_lookups": c.lookups(),
-            "cache_block_size": c.block_size,
-        }

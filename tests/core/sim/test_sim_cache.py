@@ -172,3 +172,25 @@ def test_runs_are_deterministic(policy: str, mode: str) -> None:
         assert np.array_equal(getattr(a, field), getattr(b, field))
     assert np.array_equal(a.first_token, b.first_token, equal_nan=True)
     assert a.ok.all() and a.hit_rate > 0.3
+
+
+def test_hot_swaps_to_and_from_prefix_policies_in_a_run() -> None:
+    from core.sim.cluster import ScheduledSwap
+
+    prof = profile()
+    rows = [(float(i), [1, 2, 3, 10 + i], 64) for i in range(12)]
+    d = Dispatcher(prof, "least_load", true_lengths=True)
+    swaps = [ScheduledSwap(3.5, "prefix_pd", {"decode_only_min_share": 0.7, "decode": "least_load"}),
+             ScheduledSwap(7.5, "least_load"), ScheduledSwap(9.5, "oracle")]
+    sim = ClusterSimulation(
+        arrivals=np.array([r[0] for r in rows]), prompt_tokens=np.array([r[2] for r in rows]),
+        output_tokens=np.full(len(rows), 2), profile=prof, n_prefill=2, n_decode=2, dispatcher=d,
+        hash_ids=[r[1] for r in rows], cache=CacheParams(hash_block_tokens=16), swaps=swaps,
+    )
+    r = sim.run()
+    assert r.ok.all()
+    decode_only = (r.prefill_instance < 0).tolist()
+    # only prefix_pd (requests 4..7) serves on decode alone; 48 of 64 tokens are shared (75%)
+    assert not any(decode_only[:4]) and not any(decode_only[8:])
+    assert any(decode_only[4:8])
+    assert [e.new for e in r.policy_events][-3:] == ["prefix_pd", "least_load", "oracle"]

@@ -1,0 +1,51 @@
+"""Prefix-aware prefill choice: the least estimated TTFT (queued work + uncached prefill) under a load guard; decode by another policy."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from core.policies.choice import RotatingArgmin
+from core.policies.compose import ComposedParams, ComposedRouting, guarded_argmin, prefill_ttft
+from core.policies.registry import register
+from core.types import Assignment, PolicyKind, Request
+from core.view import ClusterView
+
+
+class PrefixAwareParams(ComposedParams):
+    balance_s: float | None = Field(
+        2.0,
+        ge=0,
+        description=(
+            "load guard: only prefill instances whose queued work is within this many seconds of "
+            "the least queued one are candidates, so a hot prefix cannot herd every request onto "
+            "one instance (as SGLang's cache_aware balance thresholds); None: no guard"
+        ),
+    )
+
+
+@register(
+    PolicyKind.ROUTING,
+    "prefix_aware",
+    PrefixAwareParams,
+    "prefill where the estimated TTFT (queued work + uncached prefill) is least, within a load "
+    "guard; decode by another routing policy (default sibyl)",
+)
+class PrefixAware(ComposedRouting):
+    """Estimated TTFT on prefill instance p: (prefill_free_at[p] − now) + prefill_time(prompt −
+    cached on p), the cached tokens read from the view's prefix lookup (exact in the simulator,
+    approximate or precise live). Without a prefix lookup it is least queued work + the same
+    prefill everywhere, i.e. the baselines' prefill choice."""
+
+    params: PrefixAwareParams
+
+    def __init__(self, params: PrefixAwareParams) -> None:
+        super().__init__(params)
+        self._argmin = RotatingArgmin()
+
+    def route(self, request: Request, view: ClusterView) -> Assignment:
+        ttft, queued, _ = prefill_ttft(request, view)
+        p = guarded_argmin(ttft, queued, self.params.balance_s, self._argmin)
+        tau = view.now + float(ttft[p]) + view.profile.kv_transfer_time(request.prompt_tokens)
+        d = self.decode_at(request, view, tau)
+        ids = view.instance_ids
+        return Assignment(ids[p], None if d is None else ids[d], tau)

@@ -51,7 +51,10 @@ def met(
     slo: SLOClass | dict[str, SLOClass] = DEFAULT_SLO,
     classes: list[str] | None = None,
 ) -> np.ndarray:
-    """Per-request: succeeded and met both TTFT and TPOT limits of its class."""
+    """Per-request: succeeded and met both TTFT and TPOT limits of its class.
+
+    A latency that was not measured is NaN and is judged on what is known: a request with a NaN
+    TPOT (a whole, non-streamed reply) meets its SLO when it succeeded and met its TTFT limit."""
     if isinstance(slo, SLOClass):
         ttft_lim = np.full(len(ttft_s), slo.ttft_s)
         tpot_lim = np.full(len(ttft_s), slo.tpot_s)
@@ -60,7 +63,7 @@ def met(
         fallback = slo.get("default", DEFAULT_SLO)
         ttft_lim = np.array([slo.get(c, fallback).ttft_s for c in names])
         tpot_lim = np.array([slo.get(c, fallback).tpot_s for c in names])
-    return ok & (ttft_s <= ttft_lim) & (tpot_s <= tpot_lim)
+    return ok & ~(ttft_s > ttft_lim) & ~(tpot_s > tpot_lim)  # NaN > x is False: unknown is not a miss
 
 
 def summarize(
@@ -107,12 +110,22 @@ def summarize(
 @dataclass(slots=True)
 class _Sample:
     t: float
-    ttft: float
-    tpot: float
+    ttft: float | None
+    tpot: float | None
     ok: bool
     met: bool
     ttft_met: bool
     tpot_met: bool
+
+    @property
+    def ttft_judged(self) -> bool:
+        """Counts in TTFT attainment: failed (a miss), or succeeded with a measured TTFT."""
+        return not self.ok or self.ttft is not None
+
+    @property
+    def tpot_judged(self) -> bool:
+        """Counts in TPOT attainment: failed (a miss), or succeeded with a measured TPOT."""
+        return not self.ok or self.tpot is not None
 
 
 class LogHistogram:
@@ -151,77 +164,91 @@ class SlidingWindow:
 
     Kept incrementally (counters and log histograms), so a snapshot costs the same after a
     million requests as after ten and memory does not grow with the run; percentiles are
-    within LogHistogram.BIN_ERROR (the run store keeps every request's exact figures)."""
+    within LogHistogram.BIN_ERROR (the run store keeps every request's exact figures).
+
+    A latency given as None was not measured (a whole, non-streamed reply has no TPOT). Such a
+    request is judged on what is known: it is left out of that latency's attainment (numerator
+    and denominator) and percentiles, and it meets its SLO when it succeeded and every measured
+    latency met its limit. A failed request misses everything and counts in every attainment."""
 
     def __init__(self, window_s: float = 60.0, slo: dict[str, SLOClass] | None = None) -> None:
         self.window_s = window_s
         self.slo = slo or {"default": DEFAULT_SLO}
         self._recent: deque[_Sample] = deque()
-        self._win = {"n": 0, "met": 0, "failed": 0, "ttft_met": 0, "tpot_met": 0}
+        self._win = self._counters()
+        self._run = self._counters()
         self._win_ttft, self._win_tpot = LogHistogram(), LogHistogram()
         self._run_ttft, self._run_tpot = LogHistogram(), LogHistogram()
-        self.total = 0
-        self.total_met = 0
-        self.total_failed = 0
+
+    @staticmethod
+    def _counters() -> dict[str, int]:
+        return {"n": 0, "met": 0, "failed": 0, "ttft_met": 0, "tpot_met": 0, "ttft_n": 0, "tpot_n": 0, "tpot_unknown": 0}
+
+    @property
+    def total(self) -> int:
+        return self._run["n"]
+
+    @property
+    def total_met(self) -> int:
+        return self._run["met"]
+
+    @property
+    def total_failed(self) -> int:
+        return self._run["failed"]
 
     def add(
-        self, now: float, ttft_s: float, tpot_s: float, ok: bool, slo_class: str = "default"
+        self, now: float, ttft_s: float | None, tpot_s: float | None, ok: bool, slo_class: str = "default"
     ) -> bool:
+        """One finished request; None for a latency that was not measured. Returns whether it met its SLO."""
         cls = self.slo.get(slo_class) or self.slo.get("default", DEFAULT_SLO)
-        ttft_met, tpot_met = ok and ttft_s <= cls.ttft_s, ok and tpot_s <= cls.tpot_s
-        is_met = ttft_met and tpot_met
+        ttft_met = ok and ttft_s is not None and ttft_s <= cls.ttft_s
+        tpot_met = ok and tpot_s is not None and tpot_s <= cls.tpot_s
+        is_met = ok and (ttft_s is None or ttft_met) and (tpot_s is None or tpot_met)
         sample = _Sample(now, ttft_s, tpot_s, ok, is_met, ttft_met, tpot_met)
         self._recent.append(sample)
-        self._count(sample, 1)
-        self.total += 1
-        self.total_met += is_met
-        if ok:
-            self._run_ttft.add(ttft_s)
-            self._run_tpot.add(tpot_s)
-        else:
-            self.total_failed += 1
+        self._count(self._win, sample, 1, self._win_ttft, self._win_tpot)
+        self._count(self._run, sample, 1, self._run_ttft, self._run_tpot)
         return is_met
 
-    def _count(self, s: _Sample, k: int) -> None:
-        w = self._win
-        w["n"] += k
-        w["met"] += k * s.met
-        w["failed"] += k * (not s.ok)
-        w["ttft_met"] += k * s.ttft_met
-        w["tpot_met"] += k * s.tpot_met
+    @staticmethod
+    def _count(c: dict[str, int], s: _Sample, k: int, ttft: LogHistogram, tpot: LogHistogram) -> None:
+        c["n"] += k
+        c["met"] += k * s.met
+        c["failed"] += k * (not s.ok)
+        c["ttft_met"] += k * s.ttft_met
+        c["tpot_met"] += k * s.tpot_met
+        c["ttft_n"] += k * s.ttft_judged
+        c["tpot_n"] += k * s.tpot_judged
+        c["tpot_unknown"] += k * (s.ok and s.tpot is None)
         if s.ok:
-            self._win_ttft.add(s.ttft, k)
-            self._win_tpot.add(s.tpot, k)
+            if s.ttft is not None:
+                ttft.add(s.ttft, k)
+            if s.tpot is not None:
+                tpot.add(s.tpot, k)
 
     def _prune(self, now: float) -> None:
         while self._recent and self._recent[0].t < now - self.window_s:
-            self._count(self._recent.popleft(), -1)
+            self._count(self._win, self._recent.popleft(), -1, self._win_ttft, self._win_tpot)
+
+    @staticmethod
+    def _stats(c: dict[str, int], ttft: LogHistogram, tpot: LogHistogram) -> dict[str, Any]:
+        n = c["n"]
+        return {
+            "requests": n,
+            "failed": c["failed"],
+            "attainment": c["met"] / n if n else None,
+            "ttft_attainment": c["ttft_met"] / c["ttft_n"] if c["ttft_n"] else None,
+            "tpot_attainment": c["tpot_met"] / c["tpot_n"] if c["tpot_n"] else None,
+            "tpot_unknown": c["tpot_unknown"],
+            "ttft_p50": ttft.percentile(50),
+            "ttft_p99": ttft.percentile(99),
+            "tpot_p50": tpot.percentile(50),
+            "tpot_p99": tpot.percentile(99),
+        }
 
     def snapshot(self, now: float) -> dict[str, Any]:
         self._prune(now)
-        w = self._win
-        n = w["n"]
-        window = {
-            "requests": n,
-            "failed": w["failed"],
-            "attainment": w["met"] / n if n else None,
-            "ttft_attainment": w["ttft_met"] / n if n else None,
-            "tpot_attainment": w["tpot_met"] / n if n else None,
-            "ttft_p50": self._win_ttft.percentile(50),
-            "ttft_p99": self._win_ttft.percentile(99),
-            "tpot_p50": self._win_tpot.percentile(50),
-            "tpot_p99": self._win_tpot.percentile(99),
-            "goodput_req_s": w["met"] / self.window_s,
-        }
-        run = {
-            "requests": self.total,
-            "failed": self.total_failed,
-            "attainment": self.total_met / self.total if self.total else None,
-            "ttft_attainment": None,
-            "tpot_attainment": None,
-            "ttft_p50": self._run_ttft.percentile(50),
-            "ttft_p99": self._run_ttft.percentile(99),
-            "tpot_p50": self._run_tpot.percentile(50),
-            "tpot_p99": self._run_tpot.percentile(99),
-        }
+        window = self._stats(self._win, self._win_ttft, self._win_tpot)
+        window["goodput_req_s"] = self._win["met"] / self.window_s
+        run = self._stats(self._run, self._run_ttft, self._run_tpot)
         return {"window_s": self.window_s, "window": window, "run": run}

@@ -35,6 +35,7 @@ def test_compare_reports_relative_differences(two_runs: tuple[str, list[str]]) -
     expected = other["metrics"]["tpot_p99"] / base["metrics"]["tpot_p99"] - 1
     assert other["relative"]["tpot_p99"] == pytest.approx(expected)
     assert base["metrics"]["requests"] == 400 and other["policy_timeline"][0].startswith("0s least_load")
+    assert base["metrics"]["tpot_unknown"] == other["metrics"]["tpot_unknown"] == 0  # the simulator measures every TPOT
     table = runner.invoke(app, ["runs", "compare", *ids, "--db", db])
     assert table.exit_code == 0 and "tpot_p99" in table.stdout
     assert runner.invoke(app, ["runs", "compare", ids[0], "--db", db]).exit_code != 0
@@ -74,3 +75,20 @@ def test_plot_errors(two_runs: tuple[str, list[str]]) -> None:
     assert r.exit_code != 0 and "no data for load" in str(r.exception)  # simulated runs have no instance samples
     r = runner.invoke(app, ["runs", "plot", ids[0], "--metric", "vibes", "--db", db])
     assert r.exit_code != 0 and "metrics: tpot, ttft, attainment, load" in str(r.exception)
+
+
+def test_run_metrics_leave_unmeasured_tpot_out() -> None:
+    """Whole replies stored with a NULL TPOT: out of the TPOT percentiles, counted, judged on TTFT."""
+    from console.commands.runs import _summary_value
+    from console.offline.analysis import run_metrics
+
+    def row(ttft: float, tpot: float | None, finish: float) -> dict[str, object]:
+        return {"status": "ok", "ttft": ttft, "tpot": tpot, "arrival": 0.0, "finish": finish, "output_tokens": 10, "slo_met": None}
+
+    rows = [row(0.5, None, 1.0), row(0.5, 0.02, 2.0), row(0.5, 0.04, 3.0), row(5.0, None, 4.0)]
+    m = run_metrics(rows)
+    assert m["tpot_unknown"] == 2 and m["tpot_p50"] == pytest.approx(0.03) and m["tpot_mean"] == pytest.approx(0.03)
+    assert m["slo_attainment"] == pytest.approx(3 / 4)  # the slow-TTFT whole reply is the one miss
+    only_whole = run_metrics([row(0.5, None, 1.0)])
+    assert only_whole["tpot_p99"] is None and only_whole["tpot_mean"] is None and only_whole["slo_attainment"] == 1.0
+    assert [_summary_value(v) for v in (None, float("nan"), 0.12345, 3)] == ["-", "-", "0.1235", "3"]

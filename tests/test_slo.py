@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.slo import LogHistogram, SlidingWindow, SLOClass, percentile, summarize, tpot
+from core.slo import LogHistogram, SlidingWindow, SLOClass, met, percentile, summarize, tpot
 
 
 def test_tpot_is_decode_time_over_tokens_after_the_first() -> None:
@@ -58,3 +58,34 @@ def test_sliding_window_percentiles_stay_within_a_bin_and_memory_stays_flat() ->
     assert snap["window"]["requests"] == 10_000 and snap["window"]["attainment"] == pytest.approx(
         float(np.mean(ttfts[10_000:] <= 2.0)))
     assert w._run_ttft.counts.nbytes == LogHistogram.BINS * 8  # no list grows with the run
+
+
+def test_an_unmeasured_tpot_is_left_out_of_tpot_attainment_and_judged_on_ttft() -> None:
+    """A whole (non-streamed) reply has no TPOT: it counts in neither side of TPOT attainment nor
+    in the TPOT percentiles, and meets its SLO on TTFT alone; a failed request still counts everywhere."""
+    w = SlidingWindow(window_s=10, slo={"default": SLOClass(ttft_s=1.0, tpot_s=0.1)})
+    assert w.add(0.0, 0.5, None, True) is True  # whole reply, TTFT met
+    assert w.add(0.1, 1.5, None, True) is False  # whole reply, TTFT missed
+    assert w.add(0.2, 0.5, 0.2, True) is False  # streamed, TPOT missed
+    assert w.add(0.3, 0.5, 0.05, True) is True  # streamed, all met
+    assert w.add(0.4, None, None, False) is False  # failed
+    for span in (w.snapshot(1.0)["window"], w.snapshot(1.0)["run"]):
+        assert span["requests"] == 5 and span["tpot_unknown"] == 2
+        assert span["attainment"] == pytest.approx(2 / 5)
+        assert span["ttft_attainment"] == pytest.approx(3 / 5)
+        assert span["tpot_attainment"] == pytest.approx(1 / 3)  # two streamed and the failure
+        assert span["tpot_p99"] == pytest.approx(0.2, rel=LogHistogram.BIN_ERROR)
+    only_whole = SlidingWindow(window_s=10)
+    only_whole.add(0.0, 0.5, None, True)
+    snap = only_whole.snapshot(1.0)["window"]
+    assert snap["tpot_attainment"] is None and snap["tpot_p50"] is None and snap["attainment"] == 1.0
+    later = w.snapshot(20.0)["window"]  # the window forgets them again
+    assert later["requests"] == 0 and later["tpot_unknown"] == 0 and later["tpot_attainment"] is None
+
+
+def test_met_judges_a_nan_latency_on_what_is_known() -> None:
+    ttft_s = np.array([0.5, 3.0, 0.5, np.nan])
+    tpot_s = np.array([np.nan, np.nan, 0.5, 0.05])
+    ok = np.array([True, True, True, False])
+    assert met(ttft_s, tpot_s, ok).tolist() == [True, False, False, False]
+    assert met(np.array([0.5]), np.array([0.05]), np.array([True])).tolist() == [True]

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """1: first release. 2: requests.queued (when the gateway queue held a request). 3: runs.sweep
-(the `sweep` a run belongs to). 4: requests.dp_rank (the data-parallel rank it decoded on)."""
+(the `sweep` a run belongs to). 4: requests.dp_rank (the data-parallel rank it decoded on).
+5: requests.ttft_source (what a request's TTFT was measured to: its first streamed token, or the
+end of its prefill leg for a whole reply whose TPOT is unknown)."""
 
 MIGRATIONS: dict[int, list[str]] = {
     2: ["ALTER TABLE requests ADD COLUMN queued FLOAT"],
     3: ["ALTER TABLE runs ADD COLUMN sweep VARCHAR", "CREATE INDEX IF NOT EXISTS ix_runs_sweep ON runs (sweep)"],
     4: ["ALTER TABLE requests ADD COLUMN dp_rank INTEGER"],
+    5: ["ALTER TABLE requests ADD COLUMN ttft_source VARCHAR"],
 }
 """Statements that bring a store of version N-1 to N (tables created afresh need none)."""
 
@@ -58,8 +61,14 @@ class RequestRecord(SQLModel, table=True):
     decode_start: float | None = None
     first_token: float | None = None
     finish: float | None = None
-    ttft: float | None = None
-    tpot: float | None = None
+    ttft: float | None = Field(default=None, description="time to first token, seconds (None: not measured; see ttft_source)")
+    tpot: float | None = Field(default=None, description="time per output token, seconds (None: not measured, e.g. a whole reply)")
+    ttft_source: str | None = Field(
+        default=None,
+        description="first_token: TTFT ends at the first streamed token; prefill_end: a whole (non-streamed) reply, TTFT ends "
+        "when its prefill leg returned (no KV hand-off, no decode step) and TPOT is unknown; None: no TTFT, or a row "
+        "written before schema 5, by the simulator or by a replay (their TTFT is the first token)",
+    )
     e2e: float | None = None
     status: str = "ok"
     reason: str | None = None

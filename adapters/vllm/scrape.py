@@ -17,6 +17,10 @@ class MetricsSample:
     preemptions_total: float = 0.0
     success_total: float = 0.0
     failed_transfers_total: float = 0.0
+    prefix_cache_queries_total: float = 0.0
+    """Prompt tokens looked up in the instance's prefix cache (vllm:prefix_cache_queries)."""
+    prefix_cache_hits_total: float = 0.0
+    """Prompt tokens found there (vllm:prefix_cache_hits)."""
 
 
 _GAUGES = {
@@ -30,6 +34,8 @@ _COUNTERS = {
     "vllm:num_preemptions": "preemptions_total",
     "vllm:request_success": "success_total",
     "vllm:nixl_num_failed_transfers": "failed_transfers_total",
+    "vllm:prefix_cache_queries": "prefix_cache_queries_total",
+    "vllm:prefix_cache_hits": "prefix_cache_hits_total",
 }
 
 

@@ -98,7 +98,10 @@ def runs_show(run: Annotated[str, typer.Argument(help="run id (or a unique prefi
         con.print(f"failures: {d['failure_reasons']}")
     if d["summary"]:
         s = d["summary"]
-        con.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items() if not isinstance(v, dict | list)))
+        con.print("summary: " + ", ".join(f"{k}={_summary_value(v)}" for k, v in s.items() if not isinstance(v, dict | list)))
+        if s.get("tpot_unknown"):
+            con.print(f"  {s['tpot_unknown']} whole (non-streamed) replies: TPOT not measured (left out of TPOT attainment), "
+                      "TTFT taken at the end of their prefill leg")
     t = Table(title="policy timeline")
     for col in ("t (s)", "kind", "old", "new", "params", "source"):
         t.add_column(col)
@@ -112,10 +115,17 @@ def runs_show(run: Annotated[str, typer.Argument(help="run id (or a unique prefi
     con.print(f"config: {json.dumps(d['config'])}")
 
 
+def _summary_value(v: Any) -> str:
+    """A summary figure as `runs show` prints it: "-" for one that was not measured."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 def _fmt_metric(key: str, v: Any) -> str:
     if v is None:
         return "-"
-    if key in ("requests", "failed"):
+    if key in ("requests", "failed", "tpot_unknown"):
         return str(v)
     if key.startswith(("ttft", "tpot")):
         return f"{v * 1000:.1f} ms"
@@ -134,7 +144,7 @@ def runs_compare(
 
     Example: sibyl-console runs compare r-20261122-1101 r-20261122-1102 r-20261122-1103
     """
-    from console.offline.analysis import LOWER_IS_BETTER, METRICS, compare
+    from console.offline.analysis import LOWER_IS_BETTER, METRICS, NEUTRAL, compare
 
     if len(runs) < 2:
         raise StoreError("runs compare needs at least two run ids")
@@ -152,7 +162,7 @@ def runs_compare(
         for k, entry in enumerate(result):
             cell = _fmt_metric(key, entry["metrics"][key])
             rel = entry["relative"][key]
-            if k and rel is not None:
+            if k and rel is not None and key not in NEUTRAL:
                 better = rel < 0 if key in LOWER_IS_BETTER else rel > 0
                 cell += f" [{'green' if better else 'red'}]({rel:+.1%})[/]" if rel else " (=)"
             cells.append(cell)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -22,6 +23,80 @@ if TYPE_CHECKING:
 
 SLO_WINDOW_S = 60.0
 """The sliding window of the live SLO view (the dashboard's "last 60 s")."""
+TTFT_FROM_TOKEN = "first_token"
+"""`ttft_source` of a streamed reply: TTFT ends when its first token reached the gateway."""
+TTFT_FROM_PREFILL = "prefill_end"
+"""`ttft_source` of a whole (non-streamed) reply: TTFT ends when its prefill leg returned."""
+
+
+@dataclass(frozen=True, slots=True)
+class Latencies:
+    """What the gateway measured of one request; None where nothing was measured."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+    ttft_source: str | None = None
+    """TTFT_FROM_TOKEN, TTFT_FROM_PREFILL, or None when TTFT is unknown."""
+    handoff: float | None = None
+    """Prefill leg's end to the first decode token (streamed replies only)."""
+
+
+def latencies(live: LiveRequest) -> Latencies:
+    """TTFT, TPOT and the P/D hand-off of a finished request, from what the gateway saw.
+
+    A streamed reply: TTFT = first token relayed − arrival; TPOT = (last − first token) / (tokens − 1)
+    (0 for one token); hand-off = first token − prefill leg's end.
+    A whole (non-streamed) reply reaches the gateway in one piece, so no token time is seen: its TPOT
+    is unknown (None, left out of TPOT attainment and the TPOT histogram) and its TTFT is taken at the
+    end of its prefill leg — the prefill instance returns only after computing the prompt and sampling
+    the first token, so that is a measured time at which the first token existed. It leaves out the
+    KV hand-off and the decode instance's first step that a streamed TTFT includes: a lower bound of
+    what the same request would have measured streamed. The row says which (`ttft_source`).
+    A failed request has neither (it misses its SLO whatever they were)."""
+    if not live.ok:
+        return Latencies()
+    arrival = live.request.arrival
+    prefill_end = live.at(Step.DECODE_BOUND)
+    first = live.first_token_at
+    if first is not None:
+        finish = live.times[live.step]
+        tpot = (finish - first) / (live.output_tokens - 1) if live.output_tokens > 1 else 0.0
+        handoff = first - prefill_end if prefill_end is not None and first >= prefill_end else None
+        return Latencies(first - arrival, tpot, TTFT_FROM_TOKEN, handoff)
+    if not live.stream and prefill_end is not None:
+        return Latencies(prefill_end - arrival, None, TTFT_FROM_PREFILL)
+    return Latencies()
+
+
+def decisions(live: LiveRequest) -> list[tuple[str, str]]:
+    """The (policy kind, outcome) of each decision taken on `live`, read from its life when it leaves.
+
+    queue: held (the queue policy held it), then expired (its ttl ran out), abandoned (its client left
+    while held) or released; shed (turned away at arrival, queue full). routing: routed (a prefill
+    instance was chosen), prefill_retried (a second prefill instance after the first failed),
+    failed_over (continued on another decode instance after one failed), no_capacity (no instance to
+    route to, at arrival or at prefill end)."""
+    out: list[tuple[str, str]] = []
+    reason = live.reason or ""
+    no_capacity = reason.startswith("no capacity")
+    if live.at(Step.QUEUED) is not None:
+        out.append(("queue", "held"))
+        released = live.released
+        if released is None or not released.done():
+            return [*out, ("queue", "abandoned")]
+        if not released.cancelled() and released.exception() is not None:
+            return [*out, ("queue", "expired")]
+    elif live.prefill_instance is None and not live.ok and not no_capacity and not reason.startswith("internal error"):
+        return [("queue", "shed")]
+    if live.prefill_instance is not None:
+        out.append(("routing", "routed"))
+        if len({*live.tried_prefill, live.prefill_instance}) > 1:
+            out.append(("routing", "prefill_retried"))
+        if live.tried_decode and len({*live.tried_decode, live.decode_instance}) > 1:
+            out.append(("routing", "failed_over"))
+    if no_capacity:
+        out.append(("routing", "no_capacity"))
+    return out
 
 
 class RunLog(Protocol):
@@ -66,6 +141,8 @@ class Outcomes:
         """Set while nothing is in flight (a stop waits for it, bounded)."""
         self.idle.set()
         self.metrics.in_flight.set_function(lambda: self.in_flight)  # read at scrape time, not per request
+        self.active: dict[str, str] = {}
+        """The active policy's name of each kind (decisions are counted under it)."""
 
     def rel(self, t: float | None) -> float | None:
         """A monotonic time as seconds since the console started (None stays None)."""
@@ -87,29 +164,43 @@ class Outcomes:
             self.idle.set()
 
     def record(self, live: LiveRequest) -> None:
-        """The outcome of `live`: SLO window, event on failure or recovery, latency metrics, the stored row."""
+        """The outcome of `live`: SLO window, event on failure or recovery, metrics, the stored row."""
         req = live.request
         finish = live.times[live.step]
-        first = live.first_token_at
-        ttft = (first - req.arrival) if live.ok and first is not None else None
-        tpot = None
-        if live.ok and first is not None:
-            tpot = (finish - first) / (live.output_tokens - 1) if live.output_tokens > 1 else 0.0
-        met = self.slo.add(finish, ttft if ttft is not None else float("inf"), tpot if tpot is not None else float("inf"), live.ok, req.slo_class)
+        lat = latencies(live)
+        met = self.slo.add(finish, lat.ttft, lat.tpot, live.ok, req.slo_class)
         if not live.ok:
             self.failed += 1
             self.events.publish("failure", request_id=live.id, reason=live.reason, prefill=live.prefill_instance, decode=live.decode_instance)
         elif live.recovered is not None:  # saved after a failure (failure migration, a lost prefill's KV)
             self.events.publish("recovered", request_id=live.id, detail=live.recovered, decode=live.decode_instance)
-        else:
-            if ttft is not None:
-                self.metrics.ttft.observe(ttft)
-            if tpot is not None and live.output_tokens > 1:
-                self.metrics.tpot.observe(tpot)
+        self.observe(live, lat, met)
         self.metrics.count_request(live.prefill_instance or "-", live.decode_instance or "-", live.ok)
-        self.log.request(self.request_row(live, ttft, tpot, met))
+        self.log.request(self.request_row(live, lat, met))
 
-    def request_row(self, live: LiveRequest, ttft: float | None, tpot: float | None, met: bool | None) -> dict[str, Any]:
+    def observe(self, live: LiveRequest, lat: Latencies, met: bool) -> None:
+        """The request's latencies into its SLO class's histograms, and its decisions into their counters."""
+        m = self.metrics.of_class(live.request.slo_class)
+        sent = live.at(Step.PREFILL)
+        if sent is not None:
+            m.queue_wait.observe(max(sent - live.request.arrival, 0.0))
+        if live.ok:
+            (m.met if met else m.missed).inc()
+            m.e2e.observe(live.times[live.step] - live.request.arrival)
+            if lat.ttft is not None:
+                m.ttft.observe(lat.ttft)
+            if lat.tpot is not None and live.output_tokens > 1:
+                m.tpot.observe(lat.tpot)
+            if lat.handoff is not None:
+                m.handoff.observe(lat.handoff)
+            if lat.ttft_source == TTFT_FROM_PREFILL:
+                m.whole.inc()
+        else:
+            m.failed.inc()
+        for kind, outcome in decisions(live):
+            self.metrics.count_decision(kind, self.active.get(kind, "-"), outcome)
+
+    def request_row(self, live: LiveRequest, lat: Latencies, met: bool | None) -> dict[str, Any]:
         """The stored row of a finished request (times relative to the console's start)."""
         req, rel = live.request, self.rel
         finish = live.times[live.step]
@@ -130,8 +221,9 @@ class Outcomes:
             "decode_start": rel(live.at(Step.DECODING)),
             "first_token": rel(live.first_token_at),
             "finish": rel(finish),
-            "ttft": ttft,
-            "tpot": tpot,
+            "ttft": lat.ttft,
+            "tpot": lat.tpot,
+            "ttft_source": lat.ttft_source,
             "e2e": finish - req.arrival if live.ok else None,
             "status": "ok" if live.ok else "failed",
             "reason": live.reason,
@@ -148,7 +240,7 @@ class Outcomes:
 
     def instance_up(self, inst: Instance, up: bool) -> None:
         """The `sibyl_instance_up` gauge of `inst` under its current role."""
-        self.metrics.instance_up.labels(instance=inst.id, role=inst.role.value).set(1 if up else 0)
+        self.metrics.instance_up.labels(instance_id=inst.id, role=inst.role.value).set(1 if up else 0)
 
     def sample(self, inst: Instance, now: float) -> None:
         """Store the instance's latest /metrics sample."""
@@ -168,23 +260,24 @@ class Outcomes:
         )
 
     def policy_active(self, kind: str, name: str, params: dict[str, Any]) -> None:
-        """The `sibyl_policy` info metric of one kind."""
-        self.metrics.policy.labels(kind=kind).info({"name": name, "params": str(params)})
+        """The `sibyl_policy` info metric of one kind (and the name its decisions are counted under)."""
+        self.active[kind] = name
+        self.metrics.policy_active(kind, name, str(params))
 
     def policy_swapped(self, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str) -> None:
         """A policy swap: stored, shown as the active policy's metric, published."""
         self.log.policy_event(t=t, kind=kind, old=old, new=new, params=params, source=source)
         self.policy_active(kind, new, params)
+        self.metrics.policy_swapped(kind)
         self.events.publish("policy", kind=kind, old=old, new=new, params=params, source=source, t=t)
 
     # --- views -----------------------------------------------------------------------------------
     def publish_attainment(self, now: float) -> None:
-        """Set the attainment gauges (last minute, run) from the SLO window."""
+        """Set the attainment gauges (last minute, run) from the SLO window (NaN while nothing finished in it)."""
         snap = self.slo.snapshot(now)
-        if snap["window"]["attainment"] is not None:
-            self.metrics.attainment.labels(window="60s").set(snap["window"]["attainment"])
-        if snap["run"]["attainment"] is not None:
-            self.metrics.attainment.labels(window="run").set(snap["run"]["attainment"])
+        for window, key in (("60s", "window"), ("run", "run")):
+            value = snap[key]["attainment"]
+            self.metrics.attainment.labels(window=window).set(float("nan") if value is None else value)
 
     def summary(self, now: float, instances: Iterable[Instance]) -> dict[str, Any]:
         """The run's closing summary: SLO over the run, request counts, health round trips."""

@@ -9,8 +9,11 @@ import numpy as np
 from adapters.store import RunStore
 from core.slo import DEFAULT_SLO, percentile
 
-METRICS = ("requests", "failed", "throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "tpot_p999", "slo_attainment", "goodput_req_s")
+METRICS = ("requests", "failed", "throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "tpot_p999",
+           "tpot_unknown", "slo_attainment", "goodput_req_s")
 LOWER_IS_BETTER = {"failed", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "tpot_p999"}
+NEUTRAL = {"requests", "tpot_unknown"}
+"""Metrics whose difference is neither better nor worse (no colour in `runs compare`)."""
 
 
 def _col(rows: list[dict[str, Any]], key: str) -> np.ndarray:
@@ -18,14 +21,19 @@ def _col(rows: list[dict[str, Any]], key: str) -> np.ndarray:
 
 
 def run_metrics(rows: list[dict[str, Any]]) -> dict[str, float | int | None]:
-    """Metrics of one run from its request records (times in seconds)."""
+    """Metrics of one run from its request records (times in seconds).
+
+    A NULL TPOT (a whole, non-streamed reply) or TTFT was not measured: it is left out of the
+    percentiles, counted in `tpot_unknown`, and a row without `slo_met` is judged on what is known."""
     n = len(rows)
     ok = np.array([r["status"] == "ok" for r in rows], dtype=bool)
     ttft, tpot = _col(rows, "ttft")[ok], _col(rows, "tpot")[ok]
     arrival, finish = _col(rows, "arrival"), _col(rows, "finish")
     tokens = float(np.nansum(_col(rows, "output_tokens")[ok]))
     span = float(np.nanmax(finish[ok]) - np.nanmin(arrival)) if ok.any() else 0.0
-    met = np.array([bool(r["slo_met"]) if r.get("slo_met") is not None else (r["status"] == "ok" and (r["ttft"] or 0) <= DEFAULT_SLO.ttft_s and (r["tpot"] or 0) <= DEFAULT_SLO.tpot_s) for r in rows])
+    met = np.array([bool(r["slo_met"]) if r.get("slo_met") is not None else (
+        r["status"] == "ok" and (r["ttft"] is None or r["ttft"] <= DEFAULT_SLO.ttft_s) and (r["tpot"] is None or r["tpot"] <= DEFAULT_SLO.tpot_s))
+        for r in rows])
 
     def pct(values: np.ndarray, q: float) -> float | None:
         v = values[~np.isnan(values)]
@@ -38,6 +46,7 @@ def run_metrics(rows: list[dict[str, Any]]) -> dict[str, float | int | None]:
         "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
         "tpot_mean": float(np.nanmean(tpot)) if len(tpot) and not np.isnan(tpot).all() else None,
         "tpot_p50": pct(tpot, 50), "tpot_p99": pct(tpot, 99), "tpot_p999": pct(tpot, 99.9),
+        "tpot_unknown": int(np.isnan(tpot).sum()),
         "slo_attainment": float(met.mean()) if n else None,
         "goodput_req_s": float(met.sum() / span) if span > 0 else None,
     }
@@ -72,8 +81,9 @@ def series(store: RunStore, run_id: str, metric: str, window_s: float = 10.0) ->
         return by
     rows = [r for r in store.requests(run_id) if r["status"] == "ok" and r.get("finish") is not None]
     rows.sort(key=lambda r: r["finish"])
-    if metric in ("ttft", "tpot"):
-        return {f"{metric} (ms)": ([r["finish"] for r in rows], [(r[metric] or 0.0) * 1000 for r in rows])}
+    if metric in ("ttft", "tpot"):  # requests whose latency was not measured (whole replies' TPOT) are not drawn
+        rows = [r for r in rows if r[metric] is not None]
+        return {f"{metric} (ms)": ([r["finish"] for r in rows], [r[metric] * 1000 for r in rows])}
     if metric == "attainment":
         all_rows = sorted((r for r in store.requests(run_id) if r.get("finish") is not None or r.get("arrival") is not None), key=lambda r: r.get("finish") or r["arrival"])
         if not all_rows:

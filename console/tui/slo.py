@@ -53,6 +53,8 @@ class SloPanel(Widget):
         att("TPOT met", "tpot_attainment")
         t.add_row("TTFT p50/p99 ms", f"{ms(w.ttft_p50)}/{ms(w.ttft_p99)}", f"{ms(r.ttft_p50)}/{ms(r.ttft_p99)}")
         t.add_row("TPOT p50/p99 ms", f"{ms(w.tpot_p50)}/{ms(w.tpot_p99)}", f"{ms(r.tpot_p50)}/{ms(r.tpot_p99)}")
+        if w.tpot_unknown or r.tpot_unknown:  # whole replies: TPOT not measured, left out of TPOT met
+            t.add_row("no TPOT (whole)", _count(w.tpot_unknown), _count(r.tpot_unknown))
         t.add_row("goodput req/s", _rate(w.goodput_req_s), _rate(self._run_goodput(r)))
         total = self.requests.total if self.requests.total is not None else r.requests
         t.add_row("requests", _count(w.requests), _count(total))

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from console.live.outcomes import Outcomes
-from console.live.request import Step
+import asyncio
+
+import pytest
+
+from console.live.channel import Rejected
+from console.live.outcomes import Outcomes, decisions
+from console.live.request import LiveRequest, Step
 from core.slo import SLOClass
 from tests.console.live.fakes import ListLog, instances, live_request
 
@@ -66,3 +71,105 @@ def test_instance_and_policy_events_reach_the_log_and_the_bus() -> None:
     assert [(e["type"], e.get("event"), e.get("new")) for e in out.events.history] == [("instance", "down", None), ("policy", None, "least_load")]
     summary = out.summary(101.0, [inst])
     assert summary["requests_total"] == 0 and summary["health_rtt_s"] == {}
+
+
+def finished(live: LiveRequest, *, first: float | None, tokens: int = 5, stream: bool = True) -> LiveRequest:
+    """`live` through prefill (100.1-100.3) and decode to 101.0, as the gateway stamps it."""
+    live.enter(Step.PREFILL, 100.1)
+    live.enter(Step.DECODE_BOUND, 100.3)
+    live.enter(Step.DECODING, 100.3)
+    live.first_token_at, live.output_tokens, live.ok = first, tokens, True
+    live.prefill_instance, live.decode_instance = "p0", "d0"
+    live.enter(Step.FINISHED, 101.0)
+    return live
+
+
+def samples(out: Outcomes, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {tuple(sorted(s.labels.items())): s.value for m in out.metrics.registry.collect() for s in m.samples if s.name == name}
+
+
+def test_a_whole_reply_has_no_tpot_and_its_ttft_ends_at_its_prefill_leg() -> None:
+    """A non-streamed reply: no token time is seen (request.py leaves first_token_at unset), so TPOT is
+    unknown and TTFT is the prefill leg's end; it is judged on TTFT alone and says so in its row."""
+    out, log = outcomes()
+    whole = finished(live_request("w", stream=False), first=None)
+    out.started(whole)
+    out.left(whole)
+    out.record(whole)
+    row = log.requests[0]
+    assert row["tpot"] is None and row["first_token"] is None and row["ttft_source"] == "prefill_end"
+    assert abs(row["ttft"] - 0.3) < 1e-9 and abs(row["e2e"] - 1.0) < 1e-9 and row["slo_met"] is True
+    snap = out.slo.snapshot(101.5)["window"]
+    assert snap["tpot_unknown"] == 1 and snap["tpot_attainment"] is None and snap["ttft_attainment"] == 1.0
+    assert samples(out, "sibyl_tpot_seconds_count") == {(("slo_class", "default"),): 0.0}
+    assert samples(out, "sibyl_ttft_seconds_count") == {(("slo_class", "default"),): 1.0}
+    assert samples(out, "sibyl_whole_replies_total") == {(("slo_class", "default"),): 1.0}
+    assert samples(out, "sibyl_pd_handoff_seconds_count") == {(("slo_class", "default"),): 0.0}
+
+
+def test_a_streamed_reply_observes_every_latency_of_its_class() -> None:
+    out, log = outcomes()
+    live = finished(live_request("s"), first=100.5)
+    out.started(live)
+    out.left(live)
+    out.record(live)
+    row = log.requests[0]
+    assert row["ttft_source"] == "first_token" and abs(row["ttft"] - 0.5) < 1e-9 and abs(row["tpot"] - 0.125) < 1e-9
+    assert row["slo_met"] is False  # 125 ms per token against a 100 ms target
+    assert samples(out, "sibyl_pd_handoff_seconds_sum") == {(("slo_class", "default"),): pytest.approx(0.2)}
+    assert samples(out, "sibyl_queue_wait_seconds_sum") == {(("slo_class", "default"),): pytest.approx(0.1)}
+    assert samples(out, "sibyl_e2e_seconds_sum") == {(("slo_class", "default"),): pytest.approx(1.0)}
+    assert samples(out, "sibyl_slo_requests_total") == {(("result", r), ("slo_class", "default")): float(r == "missed")
+                                                         for r in ("met", "missed", "failed")}
+
+
+def test_decisions_are_read_from_the_request_life() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        def held(outcome: str) -> LiveRequest:
+            live = live_request(outcome)
+            live.enter(Step.QUEUED, 100.0)
+            live.released = loop.create_future()
+            if outcome == "expired":
+                live.released.set_exception(Rejected(503, "queued longer than the queue policy's ttl_s"))
+                live.released.exception()
+            elif outcome == "released":
+                live.released.set_result(None)
+            return live
+
+        assert decisions(held("abandoned")) == [("queue", "held"), ("queue", "abandoned")]
+        assert decisions(held("expired")) == [("queue", "held"), ("queue", "expired")]
+        released = held("released")
+        released.prefill_instance, released.decode_instance, released.ok = "p0", "d0", True
+        assert decisions(released) == [("queue", "held"), ("routing", "routed")]
+    finally:
+        loop.close()
+    shed = live_request("shed")
+    shed.reason = "the gateway queue is full (3 requests held); retry later"
+    assert decisions(shed) == [("queue", "shed")]
+    none = live_request("none")
+    none.reason = "no capacity: no healthy prefill instance; try again when instances recover"
+    assert decisions(none) == [("routing", "no_capacity")]
+    retried = live_request("retried")
+    retried.prefill_instance, retried.tried_prefill, retried.decode_instance, retried.tried_decode = "p1", ["p0"], "d1", ["d0"]
+    assert decisions(retried) == [("routing", "routed"), ("routing", "prefill_retried"), ("routing", "failed_over")]
+    out, _ = outcomes()
+    out.policy_active("routing", "least_load", {})
+    failed = finished(live_request("f"), first=100.5)
+    failed.ok, failed.tried_prefill = False, ["p9"]
+    out.record(failed)
+    counts = samples(out, "sibyl_decisions_total")
+    assert counts == {(("kind", "routing"), ("outcome", "routed"), ("policy", "least_load")): 1.0,
+                      (("kind", "routing"), ("outcome", "prefill_retried"), ("policy", "least_load")): 1.0}
+    assert samples(out, "sibyl_slo_requests_total")[(("result", "failed"), ("slo_class", "default"))] == 1.0
+
+
+def test_policy_swaps_move_the_annotation_series() -> None:
+    out, _ = outcomes()
+    out.policy_active("routing", "sibyl", {})
+    assert samples(out, "sibyl_policy_last_swap_timestamp_seconds") == {(("kind", "routing"),): 0.0}
+    assert samples(out, "sibyl_policy_swaps_total") == {(("kind", "routing"),): 0.0}
+    out.policy_swapped(3.0, "routing", "sibyl", "least_load", {}, "cli")
+    assert samples(out, "sibyl_policy_last_swap_timestamp_seconds")[(("kind", "routing"),)] > 1e9
+    assert samples(out, "sibyl_policy_swaps_total") == {(("kind", "routing"),): 1.0}
+    assert samples(out, "sibyl_policy_info") == {(("kind", "routing"), ("name", "least_load"), ("params", "{}")): 1.0}

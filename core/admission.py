@@ -1,4 +1,4 @@
-"""Admission control: route now, hold in the active queue policy while saturated, or shed.
+"""Admission control: route now, hold in the active queue policy while saturated, or shed; SLO-protecting limits.
 
 The dispatcher owns one AdmissionControl and passes it the active queue policy and the cluster's
 room on every call, so a swapped queue policy takes effect at once. It remembers when each held
@@ -10,9 +10,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from core.policies.base import QueuePolicy
-from core.types import Admission, Request
+from core.types import Admission, Request, Role
+
+if TYPE_CHECKING:
+    from core.perf import PerfProfile
+    from core.slo import SLOClass
+    from core.view import ClusterView
 
 
 class AdmissionControl:
@@ -88,3 +97,156 @@ class AdmissionControl:
         """Push every request held by `old` into `new`, in old's release order, keeping queue times."""
         for r in old.items():
             new.push(r, self.held_since.get(r.id, 0.0))
+
+
+class SloAdmission(BaseModel):
+    """Admission that protects the SLO (the live console's `[admission]` settings).
+
+    Arrivals are routed while the cluster can start them within their class's TTFT target: a
+    decode slot is free (slots per decode instance from vLLM's max_num_seqs and the TPOT target)
+    and the least-loaded prefill instance's backlog (the dispatcher's projections, or the
+    engine's own waiting requests if more) leaves room for the prompt. Otherwise a request is
+    held in the queue policy's order if it is expected to start within its wait bound (TTFT
+    target + extra_wait_s), or refused at once with 429 and Retry-After; a held request that can
+    no longer start within its wait bound is answered 503 with Retry-After.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="hold and shed by the SLO (off: only the queue policy's max_in_flight_per_instance)")
+    decode_slots: int | None = Field(
+        None, ge=1,
+        description="requests in flight per decode instance; none: vLLM's max_num_seqs (the profile's), cut to the most "
+        "whose decode step stays within headroom × the tightest TPOT target")
+    headroom: float = Field(
+        0.8, gt=0, le=1,
+        description="route what an engine is expected to start within this share of its TTFT target (the rest covers what the model does not see: batching, the gateway's own load)")
+    extra_wait_s: float = Field(
+        0.0, ge=0,
+        description="the bounded wait: a request expected to start up to this long after its TTFT target is still held "
+        "(its wait bound is TTFT target + this); 0 admits only what is expected to meet the SLO")
+    kv_high: float = Field(0.95, gt=0, le=1, description="a decode instance whose polled KV usage is at least this takes no new request")
+    waiting_high: int = Field(
+        8, ge=1, description="a decode instance whose engine reports this many waiting requests (out of slots or KV) takes no new request")
+
+
+def tpot_slots(profile: PerfProfile, tpot_s: float, context_tokens: float) -> int:
+    """The most sequences (≤ max_num_seqs) whose decode step on `profile` stays within `tpot_s`."""
+    n = profile.max_num_seqs
+    while n > 1 and profile.step_time(n, n * context_tokens) > tpot_s:
+        n -= 1
+    return n
+
+
+class SloGate:
+    """The saturation model behind SloAdmission: decode slots, prefill backlog, predicted start."""
+
+    def __init__(self, settings: SloAdmission, profile: PerfProfile, slo: dict[str, SLOClass]) -> None:
+        self.settings = settings
+        self.profile = profile
+        self.slo = slo
+        tightest = min(c.tpot_s for c in slo.values())
+        self.decode_slots = settings.decode_slots or tpot_slots(profile, settings.headroom * tightest, profile.ps_context_tokens)
+        """Requests in flight per decode instance."""
+        self.typical_prompt = 256.0
+        """Running mean of the prompts seen (sizes the engines' own waiting queues in seconds)."""
+        self.typical_output = 256.0
+        """Running mean of max_tokens seen (sizes the decode completion rate)."""
+        self.held_work_s = 0.0
+        """Prefill seconds of the requests held now."""
+        self.shed = 0
+        """Requests refused at arrival because they could not start within their wait bound."""
+        self.refused: dict[Role, int] = {Role.PREFILL: 0, Role.DECODE: 0}
+        """Those refusals and the expiries by the pool that was short: decode when no decode slot
+        was (or would be) free, else prefill (the scaling signals' refusal rates)."""
+        self.expired = 0
+        """Held requests answered 503 because they could no longer start within their wait bound."""
+
+    def describe(self) -> dict[str, float | int]:
+        """The limits in force (for `status`)."""
+        ttft = self.slo["default"].ttft_s
+        return {"decode_slots": self.decode_slots, "headroom": self.settings.headroom, "extra_wait_s": self.settings.extra_wait_s,
+                "wait_bound_s": ttft + self.settings.extra_wait_s, "prefill_s_per_request": round(self.service_s(self.typical_prompt), 4),
+                "kv_high": self.settings.kv_high, "waiting_high": self.settings.waiting_high, "shed": self.shed, "expired": self.expired}
+
+    def observe(self, request: Request) -> None:
+        self.typical_prompt += 0.05 * (request.prompt_tokens - self.typical_prompt)
+        self.typical_output += 0.05 * (request.max_tokens - self.typical_output)
+
+    def _ttft(self, r: Request) -> float:
+        return r.ttft_s if r.ttft_s is not None else (self.slo.get(r.slo_class) or self.slo["default"]).ttft_s
+
+    def wait_bound_s(self, r: Request) -> float:
+        """How long after arrival `r` must have started or been answered."""
+        return self._ttft(r) + self.settings.extra_wait_s
+
+    def target_s(self, r: Request) -> float:
+        """How long an engine may take to start `r` once it is routed (headroom × its TTFT target)."""
+        return self.settings.headroom * self._ttft(r)
+
+    def _budget(self, r: Request) -> float:
+        return self.target_s(r) + self.settings.extra_wait_s
+
+    def service_s(self, prompt_tokens: float) -> float:
+        """Prefill, KV transfer and one decode step of a prompt on an idle cluster."""
+        p = self.profile
+        return float(p.prefill_time(prompt_tokens)) + p.kv_transfer_time(prompt_tokens) + p.step_time(1, prompt_tokens)
+
+    def decode_room(self, v: ClusterView) -> int:
+        """Slots left on routable decode instances that are not saturated by their own account."""
+        s = self.settings
+        mask = v.decode_mask()
+        with np.errstate(invalid="ignore"):
+            full = (v.kv_usage >= s.kv_high) | (v.waiting_obs >= s.waiting_high)
+        return int(self.decode_slots * np.count_nonzero(mask & ~full)) - v.table.n
+
+    def backlogs(self, v: ClusterView, now: float) -> np.ndarray:
+        """Seconds of prefill work waiting on each routable prefill instance."""
+        mask = v.prefill_mask()
+        projected = np.maximum(v.prefill_free_at[mask] - now, 0.0)
+        engine = v.waiting_obs[mask] * float(self.profile.prefill_time(self.typical_prompt))
+        out: np.ndarray = np.maximum(projected, engine)
+        return out
+
+    def fits_now(self, r: Request, v: ClusterView, now: float, backlogs: np.ndarray | None = None) -> bool:
+        """`r` routed now is expected to start within headroom × its TTFT target of arrival (the
+        bounded wait, if any, is spent in the gateway's queue, not in an engine's)."""
+        b = self.backlogs(v, now) if backlogs is None else backlogs
+        return bool(len(b)) and now - r.arrival + float(b.min()) + self.service_s(r.prompt_tokens) <= self.target_s(r)
+
+    def _completion_rate(self, v: ClusterView) -> float:
+        """Requests per second the decode pool finishes at full slots (from the profile)."""
+        n = max(v.routable_count(Role.DECODE), 1)
+        per_request = max(self.typical_output, 1.0) * self.profile.step_time(self.decode_slots, self.decode_slots * self.profile.ps_context_tokens)
+        return n * self.decode_slots / per_request
+
+    def predicted_start(self, r: Request, v: ClusterView, now: float, held: int) -> float:
+        """Seconds after its arrival `r` is expected to start if held behind `held` requests."""
+        b = self.backlogs(v, now)
+        prefill = (float(b.sum()) + self.held_work_s) / max(len(b), 1)
+        room = self.decode_room(v) - held
+        decode_wait = 0.0 if room > 0 else (1 - room) / self._completion_rate(v)
+        return now - r.arrival + max(prefill, decode_wait) + self.service_s(r.prompt_tokens)
+
+    def refusal(self, r: Request, v: ClusterView, now: float, held: int) -> str | None:
+        """Why `r` cannot be held (expected to start after its wait bound), or None."""
+        start = self.predicted_start(r, v, now, held)
+        if start <= self._budget(r):
+            return None
+        self.refused[Role.DECODE if self.decode_room(v) - held <= 0 else Role.PREFILL] += 1
+        return (f"the cluster is saturated: this request would start about {start:.1f} s after arrival, past its class's "
+                f"TTFT target {self._ttft(r):g} s + bounded wait {self.settings.extra_wait_s:g} s; retry later")
+
+    def hopeless(self, r: Request, now: float) -> bool:
+        """Held so long that even an idle cluster would start it past its wait bound."""
+        return now - r.arrival + self.service_s(r.prompt_tokens) > self.wait_bound_s(r)
+
+    def retry_after_s(self, v: ClusterView, now: float, held: int) -> float:
+        """When a new request would likely be admitted: the prefill backlog and the held work
+        drained to the budget, or decode slots free; at least 1 s, at most 60 s."""
+        b = self.backlogs(v, now)
+        budget = self.settings.headroom * self.slo["default"].ttft_s - self.service_s(self.typical_prompt)
+        prefill = (float(b.sum()) + self.held_work_s) / max(len(b), 1) - max(budget, 0.0)
+        room = self.decode_room(v) - held
+        decode = 0.0 if room > 0 else (1 - room) / self._completion_rate(v)
+        return min(max(1.0, prefill, decode), 60.0)

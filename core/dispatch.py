@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from core.admission import AdmissionControl
+from core.admission import AdmissionControl, SloAdmission, SloGate
 from core.cache.events import KVEvent
 from core.cache.index import PrefixLookup
 from core.cache.tracker import PrefixTracker
 from core.errors import NoCapacityError, PolicyError
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
 from core.perf import PerfProfile
-from core.periodic import PERIODIC_KINDS, PeriodicRunner, ScalingSignals, compute_signals
+from core.periodic import PERIODIC_KINDS, PeriodicRunner, ScalingSignals, SloWindow, compute_signals
 from core.policies import registry
 from core.policies.base import QueuePolicy, ReschedulePolicy, RoutingPolicy, ScalingPolicy
 from core.policies.rank import RankPolicyBase, dp_state
@@ -120,14 +120,22 @@ class Dispatcher:
         self.migrations = 0
         """Running requests moved between decode instances (live migrations executed)."""
         self._index: dict[str, int] = self.view.index
-        self.prefix = PrefixTracker()
-        """Where `view.prefix` comes from (off until a caller chooses a source, see `use_prefix_*`)."""
+        self.prefix = PrefixTracker(self.view)
+        """Where `view.prefix` comes from (off until a caller chooses a source, see `use_prefix_*`);
+        a live console that can serve decode-only requests sets `view.decode_only`."""
         self._dp_groups: dict[int, tuple[int, int]] = {}
         """Decode instances that are data-parallel groups: index → (ranks, slots per rank)."""
         self._tracked: dict[Hashable, _Tracked] = {}
         self.admission = AdmissionControl()
         """Requests held by the queue policy, and when each was queued."""
+        self.gate: SloGate | None = None
+        """SLO-protecting admission limits (`use_slo_admission`; off unless a caller turns it on)."""
+        self.shed_reason = ""
+        """Why the last request answered SHED was refused."""
         self._signals_at = (0.0, 0, 0)
+        self._refused_at: dict[Role, int] = {}
+        self.slo_window = SloWindow()
+        """TTFT and TPOT of recently finished requests (the scaling signals' per-role SLO)."""
         self.runner = PeriodicRunner()
         self.policies: dict[PolicyKind, Any] = {}
         self.policy_events: list[PolicyEvent] = []
@@ -230,6 +238,7 @@ class Dispatcher:
             self.runner.schedule(k, new, now)
             if k == PolicyKind.SCALING:
                 self._signals_at = (now, self.admission.arrivals, self.completions)
+                self._refused_at = dict(self.gate.refused) if self.gate is not None else {}
         if old is not None:
             old.close()
         event = PolicyEvent(
@@ -245,39 +254,24 @@ class Dispatcher:
             for k, p in self.policies.items()
         }
 
-    # --- the prefix cache -----------------------------------------------------------------------
+    # --- the prefix cache (core/cache/tracker.py) ----------------------------------------------
     def use_prefix_lookup(self, lookup: PrefixLookup, block_size: int, decode_only: bool = True) -> None:
-        """Exact: routing reads the world's own caches (the simulator's pools); `decode_only`
-        says the world can serve a request on a decode instance alone."""
-        self.prefix.exact(lookup)
-        self._prefix_view(block_size, decode_only)
+        """Exact: routing reads the world's own caches (the simulator's pools)."""
+        self.prefix.exact(lookup, block_size, decode_only)
 
     def use_prefix_routes(
-        self, block_size: int, ttl_s: float | None = 300.0, capacity_blocks: int | None = None,
-        decode_only: bool = False,
+        self, block_size: int, ttl_s: float | None = 300.0, capacity_blocks: int | None = None, decode_only: bool = False,
     ) -> None:
-        """Approximate: assume each routed request's blocks are cached on the prefill and decode
-        instances it was sent to, for `ttl_s` seconds and at most `capacity_blocks` blocks per
-        instance (None: the profile's KV capacity in blocks of `block_size`)."""
-        cap = capacity_blocks if capacity_blocks is not None else max(1, self.view.profile.kv_capacity_tokens // block_size)
-        self.prefix.approximate(ttl_s, cap)
-        self._prefix_view(block_size, decode_only)
+        """Approximate: what was routed to an instance counts as cached there (PrefixTracker.approximate);
+        `decode_only`: the console can serve a request on a decode instance alone."""
+        self.prefix.approximate(block_size, ttl_s, capacity_blocks, decode_only)
 
     def use_prefix_events(self, block_size: int, decode_only: bool = False) -> None:
         """Precise: each instance's cache comes from its KV events, given to `apply_kv_events`."""
-        self.prefix.precise()
-        self._prefix_view(block_size, decode_only)
-
-    def _prefix_view(self, block_size: int, decode_only: bool) -> None:
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
-        v = self.view
-        v.prefix, v.block_size, v.decode_only = self.prefix.lookup, block_size, decode_only
-        v.forget_cached()
+        self.prefix.precise(block_size, decode_only)
 
     def apply_kv_events(self, instance_id: str, events: Iterable[KVEvent]) -> None:
-        """KV events of one instance, keys already translated to ours (`core.cache.events`), in
-        the order it emitted them; only with the precise source (`use_prefix_events`)."""
+        """KV events of one instance, keys already ours, in its order (precise source only)."""
         self.prefix.apply(instance_id, events)
 
     def clear_prefix_cache(self, instance_id: str) -> None:
@@ -414,6 +408,18 @@ class Dispatcher:
         return self._index[instance_id]
 
     # --- admission (the queue policy) -----------------------------------------------------------
+    def use_slo_admission(self, settings: SloAdmission) -> SloGate:
+        """Hold and shed by the SLO from now on (core.admission.SloAdmission says how)."""
+        self.gate = SloGate(settings, self.view.profile, self.view.slo)
+        return self.gate
+
+    def retry_after_s(self, now: float) -> float | None:
+        """What a refused client is told to wait, when SLO admission is on (else None)."""
+        if self.gate is None:
+            return None
+        self.view.now = now
+        return self.gate.retry_after_s(self.view, now, len(self.admission))
+
     def _room(self) -> int:
         """Requests that may still enter: max_in_flight_per_instance × routable decode − tracked;
         none while every prefill instance has more than max_prefill_backlog_s of work (if set)."""
@@ -426,6 +432,8 @@ class Dispatcher:
             mask = v.prefill_mask()
             if mask.any():
                 room = min(room, int(np.count_nonzero(v.prefill_free_at[mask] - v.now <= params.max_prefill_backlog_s)))
+        if self.gate is not None and room > 0:
+            room = min(room, self.gate.decode_room(v))
         return room
 
     @property
@@ -443,15 +451,32 @@ class Dispatcher:
         or `expire`, or leaves through `cancel`.
         """
         adm = self.admission
-        self.view.now = now
-        if not adm.held_since and self._room() > 0:  # the common case, without the policy
-            adm.arrivals += 1
+        v = self.view
+        v.now = now
+        gate = self.gate
+        if gate is not None:
+            gate.observe(request)
+        if not adm.held_since and self._room() > 0 and (gate is None or gate.fits_now(request, v, now)):
+            adm.arrivals += 1  # the common case, without the policy
             return Admission.ROUTE
-        if not self.view.routable_count(Role.DECODE) or not self.view.routable_count(Role.PREFILL):
+        if not v.routable_count(Role.DECODE) or not v.routable_count(Role.PREFILL):
             adm.arrivals += 1  # nothing could ever release it: route, and `route` says what is missing
             return Admission.ROUTE
         self.set_targets(request)
-        return adm.admit(self.queue, request, now, self._room())
+        self.shed_reason = f"the gateway queue is full ({len(adm)} requests held); retry later"
+        if gate is None:
+            return adm.admit(self.queue, request, now, self._room())
+        if len(self.queue) < self.queue.params.max_queued:
+            why = gate.refusal(request, v, now, len(adm))
+            if why is not None:
+                adm.arrivals += 1
+                gate.shed += 1
+                self.shed_reason = why
+                return Admission.SHED
+        decision = adm.admit(self.queue, request, now, 0)
+        if decision == Admission.QUEUED:
+            gate.held_work_s += float(v.profile.prefill_time(request.prompt_tokens))
+        return decision
 
     def set_targets(self, request: Request) -> None:
         """Fill the request's TTFT/TPOT targets from its SLO class where the client set none."""
@@ -472,12 +497,49 @@ class Dispatcher:
         """
         if not self.admission:
             return []
-        self.view.now = now
-        return self.admission.release(self.queue, now, self._room())
+        v = self.view
+        v.now = now
+        gate = self.gate
+        if gate is None:
+            return self.admission.release(self.queue, now, self._room())
+        # one at a time in the queue policy's order while a decode slot is free and the least
+        # loaded prefill instance (counting the ones released here) can start the head within its
+        # target once routed (its wait so far is spent: expire() answers it when past its bound)
+        room = self._room()
+        backlogs = gate.backlogs(v, now).copy()
+        out: list[Request] = []
+        if room <= 0 or not len(backlogs):
+            return out
+        for r in self.queue.items():
+            k = int(np.argmin(backlogs))
+            if room <= 0 or (backlogs[k] > 0 and backlogs[k] + gate.service_s(r.prompt_tokens) > gate.target_s(r)):
+                break
+            popped = self.admission.release(self.queue, now, 1)
+            if not popped:
+                break
+            work = float(v.profile.prefill_time(popped[0].prompt_tokens))
+            backlogs[k] += work
+            gate.held_work_s = max(gate.held_work_s - work, 0.0) if self.admission else 0.0
+            out.append(popped[0])
+            room -= 1
+        return out
 
     def expire(self, now: float) -> list[Request]:
-        """Held requests queued ttl_s ago or earlier, removed from the queue; the caller fails them."""
-        return self.admission.expire(self.queue, now)
+        """Held requests queued ttl_s ago or earlier, or (SLO admission) that could no longer start
+        within their wait bound, removed from the queue; the caller fails them."""
+        out = self.admission.expire(self.queue, now)
+        gate = self.gate
+        if gate is not None and self.admission:
+            late = [r for r in self.queue.items() if gate.hopeless(r, now)]
+            for r in late:
+                self.admission.cancel(self.queue, r.id)
+            gate.expired += len(late)
+            gate.refused[Role.DECODE if gate.decode_room(self.view) <= 0 else Role.PREFILL] += len(late)
+            out.extend(late)
+        if gate is not None:
+            work = sum(float(self.view.profile.prefill_time(r.prompt_tokens)) for r in out)
+            gate.held_work_s = max(gate.held_work_s - work, 0.0) if self.admission else 0.0
+        return out
 
     def next_expiry_at(self) -> float:
         """When the oldest held request expires (inf when none is held)."""
@@ -485,7 +547,10 @@ class Dispatcher:
 
     def cancel(self, request_id: Hashable) -> bool:
         """Drop a held request (its client went away); False if it was not held."""
-        return self.admission.cancel(self.queue, request_id)
+        gone = self.admission.cancel(self.queue, request_id)
+        if self.gate is not None and not self.admission:
+            self.gate.held_work_s = 0.0
+        return gone
 
     def queue_depth(self) -> int:
         """Requests held by admission."""
@@ -520,8 +585,7 @@ class Dispatcher:
                 v.prefill_n[p] += 1
         finally:
             v.forget_cached()
-        if self.prefix.source == "approximate":
-            self.prefix.routed([x for x in (a.prefill, a.decode) if x is not None], request.prefix_keys, now)
+        self.prefix.routed((a.prefill, a.decode), request.prefix_keys, now)
         t = v.table
         i = t.add(request.id)
         t.prefill[i] = p
@@ -557,11 +621,13 @@ class Dispatcher:
         if t.inst[i] >= 0:
             raise ValueError(f"request {request_id!r} is already bound to a decode instance")
         tracked = self._tracked[request_id]
-        d = tracked.router.choose_decode(tracked.request, v)
+        try:
+            d = tracked.router.choose_decode(tracked.request, v)
+        finally:
+            v.forget_cached()
         t.inst[i] = d
         v.pending_n[d] += 1
-        if self.prefix.source == "approximate":
-            self.prefix.routed([v.instance_ids[d]], tracked.request.prefix_keys, now)
+        self.prefix.routed((v.instance_ids[d],), tracked.request.prefix_keys, now)
         return v.instance_ids[d]
 
     def decode_of(self, request_id: Hashable) -> str | None:
@@ -714,9 +780,14 @@ class Dispatcher:
         if tracked is not None:
             req = tracked.request
             self.queue.observe_completion(req, now - req.arrival, output_tokens)
+            tpot: float | None = None
             if first_token_at is not None:
                 tpot = (now - first_token_at) / (output_tokens - 1) if output_tokens > 1 else 0.0
                 self.routing.observe_completion(req, first_token_at - req.arrival, tpot, tracked.routed_at - req.arrival)
+            # a whole reply has no first-token time: its TTFT is taken at the handoff, its TPOT is unknown
+            first = first_token_at if first_token_at is not None else (float(t.decode_start[i]) if t.state[i] == RUNNING else None)
+            self.slo_window.add(now, None if first is None else first - req.arrival, float(t.ttft_slo[i]),
+                                tpot if output_tokens > 1 else None, float(t.tpot_slo[i]))
         self._forget(rid, now)
 
     def on_fail(self, rid: Hashable, now: float) -> None:
@@ -772,6 +843,7 @@ class Dispatcher:
         for kind in PERIODIC_KINDS:
             self.runner.schedule(kind, self.policies[kind], now)
         self._signals_at = (now, self.admission.arrivals, self.completions)
+        self._refused_at = dict(self.gate.refused) if self.gate is not None else {}
 
     def periodic(self, now: float) -> PeriodicDecisions:
         """Call the reschedule and scaling policies that are due; the caller executes the result."""
@@ -788,6 +860,9 @@ class Dispatcher:
         rate = (arrivals - n0) / window if window > 0 else 0.0
         done = (self.completions - c0) / window if window > 0 else 0.0
         self._signals_at = (now, arrivals, self.completions)
+        refused = dict(self.gate.refused) if self.gate is not None else {}
+        refused_rate = {role: (n - self._refused_at.get(role, 0)) / window if window > 0 else 0.0 for role, n in refused.items()}
+        self._refused_at = refused
         held = self.admission.held_since
         waits = [
             (now - held.get(r.id, now)) / (r.ttft_s or self.view.slo["default"].ttft_s)
@@ -801,6 +876,8 @@ class Dispatcher:
             window_s=max(window, 0.0),
             completion_rate=done,
             queued_wait_ratios=np.asarray(waits, dtype=float),
+            slo=self.slo_window.role_slo(now),
+            refused_rate=refused_rate,
         )
 
     # --- summaries ------------------------------------------------------------------------------

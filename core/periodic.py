@@ -9,6 +9,7 @@ only baselines has no periodic events at all.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,17 @@ class ScalingSignals:
     """Per held request: how long it has waited over its TTFT target."""
     decode_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """Per active decode instance: KV tokens bound to it (running + pending prompts)."""
+    slo: dict[Role, RoleSlo] = field(default_factory=dict)
+    """Per role, the SLO it answers for over the last SLO window: prefill the TTFT, decode the
+    TPOT (of the requests finished in the window, each against its own targets)."""
+
+    refused_rate: dict[Role, float] = field(default_factory=dict)
+    """Per role, requests per second SLO admission refused (429) or expired (503) over the window
+    because that pool was short (decode: no slot; prefill: its backlog)."""
+
+    def slo_of(self, role: Role) -> RoleSlo:
+        """The windowed SLO figures of `role` (empty when nothing finished in the window)."""
+        return self.slo.get(role) or RoleSlo()
 
     def count(self, role: Role, phase: InstancePhase = InstancePhase.ACTIVE) -> int:
         return self.phases.get(role, {}).get(phase, 0)
@@ -87,6 +99,57 @@ class ScalingSignals:
         return float(self.prefill_backlog_s.mean()) if len(self.prefill_backlog_s) else 0.0
 
 
+@dataclass(frozen=True)
+class RoleSlo:
+    """One role's SLO over the window: the latency it answers for, how often it met its target."""
+
+    metric: str = ""
+    """"ttft" (prefill) or "tpot" (decode)."""
+    samples: int = 0
+    """Requests finished in the window with this latency measured."""
+    attainment: float | None = None
+    """Share of them that met their target (None when there were none)."""
+    p90_s: float | None = None
+    """The 90th percentile of the latency (seconds)."""
+    target_s: float | None = None
+    """The tightest target among them (seconds)."""
+
+    def missed(self, attainment_low: float, min_samples: int) -> bool:
+        """Enough samples and an attainment below `attainment_low`."""
+        return self.attainment is not None and self.samples >= min_samples and self.attainment < attainment_low
+
+
+class SloWindow:
+    """TTFT and TPOT of the requests finished in the last `window_s` seconds, against each one's
+    own targets; the dispatcher fills it on every finish, the scaling signals read it."""
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        self.window_s = window_s
+        self._ttft: deque[tuple[float, float, float]] = deque()
+        self._tpot: deque[tuple[float, float, float]] = deque()
+
+    def add(self, now: float, ttft_s: float | None, ttft_target: float, tpot_s: float | None, tpot_target: float) -> None:
+        """One finished request; None for a latency that was not measured."""
+        if ttft_s is not None:
+            self._ttft.append((now, ttft_s, ttft_target))
+        if tpot_s is not None:
+            self._tpot.append((now, tpot_s, tpot_target))
+
+    def role_slo(self, now: float) -> dict[Role, RoleSlo]:
+        out: dict[Role, RoleSlo] = {}
+        for role, metric, q in ((Role.PREFILL, "ttft", self._ttft), (Role.DECODE, "tpot", self._tpot)):
+            while q and q[0][0] < now - self.window_s:
+                q.popleft()
+            if not q:
+                out[role] = RoleSlo(metric)
+                continue
+            values = np.fromiter((x[1] for x in q), dtype=float, count=len(q))
+            targets = np.fromiter((x[2] for x in q), dtype=float, count=len(q))
+            out[role] = RoleSlo(metric, len(q), float(np.mean(values <= targets)), float(np.percentile(values, 90)),
+                                float(targets.min()))
+        return out
+
+
 def compute_signals(
     view: ClusterView,
     *,
@@ -96,6 +159,8 @@ def compute_signals(
     window_s: float,
     completion_rate: float = 0.0,
     queued_wait_ratios: np.ndarray | None = None,
+    slo: dict[Role, RoleSlo] | None = None,
+    refused_rate: dict[Role, float] | None = None,
 ) -> ScalingSignals:
     """Build ScalingSignals from the view at `view.now`."""
     phases: dict[Role, dict[InstancePhase, int]] = {}
@@ -123,6 +188,8 @@ def compute_signals(
         completion_rate=completion_rate,
         queued_wait_ratios=np.zeros(0) if queued_wait_ratios is None else queued_wait_ratios,
         decode_tokens=view.decode_tokens()[dmask],
+        slo=slo or {},
+        refused_rate=refused_rate or {},
     )
 
 

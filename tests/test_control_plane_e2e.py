@@ -169,8 +169,11 @@ def test_a_role_flip_changes_where_requests_go(tmp_path: Path) -> None:
 def test_priority_queue_releases_urgent_requests_first_and_sheds_past_its_bound(tmp_path: Path) -> None:
     """One request in flight at a time (max_in_flight_per_instance 1 × 1 decode instance): while a
     long request runs, three low-priority requests and then an urgent one wait; the urgent one goes
-    first. The queue holds at most 4: the next arrival is shed with 429 and Retry-After."""
-    con = start_console(tmp_path, "--profile", PROFILE, "--prefill", "1", "--decode", "1", "--queue", "priority",
+    first. The queue holds at most 4: the next arrival is shed with 429 and Retry-After. (SLO
+    admission would answer the held ones 503 past their 2 s wait bound: its bounded wait is
+    raised to 30 s so the queue policy's order shows.)"""
+    cfg = write_config(tmp_path, "[admission]\nextra_wait_s = 30\n")
+    con = start_console(tmp_path, str(cfg), "--profile", PROFILE, "--prefill", "1", "--decode", "1", "--queue", "priority",
                         "--param", "priority.max_in_flight_per_instance=1", "--param", "priority.max_queued=4")
     try:
         body = {"model": "sibyl-model", "prompt": [1] * 8, "ignore_eos": True}
@@ -335,7 +338,8 @@ def test_tail_aware_releases_held_requests_in_phi_order_and_the_config_asks_vllm
     assert ConsoleConfig(queue={"name": "tail_aware"}).vllm.scheduling_policy == "priority"
     assert ConsoleConfig(queue={"name": "tail_aware"}, vllm={"scheduling_policy": "fcfs"}).vllm.scheduling_policy == "fcfs"
     assert ConsoleConfig().vllm.scheduling_policy == "fcfs"
-    con = start_console(tmp_path, "--profile", PROFILE, "--prefill", "1", "--decode", "1", "--queue", "tail_aware",
+    cfg = write_config(tmp_path, "[admission]\nextra_wait_s = 30\n")  # held past the 2 s wait bound: not answered 503
+    con = start_console(tmp_path, str(cfg), "--profile", PROFILE, "--prefill", "1", "--decode", "1", "--queue", "tail_aware",
                         "--param", "tail_aware.max_in_flight_per_instance=1", "--param", "tail_aware.tau_s=0.01")
     try:
         def post(prompt: list[int], max_tokens: int, rid: str) -> threading.Thread:

@@ -143,3 +143,108 @@ def test_static_never_acts_and_schedules_nothing() -> None:
     d = cluster()
     assert d.next_periodic_at() == float("inf")
     assert not d.periodic(1e9)
+
+
+def _slo(role: Role, attainment: float | None, samples: int = 20, p90: float = 0.3, target: float = 0.1) -> dict[Role, Any]:
+    from core.periodic import RoleSlo
+
+    return {role: RoleSlo("tpot" if role == Role.DECODE else "ttft", samples, attainment, p90, target)}
+
+
+def test_a_missed_tpot_slo_scales_the_decode_pool_out_even_at_low_utilisation() -> None:
+    p = threshold()
+    s = signals(in_flight=[20, 20])  # KV, utilisation and queue all low
+    s.slo = _slo(Role.DECODE, 0.95)
+    assert p.propose(s, VIEW, 0.0) == []  # met: nothing (and the pool is low)
+    s.slo = _slo(Role.DECODE, 0.4)
+    [a] = p.propose(s, VIEW, 5.0)
+    assert (a.action, a.role) == ("add", Role.DECODE)
+    assert "TPOT attainment 40% < 90% over 20 requests (p90 300 ms, target 100 ms)" in a.reason
+
+
+def test_the_slo_signal_needs_enough_samples_is_per_role_and_can_be_turned_off() -> None:
+    s = signals(in_flight=[20, 20])
+    s.slo = _slo(Role.DECODE, 0.0, samples=3)
+    assert threshold().propose(s, VIEW, 0.0) == []  # too few requests in the window
+    s.slo = _slo(Role.PREFILL, 0.0)  # a TTFT miss is the prefill pool's, not decode's
+    assert threshold().propose(s, VIEW, 0.0) == []
+    [a] = threshold(role="prefill").propose(s, VIEW, 0.0)
+    assert a.role == Role.PREFILL and "TTFT attainment 0%" in a.reason
+    s.slo = _slo(Role.DECODE, 0.0)
+    assert threshold(slo_attainment=0).propose(s, VIEW, 0.0) == []
+
+
+def test_a_missed_slo_keeps_the_pool_from_scaling_in_then_it_drains_once_met() -> None:
+    p = threshold(scale_in_after_s=10, cooldown_s=20)
+    s = signals(in_flight=[1, 1])
+    s.slo = _slo(Role.DECODE, 0.5)
+    [a] = p.propose(s, VIEW, 0.0)
+    assert a.action == "add"
+    s3 = signals(in_flight=[1, 1, 0])
+    s3.slo = _slo(Role.DECODE, 1.0)
+    assert p.propose(s3, VIEW, 5.0) == []  # low from 5, cooldown until 20
+    [b] = p.propose(s3, VIEW, 20.0)
+    assert (b.action, b.instance_id) == ("remove", "d2")
+
+
+def test_the_dispatcher_windows_ttft_and_tpot_per_role() -> None:
+    from core.periodic import SloWindow
+
+    w = SloWindow(window_s=30.0)
+    for k in range(10):
+        w.add(float(k), 0.5 if k < 8 else 3.0, 2.0, 0.05 if k < 3 else 0.2, 0.1)
+    w.add(9.0, None, 2.0, None, 0.1)  # a whole reply's TPOT is unknown: left out
+    slo = w.role_slo(10.0)
+    assert (slo[Role.PREFILL].metric, slo[Role.PREFILL].samples, slo[Role.PREFILL].attainment) == ("ttft", 10, 0.8)
+    assert (slo[Role.DECODE].samples, slo[Role.DECODE].attainment) == (10, 0.3)
+    assert slo[Role.DECODE].p90_s == pytest.approx(0.2)
+    assert w.role_slo(45.0)[Role.DECODE].samples == 0 and w.role_slo(45.0)[Role.DECODE].attainment is None
+
+
+def test_the_dispatchers_scaling_signals_carry_the_windowed_slo_of_each_role() -> None:
+    from core.dispatch import Dispatcher
+    from core.perf import get_profile
+    from core.types import Request
+
+    d = Dispatcher(get_profile("h20-qwen3-32b"), "round_robin")
+    d.add_instance("p0", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    for k in range(10):  # TTFT 0.5 s (met); TPOT 0.05 s for three, 0.2 s for seven (missed)
+        r = Request(k, float(k), 64, 11)
+        d.route(r, float(k))
+        d.on_prefill_end(k, k + 0.4, 0.4)
+        d.on_decode_start(k, k + 0.45)
+        d.on_finish(k, k + 0.5 + 10 * (0.05 if k < 3 else 0.2), 11, k + 0.5)
+    s = d.scaling_signals(15.0)
+    assert (s.slo_of(Role.PREFILL).samples, s.slo_of(Role.PREFILL).attainment) == (10, 1.0)
+    assert (s.slo_of(Role.DECODE).samples, s.slo_of(Role.DECODE).attainment) == (10, 0.3)
+    [a] = build("scaling", "threshold", {"cooldown_s": 0}).propose(s, VIEW, 15.0)
+    assert a.action == "add" and "TPOT attainment 30%" in a.reason
+
+
+def test_requests_slo_admission_turns_away_for_want_of_a_pool_scale_that_pool_out() -> None:
+    s = signals(in_flight=[1, 1])
+    s.refused_rate = {Role.PREFILL: 3.0, Role.DECODE: 0.0}
+    assert threshold().propose(s, VIEW, 0.0) == []  # the decode pool had room
+    [a] = threshold(role="prefill").propose(s, VIEW, 0.0)
+    assert a.action == "add" and "admission refused 3.0/s ≥ 0.5/s for want of prefill capacity" in a.reason
+    assert threshold(role="prefill", refused_high=0).propose(s, VIEW, 0.0) == []
+
+
+def test_the_dispatcher_counts_refusals_by_the_pool_that_was_short() -> None:
+    from core.admission import SloAdmission
+    from core.dispatch import Dispatcher
+    from core.perf import get_profile
+    from core.types import Admission, Request
+
+    d = Dispatcher(get_profile("h20-qwen3-32b"), "round_robin")
+    d.add_instance("p0", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    d.use_slo_admission(SloAdmission())
+    d.start_periodic(0.0)
+    for k in range(40):  # one prefill instance cannot start 40 prompts of 512 tokens within 2 s
+        if d.admit(Request(k, 0.0, 512, 100), 0.0) == Admission.ROUTE:
+            d.route(Request(k, 0.0, 512, 100), 0.0)
+    s = d.scaling_signals(2.0)
+    assert s.refused_rate[Role.PREFILL] > 10 and s.refused_rate[Role.DECODE] == 0
+    assert d.scaling_signals(4.0).refused_rate[Role.PREFILL] == 0  # a new window

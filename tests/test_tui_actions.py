@@ -7,6 +7,7 @@ import io
 
 from rich.console import Console
 from textual.command import CommandList
+from textual.widgets import OptionList
 
 from console.live.state import ConsoleState
 from console.tui.charts import LoadChart, SloChart
@@ -124,7 +125,8 @@ def test_swap_is_logged_once_without_the_event_stream() -> None:
             await until(pilot, lambda: isinstance(app.screen, PolicyPicker) and app.screen.policy is not None)
             picker = app.screen
             assert isinstance(picker, PolicyPicker)
-            await pilot.press("up")  # sibyl → round_robin, which has no params
+            options = picker.query_one("#picker-policies", OptionList)
+            options.highlighted = options.get_option_index("round_robin")  # sibyl → round_robin, which has no params
             await until(pilot, lambda: picker.policy is not None and picker.policy["name"] == "round_robin")
             await pilot.press("ctrl+s")
             await until(pilot, lambda: not isinstance(app.screen, PolicyPicker))

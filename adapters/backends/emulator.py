@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -74,6 +75,8 @@ class EmulatorBackend(BackendBase):
             caps.add(Capability.DATA_PARALLEL)
         self.capabilities = frozenset(caps)
         self.procs: dict[str, EmulatorProcess] = {}
+        self.events: dict[int, tuple[str, str]] = {}
+        """Instance port → (KV-event endpoint, replay endpoint), when instances publish KV events."""
         self._seeds = 0
 
     def _args(self) -> list[str]:
@@ -85,7 +88,17 @@ class EmulatorBackend(BackendBase):
         log = self.log_dir / f"{role.value}-{port}.log"
         dp = self._dp_size(role)
         ranks = ["--data-parallel-size", str(dp)] if dp > 1 else []
-        return EmulatorProcess(role.value, port, [*self._args(), *ranks, "--seed", str(seed)], log_path=log).start()
+        events: list[str] = []
+        if self.settings.emulator.kv_events:
+            pub, replay = free_port(), free_port()
+            self.events[port] = (f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
+            events = ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                         "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"})]
+        return EmulatorProcess(role.value, port, [*self._args(), *ranks, *events, "--seed", str(seed)], log_path=log).start()
+
+    def _instance(self, iid: str, role: Role, p: EmulatorProcess) -> Instance:
+        pub, replay = self.events.get(p.port, (None, None))
+        return Instance(iid, role, p.url, pid=p.pid, dp_size=self._dp_size(role), kv_events_endpoint=pub, kv_events_replay=replay)
 
     def _dp_size(self, role: Role) -> int:
         """Decode instances are data-parallel groups when the settings ask for ranks."""
@@ -104,8 +117,7 @@ class EmulatorBackend(BackendBase):
         except BaseException:
             await self.stop()
             raise
-        return [Instance(iid, role, self.procs[iid].url, pid=self.procs[iid].pid, dp_size=self._dp_size(role))
-                for iid, role in zip(ids, roles, strict=True)]
+        return [self._instance(iid, role, self.procs[iid]) for iid, role in zip(ids, roles, strict=True)]
 
     async def add(self, role: Role, instance_id: str) -> Instance:
         """Start one more emulator process and wait until it answers /health."""
@@ -119,7 +131,7 @@ class EmulatorBackend(BackendBase):
             await asyncio.to_thread(p.stop)
             orphans.forget(self.run_dir, instance_id)
             raise
-        return Instance(instance_id, role, p.url, pid=p.pid, dp_size=self._dp_size(role))
+        return self._instance(instance_id, role, p)
 
     async def remove(self, instance_id: str) -> None:
         """Stop the (drained) process behind an instance."""

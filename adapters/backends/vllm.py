@@ -34,9 +34,18 @@ def instance_specs(settings: BackendSettings, roles: list[Role], ports: list[int
             nixl_progress_delay_us=v.nixl_progress_delay_us,
             scheduling_policy=v.scheduling_policy, enforce_eager=v.enforce_eager, extra_args=v.extra_args,
             extra_env=v.extra_env, hub_offline=Path(settings.model).exists(),  # a hub id may need the hub
+            kv_events_port=free_port() if v.kv_events else None, kv_events_replay_port=free_port() if v.kv_events else None,
         )
         for role, port in zip(roles, ports, strict=True)
     ]
+
+
+def _instance(instance_id: str, role: Role, li: LaunchedInstance) -> Instance:
+    """The console's view of a launched instance (with its KV-event endpoints when it publishes them)."""
+    events, replay = li.spec.kv_events_port, li.spec.kv_events_replay_port
+    return Instance(instance_id, role, li.url, pid=li.pid,
+                    kv_events_endpoint=f"tcp://127.0.0.1:{events}" if events else None,
+                    kv_events_replay=f"tcp://127.0.0.1:{replay}" if replay else None)
 
 
 class VllmBackend(BackendBase):
@@ -89,14 +98,14 @@ class VllmBackend(BackendBase):
         self.launched = dict(zip(ids, launched, strict=True))
         for iid, li in self.launched.items():
             orphans.record(self.run_dir, iid, li.pid)
-        return [Instance(i, r, li.url, pid=li.pid) for i, r, li in zip(ids, roles, launched, strict=True)]
+        return [_instance(i, r, li) for i, r, li in zip(ids, roles, launched, strict=True)]
 
     async def add(self, role: Role, instance_id: str) -> Instance:
         """Launch one more `vllm serve` (it shares the cores: no pinning for late instances)."""
         (li,) = await self._launch([role], [free_port()], [])
         self.launched[instance_id] = li
         orphans.record(self.run_dir, instance_id, li.pid)
-        return Instance(instance_id, role, li.url, pid=li.pid)
+        return _instance(instance_id, role, li)
 
     async def remove(self, instance_id: str) -> None:
         li = self.launched.pop(instance_id, None)

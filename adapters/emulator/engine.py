@@ -375,6 +375,7 @@ class Engine(RunLoop):
                     kv: int, chunks: list[tuple[int, int]], slowdown: float, kind: str, woke: float) -> StepRecord:
         """End a step at its deadline: write its tokens, advance its sequences, log it."""
         self.flush([s.sink for s in sampled if s.sink is not None and not s.finished])
+        self.faults.on_tokens(sum(1 for s in sampled if not s.prefill_only))
         released = self.clock()
         self._complete(sched, new, deadline)
         self.kv.flush()  # this step's KV events, one batch (vLLM publishes once per step)

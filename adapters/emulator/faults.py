@@ -31,6 +31,8 @@ class FaultConfig(BaseModel):
     unhealthy: bool = Field(False, description="/health answers 503")
     exit_after_requests: int | None = Field(None, ge=1, description="exit when this many generation requests have arrived")
     exit_after_s: float | None = Field(None, gt=0, description="exit this many seconds after start (or after being set)")
+    exit_after_tokens: int | None = Field(
+        None, ge=1, description="exit once this many more output tokens were generated (counted from when it is set): a crash mid-answer at an exact point")
 
 
 class Faults:
@@ -40,6 +42,8 @@ class Faults:
         self.config = config or FaultConfig()
         self.rng = random.Random(seed)
         self.requests = 0
+        self.tokens = 0
+        """Output tokens generated since exit_after_tokens was last set."""
         self._unhung = asyncio.Event()
         self._pulls_flow = asyncio.Event()
         self._exit_timer: asyncio.TimerHandle | None = None
@@ -80,6 +84,8 @@ class Faults:
         """Apply a partial update; raises pydantic.ValidationError and changes nothing if invalid."""
         new = FaultConfig.model_validate({**self.config.model_dump(), **changes})
         timer_changed = new.exit_after_s != self.config.exit_after_s
+        if "exit_after_tokens" in changes:
+            self.tokens = 0
         self.config = new
         self._set_events()
         if timer_changed:
@@ -93,6 +99,15 @@ class Faults:
         if c.exit_after_requests is not None and self.requests >= c.exit_after_requests:
             exit_now(EXIT_CODE)
         return c.fail_rate > 0 and self.rng.random() < c.fail_rate
+
+
+    def on_tokens(self, n: int) -> None:
+        """Count output tokens written to clients; the exit fault ends the process."""
+        if self.config.exit_after_tokens is None or not n:
+            return
+        self.tokens += n
+        if self.tokens >= self.config.exit_after_tokens:
+            exit_now(EXIT_CODE)
 
 
 def exit_now(code: int = EXIT_CODE) -> None:

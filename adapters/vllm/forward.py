@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from adapters.errors import AdapterError
-from adapters.http.upstream import Response
+from adapters.http.upstream import Response, UpstreamClosed
 from adapters.vllm.instances import Instance
 from adapters.vllm.pd_protocol import HANDOFF_EVENT, SSETokenCounter
 
@@ -36,13 +36,17 @@ def forward_headers(pairs: list[tuple[str, str]]) -> bytes:
 class UpstreamFailure(AdapterError):
     """A leg failed: the instance could not be reached, or it answered with an error status."""
 
-    def __init__(self, instance_id: str, status: int, message: str, body: bytes | None = None) -> None:
+    def __init__(self, instance_id: str, status: int, message: str, body: bytes | None = None, delivered: bool = False) -> None:
         super().__init__(message)
         self.instance_id = instance_id
         self.status = status
         """The instance's status, or 502 when it could not be reached at all."""
         self.body = body
         """The instance's own error body (passed to the client for 4xx answers)."""
+        self.delivered = delivered
+        """The request reached the instance before its connection closed (a 502 that is not a
+        refused connection): the instance may have acted on it, e.g. pulled and so freed the
+        prompt's KV on the prefill instance."""
 
     @property
     def instance_fault(self) -> bool:
@@ -94,6 +98,8 @@ async def open_decode(inst: Instance, path: str, payload: bytes, headers: bytes)
     byte raise UpstreamFailure."""
     try:
         r = await post(inst, path, payload, headers)
+    except UpstreamClosed as e:  # written, then the connection closed before any answer
+        raise UpstreamFailure(inst.id, 502, f"decode {inst.id} closed the connection before answering: {e}", delivered=True) from None
     except CONNECTION_ERRORS as e:
         raise UpstreamFailure(inst.id, 502, f"decode {inst.id} unreachable: {type(e).__name__}: {e}") from None
     if r.status != 200:

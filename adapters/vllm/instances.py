@@ -12,6 +12,9 @@ from adapters.http.upstream import UpstreamPool
 from adapters.vllm.scrape import MetricsSample
 from core.types import InstanceState, Role
 
+CACHE_WINDOW_S = 30.0
+"""The trailing window of an instance's prefix hit rate and cached share."""
+
 
 @dataclass
 class Instance:
@@ -41,6 +44,12 @@ class Instance:
     node: str | None = None
     """Where it runs when a backend places instances across machines (the Ray backend: node IP and
     id); None: on this host or unknown."""
+    _cache_window: deque[tuple[float, float, float, float]] = field(default_factory=deque, repr=False)
+    """(scrape time, Δ prefix hits, Δ prefix queries, Δ prompt tokens) over the last CACHE_WINDOW_S."""
+    kv_events_endpoint: str | None = None
+    """Where this instance publishes its KV events (ZMQ PUB, vLLM's --kv-events-config), if it does."""
+    kv_events_replay: str | None = None
+    """Its replay socket for missed event batches (ZMQ ROUTER), if any."""
     health_rtt_s: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     """Round trips of the latest /health probes: the HTTP cost of one request to this instance
     as the gateway sees it (calibration takes it out of the prefill legs it measured)."""
@@ -71,8 +80,28 @@ class Instance:
         if self.last_scrape > 0 and now > self.last_scrape:
             delta = sample.generation_tokens_total - self.sample.generation_tokens_total
             self.tokens_per_s = max(delta, 0.0) / (now - self.last_scrape)
+            prev = self.sample
+            self._cache_window.append((now, max(0.0, sample.prefix_cache_hits_total - prev.prefix_cache_hits_total),
+                                       max(0.0, sample.prefix_cache_queries_total - prev.prefix_cache_queries_total),
+                                       max(0.0, sample.prompt_tokens_total - prev.prompt_tokens_total)))
+            while self._cache_window and self._cache_window[0][0] < now - CACHE_WINDOW_S:
+                self._cache_window.popleft()
         self.sample = sample
         self.last_scrape = now
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Prompt tokens found in its prefix cache ÷ tokens looked up, over the last CACHE_WINDOW_S
+        (None: nothing looked up)."""
+        queries = sum(q for _, _, q, _ in self._cache_window)
+        return sum(h for _, h, _, _ in self._cache_window) / queries if queries else None
+
+    @property
+    def cached_share(self) -> float | None:
+        """Prompt tokens found in its own cache ÷ prompt tokens it took in, over the last
+        CACHE_WINDOW_S (on a decode instance the rest was pulled or computed; None: no prompts)."""
+        prompts = sum(p for _, _, _, p in self._cache_window)
+        return min(1.0, sum(h for _, h, _, _ in self._cache_window) / prompts) if prompts else None
 
     def state(self) -> InstanceState:
         s = self.sample

@@ -98,6 +98,10 @@ class VllmInstanceSpec(BaseModel):
     """`CUDA_VISIBLE_DEVICES` on GPU."""
     hub_offline: bool = True
     """Set HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE: load local files only."""
+    kv_events_port: int | None = None
+    """Publish KV events (`--kv-events-config`, ZMQ PUB bound on this port); None: off."""
+    kv_events_replay_port: int | None = None
+    """The replay socket (ZMQ ROUTER) for missed event batches, with kv_events_port."""
     extra_args: list[str] = Field(default_factory=list)
     """Passed through to `vllm serve` after everything else."""
     extra_env: dict[str, str] = Field(default_factory=dict)
@@ -154,6 +158,11 @@ def build_command(spec: VllmInstanceSpec, vllm_bin: str | Path = "vllm") -> list
     kv = kv_transfer_config(spec)
     if kv is not None:
         cmd += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"), sort_keys=True)]
+    if spec.kv_events_port is not None:
+        events: dict[str, Any] = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{spec.kv_events_port}"}
+        if spec.kv_events_replay_port is not None:
+            events["replay_endpoint"] = f"tcp://*:{spec.kv_events_replay_port}"
+        cmd += ["--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
     if spec.scheduling_policy == "priority":
         cmd += ["--scheduling-policy", "priority"]
     if spec.enforce_eager:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from functools import partial
@@ -21,6 +22,7 @@ from rich.progress import (
 from rich.table import Table
 
 from console.offline.simulate import (
+    PREFIX_SOURCES,
     SimPlan,
     json_safe,
     run_one,
@@ -31,6 +33,7 @@ from core.cluster_spec import parse_cluster
 from core.errors import ConfigError
 from core.perf import get_profile
 from core.policies import parse_param_assignments
+from core.sim.cluster import CacheParams
 from core.slo import SLOClass
 from core.types import PolicyKind
 
@@ -104,8 +107,37 @@ def _fmt_ms(x: float | None) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1000:.1f}"
 
 
+def _cache_params(
+    t: Any, on: bool, block_size: int | None, hash_block_tokens: int, cache_blocks: int | None, source: str
+) -> tuple[CacheParams | None, list[str] | None]:
+    """The cache model of a run and the sessions it routes by: None for a trace without prefix
+    hashes (nothing could be shared, so the run is what it always was)."""
+    if source not in PREFIX_SOURCES:
+        raise ConfigError(f"--prefix-source {source!r}: expected {' or '.join(PREFIX_SOURCES)}")
+    if block_size is not None and block_size < 1:
+        raise ConfigError("--block-size must be >= 1")
+    if hash_block_tokens < 1:
+        raise ConfigError("--hash-block-tokens must be >= 1")
+    if cache_blocks is not None and cache_blocks < 1:
+        raise ConfigError("--cache-blocks must be >= 1")
+    if getattr(t, "hash_ids", None) is None:
+        return None, None
+    if not on:
+        return CacheParams(enabled=False), None
+    sessions = t.with_sessions().session
+    return (
+        CacheParams(block_size=block_size, capacity_blocks=cache_blocks, hash_block_tokens=hash_block_tokens),
+        [str(x) for x in sessions.tolist()],
+    )
+
+
+def _fmt_tokens(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
+
+
 def _table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="simulated policies (times in ms)")
+    cached = any("prefix_hit_rate" in r for r in rows)
     for col in (
         "policy",
         "run",
@@ -122,6 +154,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         "shed",
         "expired",
         "scale ev.",
+        *(("hit rate", "KV moved") if cached else ()),
     ):
         table.add_column(col, justify="left" if col in ("policy", "run") else "right")
     for r in rows:
@@ -146,6 +179,15 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             str(r["shed"]),
             str(r["expired"]),
             str(r["scale_events"]),
+            *(
+                (
+                    f"{r['prefix_hit_rate']:.1%}" if "prefix_hit_rate" in r else "-",
+                    f"{_fmt_tokens(r['kv_transferred_tokens'])} ({r['kv_transferred_share']:.0%})"
+                    if "kv_transferred_tokens" in r else "-",
+                )
+                if cached
+                else ()
+            ),
         )
     return table
 
@@ -193,6 +235,31 @@ def sim(
     slo_ttft_ms: Annotated[float, typer.Option(help="TTFT SLO in ms")] = 2000.0,
     slo_tpot_ms: Annotated[float, typer.Option(help="TPOT SLO in ms")] = 100.0,
     shadow: Annotated[bool, typer.Option(help="score the other policies in shadow mode")] = True,
+    prefix_cache: Annotated[
+        bool,
+        typer.Option(
+            "--prefix-cache/--no-prefix-cache",
+            help="model each instance's prefix cache (on for traces with prefix hashes, e.g. Mooncake; "
+            "other traces never share a prefix)",
+        ),
+    ] = True,
+    block_size: Annotated[
+        int | None, typer.Option(help="tokens per KV block of the modelled cache (default: the profile's)")
+    ] = None,
+    hash_block_tokens: Annotated[
+        int, typer.Option(help="tokens per trace hash block (Mooncake: 512)")
+    ] = 512,
+    cache_blocks: Annotated[
+        int | None,
+        typer.Option(help="KV blocks cached per instance (default: the profile's KV capacity)"),
+    ] = None,
+    prefix_source: Annotated[
+        str,
+        typer.Option(
+            help="what prefix-aware policies read: precise (the exact caches, as KV events give "
+            "them) | approximate (the router's own past decisions)"
+        ),
+    ] = "precise",
     db: Annotated[
         Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")
     ] = None,
@@ -207,6 +274,13 @@ def sim(
       sibyl-console sim --workload reasoning-chat --requests 5000 --rate 12 --cluster 8P64D
       sibyl-console sim ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv --limit 2000 \\
           --cluster 4P16D --policy sibyl --policy least_load --param least_load.by=tokens --json
+      sibyl-console sim ../shared/traces/mooncake_fast25/conversation_trace.jsonl --limit 3000 \
+          --rate 6.5 --cluster 4P4D --profile roofline-h100-qwen2.5-7b --policy least_load \
+          --policy prefix_aware --prefix-source precise
+
+    A trace with prefix hashes (Mooncake) gives every instance a prefix cache (off with
+    --no-prefix-cache): a prefill computes only what its instance has not cached, the decode
+    instance pulls only the blocks it lacks; the table adds the hit rate and the KV moved.
     """
     if mode not in ("ps", "iteration"):
         raise ConfigError(f"--mode {mode!r}: expected ps or iteration")
@@ -218,6 +292,7 @@ def sim(
         {PolicyKind.QUEUE: queue, PolicyKind.RESCHEDULE: reschedule, PolicyKind.SCALING: scaling},
     )
     t = _load_trace(trace, format, workload, requests, rate, rate_scale, limit, seed, burstiness)
+    cache, sessions = _cache_params(t, prefix_cache, block_size, hash_block_tokens, cache_blocks, prefix_source)
     plan = SimPlan(
         arrivals=t.arrivals,
         prompt_tokens=t.prompt_tokens,
@@ -235,6 +310,10 @@ def sim(
         reschedule=kinds[PolicyKind.RESCHEDULE],
         scaling=kinds[PolicyKind.SCALING],
         priorities=getattr(t, "priority", None),
+        hash_ids=getattr(t, "hash_ids", None) if cache is not None else None,
+        sessions=sessions,
+        cache=cache,
+        prefix_source=prefix_source,  # type: ignore[arg-type]
     )
     store = None
     if not no_db:
@@ -273,6 +352,11 @@ def sim(
                         "scaling": {"name": plan.scaling[0], "params": plan.scaling[1]},
                         "slo": plan.slo.model_dump(),
                         "requests": len(plan.arrivals),
+                        **(
+                            {}
+                            if cache is None
+                            else {"prefix_cache": {**dataclasses.asdict(cache), "source": prefix_source}}
+                        ),
                     },
                 )
             try:

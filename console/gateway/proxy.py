@@ -19,7 +19,7 @@ from console.gateway.errors import error_body
 from console.live.channel import JSON_HEADERS, ClientChannel, respond
 from console.live.controller import Controller
 from console.live.request import LiveRequest
-from core.types import Request
+from core.types import Request, Role
 
 Scope = dict[str, Any]
 INT64_MAX = 2**63 - 1
@@ -101,8 +101,15 @@ class Proxy:
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         raw_priority = body.get("priority")
         priority = raw_priority if type(raw_priority) is int else 0  # not a bool
-        req = Request(rid, time.monotonic(), estimate_prompt_tokens(body), int(max_tokens), slo_class, priority, tenant=tenant)
+        arrival = time.monotonic()
+        prefill = [i for i in c.instances.values() if i.role != Role.DECODE]
+        keys = await c.prefix.keys(body, prefill, tokenize=c.dispatcher.routing.reads_prefix)
+        session = headers.get(b"x-session-id", "")
+        req = Request(rid, arrival, estimate_prompt_tokens(body), int(max_tokens), slo_class, priority, tenant=tenant,
+                      prefix_keys=keys, session=session)
         fwd = [("X-Request-Id", rid)]
+        if session:
+            fwd.append(("X-Session-ID", session))
         if b"authorization" in headers:
             fwd.append(("Authorization", headers[b"authorization"]))
         self.in_flight.add(rid)

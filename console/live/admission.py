@@ -47,17 +47,30 @@ class HeldRequests:
                 live.released.set_result(None)
 
     def expire(self) -> None:
-        """Reject the held requests that waited longer than the queue policy's ttl_s (503, retry-after)."""
+        """Reject the held requests that waited longer than the queue policy's ttl_s, or (SLO
+        admission) that could no longer start within their class's wait bound: 503, retry-after."""
         if not self._held:
             return
+        now = time.monotonic()
         ttl = self.dispatcher.policies[PolicyKind.QUEUE].params.ttl_s
-        for req in self.dispatcher.expire(time.monotonic()):
+        gate = self.dispatcher.gate
+        expired = self.dispatcher.expire(now)
+        retry = self.retry_after_s() if expired else 0.0
+        for req in expired:
             live = self._held.pop(str(req.id), None)
             if live is not None and live.released is not None and not live.released.done():
-                why = f"queued longer than the queue policy's ttl_s={ttl:g} s while every instance was saturated"
-                live.released.set_exception(Rejected(503, why, self.retry_after_s()))
+                if gate is not None and now - req.arrival < ttl:
+                    why = (f"held {now - req.arrival:.1f} s while the cluster was saturated: it could no longer start within its "
+                           f"class's wait bound ({gate.wait_bound_s(req):g} s: TTFT target + bounded wait)")
+                else:
+                    why = f"queued longer than the queue policy's ttl_s={ttl:g} s while every instance was saturated"
+                live.released.set_exception(Rejected(503, why, retry))
 
     def retry_after_s(self) -> float:
-        """What a rejected client is told to wait: a poll period plus the decode time of a typical request."""
+        """What a rejected client is told to wait: with SLO admission, until a new request would
+        likely be admitted; else a poll period plus the decode time of a typical request."""
+        hint = self.dispatcher.retry_after_s(time.monotonic())
+        if hint is not None:
+            return hint
         decode_s = self.profile.max_model_len / max(self.dispatcher.view.decode_rate.value, 1.0) / 8
         return max(1.0, self.poll_interval_s + decode_s)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -12,9 +12,29 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters.backends import BackendSettings, EmulatorSettings, VllmSettings
 from adapters.backends import registry as backends
 from adapters.backends.settings import RaySettings, check_attach
+from core.admission import SloAdmission
 from core.errors import ConfigError, PolicyError
 from core.policies import registry
 from core.slo import SLOClass
+
+
+class PrefixSettings(BaseModel):
+    """`[prefix]`: how the console knows what each instance caches."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["off", "approximate", "precise"] = Field(
+        "approximate",
+        description="off: routing sees no cache; approximate: what was routed to an instance counts as cached there "
+        "for ttl_s; precise: each instance's KV events (the emulator and vLLM publish them with --kv-events-config)")
+    block_size: int | None = Field(None, gt=0, description="the engines' KV block size (default: the profile's)")
+    ttl_s: float = Field(300.0, gt=0, description="approximate: how long a routed prefix counts as cached")
+    tokenize: Literal["instance", "off"] = Field(
+        "instance", description="text and chat prompts: instance = ask a prefill instance's /tokenize (the engine's own "
+        "tokenizer and chat template); off = only token-id prompts get prefix keys")
+    decode_only: bool = Field(
+        True, description="let a policy that decides so (prefix_pd) serve a request on a decode instance alone when it "
+        "already holds most of the prompt")
 
 
 class PolicyChoice(BaseModel):
@@ -49,6 +69,9 @@ class ConsoleConfig(BaseModel):
     db: Path | None = None
     attach: dict[str, list[str]] | None = Field(None, description="{'prefill': [url...], 'decode': [url...]}")
     slo: dict[str, SLOClass] = Field(default_factory=lambda: {"default": SLOClass()})
+    admission: SloAdmission = Field(
+        default_factory=SloAdmission,
+        description="admission that protects the SLO: hold while saturated, 429/503 with Retry-After past a class's wait bound")
     poll_interval_s: float = Field(0.5, gt=0, le=1.0, description="instance /health + /metrics poll period")
     connect_timeout_s: float = Field(30.0, gt=0, description="how long the gateway waits for a TCP connection to an instance (a refused one fails at once)")
     probe_timeout_s: float = Field(2.0, gt=0, description="how long /health and /metrics may take before a probe fails (a busy CPU vLLM answers slowly)")
@@ -63,12 +86,16 @@ class ConsoleConfig(BaseModel):
     instance_drain_timeout_s: float = Field(300.0, ge=0, description="on scale-in, how long a draining instance's requests may take before it is stopped anyway")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     instance_base_port: int = Field(0, ge=0, le=65535, description="first port for started instances (0: free ports)")
+    prefix: PrefixSettings = Field(default_factory=PrefixSettings, description="how routing knows what each instance caches")
     emulator: EmulatorSettings = Field(default_factory=EmulatorSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     ray: RaySettings = Field(default_factory=RaySettings, description="--backend ray: the Ray cluster, engine and per-role resources")
     replay: Path | None = Field(None, description="trace to replay into the cluster once it is up")
     replay_speed: float = Field(1.0, gt=0)
     replay_loop: bool = False
+    replay_hash_block_tokens: int = Field(
+        512, gt=0, description="a Mooncake trace's hash block becomes this many prompt tokens (512: as recorded; smaller "
+        "scales long prompts down while keeping their prefix structure)")
 
     @field_validator("backend")
     @classmethod
@@ -100,6 +127,15 @@ class ConsoleConfig(BaseModel):
             return self  # an unknown name is reported where policies are checked, with the list
         if sets and "scheduling_policy" not in self.vllm.model_fields_set:
             self.vllm = self.vllm.model_copy(update={"scheduling_policy": "priority"})
+        return self
+
+    @model_validator(mode="after")
+    def _kv_events(self) -> ConsoleConfig:
+        """A precise prefix index needs the emulated instances to publish their KV events."""
+        if self.prefix.source == "precise" and self.backend == "emulator" and not self.emulator.kv_events:
+            self.emulator = self.emulator.model_copy(update={"kv_events": True})
+        if self.prefix.source == "precise" and self.backend == "vllm" and not self.vllm.kv_events:
+            self.vllm = self.vllm.model_copy(update={"kv_events": True})
         return self
 
     def backend_settings(self) -> BackendSettings:

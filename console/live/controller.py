@@ -23,6 +23,7 @@ from console.live.metrics import GatewayMetrics
 from console.live.operations import Operations
 from console.live.outcomes import Outcomes
 from console.live.policies import POLICY_NEEDS, catalog, check_capability
+from console.live.prefix import PrefixIndex
 from console.live.request import LiveRequest
 from console.live.scaler import Scaler
 from console.live.state import ConsoleState, InstanceRow, QueueState, ScrapedCounters
@@ -72,6 +73,10 @@ class Controller:
         )
         for kind in POLICY_NEEDS:
             check_capability(backend, kind, self.dispatcher.policies[kind].name)
+        if config.admission.enabled:
+            self.dispatcher.use_slo_admission(config.admission)
+        self.prefix = PrefixIndex(config.prefix, self.dispatcher, self.profile.block_size)
+        """Request prefix keys and the cache index's source (approximate, or KV events per instance)."""
         self.engine_priorities = Capability.PRIORITY in backend.capabilities
         """Whether the instances order their queues by `priority` (a queue policy may then set it)."""
         self.store = store
@@ -83,6 +88,7 @@ class Controller:
         self.outcomes = Outcomes(self.recorder, config.slo, self.t0)
         self.held = HeldRequests(self.dispatcher, self.profile, config.poll_interval_s)
         self.outcomes.metrics.queue_depth.set_function(lambda: len(self.held))
+        self.outcomes.metrics.watch_instances(lambda: list(self.instances.values()))
         self.health = InstanceHealth(config, self.instances, self.dispatcher, self.outcomes, self.held.release)
         for inst in instances:
             self.dispatcher.add_instance(inst.id, inst.role)
@@ -166,6 +172,9 @@ class Controller:
         for ev in self.dispatcher.policy_events:
             self.recorder.policy_event(t=0.0, kind=ev.kind.value, old=None, new=ev.new, params=ev.params, source="config")
         await self.poller.poll_once()
+        for inst in self.instances.values():
+            self.prefix.follow(inst)
+        self.health.on_down = self.prefix.lost
         self.poller.start()
         self.backend.on_lost(self.health.instance_lost)  # backends that see instances die (ray: actor or node)
         self.dispatcher.start_periodic(time.monotonic())
@@ -194,6 +203,7 @@ class Controller:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.outcomes.idle.wait(), self.config.drain_timeout_s)
         await self.poller.stop()
+        await self.prefix.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -262,6 +272,11 @@ class Controller:
 
     def instance_removed(self, instance_id: str) -> None:
         self.health.instance_removed(instance_id)
+        self._tasks.append(asyncio.create_task(self.prefix.forget(instance_id), name=f"prefix-forget-{instance_id}"))
+
+    def instance_ready(self, inst: Instance) -> None:
+        """A started instance joined: follow its KV events (precise prefix index)."""
+        self.prefix.follow(inst)
 
     def track_data_parallel(self, inst: Instance) -> None:
         self.health.track_data_parallel(inst)
@@ -288,6 +303,7 @@ class Controller:
         while True:
             await asyncio.sleep(PERIODIC_TICK_S)
             self.held.expire()
+            self.held.release()  # the prefill backlog drains with time, not only on events
             now = time.monotonic()
             self.health.tick(now)
             if now < self.dispatcher.next_periodic_at():
@@ -350,10 +366,12 @@ class Controller:
             "slo": {"classes": {k: v.model_dump() for k, v in self.config.slo.items()}, **self.slo.snapshot(now)},
             "requests": {"in_flight": self.in_flight, "total": self.total, "failed": self.failed},
             "queue": QueueState(depth=d.queue_depth(), by_class=d.queue_depth_by_class(), max_queued=queue.max_queued,
-                                max_in_flight_per_instance=queue.max_in_flight_per_instance, ttl_s=queue.ttl_s),
+                                max_in_flight_per_instance=queue.max_in_flight_per_instance, ttl_s=queue.ttl_s,
+                                admission=d.gate.describe() if d.gate is not None else None),
             "assignment_ratio": d.assignment_ratios()["active"],
             "draining": self.draining,
             "replay": {**self.replay.snapshot(), "label": self.replay_label} if self.replay is not None else None,
+            "prefix": self.prefix.snapshot(),
             "capabilities": caps,
         })
 
@@ -373,6 +391,8 @@ class Controller:
             waiting=int(s.waiting),
             kv_usage=s.kv_usage,
             tokens_per_s=inst.tokens_per_s,
+            prefix_hit_rate=inst.prefix_hit_rate,
+            cached_share=inst.cached_share,
             projected_load=loads.get(inst.id),
             routed_running=int(d.view.running_n[idx]),
             routed_pending=int(d.view.pending_n[idx]),

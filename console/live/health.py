@@ -53,6 +53,8 @@ class InstanceHealth:
         self.breakers: dict[str, CircuitBreaker] = {}
         """Per-instance circuit breakers (core/breaker.py), made on an instance's first failure."""
         self._lost: dict[str, asyncio.Future[None]] = {}
+        self.on_down: Callable[[str], None] | None = None
+        """Told the id of an instance the poller or the backend marked down (its cache is forgotten)."""
         """Per instance, a future done when it is marked down (see lost_signal)."""
 
     # --- request outcomes ------------------------------------------------------------------------
@@ -145,8 +147,11 @@ class InstanceHealth:
         """The poller marked `inst` up or down."""
         if healthy:
             self._lost.pop(inst.id, None)
-        elif not (lost := self.lost_signal(inst.id)).done():
-            lost.set_result(None)
+        else:
+            if not (lost := self.lost_signal(inst.id)).done():
+                lost.set_result(None)
+            if self.on_down is not None:
+                self.on_down(inst.id)
         self._apply_health(inst)
         self.log.instance_up(inst, healthy)
         self.log.instance_event(inst.id, inst.role, "up" if healthy else "down", reason)

@@ -229,7 +229,7 @@ class LiveRequest:
         d = c.dispatcher
         decision = d.admit(self.request, self.request.arrival)
         if decision == Admission.SHED:
-            raise Rejected(429, f"the gateway queue is full ({d.queue_depth()} requests held); retry later", c.retry_after_s())
+            raise Rejected(429, d.shed_reason, c.retry_after_s())
         if decision == Admission.QUEUED:
             self.enter(Step.QUEUED)
             self.released = asyncio.get_running_loop().create_future()
@@ -261,7 +261,13 @@ class LiveRequest:
                 self.body = {**self.body, "priority": prio}
 
     async def _prefill(self, c: RequestHost) -> dict[str, Any]:
-        """Leg 1, sent once more to another prefill instance if the first one is at fault."""
+        """Leg 1, sent once more to another prefill instance if the first one is at fault.
+
+        A decode-only assignment (no prefill instance: the decode instance already holds most of the
+        prompt, llm-d's prefix-based P/D decider) has no leg 1: the decode leg goes without
+        `kv_transfer_params` and the decode instance computes the uncached rest itself."""
+        if self.prefill_instance is None:
+            return {}
         d = c.dispatcher
         payload = orjson.dumps(prefill_leg_body(self.body))
         rid = self.request.id
@@ -309,14 +315,24 @@ class LiveRequest:
         try:
             await self._decode_with_kv(c, client, dec, kv)
         except UpstreamFailure as e:
-            # unreachable before a byte was streamed: the KV still waits on the prefill instance,
-            # so another decode instance can pull it
             if e.status != 502 or client.started or self.output_tokens:
                 raise
+            if e.delivered:
+                # the leg reached the instance before it died: it may have pulled the KV (which
+                # frees it on the prefill instance), so the next one computes the prompt itself
+                target = self._fail_over(c, e.instance_id, 0, f"decode {e.instance_id} failed before anything reached the client: {e}")
+                if target is None:
+                    raise UpstreamFailure(e.instance_id, 503, self.reason or str(e)) from None
+                await self._decode_leg(c, client, target, orjson.dumps(decode_leg_body(self.body, None)))
+                return
+            # refused before it was sent: the KV still waits on the prefill instance, so another
+            # decode instance can pull it
             retry = d.retry_decode(rid, [dec.id], time.monotonic())
             if retry is None:
                 raise
-            log.warning("request %s: %s; sent to %s instead", self.id, e, retry)
+            note = f"{e} before its first token: sent to {retry} with the prompt's KV"
+            self.recovered = note if self.recovered is None else f"{self.recovered}; {note}"
+            log.warning("request %s: %s", self.id, note)
             self.decode_instance = retry
             await self._decode_with_kv(c, client, c.instances[retry], kv)
 
@@ -326,12 +342,13 @@ class LiveRequest:
             await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, None)))
             return
         lost = c.lost_signal(self.prefill_instance or "")
+        cut = False
+        note = ""
         if not lost.done():
             # No task per request: if the prefill instance is lost before the first token, this
             # request's own task is cancelled out of the leg (and uncancelled below).
             me = asyncio.current_task()
             assert me is not None
-            cut = False
 
             def on_lost(_: asyncio.Future[None]) -> None:
                 nonlocal cut
@@ -346,11 +363,22 @@ class LiveRequest:
             except asyncio.CancelledError:
                 if not cut or me.uncancel() > 0:
                     raise
+            except UpstreamFailure as e:
+                # vLLM's kv_load_failure_policy "fail" (its default) answers 500 when the pull from
+                # the prefill instance fails (it died, or the KV expired): the prompt is computed
+                # on the same decode instance instead, once
+                if e.status < 500 or e.delivered or client.started or self.output_tokens or e.instance_id != dec.id:
+                    raise
+                cut = False
+                note = (f"decode {dec.id} answered {e.status} before its first token, as when the prompt's KV cannot be "
+                        f"pulled from prefill {self.prefill_instance}: the prompt was recomputed on {dec.id}")
             finally:
                 lost.remove_done_callback(on_lost)
-        self.recovered = (f"prefill {self.prefill_instance} was lost before decode {dec.id} received the prompt's KV: "
-                          f"the prompt was recomputed on {dec.id}")
-        log.warning("request %s: %s", self.id, self.recovered)
+        if cut or lost.done():
+            note = (f"prefill {self.prefill_instance} was lost before decode {dec.id} received the prompt's KV: "
+                    f"the prompt was recomputed on {dec.id}")
+        self.recovered = note if self.recovered is None else f"{self.recovered}; {note}"
+        log.warning("request %s: %s", self.id, note)
         await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, None)))
 
     async def _decode_leg(self, c: RequestHost, client: ClientChannel, dec: Instance, payload: bytes) -> None:
@@ -363,7 +391,8 @@ class LiveRequest:
                         raw = await r.read()
                     except CONNECTION_ERRORS as e:
                         raise StreamBroken(SSETokenCounter(), f"{type(e).__name__}: {e}") from None
-                    self.first_token_at = time.monotonic()  # a whole reply: its first token arrives with the last
+                    # a whole reply: no token is seen before the last, so first_token_at stays None
+                    # (TPOT unknown; console/live/outcomes.py takes TTFT from the prefill leg's end)
                     self.output_tokens = completion_tokens(orjson.loads(raw))
                     self.ok = True
                     c.upstream_ok(dec.id)

@@ -60,6 +60,9 @@ class ScalerHost(Protocol):
     def track_data_parallel(self, inst: Instance) -> None:
         """Tell the dispatcher whether a new instance is a data-parallel group."""
 
+    def instance_ready(self, inst: Instance) -> None:
+        """A started instance joined the cluster (its KV events are followed from now on)."""
+
     def release_queued(self) -> None:
         """Let held requests go (a new instance has room)."""
 
@@ -97,7 +100,7 @@ class Scaler:
             if action.action == "remove":
                 require(c.backend, Capability.SCALE)
                 c.dispatcher.begin_drain(iid)
-                c.metrics.instance_up.labels(instance=iid, role=inst.role.value).set(0)
+                c.metrics.instance_up.labels(instance_id=iid, role=inst.role.value).set(0)
                 c.instance_event(iid, inst.role, "draining", action.reason, source)
                 self._spawn(self._retire(iid, source), f"retire-{iid}")
                 return iid
@@ -132,8 +135,9 @@ class Scaler:
         inst.open(connect_timeout_s=c.config.connect_timeout_s)
         c.instances[iid] = inst
         c.track_data_parallel(inst)
+        c.instance_ready(inst)
         c.dispatcher.set_phase(iid, InstancePhase.ACTIVE)
-        c.metrics.instance_up.labels(instance=iid, role=role.value).set(1)
+        c.metrics.instance_up.labels(instance_id=iid, role=role.value).set(1)
         c.instance_event(iid, role, "added", f"{reason} (ready after {time.monotonic() - started:.1f} s)", source)
         c.release_queued()
 
@@ -159,8 +163,8 @@ class Scaler:
         await c.backend.flip(iid, role)
         c.dispatcher.flip_role(iid, role)
         inst.role = role
-        c.metrics.instance_up.labels(instance=iid, role=old.value).set(0)
-        c.metrics.instance_up.labels(instance=iid, role=role.value).set(1)
+        c.metrics.instance_up.labels(instance_id=iid, role=old.value).set(0)
+        c.metrics.instance_up.labels(instance_id=iid, role=role.value).set(1)
         c.instance_event(iid, role, "flipped", f"{old.value} -> {role.value}: {reason}", source)
 
     async def stop(self) -> None:

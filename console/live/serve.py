@@ -176,10 +176,11 @@ def start_replay(config: ConsoleConfig, controller: Controller, store: RunStore,
     assert config.replay is not None
     trace = read_trace(config.replay)
     run_id = store.create_run(kind="replay", backend="client", workload=trace.source or trace.name, parent_run_id=controller.run_id,
-                              config={"trace": str(config.replay), "speed": config.replay_speed, "loop": config.replay_loop})
+                              config={"trace": str(config.replay), "speed": config.replay_speed, "loop": config.replay_loop,
+                                      "hash_block_tokens": config.replay_hash_block_tokens})
     recorder = RunRecorder(store, run_id)
     rep = Replayer.from_trace(trace, url,  # keeps a Mooncake trace's prefix structure and sessions
-                              speed=config.replay_speed, loop=config.replay_loop, max_context=controller.max_model_len, on_result=recorder.request)
+                              hash_block_tokens=config.replay_hash_block_tokens, speed=config.replay_speed, loop=config.replay_loop, max_context=controller.max_model_len, on_result=recorder.request)
     controller.replay = rep
     controller.replay_label = f"{Path(config.replay).name} x{config.replay_speed:g}{' (loop)' if config.replay_loop else ''}"
 

@@ -49,6 +49,10 @@ class InstanceRow(_Model):
     waiting: int = Field(0, description="requests waiting in its queue, from its /metrics")
     kv_usage: float | None = Field(None, description="share of its KV cache in use, 0..1, from its /metrics")
     tokens_per_s: float | None = Field(None, description="tokens it generated per second between the last two scrapes")
+    prefix_hit_rate: float | None = Field(
+        None, description="prompt tokens found in its prefix cache ÷ tokens looked up, over the last 30 s (its own /metrics)")
+    cached_share: float | None = Field(
+        None, description="prompt tokens found in its own cache ÷ prompt tokens it took in, over the last 30 s")
     projected_load: float | None = Field(
         None, description="its load as the active routing policy sees it (none: the policy projects none)"
     )
@@ -89,9 +93,16 @@ class SloStats(_Model):
 
     requests: int | None = Field(None, description="requests that finished")
     failed: int | None = Field(None, description="requests that failed")
-    attainment: float | None = Field(None, description="share of requests that met their SLO (TTFT and TPOT), 0..1")
-    ttft_attainment: float | None = Field(None, description="share that met their TTFT target (window only)")
-    tpot_attainment: float | None = Field(None, description="share that met their TPOT target (window only)")
+    attainment: float | None = Field(
+        None, description="share of requests that met their SLO (TTFT and TPOT; a request without a measured TPOT on TTFT alone), 0..1"
+    )
+    ttft_attainment: float | None = Field(None, description="share that met their TTFT target, of those with a measured TTFT or failed")
+    tpot_attainment: float | None = Field(
+        None, description="share that met their TPOT target, of those with a measured TPOT or failed (whole replies are left out)"
+    )
+    tpot_unknown: int | None = Field(
+        None, description="requests that succeeded without a measured TPOT (whole, non-streamed replies)"
+    )
     ttft_p50: float | None = Field(None, description="median time to first token, seconds")
     ttft_p99: float | None = Field(None, description="99th percentile time to first token, seconds")
     tpot_p50: float | None = Field(None, description="median time per output token, seconds")
@@ -130,6 +141,8 @@ class QueueState(_Model):
         None, description="requests per instance above which arrivals are held"
     )
     ttl_s: float | None = Field(None, description="how long a request may be held before it is rejected (503)")
+    admission: dict[str, float | int] | None = Field(
+        None, description="SLO admission's limits in force (decode slots, wait bound, ...) and its shed/expired counts; none when off")
 
 
 class ReplayProgress(_Model):
@@ -171,6 +184,9 @@ class ConsoleState(_Model):
     )
     draining: bool = Field(False, description="whether the console is stopping (new requests get 503)")
     replay: ReplayProgress | None = Field(None, description="a replay started with `up --replay` (none: no replay)")
+    prefix: dict[str, Any] | None = Field(
+        None, description="the prefix-cache index routing reads: source (off, approximate, precise), block size, the share "
+        "of requests that had prefix keys, the mean /tokenize time, and per instance its KV-event subscription's lag")
     capabilities: dict[str, bool] = Field(
         default_factory=dict,
         description="what the backend can do beyond the basics (scale, role_flip, migration...) and replay",

@@ -6,14 +6,14 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from core.dispatch import Dispatcher
 from core.perf import PerfProfile
 from core.policies import registry
-from core.sim.cluster import FAIL_REASONS, ClusterSimResult, ClusterSimulation, Mode
+from core.sim.cluster import FAIL_REASONS, CacheParams, ClusterSimResult, ClusterSimulation, Mode
 from core.slo import SLOClass, summarize
 from core.types import PolicyKind
 
@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from adapters.store import RunStore
 
 ProgressFn = Callable[[str, int, int], None]
+
+PrefixSource = Literal["precise", "approximate"]
+"""Where routing learns what each simulated instance caches: precise = the instances' exact caches
+(what vLLM's KV events deliver live), approximate = the router's own past decisions (what it sent
+somewhere counts as cached there, for a TTL and up to the instance's capacity)."""
+PREFIX_SOURCES: tuple[PrefixSource, ...] = ("precise", "approximate")
 
 
 @dataclass
@@ -46,6 +52,17 @@ class SimPlan:
     scaling: tuple[str, dict[str, Any]] = ("static", {})
     priorities: np.ndarray | None = None
     """Per-request priority (from the trace), for priority queueing."""
+    hash_ids: list[list[int]] | None = None
+    """Per-request prefix-block hashes (Mooncake); with them (and `cache` on) every instance keeps
+    a prefix cache (core/sim/cluster/cache.py)."""
+    sessions: list[str] | None = None
+    """Per-request session id (derived from the hash ids), for session affinity."""
+    cache: CacheParams | None = None
+    """How the KV cache is modelled (None: the defaults; on only when `hash_ids` are given)."""
+    prefix_source: PrefixSource = "precise"
+    """What routing reads of the caches (see PrefixSource)."""
+    prefix_ttl_s: float | None = 300.0
+    """The approximate source's TTL."""
 
     @property
     def cluster(self) -> str:
@@ -90,7 +107,15 @@ def run_one(
         dispatcher=dispatcher,
         mode=plan.mode,
         priorities=plan.priorities,
+        hash_ids=plan.hash_ids,
+        sessions=plan.sessions,
+        cache=plan.cache,
     )
+    if sim.cache is not None and plan.prefix_source == "approximate":
+        # the engine installed the exact lookup; replace it by the router's own record
+        dispatcher.use_prefix_routes(
+            sim.cache.block_size, plan.prefix_ttl_s, sim.cache.capacity_blocks, decode_only=True
+        )
     started = time.perf_counter()
     result = sim.run(
         None if on_progress is None else lambda done, total: on_progress(name, done, total)
@@ -124,7 +149,27 @@ def run_one(
         "sim_wall_s": wall,
         "requests_per_s_simulated": len(plan.arrivals) / wall if wall > 0 else None,
     }
+    if result.cache_block_size:  # the cache was modelled (a trace with prefix structure)
+        row.update(cache_summary(result))
+        row["prefix_source"] = plan.prefix_source
     return row, result
+
+
+def cache_summary(result: ClusterSimResult) -> dict[str, Any]:
+    """A run's prefix-cache figures: prefill-side hit rate, KV moved P→D (tokens, and as a share of
+    the prompt tokens of the requests that reached decode), and the decode side's local hits."""
+    reached = ~np.isnan(result.decode_start)
+    prompts = int(result.prompt_tokens[reached].sum())
+    moved = int(result.kv_transferred_tokens.sum())
+    return {
+        "prefix_hit_rate": result.hit_rate,
+        "cached_tokens": int(result.cached_tokens.sum()),
+        "kv_transferred_tokens": moved,
+        "kv_transferred_share": moved / prompts if prompts else 0.0,
+        "decode_cached_tokens": int(result.decode_cached_tokens.sum()),
+        "decode_only": int(np.count_nonzero(reached & (result.prefill_instance < 0) & ~np.isnan(result.prefill_start))),
+        "cache_block_size": result.cache_block_size,
+    }
 
 
 def _nullable(values: np.ndarray) -> list[float | None]:

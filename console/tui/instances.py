@@ -22,6 +22,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("waiting", "wait"),
     ("kv", "KV"),
     ("tps", "tok/s"),
+    ("hit", "hit"),
+    ("cached", "cached"),
     ("load", "load"),
     ("bar", "load vs busiest of role"),
     ("trend", "trend"),
@@ -32,7 +34,7 @@ NODE_COLUMN = ("node", "node")
 RANKS_COLUMN = ("ranks", "DP ranks (KV tokens, max/mean)")
 """Per-rank load of a data-parallel decode group: appended once some instance is one."""
 RANKS_WIDTH = 16
-SORTABLE: tuple[str, ...] = ("id", "health", "running", "waiting", "kv", "tps", "load")
+SORTABLE: tuple[str, ...] = ("id", "health", "running", "waiting", "kv", "tps", "hit", "load")
 """Columns the table can sort by, in the order the sort key cycles through them."""
 GROUP = {"prefill": 0, "both": 1, "decode": 2}
 BAR_WIDTH = 16
@@ -83,9 +85,16 @@ def _sort_value(inst: InstanceRow, column: str) -> Any:
         return float(inst.kv_usage or 0.0)
     if column == "tps":
         return float(inst.tokens_per_s or 0.0)
+    if column == "hit":
+        return float(inst.prefix_hit_rate or 0.0)
     if column == "load":
         return inst.load
     return float(getattr(inst, column, None) or 0)
+
+
+def _share(x: float | None) -> str:
+    """A prefix-cache share as a whole percent; "-" when nothing was looked up in the window."""
+    return "-" if x is None else f"{x:.0%}"
 
 
 class InstanceTable(DataTable[Any]):
@@ -175,6 +184,8 @@ class InstanceTable(DataTable[Any]):
             "waiting": Text(str(inst.waiting), justify="right", style=p.warn if inst.waiting else ""),
             "kv": Text("-" if kv is None else f"{kv:.0%}", justify="right", style=kv_style),
             "tps": Text(num(inst.tokens_per_s), justify="right"),
+            "hit": Text(_share(inst.prefix_hit_rate), justify="right"),
+            "cached": Text(_share(inst.cached_share), justify="right"),
             "load": Text(num(inst.projected_load), justify="right"),
             "bar": Text(bar(frac, BAR_WIDTH), style=bar_style),
             "trend": Text(sparkline(hist, scale, TREND_WIDTH), style=bar_style),

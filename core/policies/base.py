@@ -59,6 +59,8 @@ class RoutingPolicy(Protocol):
     """Whether decisions read per-request decode progress (lets the simulator skip syncing it)."""
     needs_true_lengths: bool
     """Whether decisions read every request's true output length (simulator only)."""
+    reads_prefix: bool
+    """Whether decisions read the prefix cache (the live gateway then keys text and chat prompts too)."""
 
     def route(self, request: Request, view: ClusterView) -> Assignment: ...
 
@@ -83,6 +85,9 @@ class RoutingPolicyBase(PolicyBase):
     needs_progress: bool = False
     needs_true_lengths: bool = False
     """True for oracles that read `table.max_out` as the true output length (simulator only)."""
+    reads_prefix: bool = False
+    """Whether decisions read the prefix cache (then the live gateway tokenizes text and chat prompts
+    to key them; token-id prompts are keyed always)."""
 
     def assign_targets(self, request: Request, view: ClusterView, queue: QueuePolicy) -> None:
         return None

@@ -46,6 +46,8 @@ class Oracle(ComposedRouting):
     its queue record.
     """
 
+    reads_prefix = True
+
     params: OracleParams
     needs_true_lengths = True
     allow_sim_only_decode = True

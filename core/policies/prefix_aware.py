@@ -36,6 +36,8 @@ class PrefixAware(ComposedRouting):
     approximate or precise live). Without a prefix lookup it is least queued work + the same
     prefill everywhere, i.e. the baselines' prefill choice."""
 
+    reads_prefix = True
+
     params: PrefixAwareParams
 
     def __init__(self, params: PrefixAwareParams) -> None:

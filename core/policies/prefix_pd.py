@@ -50,6 +50,8 @@ class PrefixPD(PrefixAware):
     them), ties by L, then round robin. With a
     late-binding decode policy the same rule runs at the handoff (τ = now)."""
 
+    reads_prefix = True
+
     params: PrefixPDParams
 
     def __init__(self, params: PrefixPDParams) -> None:

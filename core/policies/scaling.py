@@ -57,6 +57,21 @@ class ThresholdParams(PeriodicParams):
     backlog_low_s: float = Field(
         0.2, ge=0, description="prefill: low when mean queued prefill work ≤ this many seconds"
     )
+    slo_attainment: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description=(
+            "saturated when fewer than this share of the requests finished in the SLO window met "
+            "the pool's own SLO (decode: TPOT, prefill: TTFT); 0 turns the SLO signal off"
+        ),
+    )
+    refused_high: float = Field(
+        0.5, ge=0, description="saturated when SLO admission refuses this many requests per second for want of this pool; 0 turns it off"
+    )
+    slo_min_samples: int = Field(
+        8, ge=1, description="the SLO signal counts only with at least this many requests in its window"
+    )
     scale_in_after_s: float = Field(
         60.0, ge=0, description="scale in only after the pool has been low this long"
     )
@@ -92,6 +107,11 @@ class ThresholdScaling(ScalingPolicyBase):
     KV ≤ kv_low, utilisation ≤ util_low and nothing held; after `scale_in_after_s` of
     uninterrupted low, remove the least-loaded active instance (the executor drains it first).
     Prefill pool: the same with the mean projected prefill backlog (seconds) for utilisation.
+    Either pool is also saturated when its SLO was missed over the dispatcher's SLO window
+    (attainment of TPOT for decode, TTFT for prefill below `slo_attainment`, with at least
+    `slo_min_samples` requests in the window), or when SLO admission turned away at least
+    `refused_high` requests a second for want of it (an overload admission sheds would otherwise
+    never show as a queue), and is never low while it is.
     Between the thresholds nothing happens and the low timer restarts (hysteresis). At most one
     action per decision, none within `cooldown_s` of the last, and none while any instance is
     STARTING or DRAINING, so the policy sees the effect of one action before the next.
@@ -153,6 +173,14 @@ class ThresholdScaling(ScalingPolicyBase):
         hot: list[str] = []
         if s.queue_len >= p.queue_high:
             hot.append(f"queue {s.queue_len} ≥ {p.queue_high}")
+        refused = s.refused_rate.get(role, 0.0)
+        if p.refused_high > 0 and refused >= p.refused_high:
+            hot.append(f"admission refused {refused:.1f}/s ≥ {p.refused_high:g}/s for want of {role} capacity")
+        slo = s.slo_of(role)
+        if p.slo_attainment > 0 and slo.missed(p.slo_attainment, p.slo_min_samples):
+            assert slo.attainment is not None and slo.p90_s is not None
+            hot.append(f"{slo.metric.upper()} attainment {slo.attainment:.0%} < {p.slo_attainment:.0%} over "
+                       f"{slo.samples} requests (p90 {slo.p90_s * 1000:.0f} ms, target {(slo.target_s or 0) * 1000:.0f} ms)")
         if role == Role.DECODE:
             kv, util = s.kv_mean, s.util_mean
             if kv >= p.kv_high:

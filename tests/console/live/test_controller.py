@@ -32,7 +32,8 @@ def test_the_state_has_the_keys_clients_read(tmp_path: Path) -> None:
     c = controller(tmp_path)
     c.dispatcher.add_instance("d2", Role.DECODE, phase=InstancePhase.STARTING)
     state = c.state()
-    assert list(state) == LEGACY_KEYS
+    assert list(state) == [*LEGACY_KEYS[:14], "prefix", LEGACY_KEYS[14]]  # prefix: added (the prefix-cache index)
+    assert state["prefix"]["source"] == "approximate" and state["prefix"]["events"] == {}
     assert state["cluster"] == "1P2D" and state["capabilities"] == {"replay": False} and state["replay"] is None
     rows = {r["id"]: r for r in state["instances"]}
     assert list(rows) == ["p0", "d0", "d1", "d2"]
@@ -41,7 +42,7 @@ def test_the_state_has_the_keys_clients_read(tmp_path: Path) -> None:
     assert "breaker" not in rows["d2"] and rows["d2"]["phase"] == "starting" and rows["d2"]["scraped"] == {}
     assert list(state["slo"]) == ["classes", "window_s", "window", "run"] and "goodput_req_s" not in state["slo"]["run"]
     assert state["slo"]["classes"]["default"] == {"name": "default", "ttft_s": 2.0, "tpot_s": 0.1}
-    assert list(state["queue"]) == ["depth", "by_class", "max_queued", "max_in_flight_per_instance", "ttl_s"]
+    assert list(state["queue"]) == ["depth", "by_class", "max_queued", "max_in_flight_per_instance", "ttl_s", "admission"]  # admission: added (SLO admission)
     assert list(state["policies"]) == ["routing", "queue", "reschedule", "scaling", "rank"]
     c.recorder.close(status="completed")
 

@@ -1,0 +1,143 @@
+"""The live console's view of the instances' KV caches: each request's prefix keys and the index's source.
+
+A request's prefix keys are our own hash chain (core.cache.keys) over the token ids the engine will
+see, in the engine's block size. Token-id prompts (what `replay` sends) are hashed as they are; text
+and chat prompts are tokenized by the instance itself (`POST /tokenize`, which applies the chat
+template exactly as the engine will) unless `[prefix] tokenize = "off"`. The index behind routing is
+*approximate* (what the router sent where, for a TTL, bounded by each instance's KV capacity) or
+*precise* (each instance's own KV events, read by one subscriber per instance: adapters/vllm/kv_events).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from adapters.vllm.instances import Instance
+from adapters.vllm.kv_events import KVEventSubscriber
+from console.live.config import PrefixSettings
+from core.cache.keys import chain_keys
+from core.dispatch import Dispatcher
+
+log = logging.getLogger(__name__)
+
+TOKENIZE_TIMEOUT_S = 2.0
+"""A /tokenize call that takes longer leaves the request without prefix keys (it is routed by load)."""
+
+
+def token_ids(body: dict[str, Any]) -> list[int] | None:
+    """The prompt's token ids when the client sent ids (a list of ints, or one such list in a list)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return prompt
+    return None
+
+
+async def engine_token_ids(body: dict[str, Any], instances: Sequence[Instance]) -> list[int] | None:
+    """Tokenize a text or chat prompt on the first healthy instance, as the engine will."""
+    if "messages" in body:
+        payload: dict[str, Any] = {"messages": body["messages"]}
+    elif isinstance(body.get("prompt"), str):
+        payload = {"prompt": body["prompt"]}
+    else:
+        return None
+    for inst in instances:
+        if not inst.healthy or inst.session is None:
+            continue
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+            async with inst.session.post("/tokenize", json=payload, timeout=aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_S)) as r:
+                if r.status == 200:
+                    tokens = (await r.json()).get("tokens")
+                    if isinstance(tokens, list):
+                        return [int(t) for t in tokens]
+        return None
+    return None
+
+
+class PrefixIndex:
+    """Sets the dispatcher's cache source, computes request keys, and runs the KV-event subscribers."""
+
+    def __init__(self, settings: PrefixSettings, dispatcher: Dispatcher, block_size: int) -> None:
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.block_size = settings.block_size or block_size
+        """The block size keys are computed in (the engines' own)."""
+        self.subscribers: dict[str, KVEventSubscriber] = {}
+        self.keyed = self.unkeyed = 0
+        """Requests that got prefix keys / did not (no ids and no tokenizer)."""
+        self.tokenize_s = 0.0
+        """Time spent in /tokenize calls (the gateway's added latency for text and chat prompts)."""
+        s = settings
+        if s.source == "approximate":
+            dispatcher.use_prefix_routes(self.block_size, ttl_s=s.ttl_s, decode_only=s.decode_only)
+        elif s.source == "precise":
+            dispatcher.use_prefix_events(self.block_size, decode_only=s.decode_only)
+
+    async def keys(self, body: dict[str, Any], prefill: Sequence[Instance], tokenize: bool = True) -> tuple[int, ...]:
+        """The prefix keys of a request body (empty when the cache is off or the prompt has no ids).
+
+        Token-id prompts are hashed always (microseconds); a text or chat prompt costs a /tokenize
+        round trip, made only when `tokenize` (the active routing policy reads the cache)."""
+        if self.settings.source == "off":
+            return ()
+        ids = token_ids(body)
+        if ids is None and tokenize and self.settings.tokenize == "instance":
+            t = time.perf_counter()
+            ids = await engine_token_ids(body, prefill)
+            self.tokenize_s += time.perf_counter() - t
+        if not ids:
+            self.unkeyed += 1
+            return ()
+        self.keyed += 1
+        return tuple(chain_keys(ids, self.block_size))
+
+    # --- precise: KV events -------------------------------------------------------------------
+    def follow(self, inst: Instance) -> None:
+        """Subscribe to an instance's KV events (precise source; instances that publish them)."""
+        if self.settings.source != "precise" or inst.kv_events_endpoint is None or inst.id in self.subscribers:
+            return
+        sub = KVEventSubscriber(inst.id, inst.kv_events_endpoint, self.dispatcher.apply_kv_events,
+                                replay_endpoint=inst.kv_events_replay)
+        sub.start()
+        self.subscribers[inst.id] = sub
+
+    def lost(self, instance_id: str) -> None:
+        """An instance went down: what it cached can no longer be trusted."""
+        sub = self.subscribers.get(instance_id)
+        if sub is not None:
+            sub.mark_down()
+        elif self.settings.source != "off":
+            self.dispatcher.clear_prefix_cache(instance_id)
+
+    async def forget(self, instance_id: str) -> None:
+        """An instance left the cluster."""
+        sub = self.subscribers.pop(instance_id, None)
+        if sub is not None:
+            await sub.stop()
+        if self.settings.source != "off":
+            self.dispatcher.clear_prefix_cache(instance_id)
+
+    async def close(self) -> None:
+        for iid in list(self.subscribers):
+            sub = self.subscribers.pop(iid)
+            await sub.stop()
+
+    def snapshot(self) -> dict[str, Any]:
+        """For `status` and the state: the source, block size, keyed share, per-instance event lag."""
+        lags = {}
+        for iid, sub in self.subscribers.items():
+            lag = sub.lag()
+            lags[iid] = {"endpoint": sub.endpoint, "connected": lag.connected, "last_seq": lag.last_seq, "events_per_s": lag.events_per_s,
+                         "since_last_event_s": lag.since_last_event_s, "gaps_filled": lag.gaps_filled,
+                         "gaps_unfilled": lag.gaps_unfilled, "restarts": lag.restarts, "unresolved": lag.unresolved,
+                         "bad_messages": lag.bad_messages, "events": lag.events}
+        total = self.keyed + self.unkeyed
+        return {"source": self.settings.source, "block_size": self.block_size, "keyed_share": self.keyed / total if total else None,
+                "tokenize_ms_mean": 1e3 * self.tokenize_s / total if total else None, "events": lags}

@@ -1,0 +1,131 @@
+"""SLO admission on a dispatcher: decode slots from the profile, the prefill backlog, 429 at once when
+a request cannot start within its wait bound, release in the queue policy's order, 503 when a held
+request no longer can, the engines' own signals, the retry-after hint."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from core.admission import SloAdmission, tpot_slots
+from core.dispatch import Dispatcher
+from core.perf import get_profile
+from core.types import Admission, InstanceState, Request, Role
+
+PROFILE = get_profile("h20-qwen3-32b")
+PREFILL_256 = float(PROFILE.prefill_time(256))  # ≈ 0.24 s
+
+
+def cluster(prefill: int = 1, decode: int = 1, queue: str = "fcfs", **settings: object) -> Dispatcher:
+    d = Dispatcher(PROFILE, "round_robin", queue=(queue, {}))
+    for k in range(prefill):
+        d.add_instance(f"p{k}", Role.PREFILL)
+    for k in range(decode):
+        d.add_instance(f"d{k}", Role.DECODE)
+    d.use_slo_admission(SloAdmission.model_validate(settings))
+    return d
+
+
+def req(k: int, t: float = 0.0, prompt: int = 256, out: int = 200, priority: int = 0) -> Request:
+    return Request(k, t, prompt, out, priority=priority)
+
+
+def admit_all(d: Dispatcher, n: int, t: float = 0.0) -> list[Admission]:
+    out = []
+    for k in range(n):
+        a = d.admit(req(k, t), t)
+        if a == Admission.ROUTE:
+            d.route(req(k, t), t)
+        out.append(a)
+    return out
+
+
+def test_decode_slots_are_max_num_seqs_cut_to_the_tpot_target() -> None:
+    # h20: step(n) = 21.4 ms + 0.38 ms·n; 80% of the 100 ms TPOT target allows 154 of vLLM's 256
+    assert tpot_slots(PROFILE, 0.09, 1024) == 180
+    assert tpot_slots(PROFILE, 10.0, 1024) == PROFILE.max_num_seqs
+    assert cluster().gate.decode_slots == tpot_slots(PROFILE, 0.08, 1024) == 154  # type: ignore[union-attr]
+    assert cluster(decode_slots=32).gate.decode_slots == 32  # type: ignore[union-attr]
+
+
+def test_a_burst_routes_what_the_prefill_can_start_within_the_ttft_target_and_sheds_the_rest_at_once() -> None:
+    d = cluster()
+    decisions = admit_all(d, 600)
+    routed = decisions.count(Admission.ROUTE)
+    # 0.8 × 2 s TTFT: about six 256-token prompts fit in one prefill instance's backlog
+    assert 4 <= routed <= 7 and decisions[:routed] == [Admission.ROUTE] * routed
+    assert decisions.count(Admission.SHED) == 600 - routed - decisions.count(Admission.QUEUED)
+    assert "TTFT target 2 s + bounded wait 0 s" in d.shed_reason
+    assert 1.0 <= (d.retry_after_s(0.0) or 0) <= 60.0
+    assert d.gate is not None and d.gate.shed == decisions.count(Admission.SHED)
+
+
+def test_the_bounded_wait_holds_what_can_start_within_it_and_releases_in_the_queue_policys_order() -> None:
+    d = cluster(queue="priority", extra_wait_s=3.0)
+    decisions = admit_all(d, 40)
+    queued = [k for k, a in enumerate(decisions) if a == Admission.QUEUED]
+    assert queued and decisions.count(Admission.SHED) > 0
+    # each held one is expected to start within 2 s + 3 s: about (0.9·2 + 3) / 0.24 prompts in all
+    assert len(queued) + decisions.count(Admission.ROUTE) <= math.ceil((0.8 * 2 + 3.0) / PREFILL_256) + 1
+    # a more urgent arrival held later goes first
+    assert d.admit(req(999, 0.0, priority=-1), 0.0) in (Admission.QUEUED, Admission.SHED)
+    for k in range(decisions.count(Admission.ROUTE)):  # the routed prefills end when due: room again
+        d.on_prefill_end(k, d._tracked[k].prefill_due, PREFILL_256)
+    released = d.release(2.0)
+    assert released and released[0].id in (999, queued[0])
+    assert len(released) <= math.ceil(0.8 * 2 / PREFILL_256)  # no more than the prefill can start in time
+
+
+def test_a_held_request_that_can_no_longer_start_within_its_wait_bound_expires() -> None:
+    d = cluster(extra_wait_s=1.0)
+    decisions = admit_all(d, 30)
+    held = decisions.count(Admission.QUEUED)
+    assert held
+    assert d.expire(0.5) == []
+    late = d.expire(3.0 - 0.1)  # 2 s + 1 s, less than a prompt's service: none of them can make it now
+    assert len(late) == held and d.queue_depth() == 0 and d.gate is not None and d.gate.expired == held
+
+
+def test_decode_slots_hold_arrivals_when_full_and_a_finish_releases_one() -> None:
+    d = cluster(decode_slots=4, extra_wait_s=30.0)
+    t = 0.0
+    for k in range(4):
+        assert d.admit(req(k, t), t) == Admission.ROUTE
+        d.route(req(k, t), t)
+        d.on_prefill_end(k, t + 0.3, 0.3)
+        d.on_decode_start(k, t + 0.3)
+    assert d.admit(req(4, 1.0), 1.0) == Admission.QUEUED  # the prefill is idle, decode slots are not
+    assert d.release(1.5) == []
+    d.on_finish(0, 2.0, 200, 0.35)
+    assert [r.id for r in d.release(2.0)] == [4]
+
+
+def test_a_decode_engine_out_of_kv_or_queueing_takes_no_more() -> None:
+    d = cluster(decode=2, decode_slots=4)
+    gate = d.gate
+    assert gate is not None and gate.decode_room(d.view) == 8
+    d.observe_instance(InstanceState("d0", Role.DECODE, kv_usage=0.97))
+    assert gate.decode_room(d.view) == 4
+    d.observe_instance(InstanceState("d1", Role.DECODE, waiting=8))
+    assert gate.decode_room(d.view) == 0
+    assert d.admit(req(1), 0.0) != Admission.ROUTE
+
+
+def test_an_engines_own_waiting_prompts_count_as_prefill_backlog() -> None:
+    d = cluster()
+    assert d.admit(req(1), 0.0) == Admission.ROUTE
+    d.observe_instance(InstanceState("p0", Role.PREFILL, waiting=20))  # someone else's prompts queue there
+    gate = d.gate
+    assert gate is not None and float(gate.backlogs(d.view, 0.0)[0]) == pytest.approx(20 * PREFILL_256, rel=0.2)
+    assert d.admit(req(2), 0.0) == Admission.SHED
+
+
+def test_off_keeps_the_old_limits() -> None:
+    d = Dispatcher(PROFILE, "round_robin")
+    d.add_instance("p0", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    assert admit_all(d, 300).count(Admission.ROUTE) == 256  # max_in_flight_per_instance, nothing else
+    assert d.gate is None and d.retry_after_s(0.0) is None
+    assert np.isfinite(d.queue.params.ttl_s)

@@ -241,6 +241,59 @@ class SloGate:
         """Held so long that even an idle cluster would start it past its wait bound."""
         return now - r.arrival + self.service_s(r.prompt_tokens) > self.wait_bound_s(r)
 
+    # --- the decisions, on the dispatcher's AdmissionControl and queue policy ----------------------
+    def hold_or_shed(self, adm: AdmissionControl, queue: QueuePolicy, r: Request, v: ClusterView,
+                     now: float) -> tuple[Admission, str | None]:
+        """`r` cannot be routed now: hold it if it is expected to start within its wait bound,
+        else refuse it (SHED, with why); a full queue sheds too (why None)."""
+        if len(queue) < queue.params.max_queued:
+            why = self.refusal(r, v, now, len(adm))
+            if why is not None:
+                adm.arrivals += 1
+                self.shed += 1
+                return Admission.SHED, why
+        decision = adm.admit(queue, r, now, 0)
+        if decision == Admission.QUEUED:
+            self.held_work_s += float(self.profile.prefill_time(r.prompt_tokens))
+        return decision, None
+
+    def release(self, adm: AdmissionControl, queue: QueuePolicy, v: ClusterView, now: float, room: int) -> list[Request]:
+        """Held requests to route now, one at a time in the queue policy's order, while a decode slot
+        is free (`room`) and the least loaded prefill instance, counting the ones released here,
+        can start the head within its target once routed (its wait so far is spent: `expire`
+        answers it when past its bound)."""
+        backlogs = self.backlogs(v, now).copy()
+        out: list[Request] = []
+        if room <= 0 or not len(backlogs):
+            return out
+        for r in queue.items():
+            k = int(np.argmin(backlogs))
+            if room <= 0 or (backlogs[k] > 0 and backlogs[k] + self.service_s(r.prompt_tokens) > self.target_s(r)):
+                break
+            popped = adm.release(queue, now, 1)
+            if not popped:
+                break
+            work = float(self.profile.prefill_time(popped[0].prompt_tokens))
+            backlogs[k] += work
+            self.held_work_s = max(self.held_work_s - work, 0.0) if adm else 0.0
+            out.append(popped[0])
+            room -= 1
+        return out
+
+    def expire(self, adm: AdmissionControl, queue: QueuePolicy, v: ClusterView, now: float, expired: list[Request]) -> list[Request]:
+        """`expired` (past the queue policy's ttl_s) plus the held requests that can no longer start
+        within their wait bound, all removed from the queue."""
+        if adm:
+            late = [r for r in queue.items() if self.hopeless(r, now)]
+            for r in late:
+                adm.cancel(queue, r.id)
+            self.expired += len(late)
+            self.refused[Role.DECODE if self.decode_room(v) <= 0 else Role.PREFILL] += len(late)
+            expired = [*expired, *late]
+        work = sum(float(self.profile.prefill_time(r.prompt_tokens)) for r in expired)
+        self.held_work_s = max(self.held_work_s - work, 0.0) if adm else 0.0
+        return expired
+
     def retry_after_s(self, v: ClusterView, now: float, held: int) -> float:
         """When a new request would likely be admitted: the prefill backlog and the held work
         drained to the budget, or decode slots free; at least 1 s, at most 60 s."""

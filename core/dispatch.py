@@ -8,6 +8,7 @@ it virtual time; the live gateway feeds it time.monotonic(). Both drive the same
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,8 @@ class _Tracked:
     """The routing policy that routed it; it also binds it late, whatever is active by then."""
     prefill_est: float
     prefill_due: float
+    shift_base: float = 0.0
+    """Its prefill instance's cumulative projection shift when `prefill_due` was set (see _end_prefill)."""
     """When its prefill was projected to end on its prefill instance (FIFO behind the backlog)."""
     in_prefill: bool = True
     """Routed and its prefill has not ended (counted in view.prefill_n)."""
@@ -126,6 +129,9 @@ class Dispatcher:
         self._dp_groups: dict[int, tuple[int, int]] = {}
         """Decode instances that are data-parallel groups: index → (ranks, slots per rank)."""
         self._tracked: dict[Hashable, _Tracked] = {}
+        self._prefill_shift: defaultdict[int, float] = defaultdict(float)
+        """Per prefill instance index: the sum of the shifts its projection took as prefills ended
+        early or late (a queued request's due moves with every shift after it was queued)."""
         self.admission = AdmissionControl()
         """Requests held by the queue policy, and when each was queued."""
         self.gate: SloGate | None = None
@@ -466,16 +472,8 @@ class Dispatcher:
         self.shed_reason = f"the gateway queue is full ({len(adm)} requests held); retry later"
         if gate is None:
             return adm.admit(self.queue, request, now, self._room())
-        if len(self.queue) < self.queue.params.max_queued:
-            why = gate.refusal(request, v, now, len(adm))
-            if why is not None:
-                adm.arrivals += 1
-                gate.shed += 1
-                self.shed_reason = why
-                return Admission.SHED
-        decision = adm.admit(self.queue, request, now, 0)
-        if decision == Admission.QUEUED:
-            gate.held_work_s += float(v.profile.prefill_time(request.prompt_tokens))
+        decision, why = gate.hold_or_shed(adm, self.queue, request, v, now)
+        self.shed_reason = why or self.shed_reason
         return decision
 
     def set_targets(self, request: Request) -> None:
@@ -499,47 +497,15 @@ class Dispatcher:
             return []
         v = self.view
         v.now = now
-        gate = self.gate
-        if gate is None:
+        if self.gate is None:
             return self.admission.release(self.queue, now, self._room())
-        # one at a time in the queue policy's order while a decode slot is free and the least
-        # loaded prefill instance (counting the ones released here) can start the head within its
-        # target once routed (its wait so far is spent: expire() answers it when past its bound)
-        room = self._room()
-        backlogs = gate.backlogs(v, now).copy()
-        out: list[Request] = []
-        if room <= 0 or not len(backlogs):
-            return out
-        for r in self.queue.items():
-            k = int(np.argmin(backlogs))
-            if room <= 0 or (backlogs[k] > 0 and backlogs[k] + gate.service_s(r.prompt_tokens) > gate.target_s(r)):
-                break
-            popped = self.admission.release(self.queue, now, 1)
-            if not popped:
-                break
-            work = float(v.profile.prefill_time(popped[0].prompt_tokens))
-            backlogs[k] += work
-            gate.held_work_s = max(gate.held_work_s - work, 0.0) if self.admission else 0.0
-            out.append(popped[0])
-            room -= 1
-        return out
+        return self.gate.release(self.admission, self.queue, v, now, self._room())
 
     def expire(self, now: float) -> list[Request]:
         """Held requests queued ttl_s ago or earlier, or (SLO admission) that could no longer start
         within their wait bound, removed from the queue; the caller fails them."""
         out = self.admission.expire(self.queue, now)
-        gate = self.gate
-        if gate is not None and self.admission:
-            late = [r for r in self.queue.items() if gate.hopeless(r, now)]
-            for r in late:
-                self.admission.cancel(self.queue, r.id)
-            gate.expired += len(late)
-            gate.refused[Role.DECODE if gate.decode_room(self.view) <= 0 else Role.PREFILL] += len(late)
-            out.extend(late)
-        if gate is not None:
-            work = sum(float(self.view.profile.prefill_time(r.prompt_tokens)) for r in out)
-            gate.held_work_s = max(gate.held_work_s - work, 0.0) if self.admission else 0.0
-        return out
+        return out if self.gate is None else self.gate.expire(self.admission, self.queue, self.view, now, out)
 
     def next_expiry_at(self) -> float:
         """When the oldest held request expires (inf when none is held)."""
@@ -598,7 +564,8 @@ class Dispatcher:
         if a.decode is not None:
             d = t.inst[i] = self._index[a.decode]
             v.pending_n[d] += 1
-        tracked = _Tracked(request, router, est, float(due), in_prefill=p >= 0, routed_at=now, computed=computed)
+        tracked = _Tracked(request, router, est, float(due), in_prefill=p >= 0, routed_at=now, computed=computed,
+                           shift_base=self._prefill_shift[p] if p >= 0 else 0.0)
         for _, shadow in self.shadows:
             try:
                 choice = shadow.route(request, v).decode
@@ -651,10 +618,11 @@ class Dispatcher:
         if tracked.in_prefill:
             tracked.in_prefill = False
             v.prefill_n[p] -= 1
-            if completed:
-                shift = now - tracked.prefill_due
-            else:
-                shift = -min(tracked.prefill_est, max(tracked.prefill_due - now, 0.0))
+            # its due as projected now: the shifts settled since it was queued moved it too (without
+            # this, every request queued behind a late one would add that lateness again)
+            due = tracked.prefill_due + self._prefill_shift[p] - tracked.shift_base
+            shift = now - due if completed else -min(tracked.prefill_est, max(due - now, 0.0))
+            self._prefill_shift[p] += shift
             v.prefill_free_at[p] = max(now, v.prefill_free_at[p] + shift)
 
     def on_prefill_end(self, rid: Hashable, now: float, seconds: float | None = None) -> None:
@@ -686,6 +654,7 @@ class Dispatcher:
         p = int(np.argmin(start))
         v.prefill_free_at[p] = start[p] + est
         tracked.prefill_due = float(v.prefill_free_at[p])
+        tracked.shift_base = self._prefill_shift[p]
         v.prefill_n[p] += 1
         tracked.in_prefill = True
         t.prefill[i] = p

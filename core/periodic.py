@@ -134,12 +134,18 @@ class SloWindow:
             self._ttft.append((now, ttft_s, ttft_target))
         if tpot_s is not None:
             self._tpot.append((now, tpot_s, tpot_target))
+        self._drop(now)
+
+    def _drop(self, now: float) -> None:
+        """Forget what finished before the window (so memory stays bounded when nobody reads it)."""
+        for q in (self._ttft, self._tpot):
+            while q and q[0][0] < now - self.window_s:
+                q.popleft()
 
     def role_slo(self, now: float) -> dict[Role, RoleSlo]:
         out: dict[Role, RoleSlo] = {}
+        self._drop(now)
         for role, metric, q in ((Role.PREFILL, "ttft", self._ttft), (Role.DECODE, "tpot", self._tpot)):
-            while q and q[0][0] < now - self.window_s:
-                q.popleft()
             if not q:
                 out[role] = RoleSlo(metric)
                 continue

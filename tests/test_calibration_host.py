@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core.calibration.host import busy_batches, fit_host_work
+from core.calibration.host import busy_batches, computed_tokens, fit_host_work
 from tests.helpers import toy_profile
 
 PROFILE = toy_profile(prefill_base_s=0.01, prefill_per_token_s=0.001, decode_step_base_s=0.002, decode_step_per_seq_s=0.0005)
@@ -77,3 +77,16 @@ def test_a_batch_split_by_the_gap_rule_leaves_the_fit_identified() -> None:
     assert term.source == "fit" and term.rel_se is not None and term.rel_se < 0.05
     # each extra piece is charged the fixed cost of a batch (10 ms + a 2.5 ms step) it did not take
     assert term.value == pytest.approx(0.05, abs=0.01)
+
+
+def test_cached_prompt_tokens_are_not_counted_as_prefill_work() -> None:
+    """A prefill computes only what its engine did not find cached: rows reporting cached tokens fit
+    the same host work as rows whose prompts hold only the computed part."""
+    plain = records(0.05, back_to_back=True)
+    cached = [{**r, "prompt_tokens": r["prompt_tokens"] + 256, "cached_tokens": 256} for r in plain]
+    assert computed_tokens(cached[0]) == plain[0]["prompt_tokens"]
+    a = fit_host_work(plain, PROFILE, prior=0.0).terms["prefill_host_per_request_s"].value
+    b = fit_host_work(cached, PROFILE, prior=0.0).terms["prefill_host_per_request_s"].value
+    assert b == pytest.approx(a, abs=0.003)
+    ignoring = [{k: v for k, v in r.items() if k != "cached_tokens"} for r in cached]  # the same rows read as computed in full
+    assert fit_host_work(ignoring, PROFILE, prior=0.0).terms["prefill_host_per_request_s"].value < a - 0.005

@@ -48,6 +48,23 @@ def test_a_prefill_that_ends_on_time_leaves_the_backlog_behind_it_intact() -> No
     assert d.route(Request("r3", 2.5, 10, 5), 2.5).prefill == "p1"
 
 
+def test_lateness_is_counted_once_for_the_requests_queued_behind_it() -> None:
+    """Four 1-s prompts queue on p0 (due 1, 2, 3, 4 s). The first ends 0.7 s late, so each one behind
+    it ends 0.7 s late too, and the instance frees at 4.7 s, not 4 + 4 × 0.7 (each queued request
+    compared its old due with its end and added the same lateness again: a phantom backlog that
+    left a second prefill instance idle while arrivals queued on the first)."""
+    d = cluster("round_robin", prefill=1, decode=1)
+    for k in range(4):
+        d.route(Request(f"r{k}", 0.0, 10, 5), 0.0)
+    p0 = d.index_of("p0")
+    for k in range(4):
+        d.on_prefill_end(f"r{k}", k + 1.7, seconds=1.0 if k else 1.7)
+        assert d.view.prefill_free_at[p0] == pytest.approx(4.7), k
+    est = float(d.view.prefill_time(10))  # the estimator learned from the measured durations
+    d.route(Request("r4", 4.7, 10, 5), 4.7)
+    assert d.view.prefill_free_at[p0] == pytest.approx(4.7 + est)
+
+
 def test_failure_releases_the_prefill_projection() -> None:
     d = cluster("round_robin", decode=1)
     d.route(Request("r1", 0.0, 10, 5), 0.0)

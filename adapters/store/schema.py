@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """1: first release. 2: requests.queued (when the gateway queue held a request). 3: runs.sweep
 (the `sweep` a run belongs to). 4: requests.dp_rank (the data-parallel rank it decoded on).
 5: requests.ttft_source (what a request's TTFT was measured to: its first streamed token, or the
-end of its prefill leg for a whole reply whose TPOT is unknown)."""
+end of its prefill leg for a whole reply whose TPOT is unknown). 6: requests.cached_tokens (prompt tokens the
+engine found in its prefix cache)."""
 
 MIGRATIONS: dict[int, list[str]] = {
     2: ["ALTER TABLE requests ADD COLUMN queued FLOAT"],
     3: ["ALTER TABLE runs ADD COLUMN sweep VARCHAR", "CREATE INDEX IF NOT EXISTS ix_runs_sweep ON runs (sweep)"],
     4: ["ALTER TABLE requests ADD COLUMN dp_rank INTEGER"],
     5: ["ALTER TABLE requests ADD COLUMN ttft_source VARCHAR"],
+    6: ["ALTER TABLE requests ADD COLUMN cached_tokens INTEGER"],
 }
 """Statements that bring a store of version N-1 to N (tables created afresh need none)."""
 
@@ -70,6 +72,9 @@ class RequestRecord(SQLModel, table=True):
         "written before schema 5, by the simulator or by a replay (their TTFT is the first token)",
     )
     e2e: float | None = None
+    cached_tokens: int | None = Field(
+        default=None, description="prompt tokens served from a prefix cache: the engine's usage.prompt_tokens_details.cached_tokens "
+        "(replays), the simulator's exact count; None: not reported")
     status: str = "ok"
     reason: str | None = None
     slo_met: bool | None = None

@@ -66,6 +66,8 @@ def runs_list(
 
 
 def run_details(store: RunStore, run_id: str) -> dict[str, Any]:
+    from console.offline.analysis import run_metrics
+
     info = store.get_run(run_id)
     reqs = store.requests(info.run_id)
     per_decode = Counter(r["decode_instance"] for r in reqs if r["decode_instance"])
@@ -78,6 +80,8 @@ def run_details(store: RunStore, run_id: str) -> dict[str, Any]:
         "failure_reasons": dict(reasons.most_common(10)),
         "requests_per_prefill": dict(sorted(per_prefill.items())),
         "requests_per_decode": dict(sorted(per_decode.items())),
+        "cached_share": run_metrics(reqs)["cached_share"],
+        "cached_reported": sum(r.get("cached_tokens") is not None for r in reqs),
         "policy_events": store.policy_events(info.run_id),
         "instance_events": store.instance_events(info.run_id),
     }
@@ -108,6 +112,8 @@ def runs_show(run: Annotated[str, typer.Argument(help="run id (or a unique prefi
     for e in d["policy_events"]:
         t.add_row(f"{e['t']:.2f}", e["kind"], e["old"] or "-", e["new"], json.dumps(e["params"]), e["source"])
     con.print(t)
+    if d.get("cached_share") is not None:
+        con.print(f"prefix cache: {d['cached_share']:.1%} of prompt tokens served from a cache ({d['cached_reported']} requests report it)")
     if d["requests_per_decode"]:
         con.print("per decode instance: " + ", ".join(f"{k}={v}" for k, v in d["requests_per_decode"].items()))
     for e in d["instance_events"]:
@@ -129,7 +135,7 @@ def _fmt_metric(key: str, v: Any) -> str:
         return str(v)
     if key.startswith(("ttft", "tpot")):
         return f"{v * 1000:.1f} ms"
-    if key == "slo_attainment":
+    if key in ("slo_attainment", "cached_share"):
         return f"{v:.1%}"
     return f"{v:.2f}"
 

@@ -224,6 +224,7 @@ class Outcomes:
             "ttft": lat.ttft,
             "tpot": lat.tpot,
             "ttft_source": lat.ttft_source,
+            "cached_tokens": live.cached_tokens,
             "e2e": finish - req.arrival if live.ok else None,
             "status": "ok" if live.ok else "failed",
             "reason": live.reason,

@@ -69,6 +69,13 @@ PREFILL_ATTEMPTS = 2
 """A prefill leg that fails (instance unreachable or 5xx) is sent once more, to another instance."""
 
 
+
+def cached_tokens(reply: dict[str, Any]) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` of a prefill leg's reply, when the engine reports it."""
+    details = (reply.get("usage") or {}).get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return value if type(value) is int else None
+
 class Step(StrEnum):
     """Where a live request is in its life."""
 
@@ -143,6 +150,7 @@ class LiveRequest:
         "request", "path", "body", "stream", "forward_headers", "step", "times", "prefill_instance",
         "decode_instance", "tried_prefill", "output_tokens", "reason", "ok", "released", "first_token_at",
         "recovered", "migrating_to", "handed_over", "last_token_at", "resume_leg", "tried_decode", "dp_rank",
+        "cached_tokens",
     )
 
     def __init__(self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes) -> None:
@@ -176,6 +184,9 @@ class LiveRequest:
         """The continuation stream on the migration target, opened ahead of the hand-off."""
         self.recovered: str | None = None
         """What the gateway did to save this request after a failure (it is recorded as the reason)."""
+        self.cached_tokens: int | None = None
+        """Prompt tokens its prefill instance found in its prefix cache (reported by an engine started with
+        --enable-prompt-tokens-details; None: not reported, or no prefill leg)."""
         self.dp_rank: int | None = None
         """The data-parallel rank its decode leg asked for (a decode instance that is a DP group)."""
 
@@ -200,6 +211,7 @@ class LiveRequest:
         try:
             await self._admit(c, client)
             reply = await self._prefill(c)
+            self.cached_tokens = cached_tokens(reply)
             await self._decode(c, client, reply)
         except Rejected as e:
             self.reason = str(e)

@@ -10,9 +10,9 @@ from adapters.store import RunStore
 from core.slo import DEFAULT_SLO, percentile
 
 METRICS = ("requests", "failed", "throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "tpot_p999",
-           "tpot_unknown", "slo_attainment", "goodput_req_s")
+           "tpot_unknown", "cached_share", "slo_attainment", "goodput_req_s")
 LOWER_IS_BETTER = {"failed", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "tpot_p999"}
-NEUTRAL = {"requests", "tpot_unknown"}
+NEUTRAL = {"requests", "tpot_unknown", "cached_share"}
 """Metrics whose difference is neither better nor worse (no colour in `runs compare`)."""
 
 
@@ -47,9 +47,17 @@ def run_metrics(rows: list[dict[str, Any]]) -> dict[str, float | int | None]:
         "tpot_mean": float(np.nanmean(tpot)) if len(tpot) and not np.isnan(tpot).all() else None,
         "tpot_p50": pct(tpot, 50), "tpot_p99": pct(tpot, 99), "tpot_p999": pct(tpot, 99.9),
         "tpot_unknown": int(np.isnan(tpot).sum()),
+        "cached_share": _cached_share(rows),
         "slo_attainment": float(met.mean()) if n else None,
         "goodput_req_s": float(met.sum() / span) if span > 0 else None,
     }
+
+
+def _cached_share(rows: list[dict[str, Any]]) -> float | None:
+    """Prompt tokens served from a prefix cache ÷ prompt tokens, over the rows that report it (None: none do)."""
+    known = [r for r in rows if r.get("cached_tokens") is not None and r.get("prompt_tokens")]
+    total = sum(int(r["prompt_tokens"]) for r in known)
+    return sum(int(r["cached_tokens"]) for r in known) / total if total else None
 
 
 def compare(store: RunStore, run_ids: list[str]) -> list[dict[str, Any]]:

@@ -56,7 +56,7 @@ import numpy as np
 from adapters.store import RunInfo, RunStore, StoreError
 from console.offline.simulate import SimPlan, run_one
 from core.calibration.fit import Term, Timeline, fit_linear
-from core.calibration.host import fit_host_work
+from core.calibration.host import computed_tokens, fit_host_work
 from core.cluster_spec import parse_cluster
 from core.perf import PerfProfile, get_profile
 from core.slo import DEFAULT_SLO
@@ -171,9 +171,11 @@ def calibrate(store: RunStore, run_id: str | Sequence[str], base: PerfProfile | 
     def step_time(b: np.ndarray, k: np.ndarray) -> np.ndarray:
         return step[0] + step[1] * b + step[2] * k
 
-    # --- prefill leg = HTTP round trip + step(1, l) + prefill(l); lower envelope against l
-    lens = np.array([float(r["prompt_tokens"]) for r in pre])
-    overhead = np.array([rtt.get(r["prefill_instance"] or "", 0.0) for r in pre]) + step_time(np.ones_like(lens), lens)
+    # --- prefill leg = HTTP round trip + step(1, l) + prefill(l − cached); lower envelope against the
+    # tokens it computed (the engine reports its prefix-cache hits with --enable-prompt-tokens-details)
+    full = np.array([float(r["prompt_tokens"]) for r in pre])
+    lens = np.array([computed_tokens(r) for r in pre])
+    overhead = np.array([rtt.get(r["prefill_instance"] or "", 0.0) for r in pre]) + step_time(np.ones_like(full), full)
     durations = np.array([_f(r, "prefill_end") - _f(r, "prefill_start") for r in pre]) - overhead
     names = ["prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s"]
     pfit = fit_linear(np.stack([np.ones_like(lens), lens, lens * lens], axis=1), durations, names,

@@ -53,6 +53,11 @@ class BusyBatches(NamedTuple):
     """Which busy period (a chain of back-to-back batches on one instance) the batch belongs to."""
 
 
+def computed_tokens(row: dict[str, Any]) -> float:
+    """Prompt tokens a request's prefill computed: all of them, less what its engine reported cached."""
+    return float(row["prompt_tokens"]) - float(row.get("cached_tokens") or 0)
+
+
 def busy_batches(rows: list[dict[str, Any]], profile: PerfProfile) -> BusyBatches:
     """Every back-to-back prefill batch of a run, with its busy period (see BusyBatches)."""
     by_instance: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -80,7 +85,8 @@ def busy_batches(rows: list[dict[str, Any]], profile: PerfProfile) -> BusyBatche
             period += 0 if chained else 1
             chained = True
             lens = np.array([float(r["prompt_tokens"]) for r in cur])
-            compute = profile.prefill_batch_time(lens) + profile.step_time(len(cur), float(lens.sum()))
+            computed = np.array([computed_tokens(r) for r in cur])  # what the prefill computed: the uncached rest
+            compute = profile.prefill_batch_time(computed) + profile.step_time(len(cur), float(lens.sum()))
             interval = max(r["prefill_end"] for r in cur) - max(r["prefill_end"] for r in prev)
             sizes.append(float(len(prev)))
             intervals.append(interval)

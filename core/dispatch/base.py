@@ -1,0 +1,127 @@
+"""The dispatcher's state and its active policies, which every part of it reads (core/dispatch/)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.admission import AdmissionControl, SloGate
+from core.cache.tracker import PrefixTracker
+from core.periodic import PeriodicRunner, SloWindow
+from core.policies.base import QueuePolicy, ReschedulePolicy, RoutingPolicy, ScalingPolicy
+from core.policies.rank import RankPolicyBase
+from core.types import (
+    PolicyEvent,
+    PolicyKind,
+    Request,
+    Role,
+)
+from core.view import ClusterView
+
+PolicySetting = tuple[str, dict[str, Any]]
+
+
+@dataclass
+class AssignmentScore:
+    """How often a routing policy's decode choice was still the least-loaded instance at handoff."""
+
+    hits: int = 0
+    total: int = 0
+
+    @property
+    def ratio(self) -> float:
+        return self.hits / self.total if self.total else float("nan")
+
+
+@dataclass
+class _Tracked:
+    """Per-request facts the table's numeric columns don't hold."""
+
+    request: Request
+    router: RoutingPolicy
+    """The routing policy that routed it; it also binds it late, whatever is active by then."""
+    prefill_est: float
+    prefill_due: float
+    """When its prefill was projected to end on its prefill instance (FIFO behind the backlog)."""
+    shift_base: float = 0.0
+    """Its prefill instance's cumulative projection shift when `prefill_due` was set (see _end_prefill)."""
+    in_prefill: bool = True
+    """Routed and its prefill has not ended (counted in view.prefill_n)."""
+    computed: int = 0
+    """Prompt tokens its prefill computes (the uncached part on its prefill instance, as routed)."""
+    routed_at: float = 0.0
+    shadow_choices: list[int] = field(default_factory=list)
+
+
+
+class DispatcherBase:
+    """What the dispatcher holds (set up by `Dispatcher.__init__`) and its active policies."""
+
+    view: ClusterView
+    true_lengths: bool
+    completions: int
+    migrations: int
+    _index: dict[str, int]
+    prefix: PrefixTracker
+    _dp_groups: dict[int, tuple[int, int]]
+    _tracked: dict[Hashable, _Tracked]
+    _prefill_shift: defaultdict[int, float]
+    admission: AdmissionControl
+    gate: SloGate | None
+    shed_reason: str
+    _signals_at: tuple[float, int, int]
+    _refused_at: dict[Role, int]
+    slo_window: SloWindow
+    runner: PeriodicRunner
+    policies: dict[PolicyKind, Any]
+    policy_events: list[PolicyEvent]
+    shadows: list[tuple[str, RoutingPolicy]]
+    scores: dict[str, AssignmentScore]
+    ratio_load: str
+    score: AssignmentScore
+
+    # --- the active policies --------------------------------------------------------------------
+    @property
+    def routing(self) -> RoutingPolicy:
+        policy: RoutingPolicy = self.policies[PolicyKind.ROUTING]
+        return policy
+
+    @property
+    def queue(self) -> QueuePolicy:
+        policy: QueuePolicy = self.policies[PolicyKind.QUEUE]
+        return policy
+
+    @property
+    def reschedule(self) -> ReschedulePolicy:
+        policy: ReschedulePolicy = self.policies[PolicyKind.RESCHEDULE]
+        return policy
+
+    @property
+    def scaling(self) -> ScalingPolicy:
+        policy: ScalingPolicy = self.policies[PolicyKind.SCALING]
+        return policy
+
+    @property
+    def rank(self) -> RankPolicyBase:
+        policy: RankPolicyBase = self.policies[PolicyKind.RANK]
+        return policy
+
+    @property
+    def needs_progress(self) -> bool:
+        """Whether any active or shadow policy reads per-request progress."""
+        return bool(self.routing.needs_progress or any(p.needs_progress for _, p in self.shadows))
+
+    def set_targets(self, request: Request) -> None:
+        """Fill the request's TTFT/TPOT targets from its SLO class where the client set none."""
+        if request.slo_class == "default" and request.ttft_s is None:
+            self.routing.assign_targets(request, self.view, self.queue)
+        if request.ttft_s is None or request.tpot_s is None:
+            slo = self.view.slo
+            cls = slo.get(request.slo_class) or slo["default"]
+            if request.ttft_s is None:
+                request.ttft_s = cls.ttft_s
+            if request.tpot_s is None:
+                request.tpot_s = cls.tpot_s
+

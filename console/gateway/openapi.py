@@ -2,7 +2,7 @@
 
 Written by hand from what the gateway really reads (console/gateway/proxy.py for the OpenAI
 endpoints, console/gateway/control.py for /control/*), so that schema-driven fuzzing
-(tests/test_fuzz_api.py) and client generators see the same contract the code enforces. The parts
+(tests/e2e/test_fuzz_api.py) and client generators see the same contract the code enforces. The parts
 that depend on the running console (served model names, instance ids, the policy catalog with each
 policy's params schema) are filled in from the controller each time the schema is asked for.
 

@@ -6,8 +6,8 @@ import asyncio
 
 from console.tui.instances import InstanceTable
 from console.tui.messages import StateArrived
-from tests.test_tui import SIZE, app_for, until
-from tests.test_tui_client import FakeConsole
+from tests.console.test_tui import SIZE, app_for, until
+from tests.console.test_tui_client import FakeConsole
 
 
 def test_hit_and_cached_columns() -> None:

@@ -19,8 +19,8 @@ import pytest
 from openai import OpenAI
 
 from adapters.store import RunStore
+from tests.e2e.test_control_plane_e2e import instance_steps_live
 from tests.procs import FIXED_PROFILE, kill_children, start_console, wait_for
-from tests.test_control_plane_e2e import instance_steps_live
 
 THRESHOLD = {"role": "decode", "period_s": 0.5, "cooldown_s": 2.0, "scale_in_after_s": 3.0, "max_instances": 2, "slo_min_samples": 4}
 """Default thresholds (utilisation 0.9/0.3, KV 0.8/0.3, queue 5, SLO attainment 90%), quicker cadence."""

@@ -496,7 +496,7 @@ def test_killing_the_prefill_instance_fails_cleanly_recomputes_and_marks_it_down
     if recomputed is None:
         # Seen on this machine: the NIXL read to the killed peer stays in flight (vLLM's own
         # base_worker notes that a dead peer can hold a transfer indefinitely). The gateway does not
-        # wait on it: tests/test_console_e2e.py::test_a_prefill_instance_lost_before_its_kv_is_pulled_
+        # wait on it: tests/e2e/test_console_e2e.py::test_a_prefill_instance_lost_before_its_kv_is_pulled_
         # is_recomputed_on_the_decode_instance drops such a leg once the prefill instance is down.
         say(f"[test-vllm] decode leg whose KV sat on the killed prefill: no answer in {DEAD_PEER_PROBE_S:g} s (the NIXL read stays open)")
     else:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from console.live.state import ConsoleState, InstanceRow, ScrapedCounters, json_schema
-from tests.test_tui_client import FakeConsole
+from tests.console.test_tui_client import FakeConsole
 
 LEGACY_ROW_KEYS = ["id", "role", "phase", "breaker", "url", "healthy", "managed", "running", "waiting", "kv_usage", "tokens_per_s",
                    "projected_load", "routed_running", "routed_pending", "failures", "pid", "node", "dp_ranks", "scraped"]

@@ -217,7 +217,7 @@ def test_survival_predictor_residual_life_on_a_known_distribution() -> None:
 
 
 def test_core_predict_imports_without_torch() -> None:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     code = "import core.predict, core.policies.ares, sys; print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True

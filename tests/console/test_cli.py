@@ -41,7 +41,7 @@ def test_sim_json_records_one_run_per_policy(tmp_path: Path) -> None:
 
 
 def test_sim_reads_a_trace_file(tmp_path: Path) -> None:
-    trace = Path(__file__).parent / "data" / "traces" / "azure_sample.csv"
+    trace = Path(__file__).parents[1] / "data" / "traces" / "azure_sample.csv"
     code, out = invoke("sim", str(trace), "--cluster", "1P2D", "--policy", "round_robin", "--no-db", "--json")
     assert code == 0, out
     assert json.loads(out)[0]["run_id"] is None
@@ -81,8 +81,7 @@ def test_bench_rank_times_an_admission_round_of_each_rank_policy() -> None:
     assert code != 0
 
 
-def test_policy_list_works_without_a_console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SIBYL_HOME", str(tmp_path))  # no console announced here
+def test_policy_list_works_without_a_console(sibyl_home: Path) -> None:  # no console announced there
     code, out = invoke("policy", "list", "--json")
     assert code == 0
     listed = json.loads(out)

@@ -12,7 +12,7 @@ from textual.pilot import Pilot
 from console.tui.app import SibylDashboard
 from console.tui.messages import ConsoleEvent, StateArrived
 from console.tui.policy_picker import PolicyPicker
-from tests.test_tui_client import FakeConsole
+from tests.console.test_tui_client import FakeConsole
 
 SIZE = (160, 48)
 

@@ -31,7 +31,7 @@ from core.traces import Trace
 from core.types import Assignment, Request
 from core.view import ClusterView
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load() -> Any:

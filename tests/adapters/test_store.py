@@ -14,7 +14,7 @@ import pytest
 
 from adapters.store import RunRecorder, RunStore, StoreError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_table_round_trips(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ def test_ares_runs_with_a_learned_model(trained: tuple, tmp_path: Path) -> None:
     policy = registry.build(
         PolicyKind.RESCHEDULE, "ares", {"predictor": "learned", "model_path": str(path)}
     )
-    from tests.test_ares import _cluster, _run
+    from tests.core.test_ares import _cluster, _run
 
     d = _cluster(2, max_model_len=8000)
     for k in range(4):

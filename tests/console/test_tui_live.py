@@ -87,8 +87,7 @@ async def _traffic(url: str, n: int) -> None:
         await asyncio.gather(*(one() for _ in range(n)))
 
 
-def test_dashboard_on_an_emulated_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emulators: list[EmulatorProcess]) -> None:
-    monkeypatch.setenv("SIBYL_HOME", str(tmp_path / "home"))
+def test_dashboard_on_an_emulated_cluster(tmp_path: Path, sibyl_home: Path, emulators: list[EmulatorProcess]) -> None:
     p0, d0, d1 = emulators
     config = ConsoleConfig(
         attach={"prefill": [p0.url], "decode": [d0.url, d1.url]}, port=0, db=tmp_path / "runs.db",
@@ -145,9 +144,8 @@ def test_dashboard_on_an_emulated_cluster(tmp_path: Path, monkeypatch: pytest.Mo
     assert swaps[0]["params"] == {"by": "tokens", "bind": "arrival"}
 
 
-def test_dashboard_pauses_a_replay_and_scales_a_real_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SIBYL_HOME", str(tmp_path / "home"))
-    demo = Path(__file__).resolve().parents[1] / "demos" / "azure_conv_sample.csv"
+def test_dashboard_pauses_a_replay_and_scales_a_real_cluster(tmp_path: Path, sibyl_home: Path) -> None:
+    demo = Path(__file__).resolve().parents[2] / "demos" / "azure_conv_sample.csv"
     config = ConsoleConfig(
         prefill=1, decode=1, profile="cpu-tiny-llama", port=0, db=tmp_path / "runs.db", headless=True,
         poll_interval_s=0.2, drain_timeout_s=0.5, replay=demo, replay_speed=2.0, replay_loop=True,

@@ -16,8 +16,8 @@ from console.tui.help import HelpScreen, QuitScreen, help_table
 from console.tui.instances import InstanceTable
 from console.tui.messages import StateArrived
 from console.tui.policy_picker import PolicyPicker
-from tests.test_tui import SIZE, app_for, until
-from tests.test_tui_client import FakeConsole
+from tests.console.test_tui import SIZE, app_for, until
+from tests.console.test_tui_client import FakeConsole
 
 
 async def _quit_owned(fake: FakeConsole, key: str) -> str | None:

@@ -26,8 +26,8 @@ from adapters.backends.settings import BackendSettings, RaySettings
 from adapters.errors import BackendError
 from core.errors import ConfigError
 from core.types import Role
+from tests.e2e.test_console_e2e import decode_counts
 from tests.procs import Console, alive, kill_children, start_console, wait_for
-from tests.test_console_e2e import decode_counts
 
 pytestmark = pytest.mark.ray
 

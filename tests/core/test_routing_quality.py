@@ -18,7 +18,7 @@ from core.types import Request, Role
 from tests.helpers import add_pending, add_running, cluster, toy_profile
 
 _ids = itertools.count()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ORACLE_KW = (
     {"true_lengths": True}
     if "true_lengths" in inspect.signature(Dispatcher.__init__).parameters

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-DATA = Path(__file__).parent / "data" / "traces"
+DATA = Path(__file__).parents[1] / "data" / "traces"
 
 
 def _sweep() -> Any:

@@ -33,7 +33,7 @@ from console.offline.sweep_config import (
 )
 from core.perf import get_profile
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _register_commands()
 runner = CliRunner()
 

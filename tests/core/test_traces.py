@@ -36,8 +36,8 @@ from core.traces import (
 )
 from core.types import Request
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
-DATA = Path(__file__).resolve().parent / "data" / "traces"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 AZURE = SHARED / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE_CONV = SHARED / "mooncake_fast25" / "conversation_trace.jsonl"
 MOONCAKE_SYN = SHARED / "mooncake_fast25" / "synthetic_trace.jsonl"

@@ -288,6 +288,6 @@ def test_sse_over_real_http() -> None:
 def test_cli_and_launcher_defer_textual() -> None:
     """`sibyl-console tui --help` and `up --headless` must not pay for importing Textual."""
     code = "import sys, console.commands.tui, console.tui.launch; print('textual' in sys.modules)"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert out.stdout.strip() == "False"

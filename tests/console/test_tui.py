@@ -16,8 +16,8 @@ from console.tui.events import EventLog
 from console.tui.instances import InstanceTable
 from console.tui.messages import StateArrived
 from console.tui.policy_picker import PolicyPicker
+from tests.console.test_tui_client import FakeConsole
 from tests.helpers import instance_table_after
-from tests.test_tui_client import FakeConsole
 
 SIZE = (160, 48)
 

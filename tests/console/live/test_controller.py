@@ -37,7 +37,8 @@ def test_the_state_has_the_keys_clients_read(tmp_path: Path) -> None:
     assert state["cluster"] == "1P2D" and state["capabilities"] == {"replay": False} and state["replay"] is None
     rows = {r["id"]: r for r in state["instances"]}
     assert list(rows) == ["p0", "d0", "d1", "d2"]
-    assert list(rows["d0"]) == LEGACY_ROW_KEYS and list(rows["d0"]["scraped"]) == ["prompt_tokens_total", "generation_tokens_total",
+    added = ["prefix_hit_rate", "cached_share"]  # added after the typed state: the instance's prefix cache
+    assert list(rows["d0"]) == [*LEGACY_ROW_KEYS[:11], *added, *LEGACY_ROW_KEYS[11:]] and list(rows["d0"]["scraped"]) == ["prompt_tokens_total", "generation_tokens_total",
                                                                                     "success_total", "preemptions_total", "failed_transfers_total"]
     assert "breaker" not in rows["d2"] and rows["d2"]["phase"] == "starting" and rows["d2"]["scraped"] == {}
     assert list(state["slo"]) == ["classes", "window_s", "window", "run"] and "goodput_req_s" not in state["slo"]["run"]

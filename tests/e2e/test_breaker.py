@@ -36,7 +36,9 @@ def test_an_instance_that_fails_every_request_is_routed_around_then_used_again(t
             return httpx.post(con.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30).status_code
 
         statuses = [send() for _ in range(6)]  # round robin: every other one lands on d0 until it opens
-        assert statuses.count(502) == 3
+        # each request d0 gets fails there twice (its KV leg, then once more without the KV, in case
+        # the KV was the trouble), so its breaker's 3 failures in a row come within two requests
+        assert statuses.count(502) == 2 and statuses[0] == 502
         state = {i["id"]: i for i in con.state()["instances"]}
         assert state["d0"]["breaker"] == "open" and state["d0"]["healthy"]  # probes pass; requests do not
         assert [send() for _ in range(4)] == [200] * 4  # routed around it

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.paths import AZURE_CONV, add_traces_option, traces_dir
-from benchmarks.report import md_header, md_row
+from benchmarks.report import load_rows, md_header, md_row
 from console.offline.simulate import PrefixSource, SimPlan, run_one
 from core.cache.trace_keys import TraceKeys
 from core.perf import (
@@ -280,19 +280,6 @@ def run_cell(
         rows.append(row)
         if on_row is not None:
             on_row(row)
-    return rows
-
-
-def load_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by an interrupted run
     return rows
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
 
 
 def ms(x: float | None) -> str:
@@ -32,3 +35,18 @@ def md_header(columns: Sequence[str], align: str) -> list[str]:
     if len(align) != len(columns):
         raise ValueError(f"{len(columns)} columns but {len(align)} alignment letters")
     return [md_row(columns), "|" + "".join("---:|" if a == "r" else "---|" for a in align)]
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a resumable sweep's results file (none yet: []); a last line cut short by an
+    interrupted run is skipped."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import md_header, md_row, ms
+from benchmarks.report import load_rows, md_header, md_row, ms
 from console.offline.simulate import SimPlan, run_one
 from console.offline.sweep import traffic
 from console.offline.sweep_config import WorkloadRef, params_for_mode
@@ -261,20 +261,6 @@ def parse_policy_case(text: str) -> PolicyCase:
     except PolicyError:
         raise SystemExit(f"--add-policy {text!r}: expected LABEL=NAME[:key=value,...]") from None
     return PolicyCase(label, name, dict(params))
-
-
-def load_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by an interrupted run
-    return rows
 
 
 def sweep(

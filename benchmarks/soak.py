@@ -119,7 +119,11 @@ def start_cluster(work: Path, args: argparse.Namespace) -> Cluster:
     port = free_port()
     env = {**os.environ, "SIBYL_HOME": str(home), "SIBYL_DB": str(db)}
     env.pop("SIBYL_TOKEN", None)
-    cmd = [sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), "--prefill", str(args.prefill),
+    # SLO admission off: the soak holds a steady closed-loop load to watch drift, errors and memory;
+    # with admission on, the clients beyond what meets the SLO would be refused (429) by design
+    config = work / "soak.toml"
+    config.write_text("[admission]\nenabled = false\n")
+    cmd = [sys.executable, "-m", "console.cli", "up", str(config), "--headless", "--port", str(port), "--prefill", str(args.prefill),
            "--decode", str(args.decode), "--profile", args.profile, "--policy", args.policy]
     with open(logf, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

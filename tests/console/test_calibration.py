@@ -187,7 +187,7 @@ def test_calibrate_recovers_a_known_profile_from_an_emulated_cluster(tmp_path: P
                              for t, p, o in spread_trace(rate, n, out, seed=7)))
     truth_path = tmp_path / "truth.json"
     save_profile_file(TRUTH, truth_path)
-    con = start_console(tmp_path, "--profile", str(truth_path), "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+    con = start_console(tmp_path, str(engine_only(tmp_path)), "--profile", str(truth_path), "--prefill", "1", "--decode", "2", "--policy", "round_robin")
     try:
         rep = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(trace), "--json"], cwd=ROOT, env=con.env(),
                              capture_output=True, text=True, timeout=120)
@@ -222,13 +222,20 @@ def two_phase_trace(path: Path) -> None:
 
 
 @pytest.mark.slow
+def engine_only(folder: Path) -> Path:
+    """A console config without SLO admission: calibration needs every replayed request to reach the engines."""
+    path = folder / "engine-only.toml"
+    path.write_text("[admission]\nenabled = false\n")
+    return path
+
+
 def test_calibrate_recovers_the_emulator_profile_and_whatif_predicts_tpot(tmp_path: Path) -> None:
     trace = tmp_path / "calib.jsonl"
     two_phase_trace(trace)
     truth = CPU_LIKE
     truth_path = tmp_path / "truth.json"
     save_profile_file(truth, truth_path)
-    con = start_console(tmp_path, "--profile", str(truth_path), "--prefill", "2", "--decode", "2", "--policy", "round_robin")
+    con = start_console(tmp_path, str(engine_only(tmp_path)), "--profile", str(truth_path), "--prefill", "2", "--decode", "2", "--policy", "round_robin")
     try:
         out = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(trace), "--json"], cwd=ROOT, env=con.env(), capture_output=True, text=True, timeout=180)
         assert out.returncode == 0 and json.loads(out.stdout)["done"] == 150, out.stderr

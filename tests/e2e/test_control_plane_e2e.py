@@ -290,7 +290,8 @@ def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_
     scaling = {"period_s": 0.5, "low_ticks": 40, "max_instances": 3}
     params = ", ".join(f"{k} = {json.dumps(v)}" for k, v in scaling.items())
     cfg = write_config(tmp_path, f'prefill = 1\ndecode = 2\nprofile = "{PROFILE}"\npolicy = "hyperflexis"\n'
-                                 f'[queue]\nname = "hyperflexis"\n[scaling]\nname = "hyperflexis"\nparams = {{ {params} }}\n')
+                                 f'[queue]\nname = "hyperflexis"\n[scaling]\nname = "hyperflexis"\nparams = {{ {params} }}\n'
+                                 '[admission]\nenabled = false\n')  # the backlog the scaler reacts to is the point: do not shed it
     con = start_console(tmp_path, str(cfg))
     try:
         client = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
@@ -298,7 +299,8 @@ def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_
 
         def one(k: int) -> None:
             try:
-                out = client.completions.create(model="sibyl-model", prompt="p" * 3200 + str(k), max_tokens=8, extra_body={"ignore_eos": True})
+                out = client.completions.create(model="sibyl-model", prompt=f"{k} " + "p" * 3200, max_tokens=8,
+                                             extra_body={"ignore_eos": True})  # distinct from the first token: no prefix to reuse
                 if out.usage is None or out.usage.completion_tokens != 8:
                     errors.append(f"request {k}: short")
             except Exception as e:  # noqa: BLE001

@@ -56,7 +56,11 @@ def main() -> None:
             home = tempfile.mkdtemp(prefix="sibyl-bench-")
             gport = free_port()
             env = {**os.environ, "SIBYL_HOME": home, "SIBYL_DB": f"{home}/runs.db"}
-            ours = start([sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(gport), "--backend", "vllm",
+            # SLO admission off: it would judge the instant fakes by the default profile's prefill times
+            # and shed; this measures the proxy path itself, as the toy proxy (which has no admission)
+            config = Path(home) / "bench.toml"
+            config.write_text("[admission]\nenabled = false\n")
+            ours = start([sys.executable, "-m", "console.cli", "up", str(config), "--headless", "--port", str(gport), "--backend", "vllm",
                           "--attach", f"prefill=http://127.0.0.1:{pp};decode={decode}"], env)
             procs.append(ours)
             wait_http(f"http://127.0.0.1:{gport}/health")

@@ -106,7 +106,10 @@ def test_state_arriving_while_a_modal_is_open_updates_the_dashboard_behind_it() 
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.state is not None)
             await app.run_action("pick_policy('routing')")
-            await until(pilot, lambda: isinstance(app.screen, PolicyPicker))
+            # the picker has loaded its policy and mounted its form (its Select widgets finish
+            # mounting after the screen is pushed: leaving earlier tears them down mid-mount)
+            await until(pilot, lambda: isinstance(app.screen, PolicyPicker) and app.screen.policy is not None)
+            await pilot.pause()
             state = fake.snapshot()
             app.on_state_arrived(StateArrived(state))  # the modal is the active screen: no NoMatches
             assert app.dashboard.query_one("#header").state is state  # type: ignore[attr-defined]

@@ -90,7 +90,8 @@ def test_command_palette_opens_the_picker() -> None:
             await pilot.press(*"swap routing")
             await until(pilot, lambda: "Swap routing policy" in str(app.screen.query_one(CommandList).get_option_at_index(0).prompt))
             await pilot.press("enter")
-            await until(pilot, lambda: isinstance(app.screen, PolicyPicker))
+            await until(pilot, lambda: isinstance(app.screen, PolicyPicker) and app.screen.policy is not None)
+            await pilot.pause()  # its form finishes mounting before the app closes
 
     asyncio.run(body())
 

@@ -42,7 +42,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -52,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.paths import AZURE_CONV, add_traces_option, traces_dir
-from benchmarks.report import load_rows, md_header, md_row
+from benchmarks.report import Progress, by_cell, load_rows, md_header, md_row
 from console.offline.simulate import PrefixSource, SimPlan, run_one
 from core.cache.trace_keys import TraceKeys
 from core.perf import (
@@ -300,24 +299,10 @@ def sweep(
     total = len(cells) * len(policies)
     already = sum((c.key, p.label) in done for c in cells for p in policies)
     log(f"{total} runs in {len(cells)} cells; {already} already in {out}, {total - already} to go")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    count = already
-
-    def append(row: dict[str, Any]) -> None:
-        nonlocal count
-        with out.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        rows.append(row)
-        count += 1
-        log(
-            f"[{count}/{total}] {row['cell']} {row['policy']}: TTFT P99 {fmt_s(row['ttft_p99'])} s, "
-            f"mean {fmt_s(row['ttft_mean'])} s, hit {row['prefix_hit_rate']:.1%} "
-            f"({row['sim_wall_s']:.1f} s; {time.perf_counter() - started:.0f} s elapsed)"
-        )
-
+    progress = Progress(out, rows, total, already, lambda row: (
+        f"TTFT P99 {fmt_s(row['ttft_p99'])} s, mean {fmt_s(row['ttft_mean'])} s, hit {row['prefix_hit_rate']:.1%}"), log)
     for cell in cells:
-        run_cell(cell, policies, requests=requests, folder=folder, done=done, on_row=append)
+        run_cell(cell, policies, requests=requests, folder=folder, done=done, on_row=progress.append)
     return rows
 
 
@@ -334,13 +319,6 @@ def _pct(x: float | None) -> str:
 
 def _delta(x: float | None, base: float | None) -> float | None:
     return None if x is None or not base else x / base - 1
-
-
-def by_cell(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        out.setdefault(r["cell"], {})[r["policy"]] = r  # the last run of a label wins
-    return out
 
 
 def table_rows(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> list[dict[str, Any]]:

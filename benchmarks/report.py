@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +51,31 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return rows
+
+
+class Progress:
+    """A resumable sweep's results: each row appended to `path` as it lands, with a progress line
+    (`describe(row)` says what the row measured)."""
+
+    def __init__(self, path: Path, rows: list[dict[str, Any]], total: int, already: int,
+                 describe: Callable[[dict[str, Any]], str], log: Callable[[str], None]) -> None:
+        self.path, self.rows, self.total, self.count = path, rows, total, already
+        self.describe, self.log = describe, log
+        self.started = time.perf_counter()
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, row: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.rows.append(row)
+        self.count += 1
+        self.log(f"[{self.count}/{self.total}] {row['cell']} {row['policy']}: {self.describe(row)} "
+                 f"({row['sim_wall_s']:.1f} s; {time.perf_counter() - self.started:.0f} s elapsed)")
+
+
+def by_cell(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Rows grouped by cell, then policy label (the last run of a label wins)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r["cell"], {})[r["policy"]] = r
+    return out

@@ -29,13 +29,12 @@ import itertools
 import json
 import math
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import load_rows, md_header, md_row, ms
+from benchmarks.report import Progress, by_cell, load_rows, md_header, md_row, ms
 from console.offline.simulate import SimPlan, run_one
 from console.offline.sweep import traffic
 from console.offline.sweep_config import WorkloadRef, params_for_mode
@@ -285,25 +284,10 @@ def sweep(
     total = len(cells) * len(policies)
     already = sum((c.key, p.label) in done for c in cells for p in policies)
     log(f"{total} runs in {len(cells)} cells; {already} already in {out}, {total - already} to go")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    count = already
-
-    def append(row: dict[str, Any]) -> None:
-        nonlocal count
-        with out.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        rows.append(row)
-        count += 1
-        log(
-            f"[{count}/{total}] {row['cell']} {row['policy']}: P99 TPOT "
-            f"{(row['tpot_p99'] or float('nan')) * 1e3:.1f} ms ({row['sim_wall_s']:.1f} s; "
-            f"{time.perf_counter() - started:.0f} s elapsed)"
-        )
-
+    progress = Progress(out, rows, total, already, lambda row: f"P99 TPOT {(row['tpot_p99'] or float('nan')) * 1e3:.1f} ms", log)
     for cell in cells:
         run_cell(
-            cell, policies, requests=requests, seed=seed, profile=profile, done=done, on_row=append
+            cell, policies, requests=requests, seed=seed, profile=profile, done=done, on_row=progress.append
         )
     return rows
 
@@ -314,11 +298,8 @@ def sweep(
 def summarize_cells(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per cell: every policy's metrics, the clairvoyant's P99 headroom over least_load and how
     much of it sibyl(lifetime) closes."""
-    by_cell: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        by_cell.setdefault(r["cell"], {})[r["policy"]] = r  # the last run of a label wins
     out = []
-    for cell, pol in by_cell.items():
+    for cell, pol in by_cell(rows).items():
         base = pol.get(BASELINE, {}).get("tpot_p99")
         oracle = pol.get(ORACLE, {}).get("tpot_p99")
         life = pol.get(LIFETIME, {}).get("tpot_p99")

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from textual.css.query import NoMatches
-from textual.pilot import Pilot
 from textual.widgets import OptionList, Select
 
 from adapters.emulator.process import EmulatorProcess, start_many
@@ -22,19 +19,7 @@ from console.tui.app import SibylDashboard
 from console.tui.client import DashboardClient
 from console.tui.instances import InstanceTable
 from console.tui.policy_picker import PolicyPicker
-
-
-async def until(pilot: Pilot[None], cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    def holds() -> bool:
-        try:
-            return cond()
-        except NoMatches:
-            return False
-
-    deadline = time.monotonic() + timeout
-    while not holds():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await pilot.pause(0.05)
+from tests.console.test_tui import until
 
 
 def serve_while(config: ConsoleConfig, ui: Callable[[LiveConsole], Awaitable[None]]) -> None:

@@ -19,7 +19,7 @@ from console.gateway.errors import error_body
 from console.live.channel import JSON_HEADERS, ClientChannel, respond
 from console.live.controller import Controller
 from console.live.request import LiveRequest
-from core.types import Request, Role
+from core.types import Request
 
 Scope = dict[str, Any]
 INT64_MAX = 2**63 - 1
@@ -102,8 +102,9 @@ class Proxy:
         raw_priority = body.get("priority")
         priority = raw_priority if type(raw_priority) is int else 0  # not a bool
         arrival = time.monotonic()
-        prefill = [i for i in c.instances.values() if i.role != Role.DECODE]
-        keys = await c.prefix.keys(body, prefill, tokenize=c.dispatcher.routing.reads_prefix)
+        keys = c.prefix.known_keys(body, tokenize=c.dispatcher.routing.reads_prefix)
+        if keys is None:  # a text or chat prompt for a policy that reads the cache: the engine tokenizes it
+            keys = await c.prefix.tokenized_keys(body, c.instances.values())
         session = headers.get(b"x-session-id", "")
         req = Request(rid, arrival, estimate_prompt_tokens(body), int(max_tokens), slo_class, priority, tenant=tenant,
                       prefix_keys=keys, session=session)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import aiohttp
@@ -23,6 +23,7 @@ from adapters.vllm.kv_events import KVEventSubscriber
 from console.live.config import PrefixSettings
 from core.cache.keys import chain_keys
 from core.dispatch import Dispatcher
+from core.types import Role
 
 log = logging.getLogger(__name__)
 
@@ -80,18 +81,27 @@ class PrefixIndex:
         elif s.source == "precise":
             dispatcher.use_prefix_events(self.block_size, decode_only=s.decode_only)
 
-    async def keys(self, body: dict[str, Any], prefill: Sequence[Instance], tokenize: bool = True) -> tuple[int, ...]:
-        """The prefix keys of a request body (empty when the cache is off or the prompt has no ids).
-
-        Token-id prompts are hashed always (microseconds); a text or chat prompt costs a /tokenize
-        round trip, made only when `tokenize` (the active routing policy reads the cache)."""
+    def known_keys(self, body: dict[str, Any], tokenize: bool = True) -> tuple[int, ...] | None:
+        """The prefix keys of a request body without any I/O: empty when the cache is off or the
+        prompt has no ids; None when a text or chat prompt must go through `tokenized_keys` (only
+        when `tokenize`: the active routing policy reads the cache). Token-id prompts are hashed
+        here (microseconds), so the hot path awaits nothing for them."""
         if self.settings.source == "off":
             return ()
         ids = token_ids(body)
-        if ids is None and tokenize and self.settings.tokenize == "instance":
-            t = time.perf_counter()
-            ids = await engine_token_ids(body, prefill)
-            self.tokenize_s += time.perf_counter() - t
+        if ids is None:
+            if tokenize and self.settings.tokenize == "instance" and ("messages" in body or isinstance(body.get("prompt"), str)):
+                return None
+            self.unkeyed += 1
+            return ()
+        self.keyed += 1
+        return tuple(chain_keys(ids, self.block_size))
+
+    async def tokenized_keys(self, body: dict[str, Any], instances: Iterable[Instance]) -> tuple[int, ...]:
+        """The prefix keys of a text or chat prompt, tokenized by a prefill instance's /tokenize."""
+        t = time.perf_counter()
+        ids = await engine_token_ids(body, [i for i in instances if i.role != Role.DECODE])
+        self.tokenize_s += time.perf_counter() - t
         if not ids:
             self.unkeyed += 1
             return ()

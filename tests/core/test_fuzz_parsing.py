@@ -69,11 +69,11 @@ request_bodies = st.fixed_dictionaries(
 
 def fake_controller(**kw: Any) -> Any:
     config = SimpleNamespace(max_body_bytes=kw.get("limit", 1 << 20), slo={"default": None, "interactive": None})
-    async def no_keys(body: Any, prefill: Any, tokenize: bool = True) -> tuple[int, ...]:
+    def no_keys(body: Any, tokenize: bool = True) -> tuple[int, ...]:
         return ()
 
     return SimpleNamespace(served_models={MODEL}, draining=False, config=config, instances={},
-                           prefix=SimpleNamespace(keys=no_keys), dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False)))
+                           prefix=SimpleNamespace(known_keys=no_keys), dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False)))
 
 
 def error_shaped(raw: bytes, status: int) -> None:

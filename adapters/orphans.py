@@ -38,7 +38,13 @@ def record(run_dir: Path, instance_id: str, pid: int) -> None:
     """Write the pid file of a launched instance."""
     folder = run_dir / "pids"
     folder.mkdir(parents=True, exist_ok=True)
-    data = {"instance": instance_id, "pid": pid, "start_time": start_time(pid), "console_pid": os.getpid(), "recorded_at": time.time()}
+    data = {
+        "instance": instance_id,
+        "pid": pid,
+        "start_time": start_time(pid),
+        "console_pid": os.getpid(),
+        "recorded_at": time.time(),
+    }
     (folder / f"{instance_id}.json").write_text(json.dumps(data))
 
 
@@ -74,6 +80,8 @@ def reap(runs_dir: Path, grace_s: float = 10.0) -> list[Leftover]:
         if data.get("start_time") is None or start_time(pid) != data["start_time"]:
             path.unlink(missing_ok=True)  # gone, or the pid was reused by something else
             continue
-        found.append(Leftover(path.parent.parent.name, str(data.get("instance", path.stem)), pid, stop_group(pid, grace_s)))
+        found.append(
+            Leftover(path.parent.parent.name, str(data.get("instance", path.stem)), pid, stop_group(pid, grace_s))
+        )
         path.unlink(missing_ok=True)
     return found

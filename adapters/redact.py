@@ -6,7 +6,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-SECRET = re.compile(r"(?:^|[-_])(?:token|secret|password|passwd|api[-_]?key|credentials?|authorization)$", re.IGNORECASE)
+SECRET = re.compile(
+    r"(?:^|[-_])(?:token|secret|password|passwd|api[-_]?key|credentials?|authorization)$", re.IGNORECASE
+)
 """A name that says its value is a secret: HF_TOKEN, --admin-token, --api-key, password; not
 max_num_batched_tokens (the word must end the name)."""
 HIDDEN = "***"

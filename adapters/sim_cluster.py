@@ -35,7 +35,9 @@ class SimEngine(RunLoop):
 
     task_name = "sim-engine"
 
-    def __init__(self, profile: PerfProfile, faults: Faults, *, kv_capacity_tokens: int | None = None, tick_s: float = 0.01) -> None:
+    def __init__(
+        self, profile: PerfProfile, faults: Faults, *, kv_capacity_tokens: int | None = None, tick_s: float = 0.01
+    ) -> None:
         self.profile = profile
         self.faults = faults
         self.tick_s = tick_s
@@ -166,7 +168,9 @@ class SimEngine(RunLoop):
                 s.first_token_at = t
         self.flush(sinks)
         kv = sum(s.context for s in self.running)
-        record = StepRecord(self.step_no, start, t, batch, kv, tokens, [], len(sampled), self.faults.slowdown, "chain", t, self.clock())
+        record = StepRecord(
+            self.step_no, start, t, batch, kv, tokens, [], len(sampled), self.faults.slowdown, "chain", t, self.clock()
+        )
         self.steps.append(record)
         if self.on_step is not None:
             self.on_step(record, sampled)
@@ -210,7 +214,9 @@ class SimEngine(RunLoop):
             earned[s] = s.max_tokens - s.generated
         batch = len(self.running)
         for k in range(1, max(earned.values(), default=0) + 1):
-            self._emit([s for s, n in earned.items() if n >= k], now, now, batch, sum(1 for n in earned.values() if n >= k))
+            self._emit(
+                [s for s, n in earned.items() if n >= k], now, now, batch, sum(1 for n in earned.values() if n >= k)
+            )
         finished = [s for s in earned if s.generated >= s.max_tokens]
         for s in finished:
             s.in_running = False

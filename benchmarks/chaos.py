@@ -107,22 +107,38 @@ def audit(store: RunStore, console_run: str, replay_run: str, limit: int) -> lis
     gateway = store.requests(console_run)
     c_ids, g_ids = Counter(r["request_id"] for r in client), Counter(r["request_id"] for r in gateway)
     checks = [
-        ("every trace request once in the replay's run", len(client) == limit and max(c_ids.values(), default=0) == 1,
-         f"{len(client)} rows, {len(c_ids)} ids, of {limit}"),
-        ("every trace request once in the console's run", set(g_ids) == set(c_ids) and max(g_ids.values(), default=0) == 1,
-         f"{len(gateway)} rows, {len(g_ids)} ids"),
+        (
+            "every trace request once in the replay's run",
+            len(client) == limit and max(c_ids.values(), default=0) == 1,
+            f"{len(client)} rows, {len(c_ids)} ids, of {limit}",
+        ),
+        (
+            "every trace request once in the console's run",
+            set(g_ids) == set(c_ids) and max(g_ids.values(), default=0) == 1,
+            f"{len(gateway)} rows, {len(g_ids)} ids",
+        ),
     ]
     unexplained = [r for r in gateway if r["status"] != "ok" and not r["reason"]]
     failed = [r for r in gateway if r["status"] != "ok"]
-    checks.append(("each request completed or failed with a reason", not unexplained,
-                   f"{len(gateway) - len(failed)} ok, {len(failed)} failed, {len(unexplained)} without a reason"))
+    checks.append(
+        (
+            "each request completed or failed with a reason",
+            not unexplained,
+            f"{len(gateway) - len(failed)} ok, {len(failed)} failed, {len(unexplained)} without a reason",
+        )
+    )
     events = store.instance_events(console_run)
     # an instance is out of routing while marked down or while its circuit breaker is open
     down_at: dict[str, list[tuple[float, float]]] = {}
     out_for: dict[str, set[str]] = {}
     for e in events:
-        why = {"down": ("health", True), "up": ("health", False), "circuit_open": ("breaker", True),
-               "circuit_half_open": ("breaker", False), "circuit_closed": ("breaker", False)}.get(e["event"])
+        why = {
+            "down": ("health", True),
+            "up": ("health", False),
+            "circuit_open": ("breaker", True),
+            "circuit_half_open": ("breaker", False),
+            "circuit_closed": ("breaker", False),
+        }.get(e["event"])
         if why is None:
             continue
         inst, (cause, starts) = e["instance_id"], why
@@ -135,18 +151,37 @@ def audit(store: RunStore, console_run: str, replay_run: str, limit: int) -> lis
             start, _ = down_at[inst][-1]
             down_at[inst][-1] = (start, e["t"])
     routed_to_down = [
-        r for r in gateway
-        if r["arrival"] is not None and any(a < r["arrival"] < b for inst in (r["prefill_instance"], r["decode_instance"])
-                                            for a, b in down_at.get(inst or "", []))
+        r
+        for r in gateway
+        if r["arrival"] is not None
+        and any(
+            a < r["arrival"] < b
+            for inst in (r["prefill_instance"], r["decode_instance"])
+            for a, b in down_at.get(inst or "", [])
+        )
     ]
-    checks.append(("nothing routed to an instance while it was out (down or breaker open)", not routed_to_down,
-                   f"{len(routed_to_down)} requests; {sum(len(v) for v in down_at.values())} periods out"))
+    checks.append(
+        (
+            "nothing routed to an instance while it was out (down or breaker open)",
+            not routed_to_down,
+            f"{len(routed_to_down)} requests; {sum(len(v) for v in down_at.values())} periods out",
+        )
+    )
     back = {inst: spans[-1][1] for inst, spans in down_at.items() if spans[-1][1] != float("inf")}
     later = {inst: [r for r in gateway if r["arrival"] is not None and r["arrival"] > t] for inst, t in back.items()}
     judged = {inst: rs for inst, rs in later.items() if len(rs) >= MIN_LATER}  # back with traffic still to come
-    unused = [inst for inst, rs in judged.items() if not any(inst in (r["prefill_instance"], r["decode_instance"]) for r in rs)]
-    checks.append(("instances that came back were used again", not unused,
-                   f"{len(back)} came back, {len(judged)} with ≥ {MIN_LATER} requests still to come; unused after: {unused or 'none'}"))
+    unused = [
+        inst
+        for inst, rs in judged.items()
+        if not any(inst in (r["prefill_instance"], r["decode_instance"]) for r in rs)
+    ]
+    checks.append(
+        (
+            "instances that came back were used again",
+            not unused,
+            f"{len(back)} came back, {len(judged)} with ≥ {MIN_LATER} requests still to come; unused after: {unused or 'none'}",
+        )
+    )
     return checks
 
 
@@ -155,7 +190,10 @@ def failure_reasons(store: RunStore, console_run: str) -> Counter[str]:
     out: Counter[str] = Counter()
     for r in store.requests(console_run):
         if r["status"] != "ok":
-            words = " ".join(w if not (w[:1] in "pd" and w[1:].rstrip(":,").isdigit()) else "<inst>" for w in (r["reason"] or "").split()[:7])
+            words = " ".join(
+                w if not (w[:1] in "pd" and w[1:].rstrip(":,").isdigit()) else "<inst>"
+                for w in (r["reason"] or "").split()[:7]
+            )
             out[words] += 1
     return out
 
@@ -168,7 +206,9 @@ def main() -> int:
     ap.add_argument("--speed", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--every", type=float, default=2.0, help="mean seconds between faults")
-    ap.add_argument("--fault-s", type=float, default=1.5, help="how long a fault lasts (a killed instance stays down this long)")
+    ap.add_argument(
+        "--fault-s", type=float, default=1.5, help="how long a fault lasts (a killed instance stays down this long)"
+    )
     ap.add_argument("--prefill", type=int, default=2)
     ap.add_argument("--decode", type=int, default=3)
     ap.add_argument("--profile", default="cpu-tiny-llama")
@@ -180,16 +220,38 @@ def main() -> int:
         port, token = free_port(), secrets.token_urlsafe(16)
         env = console_env(home, token)
         url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
-        console = start_console(port, ["--prefill", str(a.prefill), "--decode", str(a.decode), "--profile", a.profile,
-                                       "--policy", "least_load"], env)
+        console = start_console(
+            port,
+            ["--prefill", str(a.prefill), "--decode", str(a.decode), "--profile", a.profile, "--policy", "least_load"],
+            env,
+        )
         chaos = Chaos(url, auth, a.profile, a.seed, a.every, a.fault_s)
         try:
             console_run = httpx.get(url + "/control/run", headers=auth).json()["run_id"]
             loop = threading.Thread(target=chaos.run, daemon=True)
             loop.start()
             started = time.monotonic()
-            out = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(a.trace), "--limit", str(a.limit), "--speed", str(a.speed),
-                                  "--url", url, "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "console.cli",
+                    "replay",
+                    str(a.trace),
+                    "--limit",
+                    str(a.limit),
+                    "--speed",
+                    str(a.speed),
+                    "--url",
+                    url,
+                    "--json",
+                ],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
             chaos.stop.set()
             loop.join(60)
             if out.returncode not in (0, 1) or not out.stdout.strip():
@@ -204,10 +266,14 @@ def main() -> int:
         checks = audit(store, console_run, replay["run_id"], a.limit)
         reasons = failure_reasons(store, console_run)
     faults = Counter(x["action"] for x in chaos.log)
-    print(f"# chaos replay: {a.limit} requests of {a.trace.name} at speed {a.speed:g}, {a.prefill}P{a.decode}D {a.profile}, seed {a.seed}, "
-          f"{time.monotonic() - started:.0f} s")
-    print(f"faults: {len(chaos.log)} ({', '.join(f'{k} {v}' for k, v in sorted(faults.items()))}); replay: {replay.get('done')} done, "
-          f"{replay.get('failed')} failed\n")
+    print(
+        f"# chaos replay: {a.limit} requests of {a.trace.name} at speed {a.speed:g}, {a.prefill}P{a.decode}D {a.profile}, seed {a.seed}, "
+        f"{time.monotonic() - started:.0f} s"
+    )
+    print(
+        f"faults: {len(chaos.log)} ({', '.join(f'{k} {v}' for k, v in sorted(faults.items()))}); replay: {replay.get('done')} done, "
+        f"{replay.get('failed')} failed\n"
+    )
     print("| check | result | figures |\n|---|---|---|")
     for name, ok, figures in checks:
         print(f"| {name} | {'pass' if ok else 'FAIL'} | {figures} |")

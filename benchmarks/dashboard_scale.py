@@ -43,7 +43,9 @@ def cpu_seconds(pid: int) -> float:
 class CountingDashboard(SibylDashboard):
     """The dashboard, counting the snapshots it applied (each repaints the table, SLO panel and charts)."""
 
-    CSS_PATH = str(Path(dashboard_module.__file__).with_name("dashboard.tcss"))  # relative paths resolve beside the subclass
+    CSS_PATH = str(
+        Path(dashboard_module.__file__).with_name("dashboard.tcss")
+    )  # relative paths resolve beside the subclass
     applied: list[float]
 
     apply_s: list[float]
@@ -66,12 +68,17 @@ async def dashboard_window(url: str, token: str, pid: int, window_s: float) -> d
             t0, c0, n0 = time.monotonic(), cpu_seconds(pid), len(app.applied)
             await asyncio.sleep(window_s)
             t1, c1, n1 = time.monotonic(), cpu_seconds(pid), len(app.applied)
-            gaps = [b - a for a, b in zip(app.applied[n0:n1], app.applied[n0 + 1:n1], strict=False)]
+            gaps = [b - a for a, b in zip(app.applied[n0:n1], app.applied[n0 + 1 : n1], strict=False)]
             applies = sorted(app.apply_s[n0:n1])
     finally:
         await client.aclose()
-    return {"cpu": (c1 - c0) / (t1 - t0), "redraws_per_s": (n1 - n0) / (t1 - t0), "max_gap_s": max(gaps, default=float("nan")),
-            "apply_p50_s": applies[len(applies) // 2] if applies else float("nan"), "apply_max_s": applies[-1] if applies else float("nan")}
+    return {
+        "cpu": (c1 - c0) / (t1 - t0),
+        "redraws_per_s": (n1 - n0) / (t1 - t0),
+        "max_gap_s": max(gaps, default=float("nan")),
+        "apply_p50_s": applies[len(applies) // 2] if applies else float("nan"),
+        "apply_max_s": applies[-1] if applies else float("nan"),
+    }
 
 
 def quiet_window(pid: int, window_s: float) -> float:
@@ -93,16 +100,41 @@ def main() -> None:
         home = Path(tmp)
         env = console_env(home)
         port = free_port()
-        console = start_console(port, ["--backend", "sim", "--prefill", str(args.prefill), "--decode", str(args.decode),
-                                       "--policy", "least_load"], env)
+        console = start_console(
+            port,
+            [
+                "--backend",
+                "sim",
+                "--prefill",
+                str(args.prefill),
+                "--decode",
+                str(args.decode),
+                "--policy",
+                "least_load",
+            ],
+            env,
+        )
         url = f"http://127.0.0.1:{port}"
         load = None
         try:
             token = json.loads((home / "console.json").read_text())["token_file"]
             token = Path(token).read_text().strip()
             pid = json.loads((home / "console.json").read_text())["pid"]
-            load = start([sys.executable, str(args.shared / "tools" / "loadgen.py"), "--url", url, "-c", str(args.clients),
-                          "-n", "100000000", "--stream", "--max-tokens", "64"])
+            load = start(
+                [
+                    sys.executable,
+                    str(args.shared / "tools" / "loadgen.py"),
+                    "--url",
+                    url,
+                    "-c",
+                    str(args.clients),
+                    "-n",
+                    "100000000",
+                    "--stream",
+                    "--max-tokens",
+                    "64",
+                ]
+            )
             time.sleep(5)  # the load reaches its steady state
             before = quiet_window(pid, args.window_s)
             attached = asyncio.run(dashboard_window(url, token, pid, args.window_s))
@@ -112,20 +144,50 @@ def main() -> None:
                 stop(load)
             stop(console)
     cost = attached["cpu"] - statistics.mean([before, after])
-    result = {"instances": args.prefill + args.decode, "server_cpu_without": before, "server_cpu_with": attached["cpu"],
-              "server_cpu_after": after, "dashboard_cost_cpu": cost,
-              **{k: attached[k] for k in ("redraws_per_s", "max_gap_s", "apply_p50_s", "apply_max_s")}}
+    result = {
+        "instances": args.prefill + args.decode,
+        "server_cpu_without": before,
+        "server_cpu_with": attached["cpu"],
+        "server_cpu_after": after,
+        "dashboard_cost_cpu": cost,
+        **{k: attached[k] for k in ("redraws_per_s", "max_gap_s", "apply_p50_s", "apply_max_s")},
+    }
     if args.json:
         print(json.dumps(result))
         return
-    print(f"dashboard at {result['instances']} instances under {args.clients} closed-loop streaming clients, {args.window_s:g} s windows")
-    for line in md_header(["instances", "redraws/s", "longest gap", "apply p50/max", "server CPU without", "with dashboard", "after",
-                           "dashboard's cost", "target"], "rrrrrrrrl"):
+    print(
+        f"dashboard at {result['instances']} instances under {args.clients} closed-loop streaming clients, {args.window_s:g} s windows"
+    )
+    for line in md_header(
+        [
+            "instances",
+            "redraws/s",
+            "longest gap",
+            "apply p50/max",
+            "server CPU without",
+            "with dashboard",
+            "after",
+            "dashboard's cost",
+            "target",
+        ],
+        "rrrrrrrrl",
+    ):
         print(line)
-    print(md_row([result["instances"], f"{attached['redraws_per_s']:.2f}", f"{attached['max_gap_s'] * 1e3:.0f} ms",
-                  f"{attached['apply_p50_s'] * 1e3:.0f}/{attached['apply_max_s'] * 1e3:.0f} ms",
-                  f"{before:.1%}", f"{attached['cpu']:.1%}", f"{after:.1%}", f"{cost:+.1%} of a core",
-                  ">= 2 redraws/s, < 5% of a core"]))
+    print(
+        md_row(
+            [
+                result["instances"],
+                f"{attached['redraws_per_s']:.2f}",
+                f"{attached['max_gap_s'] * 1e3:.0f} ms",
+                f"{attached['apply_p50_s'] * 1e3:.0f}/{attached['apply_max_s'] * 1e3:.0f} ms",
+                f"{before:.1%}",
+                f"{attached['cpu']:.1%}",
+                f"{after:.1%}",
+                f"{cost:+.1%} of a core",
+                ">= 2 redraws/s, < 5% of a core",
+            ]
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -96,7 +96,9 @@ def step_cost(p: PerfProfile, batch: int, kv: int, chunks: list[list[int]], slow
     """The profile's duration of one logged step (what engine.py should have used)."""
     dt = p.step_time(batch, kv)
     if chunks:
-        dt += p.prefill_base_s + sum(p.prefill_per_token_s * (b - a) + p.prefill_per_token2_s * (b * b - a * a) for a, b in chunks)
+        dt += p.prefill_base_s + sum(
+            p.prefill_per_token_s * (b - a) + p.prefill_per_token2_s * (b * b - a * a) for a, b in chunks
+        )
     return dt * slowdown
 
 
@@ -190,18 +192,30 @@ def measure(args: argparse.Namespace, host: str, ports: list[int], pid: int | No
     write = np.array([r[11] - r[10] for r in busy]) * 1000
     p50, p99 = np.percentile(err, [50, 99])
     where = f"{len(ports)} instances of one process" if len(ports) > 1 else "one instance"
-    print(f"emulator, profile {args.profile}, {where}: {args.concurrency} concurrent streams x {args.tokens} tokens, prompt {args.prompt} tokens")
-    print(f"{'requests':>9} {'tokens':>8} {'wall s':>7} {'tok/s':>7} {'steps':>6} {'err p50 ms':>10} {'err p99 ms':>10} {'err max ms':>10} {'err min ms':>10} {'failed':>6}")
-    print(f"{args.concurrency:>9} {len(err):>8} {wall:>7.2f} {len(err) / wall:>7.0f} {sum(map(len, logs)):>6} "
-          f"{p50:>10.2f} {p99:>10.2f} {err.max():>10.2f} {err.min():>10.2f} {failed:>6}")
-    print(f"error = kernel arrival at the client socket - prescribed step end; when the client read it: "
-          f"p50 {np.percentile(app, 50):.2f} p99 {np.percentile(app, 99):.2f} ms")
-    print(f"step durations vs profile: max |diff| {max(s[1] for s in schedules) * 1e6:.3f} us; "
-          f"schedule slips: {sum(s[2] for s in schedules)}; error vs the emulator's own deadlines p99 {np.percentile(own, 99):.2f} ms")
+    print(
+        f"emulator, profile {args.profile}, {where}: {args.concurrency} concurrent streams x {args.tokens} tokens, prompt {args.prompt} tokens"
+    )
+    print(
+        f"{'requests':>9} {'tokens':>8} {'wall s':>7} {'tok/s':>7} {'steps':>6} {'err p50 ms':>10} {'err p99 ms':>10} {'err max ms':>10} {'err min ms':>10} {'failed':>6}"
+    )
+    print(
+        f"{args.concurrency:>9} {len(err):>8} {wall:>7.2f} {len(err) / wall:>7.0f} {sum(map(len, logs)):>6} "
+        f"{p50:>10.2f} {p99:>10.2f} {err.max():>10.2f} {err.min():>10.2f} {failed:>6}"
+    )
+    print(
+        f"error = kernel arrival at the client socket - prescribed step end; when the client read it: "
+        f"p50 {np.percentile(app, 50):.2f} p99 {np.percentile(app, 99):.2f} ms"
+    )
+    print(
+        f"step durations vs profile: max |diff| {max(s[1] for s in schedules) * 1e6:.3f} us; "
+        f"schedule slips: {sum(s[2] for s in schedules)}; error vs the emulator's own deadlines p99 {np.percentile(own, 99):.2f} ms"
+    )
     if len(busy):
-        print(f"server, {len(busy)} steps with >= {per // 2} tokens: wake-up lateness p50 {np.median(wake):.2f} max {wake.max():.2f} ms; "
-              f"writing the step's tokens p50 {np.median(write):.2f} max {write.max():.2f} ms"
-              + (f"; server CPU {cpu:.1f} s ({100 * cpu / wall:.0f} % of a core)" if pid else ""))
+        print(
+            f"server, {len(busy)} steps with >= {per // 2} tokens: wake-up lateness p50 {np.median(wake):.2f} max {wake.max():.2f} ms; "
+            f"writing the step's tokens p50 {np.median(write):.2f} max {write.max():.2f} ms"
+            + (f"; server CPU {cpu:.1f} s ({100 * cpu / wall:.0f} % of a core)" if pid else "")
+        )
     print(f"target p99 <= 5 ms with no failures: {'met' if p99 <= 5 and failed == 0 else 'NOT met'}")
 
 
@@ -212,12 +226,25 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per request")
     ap.add_argument("--profile", default="h20-qwen3-32b")
     ap.add_argument("--instances", type=int, default=1, help="instances in the one emulator process")
-    ap.add_argument("--max-num-seqs", type=int, help="running slots per instance (default: all the streams; 0: the profile's)")
+    ap.add_argument(
+        "--max-num-seqs", type=int, help="running slots per instance (default: all the streams; 0: the profile's)"
+    )
     ap.add_argument("--writer-threads", type=int, default=2, help="the emulator's --writer-threads")
-    ap.add_argument("--client-nice", type=int, default=10, help="lower the client's CPU priority by this much (0: same as the server)")
-    ap.add_argument("--read-interval-ms", type=float, default=0.0,
-                    help="let the client read in batches this far apart, out of the server's way (arrival is the kernel's timestamp either way)")
-    ap.add_argument("--url", help="measure an emulator already running at this base URL (same profile, enough --max-num-seqs)")
+    ap.add_argument(
+        "--client-nice",
+        type=int,
+        default=10,
+        help="lower the client's CPU priority by this much (0: same as the server)",
+    )
+    ap.add_argument(
+        "--read-interval-ms",
+        type=float,
+        default=0.0,
+        help="let the client read in batches this far apart, out of the server's way (arrival is the kernel's timestamp either way)",
+    )
+    ap.add_argument(
+        "--url", help="measure an emulator already running at this base URL (same profile, enough --max-num-seqs)"
+    )
     args = ap.parse_args()
     if args.url:
         host, port = args.url.split("//")[-1].rstrip("/").rsplit(":", 1)
@@ -226,10 +253,21 @@ def main() -> None:
         return
     n = args.instances
     slots = args.max_num_seqs if args.max_num_seqs is not None else -(-args.concurrency // n)
-    emu = EmulatorProcess("decode", free_ports(n), [
-        "--profile", args.profile, "--instances", str(n), "--kv-capacity-tokens", str(10**8),
-        "--writer-threads", str(args.writer_threads), *(["--max-num-seqs", str(slots)] if slots else []),
-    ]).start()
+    emu = EmulatorProcess(
+        "decode",
+        free_ports(n),
+        [
+            "--profile",
+            args.profile,
+            "--instances",
+            str(n),
+            "--kv-capacity-tokens",
+            str(10**8),
+            "--writer-threads",
+            str(args.writer_threads),
+            *(["--max-num-seqs", str(slots)] if slots else []),
+        ],
+    ).start()
     try:
         emu.wait_ready(30)
         os.nice(args.client_nice)  # after the emulator started: only this client yields the CPU

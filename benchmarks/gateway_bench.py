@@ -30,9 +30,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def load(loadgen: Path, url: str, pid: int, concurrency: int, n: int) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, str(loadgen), "--url", url, "-c", str(concurrency), "-n", str(n), "--stream", "--max-tokens", "16",
-         "--warmup", "200", "--watch-pid", f"proxy={pid}", "--json"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            str(loadgen),
+            "--url",
+            url,
+            "-c",
+            str(concurrency),
+            "-n",
+            str(n),
+            "--stream",
+            "--max-tokens",
+            "16",
+            "--warmup",
+            "200",
+            "--watch-pid",
+            f"proxy={pid}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
@@ -52,7 +70,10 @@ def main() -> None:
             wait_http(f"http://127.0.0.1:{p}/health")
         rows = []
         targets = []
-        for label, decode in (("1P1D", f"http://127.0.0.1:{dp}"), ("1P2D", f"http://127.0.0.1:{dp},http://127.0.0.1:{dp2}")):
+        for label, decode in (
+            ("1P1D", f"http://127.0.0.1:{dp}"),
+            ("1P2D", f"http://127.0.0.1:{dp},http://127.0.0.1:{dp2}"),
+        ):
             home = tempfile.mkdtemp(prefix="sibyl-bench-")
             gport = free_port()
             env = {**os.environ, "SIBYL_HOME": home, "SIBYL_DB": f"{home}/runs.db"}
@@ -60,15 +81,44 @@ def main() -> None:
             # and shed; this measures the proxy path itself, as the toy proxy (which has no admission)
             config = Path(home) / "bench.toml"
             config.write_text("[admission]\nenabled = false\n")
-            ours = start([sys.executable, "-m", "console.cli", "up", str(config), "--headless", "--port", str(gport), "--backend", "vllm",
-                          "--attach", f"prefill=http://127.0.0.1:{pp};decode={decode}"], env)
+            ours = start(
+                [
+                    sys.executable,
+                    "-m",
+                    "console.cli",
+                    "up",
+                    str(config),
+                    "--headless",
+                    "--port",
+                    str(gport),
+                    "--backend",
+                    "vllm",
+                    "--attach",
+                    f"prefill=http://127.0.0.1:{pp};decode={decode}",
+                ],
+                env,
+            )
             procs.append(ours)
             wait_http(f"http://127.0.0.1:{gport}/health")
             targets.append((f"sibyl-console gateway {label}", f"http://127.0.0.1:{gport}", ours.pid))
         if args.toy_proxy:
             tport = free_port()
-            toy = start([args.toy_python, str(args.toy_proxy), "--port", str(tport), "--prefiller-hosts", "127.0.0.1",
-                         "--prefiller-ports", str(pp), "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(dp)])
+            toy = start(
+                [
+                    args.toy_python,
+                    str(args.toy_proxy),
+                    "--port",
+                    str(tport),
+                    "--prefiller-hosts",
+                    "127.0.0.1",
+                    "--prefiller-ports",
+                    str(pp),
+                    "--decoder-hosts",
+                    "127.0.0.1",
+                    "--decoder-ports",
+                    str(dp),
+                ]
+            )
             procs.append(toy)
             wait_http(f"http://127.0.0.1:{tport}/healthcheck")
             targets.append(("vLLM toy_proxy_server.py", f"http://127.0.0.1:{tport}", toy.pid))
@@ -78,18 +128,26 @@ def main() -> None:
             loaded = load(tools / "loadgen.py", url, pid, 64, args.requests)
             idle = load(tools / "loadgen.py", url, pid, 1, 500)
             rows.append((name, loaded, idle))
-        print(f"{'proxy':<31} {'req/s @64':>10} {'CPU ms/req':>11} {'p50 ms @64':>11} {'p50 ms @1':>10} {'added p50 @1':>13} {'errors':>7}")
+        print(
+            f"{'proxy':<31} {'req/s @64':>10} {'CPU ms/req':>11} {'p50 ms @64':>11} {'p50 ms @1':>10} {'added p50 @1':>13} {'errors':>7}"
+        )
         for name, loaded, idle in rows:
             proxy_cpu = (loaded.get("cpu_pct") or {}).get("proxy")
             cpu = proxy_cpu / 100 / loaded["req_per_s"] * 1000 if proxy_cpu is not None else float("nan")
-            print(f"{name:<31} {loaded['req_per_s']:>10.0f} {cpu:>11.2f} {loaded['p50_ms']:>11.2f} "
-                  f"{idle['p50_ms']:>10.2f} {idle['p50_ms'] - direct['p50_ms']:>13.2f} {loaded['errors'] + idle['errors']:>7}")
-        print(f"(direct to the decode fake, one leg: {direct_loaded['req_per_s']:.0f} req/s @64, unloaded p50 {direct['p50_ms']:.2f} ms)")
+            print(
+                f"{name:<31} {loaded['req_per_s']:>10.0f} {cpu:>11.2f} {loaded['p50_ms']:>11.2f} "
+                f"{idle['p50_ms']:>10.2f} {idle['p50_ms'] - direct['p50_ms']:>13.2f} {loaded['errors'] + idle['errors']:>7}"
+            )
+        print(
+            f"(direct to the decode fake, one leg: {direct_loaded['req_per_s']:.0f} req/s @64, unloaded p50 {direct['p50_ms']:.2f} ms)"
+        )
         for name, loaded, _ in rows:
             share = loaded["req_per_s"] / direct_loaded["req_per_s"]
             print(f"{name}: {share:.0%} of the decode fake's own req/s (two legs per request; target >= 35%)")
         if len(rows) == 3:
-            print(f"throughput ratio ours (1P1D) / toy proxy: {rows[0][1]['req_per_s'] / rows[2][1]['req_per_s']:.1f}x (target >= 5x)")
+            print(
+                f"throughput ratio ours (1P1D) / toy proxy: {rows[0][1]['req_per_s'] / rows[2][1]['req_per_s']:.1f}x (target >= 5x)"
+            )
     finally:
         for p in reversed(procs):
             stop(p)

@@ -90,9 +90,7 @@ class Setting:
 
     @property
     def label(self) -> str:
-        arrivals = (
-            "Poisson" if self.burstiness == 1.0 else f"bursty (gamma shape {self.burstiness:g})"
-        )
+        arrivals = "Poisson" if self.burstiness == 1.0 else f"bursty (gamma shape {self.burstiness:g})"
         return (
             f"{self.workload}, {self.mode}, {self.n_prefill}P{self.n_decode}D, load {self.load:g} "
             f"of decode saturation, {arrivals} arrivals, {self.requests} requests, {self.profile}"
@@ -169,9 +167,7 @@ def run_point(
     push_latency: float | None = None,
 ) -> dict[str, Any]:
     name, params = POLICIES[label]
-    gw = ShardedDispatcher(
-        k, delta, dispatcher_factory(profile, name, params, trace), push_latency=push_latency
-    )
+    gw = ShardedDispatcher(k, delta, dispatcher_factory(profile, name, params, trace), push_latency=push_latency)
     t0 = time.perf_counter()
     result = simulate(trace, profile, setting, gw)
     wall = time.perf_counter() - t0
@@ -190,9 +186,7 @@ def run_point(
         "policy": label if push_latency is None or k == 1 else f"{label}+push",
         "push_latency": push_latency,
         "pushes": gw.pushes,
-        "push_bytes_per_request": EXCHANGE_ROW.itemsize * (k - 1)
-        if push_latency is not None
-        else 0,
+        "push_bytes_per_request": EXCHANGE_ROW.itemsize * (k - 1) if push_latency is not None else 0,
         "k": k,
         "delta": None if k == 1 else delta,
         "seed": seed,
@@ -320,9 +314,7 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
     ]  # fmt: skip
     lines = md_header(columns, "l" + "r" * (len(columns) - 1))
     order = {p: i for i, p in enumerate(policies)}
-    agg.sort(
-        key=lambda a: (order.get(a["policy"].removesuffix("+push"), 99), a["k"], a["delta"] or 0.0)
-    )
+    agg.sort(key=lambda a: (order.get(a["policy"].removesuffix("+push"), 99), a["k"], a["delta"] or 0.0))
     for a in agg:
         p99 = ms(a["tpot_p99"])
         if multi:
@@ -338,11 +330,24 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
         kb = f"{a['bytes_per_exchange'] / 1e3:.1f}" if many else "-"
         kbs = f"{a['bytes_per_s'] / 1e3:.1f}" if many and a["bytes_per_s"] is not None else "-"
         lines.append(
-            md_row([
-                a["policy"], a["k"], delta, p99, vs, ms(a["tpot_mean"]), f"{a['ttft_p99']:.2f}",
-                f"{a['slo_attainment']:.1%}", f"{a['assignment_ratio']:.3f}",
-                f"{a['view_error']:.3f}", decision, rows_x, kb, kbs,
-            ])  # fmt: skip
+            md_row(
+                [
+                    a["policy"],
+                    a["k"],
+                    delta,
+                    p99,
+                    vs,
+                    ms(a["tpot_mean"]),
+                    f"{a['ttft_p99']:.2f}",
+                    f"{a['slo_attainment']:.1%}",
+                    f"{a['assignment_ratio']:.3f}",
+                    f"{a['view_error']:.3f}",
+                    decision,
+                    rows_x,
+                    kb,
+                    kbs,
+                ]
+            )  # fmt: skip
         )
     return "\n".join(lines) + "\n"
 
@@ -356,13 +361,9 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=6000)
-    ap.add_argument(
-        "--seeds", default="7", help="comma-separated trace seeds (metrics are averaged)"
-    )
+    ap.add_argument("--seeds", default="7", help="comma-separated trace seeds (metrics are averaged)")
     ap.add_argument("--shards", default="1,2,4,8", help="K values (1 = the single gateway)")
     ap.add_argument("--deltas", default="0.05,0.5,2,10", help="exchange periods Δ in seconds")
     ap.add_argument("--policies", default=",".join(POLICIES))
@@ -427,9 +428,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"\n{setting.label}; seeds {args.seeds}\n")
     print(markdown(rows, policies))
     if args.out is not None:
-        args.out.write_text(
-            json.dumps({"setting": dataclasses.asdict(setting), "rtt": rtt, "runs": rows}, indent=1)
-        )
+        args.out.write_text(json.dumps({"setting": dataclasses.asdict(setting), "rtt": rtt, "runs": rows}, indent=1))
         print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Run `cmd` from the repository root in a new process group, its output discarded."""
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
 
 
 def wait_http(url: str, timeout: float = 30, proc: subprocess.Popen[bytes] | None = None) -> None:

@@ -36,8 +36,16 @@ from core.traces import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TIME_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s", "decode_step_base_s",
-               "decode_step_per_seq_s", "decode_step_per_kv_token_s", "kv_transfer_base_s", "kv_transfer_per_token_s")
+TIME_FIELDS = (
+    "prefill_base_s",
+    "prefill_per_token_s",
+    "prefill_per_token2_s",
+    "decode_step_base_s",
+    "decode_step_per_seq_s",
+    "decode_step_per_kv_token_s",
+    "kv_transfer_base_s",
+    "kv_transfer_per_token_s",
+)
 
 
 def slowed(profile: PerfProfile, k: float) -> PerfProfile:
@@ -66,13 +74,44 @@ def live_p99(args: argparse.Namespace, profile_file: Path, policy: str, home: Pa
     port = free_port()
     env = console_env(home)
     name, params = parse_policy(policy)
-    console = start_console(port, ["--prefill", str(args.prefill), "--decode", str(args.decode), "--profile", str(profile_file),
-                                   "--policy", name, *[f"--param={k}={v}" for k, v in params.items()]], env)
+    console = start_console(
+        port,
+        [
+            "--prefill",
+            str(args.prefill),
+            "--decode",
+            str(args.decode),
+            "--profile",
+            str(profile_file),
+            "--policy",
+            name,
+            *[f"--param={k}={v}" for k, v in params.items()],
+        ],
+        env,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        out = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(args.trace), "--limit", str(args.limit),
-                              "--speed", str(args.speed), "--url", url, "--json"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "console.cli",
+                "replay",
+                str(args.trace),
+                "--limit",
+                str(args.limit),
+                "--speed",
+                str(args.speed),
+                "--url",
+                url,
+                "--json",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         run_id = json.loads(out.stdout)["run_id"]
         rows = [r for r in RunStore(home / "runs.db").requests(run_id) if r["status"] == "ok" and r["tpot"] is not None]
         tpot = np.array([r["tpot"] for r in rows])
@@ -91,8 +130,12 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=6)
     ap.add_argument("--profile", default="roofline-h100-llama3-8b")
     ap.add_argument("--slowdown", type=float, default=8.0)
-    ap.add_argument("--policy", action="append", help="routing policy, NAME or NAME:key=value,...; the first is the reference "
-                    "(default: least_load, sibyl:unit=requests, sibyl:unit=tokens)")
+    ap.add_argument(
+        "--policy",
+        action="append",
+        help="routing policy, NAME or NAME:key=value,...; the first is the reference "
+        "(default: least_load, sibyl:unit=requests, sibyl:unit=tokens)",
+    )
     args = ap.parse_args()
     if args.trace is None:
         args.trace = traces_dir(args.traces) / AZURE_CONV
@@ -105,22 +148,41 @@ def main() -> None:
         profile_file = Path(tmp) / "profile.json"
         save_profile_file(profile, profile_file)
         arrivals = (np.asarray(trace.arrivals) - trace.arrivals[0]) / args.speed
-        plan = SimPlan(arrivals=arrivals, prompt_tokens=prompt, output_tokens=out, workload=str(args.trace), profile=profile,
-                       n_prefill=args.prefill, n_decode=args.decode, mode="iteration",
-                       policies=[parse_policy(p) for p in policies], slo=SLOClass(), shadow=False)
+        plan = SimPlan(
+            arrivals=arrivals,
+            prompt_tokens=prompt,
+            output_tokens=out,
+            workload=str(args.trace),
+            profile=profile,
+            n_prefill=args.prefill,
+            n_decode=args.decode,
+            mode="iteration",
+            policies=[parse_policy(p) for p in policies],
+            slo=SLOClass(),
+            shadow=False,
+        )
         rows = []
         for k, p in enumerate(policies):
             sim, _ = run_one(plan, *parse_policy(p))
             live = live_p99(args, profile_file, p, Path(tmp) / f"run{k}")
             rows.append((p, live, sim))
-            print(f"{p}: live P99 TPOT {live['p99'] * 1000:.1f} ms ({live['ok']} ok), sim {sim['tpot_p99'] * 1000:.1f} ms", file=sys.stderr)
+            print(
+                f"{p}: live P99 TPOT {live['p99'] * 1000:.1f} ms ({live['ok']} ok), sim {sim['tpot_p99'] * 1000:.1f} ms",
+                file=sys.stderr,
+            )
     ref_live, ref_sim = rows[0][1]["p99"], rows[0][2]["tpot_p99"]
-    print(f"{args.trace.name}, first {args.limit} requests at {args.rate:g} req/s, {args.prefill}P{args.decode}D, {profile.name}")
-    print(f"| policy | live P99 TPOT ms | sim P99 TPOT ms | live vs {policies[0]} | sim vs {policies[0]} | live mean ms | sim mean ms |")
+    print(
+        f"{args.trace.name}, first {args.limit} requests at {args.rate:g} req/s, {args.prefill}P{args.decode}D, {profile.name}"
+    )
+    print(
+        f"| policy | live P99 TPOT ms | sim P99 TPOT ms | live vs {policies[0]} | sim vs {policies[0]} | live mean ms | sim mean ms |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for p, live, sim in rows:
-        print(f"| {p} | {live['p99'] * 1000:.1f} | {sim['tpot_p99'] * 1000:.1f} | {live['p99'] / ref_live - 1:+.1%} | "
-              f"{sim['tpot_p99'] / ref_sim - 1:+.1%} | {live['mean'] * 1000:.1f} | {sim['tpot_mean'] * 1000:.1f} |")
+        print(
+            f"| {p} | {live['p99'] * 1000:.1f} | {sim['tpot_p99'] * 1000:.1f} | {live['p99'] / ref_live - 1:+.1%} | "
+            f"{sim['tpot_p99'] / ref_sim - 1:+.1%} | {live['mean'] * 1000:.1f} | {sim['tpot_mean'] * 1000:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,11 @@ STALL = re.compile(r"waited ([\d.]+) ms between tokens \(([\d.]+) of its decode 
 def measure(profile: str, migrations: int, home: Path) -> list[tuple[float, float, float]]:
     """(stall ms, stall in decode steps, step ms) per migration."""
     port, token = free_port(), secrets.token_urlsafe(16)
-    console = start_console(port, ["--prefill", "1", "--decode", "2", "--profile", profile, "--policy", "round_robin"],
-                            console_env(home, token))
+    console = start_console(
+        port,
+        ["--prefill", "1", "--decode", "2", "--profile", profile, "--policy", "round_robin"],
+        console_env(home, token),
+    )
     url = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {token}"}
     steps = get_profile(profile).step_time(1, 100)
@@ -48,8 +51,18 @@ def measure(profile: str, migrations: int, home: Path) -> list[tuple[float, floa
     try:
         for k in range(migrations):
             rid = uuid.uuid4().hex
-            body = {"model": "sibyl-model", "prompt": f"stall {k}", "max_tokens": tokens, "ignore_eos": True, "stream": True}
-            t = threading.Thread(target=lambda b=body, r=rid: httpx.post(url + "/v1/completions", json=b, headers={"X-Request-Id": r}, timeout=120))
+            body = {
+                "model": "sibyl-model",
+                "prompt": f"stall {k}",
+                "max_tokens": tokens,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            t = threading.Thread(
+                target=lambda b=body, r=rid: httpx.post(
+                    url + "/v1/completions", json=b, headers={"X-Request-Id": r}, timeout=120
+                )
+            )
             t.start()
             source = None
             while source is None:
@@ -59,7 +72,9 @@ def measure(profile: str, migrations: int, home: Path) -> list[tuple[float, floa
                 time.sleep(0.05)
             time.sleep(0.3)  # let it decode a while: the step time is its own mean gap before the move
             target = "d1" if source == "d0" else "d0"
-            r = httpx.post(url + "/control/migrate", json={"request_id": rid, "target": target}, headers=auth, timeout=60)
+            r = httpx.post(
+                url + "/control/migrate", json={"request_id": rid, "target": target}, headers=auth, timeout=60
+            )
             if r.status_code != 200:
                 print(f"  migration {k}: refused: {r.text[:200]}", file=sys.stderr)
             t.join(120)
@@ -82,7 +97,9 @@ def main() -> None:
     ap.add_argument("--migrations", type=int, default=8)
     a = ap.parse_args()
     profiles = a.profile or ["cpu-tiny-llama", "h20-qwen3-32b"]
-    print("| profile | migrations | KV transfer base (ms) | step (ms) | stall p50 (ms) | p90 (ms) | stall p50 (steps) | p90 (steps) | under 2 steps |")
+    print(
+        "| profile | migrations | KV transfer base (ms) | step (ms) | stall p50 (ms) | p90 (ms) | stall p50 (steps) | p90 (steps) | under 2 steps |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for profile in profiles:
         with TemporaryDirectory() as tmp:
@@ -92,8 +109,10 @@ def main() -> None:
             continue
         ms, st, step = (np.array(x) for x in zip(*rows, strict=True))
         base = get_profile(profile).kv_transfer_base_s * 1000
-        print(f"| {profile} | {len(rows)} | {base:.1f} | {np.median(step):.1f} | {np.median(ms):.1f} | {np.percentile(ms, 90):.1f} | "
-              f"{np.median(st):.2f} | {np.percentile(st, 90):.2f} | {int((st < 2).sum())}/{len(st)} |")
+        print(
+            f"| {profile} | {len(rows)} | {base:.1f} | {np.median(step):.1f} | {np.median(ms):.1f} | {np.percentile(ms, 90):.1f} | "
+            f"{np.median(st):.2f} | {np.percentile(st, 90):.2f} | {int((st < 2).sum())}/{len(st)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -73,8 +73,13 @@ def capacity(profile_name: str, prompt: int, output: int) -> float:
 
 
 async def one(client: httpx.AsyncClient, url: str, prompt: int, output: int, k: int, timeout: float) -> Outcome:
-    body = {"model": "sibyl-model", "prompt": [7 + (k + j) % 900 for j in range(prompt)], "max_tokens": output,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": "sibyl-model",
+        "prompt": [7 + (k + j) % 900 for j in range(prompt)],
+        "max_tokens": output,
+        "ignore_eos": True,
+        "stream": True,
+    }
     t0 = time.monotonic()
     out = Outcome(0, timeout)
     try:
@@ -121,18 +126,27 @@ async def load(url: str, n: int, spacing_s: float, prompt: int, output: int, tim
         return list(await asyncio.gather(*tasks))
 
 
-def summarize(label: str, mode: str, outs: list[Outcome], timeout: float, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def summarize(
+    label: str, mode: str, outs: list[Outcome], timeout: float, rows: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     ok = [o for o in outs if o.status == 200 and o.complete]
     waits = np.array([o.wait_s for o in outs])
     met = [o for o in ok if o.ttft_s is not None and o.ttft_s <= SLO.ttft_s and (o.tpot_s or 0.0) <= SLO.tpot_s]
     rejected = [o for o in outs if o.status in (429, 503)]
     late = [o for o in outs if o.timed_out]
     return {
-        "load": label, "admission": mode, "requests": len(outs), "answered": len(ok),
-        "shed": sum(o.status == 429 for o in outs), "expired": sum(o.status == 503 for o in outs),
-        "timeout": len(late), "other": len(outs) - len(ok) - len(rejected) - len(late),
+        "load": label,
+        "admission": mode,
+        "requests": len(outs),
+        "answered": len(ok),
+        "shed": sum(o.status == 429 for o in outs),
+        "expired": sum(o.status == 503 for o in outs),
+        "timeout": len(late),
+        "other": len(outs) - len(ok) - len(rejected) - len(late),
         "no_retry_after": sum(not o.retry_after for o in rejected),
-        "wait_p50_s": float(np.percentile(waits, 50)), "wait_p99_s": float(np.percentile(waits, 99)), "wait_max_s": float(waits.max()),
+        "wait_p50_s": float(np.percentile(waits, 50)),
+        "wait_p99_s": float(np.percentile(waits, 99)),
+        "wait_max_s": float(waits.max()),
         "reject_wait_max_s": max((o.wait_s for o in rejected), default=None),
         "attainment": len(met) / len(ok) if ok else None,
         "ttft_p50_s": float(np.median([o.ttft_s for o in ok if o.ttft_s is not None])) if ok else None,
@@ -154,8 +168,11 @@ def run_one(mode: str, loads: list[tuple[str, int, float]], a: argparse.Namespac
             cfg = home / "console.toml"
             cfg.write_text(f"[admission]\nenabled = {'true' if mode == 'on' else 'false'}\n")
             port = free_port()
-            console = start_console(port, [str(cfg), "--prefill", "1", "--decode", "1", "--profile", a.profile],
-                                    console_env(home, secrets.token_urlsafe(16)))
+            console = start_console(
+                port,
+                [str(cfg), "--prefill", "1", "--decode", "1", "--profile", a.profile],
+                console_env(home, secrets.token_urlsafe(16)),
+            )
             try:
                 run_id = json.loads((home / "console.json").read_text())["run_id"]
                 outs = asyncio.run(load(f"http://127.0.0.1:{port}", n, spacing, a.prompt, a.output, a.timeout))
@@ -172,14 +189,18 @@ def _f(x: Any, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
-HEADER = (f"{'load':<16} {'admission':<9} {'n':>4} {'answered':>8} {'shed':>5} {'expired':>7} {'timeout':>7} {'other':>5} {'ra':>3} "
-          f"{'wait p50':>8} {'p99':>6} {'max':>6} {'rej max':>7} {'attain':>7} {'console':>7} {'TTFT p50':>8}")
+HEADER = (
+    f"{'load':<16} {'admission':<9} {'n':>4} {'answered':>8} {'shed':>5} {'expired':>7} {'timeout':>7} {'other':>5} {'ra':>3} "
+    f"{'wait p50':>8} {'p99':>6} {'max':>6} {'rej max':>7} {'attain':>7} {'console':>7} {'TTFT p50':>8}"
+)
 
 
 def _line(r: dict[str, Any]) -> str:
-    return (f"{r['load']:<16} {r['admission']:<9} {r['requests']:>4} {r['answered']:>8} {r['shed']:>5} {r['expired']:>7} {r['timeout']:>7} "
-            f"{r['other']:>5} {r['no_retry_after']:>3} {_f(r['wait_p50_s']):>8} {_f(r['wait_p99_s']):>6} {_f(r['wait_max_s']):>6} {_f(r['reject_wait_max_s'], '.2f'):>7} "
-            f"{_f(r['attainment'], '.0%'):>7} {_f(r['console_attainment'], '.0%'):>7} {_f(r['ttft_p50_s']):>8}")
+    return (
+        f"{r['load']:<16} {r['admission']:<9} {r['requests']:>4} {r['answered']:>8} {r['shed']:>5} {r['expired']:>7} {r['timeout']:>7} "
+        f"{r['other']:>5} {r['no_retry_after']:>3} {_f(r['wait_p50_s']):>8} {_f(r['wait_p99_s']):>6} {_f(r['wait_max_s']):>6} {_f(r['reject_wait_max_s'], '.2f'):>7} "
+        f"{_f(r['attainment'], '.0%'):>7} {_f(r['console_attainment'], '.0%'):>7} {_f(r['ttft_p50_s']):>8}"
+    )
 
 
 def main() -> None:
@@ -201,8 +222,10 @@ def main() -> None:
     for x in filter(None, a.rates.split(",")):
         rate = float(x) * cap
         loads.append((f"{x}x ({rate:.1f}/s)", int(rate * a.duration), 1.0 / rate))
-    print(f"1P1D {a.profile}: capacity {cap:.1f} requests/s ({a.prompt}-token prompts, {a.output} tokens); "
-          f"SLO TTFT {SLO.ttft_s:g} s, TPOT {SLO.tpot_s * 1000:g} ms; client timeout {a.timeout:g} s")
+    print(
+        f"1P1D {a.profile}: capacity {cap:.1f} requests/s ({a.prompt}-token prompts, {a.output} tokens); "
+        f"SLO TTFT {SLO.ttft_s:g} s, TPOT {SLO.tpot_s * 1000:g} ms; client timeout {a.timeout:g} s"
+    )
     print(HEADER, flush=True)
     rows = [r for mode in a.modes.split(",") for r in run_one(mode, loads, a)]
     if a.json:

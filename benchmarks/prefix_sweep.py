@@ -165,8 +165,13 @@ def sweep_profile(tp: int = 1) -> PerfProfile:
         base = get_profile(BASE_PROFILE)
     else:
         h100 = ACCELERATORS["h100"]
-        accel = AcceleratorSpec(name=f"h100x{tp}", flops=tp * h100.flops, mem_bandwidth=tp * h100.mem_bandwidth,
-                                memory_bytes=tp * h100.memory_bytes, link_bandwidth=tp * h100.link_bandwidth)
+        accel = AcceleratorSpec(
+            name=f"h100x{tp}",
+            flops=tp * h100.flops,
+            mem_bandwidth=tp * h100.mem_bandwidth,
+            memory_bytes=tp * h100.memory_bytes,
+            link_bandwidth=tp * h100.link_bandwidth,
+        )
         base = roofline_profile(MODELS["qwen2.5-7b"], accel, name=f"roofline-h100x{tp}-qwen2.5-7b")
     return base.model_copy(update={"name": f"{base.name}-128k", "max_model_len": MAX_MODEL_LEN})
 
@@ -245,8 +250,20 @@ def _clean(x: Any) -> Any:
     return x
 
 
-METRICS = ("ttft_p50", "ttft_p99", "ttft_mean", "tpot_p99", "tpot_mean", "completed", "failed",
-           "prefix_hit_rate", "kv_transferred_tokens", "kv_transferred_share", "decode_only", "sim_wall_s")
+METRICS = (
+    "ttft_p50",
+    "ttft_p99",
+    "ttft_mean",
+    "tpot_p99",
+    "tpot_mean",
+    "completed",
+    "failed",
+    "prefix_hit_rate",
+    "kv_transferred_tokens",
+    "kv_transferred_share",
+    "decode_only",
+    "sim_wall_s",
+)
 
 
 def run_cell(
@@ -269,10 +286,21 @@ def run_cell(
     for case in todo:
         metrics, _ = run_one(plan_for(cell, t, profile, case.source), case.name, dict(case.params))
         row = {
-            "cell": cell.key, "trace": cell.trace, "pd": cell.pd, "prefill": cell.prefill,
-            "decode": cell.decode, "tp": cell.tp, "rate": cell.rate, "cache": cell.cache,
-            "policy": case.label, "name": case.name, "params": case.params, "source": case.source,
-            "requests": requests, "profile": profile.name, **ref,
+            "cell": cell.key,
+            "trace": cell.trace,
+            "pd": cell.pd,
+            "prefill": cell.prefill,
+            "decode": cell.decode,
+            "tp": cell.tp,
+            "rate": cell.rate,
+            "cache": cell.cache,
+            "policy": case.label,
+            "name": case.name,
+            "params": case.params,
+            "source": case.source,
+            "requests": requests,
+            "profile": profile.name,
+            **ref,
             **{k: _clean(metrics.get(k)) for k in METRICS},
         }
         row["prefix_hit_rate"] = row["prefix_hit_rate"] or 0.0
@@ -294,13 +322,24 @@ def sweep(
     """Run what `out` does not hold yet (same requests and profile), appending each row as it lands."""
     rows = load_rows(out)
     profiles = {c.key: sweep_profile(c.tp).name for c in cells}
-    done = {(r["cell"], r["policy"]) for r in rows
-            if r.get("requests") == requests and r.get("profile") == profiles.get(r["cell"])}
+    done = {
+        (r["cell"], r["policy"])
+        for r in rows
+        if r.get("requests") == requests and r.get("profile") == profiles.get(r["cell"])
+    }
     total = len(cells) * len(policies)
     already = sum((c.key, p.label) in done for c in cells for p in policies)
     log(f"{total} runs in {len(cells)} cells; {already} already in {out}, {total - already} to go")
-    progress = Progress(out, rows, total, already, lambda row: (
-        f"TTFT P99 {fmt_s(row['ttft_p99'])} s, mean {fmt_s(row['ttft_mean'])} s, hit {row['prefix_hit_rate']:.1%}"), log)
+    progress = Progress(
+        out,
+        rows,
+        total,
+        already,
+        lambda row: (
+            f"TTFT P99 {fmt_s(row['ttft_p99'])} s, mean {fmt_s(row['ttft_mean'])} s, hit {row['prefix_hit_rate']:.1%}"
+        ),
+        log,
+    )
     for cell in cells:
         run_cell(cell, policies, requests=requests, folder=folder, done=done, on_row=progress.append)
     return rows
@@ -333,42 +372,77 @@ def table_rows(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> list[
                 continue
             ideal = r.get("ideal_hit_rate") or 0.0
             hit = r.get("prefix_hit_rate") or 0.0
-            out.append({
-                "cell": cell, "policy": p, "ttft_p50": r["ttft_p50"], "ttft_p99": r["ttft_p99"],
-                "ttft_mean": r["ttft_mean"], "tpot_p99": r["tpot_p99"], "hit_rate": hit,
-                "ideal_hit_rate": ideal, "of_ideal": hit / ideal if ideal else None,
-                "of_oracle": hit / oracle_hit if oracle_hit else None,
-                "kv_transferred_share": r.get("kv_transferred_share"),
-                "d_ttft_p99": _delta(r["ttft_p99"], base.get("ttft_p99")),
-                "d_ttft_mean": _delta(r["ttft_mean"], base.get("ttft_mean")),
-                "d_tpot_p99": _delta(r["tpot_p99"], base.get("tpot_p99")),
-                "failed": r.get("failed"),
-            })
+            out.append(
+                {
+                    "cell": cell,
+                    "policy": p,
+                    "ttft_p50": r["ttft_p50"],
+                    "ttft_p99": r["ttft_p99"],
+                    "ttft_mean": r["ttft_mean"],
+                    "tpot_p99": r["tpot_p99"],
+                    "hit_rate": hit,
+                    "ideal_hit_rate": ideal,
+                    "of_ideal": hit / ideal if ideal else None,
+                    "of_oracle": hit / oracle_hit if oracle_hit else None,
+                    "kv_transferred_share": r.get("kv_transferred_share"),
+                    "d_ttft_p99": _delta(r["ttft_p99"], base.get("ttft_p99")),
+                    "d_ttft_mean": _delta(r["ttft_mean"], base.get("ttft_mean")),
+                    "d_tpot_p99": _delta(r["tpot_p99"], base.get("tpot_p99")),
+                    "failed": r.get("failed"),
+                }
+            )
     return out
 
 
-def targets(rows: Sequence[dict[str, Any]], cell: str = OPERATING_POINT.key,
-            control: bool = True) -> list[tuple[str, str, str, bool | None]]:
+def targets(
+    rows: Sequence[dict[str, Any]], cell: str = OPERATING_POINT.key, control: bool = True
+) -> list[tuple[str, str, str, bool | None]]:
     """Issue 27's targets at an operating point (and on the control): (target, ours, detail, met)."""
     pol = by_cell(rows).get(cell, {})
     out: list[tuple[str, str, str, bool | None]] = []
     pre, app, ora, ll = (pol.get(k) for k in (PRECISE, APPROX, ORACLE, BASELINE))
     if pre and ora and ll:
         share = pre["prefix_hit_rate"] / ora["prefix_hit_rate"] if ora["prefix_hit_rate"] else None
-        out.append(("precise hit rate ≥ 90% of the oracle's", _pct(share),
-                    f"{pre['prefix_hit_rate']:.1%} vs {ora['prefix_hit_rate']:.1%}", None if share is None else share >= 0.9))
-        for metric, need, what in (("ttft_p99", -0.5, "P99 TTFT cut ≥ 50% vs least_load"),
-                                   ("ttft_mean", -0.3, "mean TTFT cut ≥ 30% vs least_load")):
+        out.append(
+            (
+                "precise hit rate ≥ 90% of the oracle's",
+                _pct(share),
+                f"{pre['prefix_hit_rate']:.1%} vs {ora['prefix_hit_rate']:.1%}",
+                None if share is None else share >= 0.9,
+            )
+        )
+        for metric, need, what in (
+            ("ttft_p99", -0.5, "P99 TTFT cut ≥ 50% vs least_load"),
+            ("ttft_mean", -0.3, "mean TTFT cut ≥ 30% vs least_load"),
+        ):
             d = _delta(pre[metric], ll[metric])
-            out.append((what, "-" if d is None else f"{-d:.0%}",
-                        f"{fmt_s(pre[metric])} s vs {fmt_s(ll[metric])} s", None if d is None else d <= need))
+            out.append(
+                (
+                    what,
+                    "-" if d is None else f"{-d:.0%}",
+                    f"{fmt_s(pre[metric])} s vs {fmt_s(ll[metric])} s",
+                    None if d is None else d <= need,
+                )
+            )
         d = _delta(pre["tpot_p99"], ll["tpot_p99"])
-        out.append(("P99 TPOT within +2% of least_load", "-" if d is None else f"{d:+.1%}",
-                    f"{fmt_s(pre['tpot_p99'] * 1e3)} ms vs {fmt_s(ll['tpot_p99'] * 1e3)} ms", None if d is None else d <= 0.02))
+        out.append(
+            (
+                "P99 TPOT within +2% of least_load",
+                "-" if d is None else f"{d:+.1%}",
+                f"{fmt_s(pre['tpot_p99'] * 1e3)} ms vs {fmt_s(ll['tpot_p99'] * 1e3)} ms",
+                None if d is None else d <= 0.02,
+            )
+        )
     if pre and app:
         gap = (pre["prefix_hit_rate"] - app["prefix_hit_rate"]) * 100
-        out.append(("approximate within 10 points of precise (hit rate)", f"{gap:.1f} points",
-                    f"{app['prefix_hit_rate']:.1%} vs {pre['prefix_hit_rate']:.1%}", gap <= 10))
+        out.append(
+            (
+                "approximate within 10 points of precise (hit rate)",
+                f"{gap:.1f} points",
+                f"{app['prefix_hit_rate']:.1%} vs {pre['prefix_hit_rate']:.1%}",
+                gap <= 10,
+            )
+        )
     for c, cp in by_cell(rows).items() if control else ():
         if not c.startswith("azure-conv/") or BASELINE not in cp:
             continue
@@ -379,8 +453,14 @@ def targets(rows: Sequence[dict[str, Any]], cell: str = OPERATING_POINT.key,
                 d = _delta(r[m], base[m])
                 if d is not None and d > worst[1]:
                     worst = (p, d, m)
-        out.append((f"{c}: no policy > 2% worse than least_load", f"{worst[1]:+.1%}",
-                    f"worst: {worst[0]} on {worst[2]}", worst[1] <= 0.02))
+        out.append(
+            (
+                f"{c}: no policy > 2% worse than least_load",
+                f"{worst[1]:+.1%}",
+                f"worst: {worst[0]} on {worst[2]}",
+                worst[1] <= 0.02,
+            )
+        )
     return out
 
 
@@ -390,8 +470,25 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
         "(every shared prefix reused); /oracle = hit / the oracle's; KV moved = KV tokens pulled "
         "P→D / prompt tokens; Δ = vs least_load.",
         "",
-        *md_header(["cell", "policy", "TTFT p50", "TTFT p99", "TTFT mean", "P99 TPOT", "hit", "/ideal",
-                    "/oracle", "KV moved", "ΔP99 TTFT", "Δmean TTFT", "ΔP99 TPOT", "failed"], "ll" + "r" * 12),
+        *md_header(
+            [
+                "cell",
+                "policy",
+                "TTFT p50",
+                "TTFT p99",
+                "TTFT mean",
+                "P99 TPOT",
+                "hit",
+                "/ideal",
+                "/oracle",
+                "KV moved",
+                "ΔP99 TTFT",
+                "Δmean TTFT",
+                "ΔP99 TPOT",
+                "failed",
+            ],
+            "ll" + "r" * 12,
+        ),
     ]
     for r in table_rows(rows, policies):
         lines.append(md_row([
@@ -402,15 +499,27 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
             r["failed"],
         ]))  # fmt: skip
     floor = [(c, next(iter(p.values()))) for c, p in by_cell(rows).items()]
-    lines += ["", "Per cell: the ideal hit rate and the no-queue P99 prefill floor (s) with ideal reuse and without:", "",
-              *md_header(["cell", "ideal hit", "floor P99 (ideal reuse)", "floor P99 (no reuse)"], "lrrr")]
+    lines += [
+        "",
+        "Per cell: the ideal hit rate and the no-queue P99 prefill floor (s) with ideal reuse and without:",
+        "",
+        *md_header(["cell", "ideal hit", "floor P99 (ideal reuse)", "floor P99 (no reuse)"], "lrrr"),
+    ]
     for c, r in floor:
-        lines.append(md_row([c, _pct(r.get("ideal_hit_rate")), fmt_s(r.get("floor_p99_s")), fmt_s(r.get("floor_p99_no_reuse_s"))]))
+        lines.append(
+            md_row(
+                [c, _pct(r.get("ideal_hit_rate")), fmt_s(r.get("floor_p99_s")), fmt_s(r.get("floor_p99_no_reuse_s"))]
+            )
+        )
     for k, op in enumerate(OPERATING_POINTS):
         tg = targets(rows, op.key, control=k == 0)
         if tg:
-            lines += ["", f"Targets (issue 27) at {op.key}{' and on the control' if k == 0 else ''}:", "",
-                      *md_header(["target", "ours", "detail", "met"], "lrll")]
+            lines += [
+                "",
+                f"Targets (issue 27) at {op.key}{' and on the control' if k == 0 else ''}:",
+                "",
+                *md_header(["target", "ours", "detail", "met"], "lrll"),
+            ]
             for what, ours, detail, met in tg:
                 lines.append(md_row([what, ours, detail, "-" if met is None else ("yes" if met else "no")]))
     return "\n".join(lines) + "\n"
@@ -419,11 +528,23 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
 def write_report(rows: Sequence[dict[str, Any]], out: Path, policies: Sequence[str]) -> tuple[Path, Path]:
     md, js = out.with_suffix(".md"), out.with_suffix(".json")
     md.write_text(markdown(rows, policies))
-    js.write_text(json.dumps({"rows": table_rows(rows, policies),
-                              "targets": {op.key: [dict(zip(("target", "ours", "detail", "met"), t, strict=True))
-                                                   for t in targets(rows, op.key, control=k == 0)]
-                                          for k, op in enumerate(OPERATING_POINTS)}},
-                             indent=1, default=str) + "\n")
+    js.write_text(
+        json.dumps(
+            {
+                "rows": table_rows(rows, policies),
+                "targets": {
+                    op.key: [
+                        dict(zip(("target", "ours", "detail", "met"), t, strict=True))
+                        for t in targets(rows, op.key, control=k == 0)
+                    ]
+                    for k, op in enumerate(OPERATING_POINTS)
+                },
+            },
+            indent=1,
+            default=str,
+        )
+        + "\n"
+    )
     return md, js
 
 
@@ -457,7 +578,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="2 cells (the operating point and the control), 200 rows")
     ap.add_argument("--requests", type=int, default=None, help="rows of each trace (default 3000; --quick 200)")
     ap.add_argument("--out", type=Path, default=Path("prefix_sweep.jsonl"))
-    ap.add_argument("--only", action="append", default=[], help="KEY=V1,V2 (repeatable): trace, pd, tp, rate, cache, policy")
+    ap.add_argument(
+        "--only", action="append", default=[], help="KEY=V1,V2 (repeatable): trace, pd, tp, rate, cache, policy"
+    )
     ap.add_argument("--report-only", action="store_true", help="only rebuild OUT.md/OUT.json")
     add_traces_option(ap)
     args = ap.parse_args(argv)

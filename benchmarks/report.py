@@ -57,8 +57,15 @@ class Progress:
     """A resumable sweep's results: each row appended to `path` as it lands, with a progress line
     (`describe(row)` says what the row measured)."""
 
-    def __init__(self, path: Path, rows: list[dict[str, Any]], total: int, already: int,
-                 describe: Callable[[dict[str, Any]], str], log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        rows: list[dict[str, Any]],
+        total: int,
+        already: int,
+        describe: Callable[[dict[str, Any]], str],
+        log: Callable[[str], None],
+    ) -> None:
         self.path, self.rows, self.total, self.count = path, rows, total, already
         self.describe, self.log = describe, log
         self.started = time.perf_counter()
@@ -69,8 +76,10 @@ class Progress:
             f.write(json.dumps(row) + "\n")
         self.rows.append(row)
         self.count += 1
-        self.log(f"[{self.count}/{self.total}] {row['cell']} {row['policy']}: {self.describe(row)} "
-                 f"({row['sim_wall_s']:.1f} s; {time.perf_counter() - self.started:.0f} s elapsed)")
+        self.log(
+            f"[{self.count}/{self.total}] {row['cell']} {row['policy']}: {self.describe(row)} "
+            f"({row['sim_wall_s']:.1f} s; {time.perf_counter() - self.started:.0f} s elapsed)"
+        )
 
 
 def by_cell(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:

@@ -205,9 +205,7 @@ def learned_model(args: argparse.Namespace) -> Path | None:
 def explain(rows: dict[str, dict[str, Any]]) -> list[str]:
     """Why rescheduling did or did not cut P99 TPOT by ≥ 50 %, from the runs' own numbers."""
     base = rows["none"]
-    label, best = min(
-        ((k, r) for k, r in rows.items() if k != "none"), key=lambda kr: kr[1]["tpot_p99"]
-    )
+    label, best = min(((k, r) for k, r in rows.items() if k != "none"), key=lambda kr: kr[1]["tpot_p99"])
     cut = 1 - best["tpot_p99"] / base["tpot_p99"]
     full = PROFILE.step_time(1, PROFILE.kv_capacity_tokens)
     floor = PROFILE.step_time(1, base["kv_mean"])
@@ -249,21 +247,23 @@ def explain(rows: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="8,64", help="decode instance counts, comma-separated")
     ap.add_argument("--duration", type=float, default=2000.0, help="seconds of arrivals (the paper: 2,000)")
     ap.add_argument("--kv-load", type=float, default=0.75, help="expected KV use per instance")
     ap.add_argument("--servegen-start", type=float, default=43200.0, help="sampling window start (s of the day)")
     ap.add_argument(
-        "--lengths", choices=("servegen", "table2"), default="servegen",
+        "--lengths",
+        choices=("servegen", "table2"),
+        default="servegen",
         help="servegen: the real trace's lengths (default); table2: [EST] the paper's Table 2 shape",
     )
     ap.add_argument("--model", default=None, help="learned predictor file (train-predictor)")
     ap.add_argument("--no-learned", action="store_true", help="skip ares(learned)")
     ap.add_argument("--no-oracle", action="store_true", help="skip ares_oracle")
-    ap.add_argument("--max-moves", type=int, default=None, help="moves per round (default: 1 at ≤ 8 decode, |D|/8 above)")
+    ap.add_argument(
+        "--max-moves", type=int, default=None, help="moves per round (default: 1 at ≤ 8 decode, |D|/8 above)"
+    )
     ap.add_argument("--train-epochs", type=int, default=30)
     ap.add_argument("--train-samples", type=int, default=100_000)
     ap.add_argument("--workdir", default="/tmp/sibyl-ares", help="where a trained model is kept")
@@ -321,13 +321,12 @@ def main() -> None:
             log(f"[{n_prefill}P{n_decode}D, {n} requests at {rate:.2f} req/s] {label} ...")
             rows[label] = run(trace, n_prefill, n_decode, resched)
             r = rows[label]
-            log(f"  done in {r['wall_s']:.0f} s: P99 TPOT {r['tpot_p99'] * 1e3:.1f} ms, "
-                f"{r['preemptions']} preemptions, {r['migrations']} migrations")
+            log(
+                f"  done in {r['wall_s']:.0f} s: P99 TPOT {r['tpot_p99'] * 1e3:.1f} ms, "
+                f"{r['preemptions']} preemptions, {r['migrations']} migrations"
+            )
         base = rows["none"]
-        print(
-            f"\n== {n_prefill}P{n_decode}D: {n} requests at {rate:.2f} req/s, max {moves} "
-            f"move(s)/round"
-        )
+        print(f"\n== {n_prefill}P{n_decode}D: {n} requests at {rate:.2f} req/s, max {moves} move(s)/round")
         print(
             f"{'system':<14} {'P99 TPOT ms':>11} {'vs none':>8} {'paper ms':>9} {'mean TPOT':>9} "
             f"{'P99 TTFT s':>10} {'goodput/s':>9} {'× none':>7} {'OOM preempt':>11} "

@@ -79,9 +79,7 @@ def synthetic_burstgpt(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np
     sigma = float(np.sqrt(2 * np.log(SPEC_BURSTGPT["input_mean"] / SPEC_BURSTGPT["input_median"])))
     prompt = np.exp(np.log(SPEC_BURSTGPT["input_median"]) + sigma * rng.standard_normal(n))
     prompt = np.clip(np.round(prompt), 1, SPEC_BURSTGPT["input_max"]).astype(np.int64)
-    output = np.minimum(
-        rng.geometric(1.0 / SPEC_BURSTGPT["output_mean"], n), SPEC_BURSTGPT["output_max"]
-    )
+    output = np.minimum(rng.geometric(1.0 / SPEC_BURSTGPT["output_mean"], n), SPEC_BURSTGPT["output_max"])
     return prompt, output.astype(np.int64)
 
 
@@ -178,9 +176,7 @@ def describe(s: np.ndarray, o: np.ndarray) -> str:
 # --- runs ---------------------------------------------------------------------------------------
 
 
-def run_all(
-    args: argparse.Namespace, s: np.ndarray, o: np.ndarray
-) -> dict[str, tuple[DPSimResult, float]]:
+def run_all(args: argparse.Namespace, s: np.ndarray, o: np.ndarray) -> dict[str, tuple[DPSimResult, float]]:
     group = DPGroup.paper(args.ranks, args.slots)
     out: dict[str, tuple[DPSimResult, float]] = {}
     wanted = set(args.policies.split(",")) if args.policies else None
@@ -197,9 +193,7 @@ def run_all(
             )
 
         print(f"running {label} ...", file=sys.stderr, flush=True)
-        result = simulate_dp(
-            build(name, **params), group, s, o, noise=args.noise, seed=args.seed, progress=progress
-        )
+        result = simulate_dp(build(name, **params), group, s, o, noise=args.noise, seed=args.seed, progress=progress)
         out[label] = (result, time.monotonic() - t0)
     return out
 
@@ -231,9 +225,7 @@ def print_comparison(runs: dict[str, tuple[DPSimResult, float]]) -> None:
     print(
         f"\n{'vs paper Table 1':<28} {'AvgImb ×1e4':>17} {'thr ×1e4 tok/s':>17} {'TPOT ×1e-2 s':>17} {'energy kJ':>17}"
     )
-    print(
-        f"{'':<28} {'ours | paper':>17} {'ours | paper':>17} {'ours | paper':>17} {'ours | paper':>17}"
-    )
+    print(f"{'':<28} {'ours | paper':>17} {'ours | paper':>17} {'ours | paper':>17} {'ours | paper':>17}")
     for label, paper in PAPER.items():
         if label not in runs:
             continue
@@ -245,16 +237,11 @@ def print_comparison(runs: dict[str, tuple[DPSimResult, float]]) -> None:
             r.energy_j / 1e3,
         )
         ref = (paper[0] / 1e4, paper[1] / 1e4, paper[2] * 1e2, paper[3])
-        print(
-            f"{label:<28} "
-            + " ".join(f"{a:>8.2f} | {b:<6.2f}" for a, b in zip(ours, ref, strict=True))
-        )
+        print(f"{label:<28} " + " ".join(f"{a:>8.2f} | {b:<6.2f}" for a, b in zip(ours, ref, strict=True)))
     if "fcfs" not in runs:
         return
     base = runs["fcfs"][0]
-    print(
-        f"\n{'relative to fcfs':<28} {'Imb ratio':>17} {'throughput':>17} {'TPOT':>17} {'energy':>17}"
-    )
+    print(f"\n{'relative to fcfs':<28} {'Imb ratio':>17} {'throughput':>17} {'TPOT':>17} {'energy':>17}")
     for label, (r, _) in runs.items():
         if label == "fcfs":
             continue
@@ -273,16 +260,12 @@ def print_comparison(runs: dict[str, tuple[DPSimResult, float]]) -> None:
     print("(ours | paper where the paper has the row)")
 
 
-def verdict(
-    runs: dict[str, tuple[DPSimResult, float]], args: argparse.Namespace, s: np.ndarray, o: np.ndarray
-) -> None:
+def verdict(runs: dict[str, tuple[DPSimResult, float]], args: argparse.Namespace, s: np.ndarray, o: np.ndarray) -> None:
     if "fcfs" not in runs or "bf_io(H=0)" not in runs:
         return
     fcfs, ours = runs["fcfs"][0], runs["bf_io(H=0)"][0]
     ratio = fcfs.avg_imbalance / ours.avg_imbalance
-    print(
-        f"\ntarget bf_io(H=0) >= 8x lower AvgImb than fcfs: {ratio:.1f}x -> {'met' if ratio >= 8 else 'NOT met'}"
-    )
+    print(f"\ntarget bf_io(H=0) >= 8x lower AvgImb than fcfs: {ratio:.1f}x -> {'met' if ratio >= 8 else 'NOT met'}")
     print(
         f"  workload: prompt/output correlation {float(np.corrcoef(s, o)[0, 1]):.2f}; prompt p99 "
         f"{np.percentile(s, 99):.0f}, max {s.max()}; {ours.requests / max(ours.decisions, 1):.1f} "
@@ -334,9 +317,7 @@ def latency(s: np.ndarray, o: np.ndarray, states: int, seed: int) -> None:
         f"\ndecision latency, G={g} ranks x {n_wait} waiting, B={b}, {states} random states per cell "
         "(resident sizes = prompt + age, remaining = o - age):"
     )
-    print(
-        f"{'policy':<28} {'256 free: median':>17} {'p99 µs':>8} {'64 free: median':>16} {'p99 µs':>8}"
-    )
+    print(f"{'policy':<28} {'256 free: median':>17} {'p99 µs':>8} {'64 free: median':>16} {'p99 µs':>8}")
     cells: dict[str, list[str]] = {}
     for free_per_rank in (4, 1):
         snaps = []
@@ -344,9 +325,7 @@ def latency(s: np.ndarray, o: np.ndarray, states: int, seed: int) -> None:
             rank_of = np.repeat(np.arange(g), b - free_per_rank)
             pick = rng.integers(0, len(s), len(rank_of))
             age = (rng.random(len(rank_of)) * o[pick]).astype(np.int64)
-            state = DPState.from_requests(
-                g, b, rank_of, s[pick] + age, np.maximum(o[pick] - age, 1)
-            )
+            state = DPState.from_requests(g, b, rank_of, s[pick] + age, np.maximum(o[pick] - age, 1))
             snaps.append((state, Waiting(s[rng.integers(0, len(s), n_wait)])))
         for _, label, name, params in policies(50)[:6]:
             policy: DPAssignPolicy = build(name, **params)
@@ -356,42 +335,31 @@ def latency(s: np.ndarray, o: np.ndarray, states: int, seed: int) -> None:
                 policy.assign(state, waiting)
                 times.append(time.perf_counter() - t0)
             us = np.array(times) * 1e6
-            cells.setdefault(label, []).extend(
-                [f"{np.median(us):.0f}", f"{np.percentile(us, 99):.0f}"]
-            )
+            cells.setdefault(label, []).extend([f"{np.median(us):.0f}", f"{np.percentile(us, 99):.0f}"])
     for label, c in cells.items():
         print(f"{label:<28} {c[0]:>17} {c[1]:>8} {c[2]:>16} {c[3]:>8}")
     print("target: <= 1,000 µs per decision (shared machine: 2 cores, other jobs running)")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument(
         "--trace",
-        help="lengths file: the authors' burst_data_8000.json or a BurstGPT CSV "
-        f"(default: TRACES/{BURSTGPT_SAMPLE})",
+        help=f"lengths file: the authors' burst_data_8000.json or a BurstGPT CSV (default: TRACES/{BURSTGPT_SAMPLE})",
     )
     add_traces_option(ap)
     ap.add_argument("--seed", type=int, default=42, help="sampling seed (the authors' default: 42)")
     ap.add_argument("--ranks", type=int, default=16)
     ap.add_argument("--slots", type=int, default=72)
-    ap.add_argument(
-        "--noise", type=float, default=0.0, help="H=80 predictor noise δ: o_est = o·U[1-δ, 1+δ]"
-    )
-    ap.add_argument(
-        "--max-wait", type=int, default=50, help="wait cap (steps) of the capped pool row"
-    )
+    ap.add_argument("--noise", type=float, default=0.0, help="H=80 predictor noise δ: o_est = o·U[1-δ, 1+δ]")
+    ap.add_argument("--max-wait", type=int, default=50, help="wait cap (steps) of the capped pool row")
     ap.add_argument(
         "--policies",
         default="",
         help="comma list of rows: fcfs,jsq,h0,h80,h0-pool,h80-pool,h0-pool-cap (default: all)",
     )
-    ap.add_argument(
-        "--diagnose", action="store_true", help="run the diagnosis even if the target is met"
-    )
+    ap.add_argument("--diagnose", action="store_true", help="run the diagnosis even if the target is met")
     ap.add_argument("--diagnose-requests", type=int, default=30_000)
     ap.add_argument("--latency-states", type=int, default=50)
     ap.add_argument("--skip-latency", action="store_true")

@@ -78,8 +78,12 @@ def workload(per_task: int, rate: float, seed: int) -> tuple[np.ndarray, np.ndar
     out = np.concatenate([rng.normal(*t.l_out, per_task) for t in TASKS])
     order = rng.permutation(len(names))
     arrivals = np.cumsum(rng.exponential(1.0 / rate, len(names)))
-    return (arrivals, np.maximum(np.rint(prompt[order]), 1).astype(np.int64),
-            np.maximum(np.rint(out[order]), 1).astype(np.int64), [str(x) for x in names[order]])
+    return (
+        arrivals,
+        np.maximum(np.rint(prompt[order]), 1).astype(np.int64),
+        np.maximum(np.rint(out[order]), 1).astype(np.int64),
+        [str(x) for x in names[order]],
+    )
 
 
 def cost_instance_seconds(result: ClusterSimResult, initial: int, end: float) -> float:
@@ -99,10 +103,26 @@ def run(setup: str, profile: PerfProfile, per_task: int, rate: float, seed: int)
     slo = {t.name: SLOClass(name=t.name, ttft_s=t.ttft_s, tpot_s=t.tpot_s) for t in TASKS}
     s = SETUPS[setup]
     name, params = s["routing"]
-    d = Dispatcher(profile, name, params, queue=s.get("queue", ("fcfs", {})), scaling=s.get("scaling", ("static", {})),
-                   true_lengths=True, slo=slo)
-    sim = ClusterSimulation(arrivals=arrivals, prompt_tokens=prompt, output_tokens=out, profile=profile, n_prefill=2,
-                     n_decode=2, dispatcher=d, mode="iteration", slo_classes=classes)
+    d = Dispatcher(
+        profile,
+        name,
+        params,
+        queue=s.get("queue", ("fcfs", {})),
+        scaling=s.get("scaling", ("static", {})),
+        true_lengths=True,
+        slo=slo,
+    )
+    sim = ClusterSimulation(
+        arrivals=arrivals,
+        prompt_tokens=prompt,
+        output_tokens=out,
+        profile=profile,
+        n_prefill=2,
+        n_decode=2,
+        dispatcher=d,
+        mode="iteration",
+        slo_classes=classes,
+    )
     r = sim.run()
     good = r.ok.astype(bool)
     ok_ttft = np.full(len(good), np.inf)
@@ -114,11 +134,15 @@ def run(setup: str, profile: PerfProfile, per_task: int, rate: float, seed: int)
     flips = sum(1 for e in r.scale_events if e.action == "flip" and e.phase == "active")
     adds = sum(1 for e in r.scale_events if e.action == "add" and e.phase == "active")
     return {
-        "setup": setup, "rate": rate, "seed": seed,
+        "setup": setup,
+        "rate": rate,
+        "seed": seed,
         "attainment": float(attained.mean()),
         "e2e_mean_s": float((r.finish[good] - r.arrival[good]).mean()) if good.any() else float("nan"),
         "cost_inst_s": cost_instance_seconds(r, 4, end),
-        "adds": adds, "flips": flips, "failed": int((~good).sum()),
+        "adds": adds,
+        "flips": flips,
+        "failed": int((~good).sum()),
         "by_task": {t.name: float(attained[np.asarray(classes) == t.name].mean()) for t in TASKS},
     }
 
@@ -129,7 +153,9 @@ def main() -> None:
     ap.add_argument("--rates", default="6,9,12,15", help="comma-separated arrival rates, requests/s")
     ap.add_argument("--seeds", type=int, default=1, help="seeds per cell (the paper repeats 3×)")
     ap.add_argument("--profile", default="h20-qwen3-32b")
-    ap.add_argument("--cold-start", choices=sorted(COLD_START_S), default="d2d", help="weight-load path of a new instance (Table 2)")
+    ap.add_argument(
+        "--cold-start", choices=sorted(COLD_START_S), default="d2d", help="weight-load path of a new instance (Table 2)"
+    )
     a = ap.parse_args()
     profile = get_profile(a.profile).model_copy(update={"cold_start_s": COLD_START_S[a.cold_start]})
     rates = [float(x) for x in a.rates.split(",")]
@@ -138,22 +164,37 @@ def main() -> None:
     cells = [(rate, setup, seed) for rate in rates for setup in SETUPS for seed in range(1, a.seeds + 1)]
     for k, (rate, setup, seed) in enumerate(cells, 1):
         rows.append(run(setup, profile, a.per_task, rate, seed))
-        print(f"[{k}/{len(cells)}] {setup} at {rate:g} req/s: attainment {rows[-1]['attainment']:.3f} "
-              f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
-    print(f"# HyperFlexis reproduction: 4-task mix, {a.per_task} requests per task, 2P+2D start, "
-          f"profile {profile.name}, cold start {a.cold_start} {profile.cold_start_s:g} s, {a.seeds} seed(s)\n")
-    print("| rate (req/s) | setup | SLO attainment | × RR | mean E2E (s) | vs RR | cost (instance-s) | vs RR | adds | flips |")
+        print(
+            f"[{k}/{len(cells)}] {setup} at {rate:g} req/s: attainment {rows[-1]['attainment']:.3f} "
+            f"({time.monotonic() - t0:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(
+        f"# HyperFlexis reproduction: 4-task mix, {a.per_task} requests per task, 2P+2D start, "
+        f"profile {profile.name}, cold start {a.cold_start} {profile.cold_start_s:g} s, {a.seeds} seed(s)\n"
+    )
+    print(
+        "| rate (req/s) | setup | SLO attainment | × RR | mean E2E (s) | vs RR | cost (instance-s) | vs RR | adds | flips |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for rate in rates:
         cell = {s: [r for r in rows if r["rate"] == rate and r["setup"] == s] for s in SETUPS}
-        mean = {s: {k: float(np.mean([r[k] for r in rs])) for k in ("attainment", "e2e_mean_s", "cost_inst_s", "adds", "flips")}
-                for s, rs in cell.items()}
+        mean = {
+            s: {
+                k: float(np.mean([r[k] for r in rs]))
+                for k in ("attainment", "e2e_mean_s", "cost_inst_s", "adds", "flips")
+            }
+            for s, rs in cell.items()
+        }
         rr = mean["round_robin"]
         for s, m in mean.items():
             ratio = m["attainment"] / rr["attainment"] if rr["attainment"] > 0 else float("inf")
-            print(f"| {rate:g} | {s} | {m['attainment']:.3f} | {ratio:.2f}× | {m['e2e_mean_s']:.2f} | "
-                  f"{(m['e2e_mean_s'] / rr['e2e_mean_s'] - 1) * 100:+.1f}% | {m['cost_inst_s']:.0f} | "
-                  f"{(m['cost_inst_s'] / rr['cost_inst_s'] - 1) * 100:+.1f}% | {m['adds']:.1f} | {m['flips']:.1f} |")
+            print(
+                f"| {rate:g} | {s} | {m['attainment']:.3f} | {ratio:.2f}× | {m['e2e_mean_s']:.2f} | "
+                f"{(m['e2e_mean_s'] / rr['e2e_mean_s'] - 1) * 100:+.1f}% | {m['cost_inst_s']:.0f} | "
+                f"{(m['cost_inst_s'] / rr['cost_inst_s'] - 1) * 100:+.1f}% | {m['adds']:.1f} | {m['flips']:.1f} |"
+            )
     top = max(rates)
     print("\nattainment per task at the highest rate:")
     for s in SETUPS:
@@ -163,8 +204,10 @@ def main() -> None:
     hi = {s: np.mean([r["attainment"] for r in rows if r["rate"] == top and r["setup"] == s]) for s in SETUPS}
     cost = {s: np.mean([r["cost_inst_s"] for r in rows if r["rate"] == top and r["setup"] == s]) for s in SETUPS}
     ratio = hi["hyperflexis+scaling"] / hi["round_robin"] if hi["round_robin"] > 0 else float("inf")
-    print(f"target: ≥ 2× attainment vs round robin at the highest load at equal or lower cost — ours {ratio:.2f}× "
-          f"at {cost['hyperflexis+scaling'] / cost['round_robin']:.2f}× its cost")
+    print(
+        f"target: ≥ 2× attainment vs round robin at the highest load at equal or lower cost — ours {ratio:.2f}× "
+        f"at {cost['hyperflexis+scaling'] / cost['round_robin']:.2f}× its cost"
+    )
 
 
 if __name__ == "__main__":

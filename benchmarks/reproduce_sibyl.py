@@ -16,14 +16,27 @@ from core.slo import SLOClass
 from core.traces import synthetic_trace
 
 PAPER = {  # sim, 64 decode instances (SIBYL Table/§5, shared/design/papers/sibyl.md §6)
-    "reasoning-chat": {"p99_vs_ils": -47.7, "p99_vs_rr": -24.5, "mean_vs_ils": -28.0, "mean_vs_rr": -12.5,
-                       "ratio": {"sibyl": 94.2, "least_load": 71.6, "round_robin": 79.5}},
-    "reasoning-code": {"p99_vs_ils": -78.0, "p99_vs_rr": -14.4, "mean_vs_ils": -70.4, "mean_vs_rr": -12.7,
-                       "ratio": {"sibyl": 64.5, "least_load": 22.6, "round_robin": 52.2}},
+    "reasoning-chat": {
+        "p99_vs_ils": -47.7,
+        "p99_vs_rr": -24.5,
+        "mean_vs_ils": -28.0,
+        "mean_vs_rr": -12.5,
+        "ratio": {"sibyl": 94.2, "least_load": 71.6, "round_robin": 79.5},
+    },
+    "reasoning-code": {
+        "p99_vs_ils": -78.0,
+        "p99_vs_rr": -14.4,
+        "mean_vs_ils": -70.4,
+        "mean_vs_rr": -12.7,
+        "ratio": {"sibyl": 64.5, "least_load": 22.6, "round_robin": 52.2},
+    },
 }
 MEAN_OUTPUT = {"reasoning-chat": 5657.0, "reasoning-code": 6500.0}
 POLICIES: list[tuple[str, dict[str, object]]] = [
-    ("sibyl", {"unit": "tokens"}), ("sibyl", {"unit": "requests"}), ("least_load", {}), ("round_robin", {}),
+    ("sibyl", {"unit": "tokens"}),
+    ("sibyl", {"unit": "requests"}),
+    ("least_load", {}),
+    ("round_robin", {}),
 ]
 
 
@@ -45,19 +58,33 @@ def main() -> None:
         rate = args.load * 64 * peak / MEAN_OUTPUT[workload]
         trace = synthetic_trace(workload, requests=args.requests, rate=rate, seed=0, burstiness=args.burstiness)
         plan = SimPlan(
-            arrivals=trace.arrivals, prompt_tokens=trace.prompt_tokens, output_tokens=trace.output_tokens,
-            workload=workload, profile=prof, n_prefill=args.prefill, n_decode=64, mode="ps",
-            policies=POLICIES, slo=SLOClass(), shadow=False,
+            arrivals=trace.arrivals,
+            prompt_tokens=trace.prompt_tokens,
+            output_tokens=trace.output_tokens,
+            workload=workload,
+            profile=prof,
+            n_prefill=args.prefill,
+            n_decode=64,
+            mode="ps",
+            policies=POLICIES,
+            slo=SLOClass(),
+            shadow=False,
         )
         rows = {}
         for name, params in POLICIES:
             label = name + ("(unit=requests)" if params.get("unit") == "requests" else "")
             rows[label], _ = run_one(plan, name, params)
-        print(f"\n== {workload}: {args.requests} requests at {rate:.2f} req/s (load {args.load}, burstiness {args.burstiness}), 64 decode")
-        print(f"{'policy':<24} {'TPOT mean ms':>12} {'p99 ms':>8} {'p99.9 ms':>9} {'TTFT p99 s':>10} {'opt.assign':>10}")
+        print(
+            f"\n== {workload}: {args.requests} requests at {rate:.2f} req/s (load {args.load}, burstiness {args.burstiness}), 64 decode"
+        )
+        print(
+            f"{'policy':<24} {'TPOT mean ms':>12} {'p99 ms':>8} {'p99.9 ms':>9} {'TTFT p99 s':>10} {'opt.assign':>10}"
+        )
         for label, r in rows.items():
-            print(f"{label:<24} {r['tpot_mean'] * 1e3:>12.1f} {r['tpot_p99'] * 1e3:>8.1f} {r['tpot_p999'] * 1e3:>9.1f} "
-                  f"{r['ttft_p99']:>10.2f} {r['optimal_assignment_ratio'] * 100:>9.1f}%")
+            print(
+                f"{label:<24} {r['tpot_mean'] * 1e3:>12.1f} {r['tpot_p99'] * 1e3:>8.1f} {r['tpot_p999'] * 1e3:>9.1f} "
+                f"{r['ttft_p99']:>10.2f} {r['optimal_assignment_ratio'] * 100:>9.1f}%"
+            )
         s, ils, rr = rows["sibyl"], rows["least_load"], rows["round_robin"]
         paper = PAPER[workload]
         print(f"{'reduction (ours | paper)':<24} {'vs ILS':>16} {'vs RR':>16}")
@@ -67,10 +94,14 @@ def main() -> None:
             p_rr = f"{paper[pk + '_vs_rr']:+.1f}%" if pk else "-"  # type: ignore[operator]
             print(f"  {metric:<22} {pct(s[key], ils[key]):>8} | {p_ils:<6} {pct(s[key], rr[key]):>8} | {p_rr:<6}")
         req = rows["sibyl(unit=requests)"]
-        print(f"  sibyl(unit=requests) P99 TPOT: {pct(req['tpot_p99'], ils['tpot_p99'])} vs ILS, {pct(req['tpot_p99'], rr['tpot_p99'])} vs RR")
+        print(
+            f"  sibyl(unit=requests) P99 TPOT: {pct(req['tpot_p99'], ils['tpot_p99'])} vs ILS, {pct(req['tpot_p99'], rr['tpot_p99'])} vs RR"
+        )
         ratios = paper["ratio"]
-        print("  optimal-assignment ratio (ours | paper): " + ", ".join(
-            f"{k} {rows[k]['optimal_assignment_ratio'] * 100:.1f}% | {v}%" for k, v in ratios.items()))  # type: ignore[union-attr]
+        print(
+            "  optimal-assignment ratio (ours | paper): "
+            + ", ".join(f"{k} {rows[k]['optimal_assignment_ratio'] * 100:.1f}% | {v}%" for k, v in ratios.items())
+        )  # type: ignore[union-attr]
 
 
 if __name__ == "__main__":

@@ -175,9 +175,7 @@ ABLATIONS: list[tuple[str, str, dict[str, object]]] = [
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=4000, help="requests per run")
     ap.add_argument("--rho", type=float, default=0.99, help="arrival rate / FCFS saturation rate")
     ap.add_argument("--seed", type=int, default=0, help="workload seed (rows, lengths, mix)")
@@ -199,9 +197,7 @@ def main() -> None:
         help="requests in the FCFS backlog run that measures saturation (fewer overestimate it)",
     )
     ap.add_argument("--policies", default=",".join(p[0] for p in POLICIES))
-    ap.add_argument(
-        "--no-ablation", action="store_true", help="skip the γ runs made when the target is missed"
-    )
+    ap.add_argument("--no-ablation", action="store_true", help="skip the γ runs made when the target is missed")
     add_traces_option(ap)
     args = ap.parse_args()
 

@@ -69,10 +69,7 @@ class Cell:
 
     @property
     def key(self) -> str:
-        return (
-            f"{self.workload}/{self.mode}/{self.prefill}P{self.decode}D/"
-            f"load{self.load:g}/{self.arrival}"
-        )
+        return f"{self.workload}/{self.mode}/{self.prefill}P{self.decode}D/load{self.load:g}/{self.arrival}"
 
 
 @dataclass(frozen=True)
@@ -130,10 +127,7 @@ GRIDS: dict[str, dict[str, list[Any]]] = {
 
 def cells_of(grid: dict[str, list[Any]]) -> list[Cell]:
     keys = ["workload", "mode", "decode", "pd", "load", "arrival"]
-    return [
-        Cell(**dict(zip(keys, values, strict=True)))
-        for values in itertools.product(*(grid[k] for k in keys))
-    ]
+    return [Cell(**dict(zip(keys, values, strict=True))) for values in itertools.product(*(grid[k] for k in keys))]
 
 
 def parse_only(items: Iterable[str]) -> dict[str, set[str]]:
@@ -143,9 +137,7 @@ def parse_only(items: Iterable[str]) -> dict[str, set[str]]:
     for item in items:
         key, sep, values = item.partition("=")
         if not sep or key not in allowed:
-            raise SystemExit(
-                f"--only {item!r}: expected KEY=V1,V2 with KEY one of {sorted(allowed)}"
-            )
+            raise SystemExit(f"--only {item!r}: expected KEY=V1,V2 with KEY one of {sorted(allowed)}")
         out.setdefault(key, set()).update(v.strip() for v in values.split(","))
     return out
 
@@ -225,9 +217,7 @@ def run_cell(
             "requests": requests,
             "seed": seed,
             "profile": profile.name,
-            "rate_rps": float(len(plan.arrivals) / plan.arrivals[-1])
-            if len(plan.arrivals) > 1
-            else None,
+            "rate_rps": float(len(plan.arrivals) / plan.arrivals[-1]) if len(plan.arrivals) > 1 else None,
             **{
                 k: _clean(metrics.get(k))
                 for k in (
@@ -277,18 +267,16 @@ def sweep(
     done = {
         (r["cell"], r["policy"])
         for r in rows
-        if r.get("requests") == requests
-        and r.get("seed") == seed
-        and r.get("profile") == profile.name
+        if r.get("requests") == requests and r.get("seed") == seed and r.get("profile") == profile.name
     }
     total = len(cells) * len(policies)
     already = sum((c.key, p.label) in done for c in cells for p in policies)
     log(f"{total} runs in {len(cells)} cells; {already} already in {out}, {total - already} to go")
-    progress = Progress(out, rows, total, already, lambda row: f"P99 TPOT {(row['tpot_p99'] or float('nan')) * 1e3:.1f} ms", log)
+    progress = Progress(
+        out, rows, total, already, lambda row: f"P99 TPOT {(row['tpot_p99'] or float('nan')) * 1e3:.1f} ms", log
+    )
     for cell in cells:
-        run_cell(
-            cell, policies, requests=requests, seed=seed, profile=profile, done=done, on_row=progress.append
-        )
+        run_cell(cell, policies, requests=requests, seed=seed, profile=profile, done=done, on_row=progress.append)
     return rows
 
 
@@ -329,18 +317,22 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
         closes = c.get("lifetime_closes")
         dl = c.get("lifetime_vs_baseline")
         lines.append(
-            md_row([
-                c["cell"], *vals, "-" if head is None else f"{head:+.1%}",
-                "-" if closes is None else f"{closes:.0%}", "-" if dl is None else f"{dl:+.1%}",
-            ])  # fmt: skip
+            md_row(
+                [
+                    c["cell"],
+                    *vals,
+                    "-" if head is None else f"{head:+.1%}",
+                    "-" if closes is None else f"{closes:.0%}",
+                    "-" if dl is None else f"{dl:+.1%}",
+                ]
+            )  # fmt: skip
         )
     lines += [
         "",
         "All metrics (TPOT in ms, SLO attainment: TTFT ≤ 2 s and TPOT ≤ 100 ms):",
         "",
         *md_header(
-            ["cell", "policy", "P99", "P99.9", "mean", "SLO att.", "TTFT P99 s", "preempt.",
-             "ΔP99 vs least_load"],
+            ["cell", "policy", "P99", "P99.9", "mean", "SLO att.", "TTFT P99 s", "preempt.", "ΔP99 vs least_load"],
             "llrrrrrrr",
         ),
     ]
@@ -355,18 +347,24 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
             slo = r.get("slo_attainment")
             ttft = r.get("ttft_p99")
             lines.append(
-                md_row([
-                    c["cell"], p, ms(r.get("tpot_p99")), ms(r.get("tpot_p999")),
-                    ms(r.get("tpot_mean")), "-" if slo is None else f"{slo:.1%}",
-                    "-" if ttft is None else f"{ttft:.2f}", r.get("preemptions", "-"), d,
-                ])  # fmt: skip
+                md_row(
+                    [
+                        c["cell"],
+                        p,
+                        ms(r.get("tpot_p99")),
+                        ms(r.get("tpot_p999")),
+                        ms(r.get("tpot_mean")),
+                        "-" if slo is None else f"{slo:.1%}",
+                        "-" if ttft is None else f"{ttft:.2f}",
+                        r.get("preemptions", "-"),
+                        d,
+                    ]
+                )  # fmt: skip
             )
     return "\n".join(lines) + "\n"
 
 
-def write_report(
-    rows: Sequence[dict[str, Any]], out: Path, policies: Sequence[str]
-) -> tuple[Path, Path]:
+def write_report(rows: Sequence[dict[str, Any]], out: Path, policies: Sequence[str]) -> tuple[Path, Path]:
     md, js = out.with_suffix(".md"), out.with_suffix(".json")
     md.write_text(markdown(rows, policies))
     cells = summarize_cells(rows)
@@ -375,13 +373,9 @@ def write_report(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grid", choices=sorted(GRIDS), default="quick")
-    ap.add_argument(
-        "--requests", type=int, default=8000, help="requests per cell (same for every cell)"
-    )
+    ap.add_argument("--requests", type=int, default=8000, help="requests per cell (same for every cell)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--profile", default="h20-qwen3-32b")
     ap.add_argument("--out", type=Path, default=Path("routing_sweep.jsonl"))
@@ -403,18 +397,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     only = parse_only(args.only)
     extra = [parse_policy_case(x) for x in args.add_policy]
     policies = [
-        p
-        for p in [*POLICIES, *extra]
-        if "policy" not in only or p.label in only["policy"] or p.name in only["policy"]
+        p for p in [*POLICIES, *extra] if "policy" not in only or p.label in only["policy"] or p.name in only["policy"]
     ]
     cells = [c for c in cells_of(GRIDS[args.grid]) if _matches(c, only)]
     profile = get_profile(args.profile)
     if args.report_only:
         rows = load_rows(args.out)
     else:
-        rows = sweep(
-            cells, policies, args.out, requests=args.requests, seed=args.seed, profile=profile
-        )
+        rows = sweep(cells, policies, args.out, requests=args.requests, seed=args.seed, profile=profile)
     labels = [p.label for p in POLICIES] + [p.label for p in extra]
     labels += sorted({r["policy"] for r in rows} - set(labels))
     md, js = write_report(rows, args.out, labels)

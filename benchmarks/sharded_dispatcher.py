@@ -71,9 +71,7 @@ class ShardRouting:
             return  # the base's no-op: no view to build
         self.inner.assign_targets(request, self._view(view), queue)
 
-    def observe_completion(
-        self, request: Request, ttft_s: float, tpot_s: float, queue_s: float
-    ) -> None:
+    def observe_completion(self, request: Request, ttft_s: float, tpot_s: float, queue_s: float) -> None:
         self.inner.observe_completion(request, ttft_s, tpot_s, queue_s)
 
     def close(self) -> None:
@@ -193,9 +191,7 @@ class ShardedDispatcher:
         rows = sum(x.n for x in snaps)
         n_inst = self.shards[0].view.n_instances
         sent = sum(
-            x.n * EXCHANGE_ROW.itemsize
-            + len(x.finished) * FINISHED_ROW.itemsize
-            + n_inst * BACKLOG_BYTES
+            x.n * EXCHANGE_ROW.itemsize + len(x.finished) * FINISHED_ROW.itemsize + n_inst * BACKLOG_BYTES
             for x in snaps
         )
         self.exchange_rows.append(rows)
@@ -238,10 +234,7 @@ class ShardedDispatcher:
                 pending_n[x.decode] += 1
         np.maximum(rem - (now - last), 0.0, out=rem)
         cols = {
-            c: np.concatenate(
-                (f.cols[c], np.array([x.row[c] for x in seen], dtype=f.cols[c].dtype))
-            )
-            for c in COLUMNS
+            c: np.concatenate((f.cols[c], np.array([x.row[c] for x in seen], dtype=f.cols[c].dtype))) for c in COLUMNS
         }
         return Foreign(now, f.m + len(seen), cols, running_n, pending_n, prefill_n, rem)
 
@@ -341,9 +334,7 @@ class ShardedDispatcher:
             if f is not None:
                 seen = seen + f.running_n + f.pending_n
             mask = v.decode_mask()
-            self.view_errors.append(
-                float(np.abs(seen - truth)[mask].sum()) / max(float(truth[mask].sum()), 1.0)
-            )
+            self.view_errors.append(float(np.abs(seen - truth)[mask].sum()) / max(float(truth[mask].sum()), 1.0))
         t0 = time.perf_counter()
         a = d.route(request, now)
         self.decision_s.append(time.perf_counter() - t0)
@@ -401,9 +392,7 @@ class ShardedDispatcher:
             idx = np.flatnonzero(owners == s)
             self.shards[s].on_progress_bulk([rids[j] for j in idx.tolist()], generated[idx], now)
 
-    def on_finish(
-        self, rid: Hashable, now: float, output_tokens: int, first_token_at: float | None = None
-    ) -> None:
+    def on_finish(self, rid: Hashable, now: float, output_tokens: int, first_token_at: float | None = None) -> None:
         self._tick(now)
         s = self.shard_of(rid)
         d = self.shards[s]
@@ -464,9 +453,7 @@ class ShardedDispatcher:
         return min(d.next_periodic_at() for d in self.shards)
 
     def periodic(self, now: float) -> Any:
-        raise NotImplementedError(
-            "periodic policies (reschedule, scaling) are not modelled per shard"
-        )
+        raise NotImplementedError("periodic policies (reschedule, scaling) are not modelled per shard")
 
     def set_policy(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("policy swaps are not modelled per shard")

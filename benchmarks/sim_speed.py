@@ -24,14 +24,27 @@ def run(policy: str, mode: str, requests: int, load: float) -> dict[str, float |
     prof = get_profile("h20-qwen3-32b")
     d = Dispatcher(prof, policy, survival_prior_max=8192)
     sim = ClusterSimulation(
-        arrivals=trace.arrivals, prompt_tokens=trace.prompt_tokens, output_tokens=trace.output_tokens,
-        profile=prof, n_prefill=16, n_decode=64, dispatcher=d, mode=mode,  # type: ignore[arg-type]
+        arrivals=trace.arrivals,
+        prompt_tokens=trace.prompt_tokens,
+        output_tokens=trace.output_tokens,
+        profile=prof,
+        n_prefill=16,
+        n_decode=64,
+        dispatcher=d,
+        mode=mode,  # type: ignore[arg-type]
     )
     t0 = time.perf_counter()
     result = sim.run()
     wall = time.perf_counter() - t0
-    return {"policy": policy, "mode": mode, "requests": requests, "events": result.events,
-            "wall_s": wall, "requests_per_s": requests / wall, "completed": int(result.ok.sum())}
+    return {
+        "policy": policy,
+        "mode": mode,
+        "requests": requests,
+        "events": result.events,
+        "wall_s": wall,
+        "requests_per_s": requests / wall,
+        "completed": int(result.ok.sum()),
+    }
 
 
 def main() -> None:
@@ -50,12 +63,16 @@ def main() -> None:
     print(f"{'mode':<10} {'policy':<12} {'requests':>9} {'events':>9} {'wall s':>8} {'req/s':>9} {'target s':>9}")
     for r in rows:
         target = targets.get((str(r["mode"]), str(r["policy"])))
-        print(f"{r['mode']:<10} {r['policy']:<12} {r['requests']:>9} {r['events']:>9} {r['wall_s']:>8.1f} "
-              f"{r['requests_per_s']:>9.0f} {'-' if target is None else f'{target:.0f}':>9}")
+        print(
+            f"{r['mode']:<10} {r['policy']:<12} {r['requests']:>9} {r['events']:>9} {r['wall_s']:>8.1f} "
+            f"{r['requests_per_s']:>9.0f} {'-' if target is None else f'{target:.0f}':>9}"
+        )
     base = {r["mode"]: r["wall_s"] for r in rows if r["policy"] == "round_robin"}
     for r in rows:
         if r["policy"] != "round_robin" and r["mode"] in base:
-            print(f"{r['mode']}: {r['policy']} costs {float(r['wall_s']) / float(base[r['mode']]):.2f}x round robin's wall time")
+            print(
+                f"{r['mode']}: {r['policy']} costs {float(r['wall_s']) / float(base[r['mode']]):.2f}x round robin's wall time"
+            )
 
 
 if __name__ == "__main__":

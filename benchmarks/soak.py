@@ -123,8 +123,24 @@ def start_cluster(work: Path, args: argparse.Namespace) -> Cluster:
     # with admission on, the clients beyond what meets the SLO would be refused (429) by design
     config = work / "soak.toml"
     config.write_text("[admission]\nenabled = false\n")
-    cmd = [sys.executable, "-m", "console.cli", "up", str(config), "--headless", "--port", str(port), "--prefill", str(args.prefill),
-           "--decode", str(args.decode), "--profile", args.profile, "--policy", args.policy]
+    cmd = [
+        sys.executable,
+        "-m",
+        "console.cli",
+        "up",
+        str(config),
+        "--headless",
+        "--port",
+        str(port),
+        "--prefill",
+        str(args.prefill),
+        "--decode",
+        str(args.decode),
+        "--profile",
+        args.profile,
+        "--policy",
+        args.policy,
+    ]
     with open(logf, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     cluster = Cluster(proc, home, db, logf)
@@ -201,15 +217,22 @@ class Soak:
     """When and how the console exited before the end (the clients stop at once)."""
 
     async def one(self, session: aiohttp.ClientSession, k: int, i: int) -> Result:
-        body = {"prompt": [(k * 131 + i * 7 + j * 17) % 1000 + 1 for j in range(self.prompt_tokens)], "max_tokens": self.max_tokens,
-                "ignore_eos": True, "stream": True}
+        body = {
+            "prompt": [(k * 131 + i * 7 + j * 17) % 1000 + 1 for j in range(self.prompt_tokens)],
+            "max_tokens": self.max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
         sent = time.monotonic()
         first: float | None = None
         counter = SSETokenCounter()
         reason = ""
         try:
-            async with session.post(self.url + "/v1/completions", data=orjson.dumps(body),
-                                    headers={"Content-Type": "application/json", "X-Request-Id": f"soak-{k}-{i}"}) as r:
+            async with session.post(
+                self.url + "/v1/completions",
+                data=orjson.dumps(body),
+                headers={"Content-Type": "application/json", "X-Request-Id": f"soak-{k}-{i}"},
+            ) as r:
                 if r.status != 200:
                     reason = f"HTTP {r.status}: {(await r.read())[:200].decode(errors='replace')}"
                 else:
@@ -226,7 +249,15 @@ class Soak:
         n = counter.tokens
         ok = not reason
         tpot = ((end - first) / (n - 1) if n > 1 else 0.0) if ok and first is not None else None
-        return Result(end - self.t0, ok, end - sent, (first - sent) if ok and first is not None else None, tpot, n if ok else 0, reason)
+        return Result(
+            end - self.t0,
+            ok,
+            end - sent,
+            (first - sent) if ok and first is not None else None,
+            tpot,
+            n if ok else 0,
+            reason,
+        )
 
     async def client(self, session: aiohttp.ClientSession, k: int) -> None:
         i = 0
@@ -238,7 +269,9 @@ class Soak:
                 await asyncio.sleep(0.1)  # no hot loop against a broken gateway
 
 
-async def drive(soak: Soak, cluster: Cluster, args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def drive(
+    soak: Soak, cluster: Cluster, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the clients, the RSS sampler and the policy swapper; return (rss samples, swaps)."""
     samples: list[dict[str, Any]] = []
     swaps: list[dict[str, Any]] = []
@@ -246,12 +279,16 @@ async def drive(soak: Soak, cluster: Cluster, args: argparse.Namespace) -> tuple
 
     async def sampler() -> None:
         while True:
-            samples.append({"t": time.monotonic() - soak.t0, "rss_kib": {n: rss_kib(p) for n, p in cluster.pids.items()}})
+            samples.append(
+                {"t": time.monotonic() - soak.t0, "rss_kib": {n: rss_kib(p) for n, p in cluster.pids.items()}}
+            )
             await asyncio.sleep(args.sample_s)
 
     async def swapper() -> None:
         k = 0
-        async with httpx.AsyncClient(base_url=cluster.url, headers={"Authorization": f"Bearer {cluster.token}"}, timeout=10) as c:
+        async with httpx.AsyncClient(
+            base_url=cluster.url, headers={"Authorization": f"Bearer {cluster.token}"}, timeout=10
+        ) as c:
             while True:
                 await asyncio.sleep(args.swap_every)
                 if time.monotonic() - soak.t0 >= soak.duration_s:
@@ -261,7 +298,9 @@ async def drive(soak: Soak, cluster: Cluster, args: argparse.Namespace) -> tuple
                 t = time.monotonic() - soak.t0
                 try:
                     r = await c.put("/control/policies/routing", json={"name": name, "source": "soak"})
-                    swaps.append({"t": round(t, 1), "policy": name, "ok": r.status_code == 200, "status": r.status_code})
+                    swaps.append(
+                        {"t": round(t, 1), "policy": name, "ok": r.status_code == 200, "status": r.status_code}
+                    )
                 except httpx.HTTPError as e:
                     swaps.append({"t": round(t, 1), "policy": name, "ok": False, "status": f"{type(e).__name__}: {e}"})
                 log(f"routing -> {name} at {t:.0f} s ({'ok' if swaps[-1]['ok'] else swaps[-1]['status']})")
@@ -270,8 +309,10 @@ async def drive(soak: Soak, cluster: Cluster, args: argparse.Namespace) -> tuple
         while cluster.proc.poll() is None:
             await asyncio.sleep(0.2)
         soak.died = {"t": round(time.monotonic() - soak.t0, 1), "exit_code": cluster.proc.returncode}
-        log(f"the console exited with {cluster.proc.returncode} after {soak.died['t']} s; stopping the clients "
-            f"(its log: {cluster.log} when --workdir keeps it)")
+        log(
+            f"the console exited with {cluster.proc.returncode} after {soak.died['t']} s; stopping the clients "
+            f"(its log: {cluster.log} when --workdir keeps it)"
+        )
 
     async def progress() -> None:
         seen = 0
@@ -280,8 +321,10 @@ async def drive(soak: Soak, cluster: Cluster, args: argparse.Namespace) -> tuple
             new = soak.results[seen:]
             seen += len(new)
             errs = sum(not r.ok for r in new)
-            log(f"{time.monotonic() - soak.t0:5.0f} s: {len(new) / args.window_s:6.1f} req/s, {errs} errors, "
-                f"gateway RSS {(rss_kib(cluster.proc.pid) or 0) / 1024:.0f} MiB")
+            log(
+                f"{time.monotonic() - soak.t0:5.0f} s: {len(new) / args.window_s:6.1f} req/s, {errs} errors, "
+                f"gateway RSS {(rss_kib(cluster.proc.pid) or 0) / 1024:.0f} MiB"
+            )
 
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
@@ -332,8 +375,15 @@ def drift(first: float | None, last: float | None) -> float | None:
     return (last - first) / first
 
 
-def build_report(soak: Soak, samples: list[dict[str, Any]], swaps: list[dict[str, Any]], args: argparse.Namespace,
-                 window: float, stopped: dict[str, Any], cluster: Cluster) -> dict[str, Any]:
+def build_report(
+    soak: Soak,
+    samples: list[dict[str, Any]],
+    swaps: list[dict[str, Any]],
+    args: argparse.Namespace,
+    window: float,
+    stopped: dict[str, Any],
+    cluster: Cluster,
+) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     duration = soak.duration_s
     for name, a, b in windows_of(duration, args.warmup, window):
@@ -343,13 +393,24 @@ def build_report(soak: Soak, samples: list[dict[str, Any]], swaps: list[dict[str
         e2e = [r.e2e for r in ok]
         tpot = [r.tpot for r in ok if r.tpot is not None]
         ttft = [r.ttft for r in ok if r.ttft is not None]
-        rows.append({
-            "window": name, "start_s": round(a, 1), "end_s": round(b, 1), "warmup": name == "warmup",
-            "requests": len(ok), "errors": len(rs) - len(ok), "req_per_s": len(ok) / span, "tokens_per_s": sum(r.tokens for r in ok) / span,
-            "e2e_p50_ms": to_ms(pct(e2e, 50)), "e2e_p99_ms": to_ms(pct(e2e, 99)), "ttft_p99_ms": to_ms(pct(ttft, 99)),
-            "tpot_p50_ms": to_ms(pct(tpot, 50)), "tpot_p99_ms": to_ms(pct(tpot, 99)),
-            "rss_mib": {n: (v / 1024 if v is not None else None) for n, v in rss_at(samples, b).items()},
-        })
+        rows.append(
+            {
+                "window": name,
+                "start_s": round(a, 1),
+                "end_s": round(b, 1),
+                "warmup": name == "warmup",
+                "requests": len(ok),
+                "errors": len(rs) - len(ok),
+                "req_per_s": len(ok) / span,
+                "tokens_per_s": sum(r.tokens for r in ok) / span,
+                "e2e_p50_ms": to_ms(pct(e2e, 50)),
+                "e2e_p99_ms": to_ms(pct(e2e, 99)),
+                "ttft_p99_ms": to_ms(pct(ttft, 99)),
+                "tpot_p50_ms": to_ms(pct(tpot, 50)),
+                "tpot_p99_ms": to_ms(pct(tpot, 99)),
+                "rss_mib": {n: (v / 1024 if v is not None else None) for n, v in rss_at(samples, b).items()},
+            }
+        )
     judged = [w for w in rows if not w["warmup"]]
     first, last = (judged[0], judged[-1]) if len(judged) >= 2 else (None, None)  # one window: no drift to speak of
     base = rss_at(samples, args.warmup)
@@ -357,8 +418,11 @@ def build_report(soak: Soak, samples: list[dict[str, Any]], swaps: list[dict[str
     growth: dict[str, dict[str, Any]] = {}
     for n in cluster.pids:
         b0, b1 = base.get(n), end.get(n)
-        growth[n] = {"after_warmup_mib": None if b0 is None else b0 / 1024, "end_mib": None if b1 is None else b1 / 1024,
-                     "growth": (b1 - b0) / b0 if b0 and b1 is not None else None}
+        growth[n] = {
+            "after_warmup_mib": None if b0 is None else b0 / 1024,
+            "end_mib": None if b1 is None else b1 / 1024,
+            "growth": (b1 - b0) / b0 if b0 and b1 is not None else None,
+        }
     errors = [r for r in soak.results if not r.ok]
     drained = [r for r in soak.results if r.end >= duration]
     reasons: dict[str, int] = {}
@@ -390,16 +454,43 @@ def build_report(soak: Soak, samples: list[dict[str, Any]], swaps: list[dict[str
     if not soak.results:
         failures.append("no request completed")
     return {
-        "config": {"minutes": args.minutes, "duration_s": duration, "clients": soak.clients, "warmup_s": args.warmup, "window_s": window,
-                   "prefill": args.prefill, "decode": args.decode, "profile": args.profile, "policy": args.policy,
-                   "max_tokens": soak.max_tokens, "prompt_tokens": soak.prompt_tokens, "swap_every_s": args.swap_every},
-        "run_id": cluster.run_id, "pids": cluster.pids, "windows": rows, "swaps": swaps,
-        "totals": {"requests": len(soak.results) - len(errors), "errors": len(errors), "error_reasons": reasons,
-                   "drained_after_deadline": len(drained),
-                   "req_per_s": (len(soak.results) - len(errors)) / duration, "tokens_per_s": sum(r.tokens for r in soak.results) / duration},
-        "p99_drift": drifts, "rss_growth": growth, "stop": stopped, "console_died": soak.died,
-        "targets": {"max_errors": args.max_errors, "max_p99_drift": args.max_p99_drift, "max_rss_growth": args.max_rss_growth},
-        "failures": failures, "verdict": "FAIL" if failures else "PASS",
+        "config": {
+            "minutes": args.minutes,
+            "duration_s": duration,
+            "clients": soak.clients,
+            "warmup_s": args.warmup,
+            "window_s": window,
+            "prefill": args.prefill,
+            "decode": args.decode,
+            "profile": args.profile,
+            "policy": args.policy,
+            "max_tokens": soak.max_tokens,
+            "prompt_tokens": soak.prompt_tokens,
+            "swap_every_s": args.swap_every,
+        },
+        "run_id": cluster.run_id,
+        "pids": cluster.pids,
+        "windows": rows,
+        "swaps": swaps,
+        "totals": {
+            "requests": len(soak.results) - len(errors),
+            "errors": len(errors),
+            "error_reasons": reasons,
+            "drained_after_deadline": len(drained),
+            "req_per_s": (len(soak.results) - len(errors)) / duration,
+            "tokens_per_s": sum(r.tokens for r in soak.results) / duration,
+        },
+        "p99_drift": drifts,
+        "rss_growth": growth,
+        "stop": stopped,
+        "console_died": soak.died,
+        "targets": {
+            "max_errors": args.max_errors,
+            "max_p99_drift": args.max_p99_drift,
+            "max_rss_growth": args.max_rss_growth,
+        },
+        "failures": failures,
+        "verdict": "FAIL" if failures else "PASS",
     }
 
 
@@ -413,16 +504,44 @@ def markdown(rep: dict[str, Any]) -> str:
     lines = [
         f"Soak: {c['prefill']}P{c['decode']}D emulated ({c['profile']}), {c['clients']} streaming clients, {c['duration_s']:.0f} s "
         f"(warm-up {c['warmup_s']:.0f} s, windows {c['window_s']:.0f} s), max_tokens {c['max_tokens']}, prompt {c['prompt_tokens']} tokens"
-        + (f", routing swapped every {c['swap_every_s']:.0f} s" if c["swap_every_s"] > 0 else f", routing {c['policy']}"),
+        + (
+            f", routing swapped every {c['swap_every_s']:.0f} s"
+            if c["swap_every_s"] > 0
+            else f", routing {c['policy']}"
+        ),
         "",
-        *md_header(["window", "req/s", "tok/s", "errors", "E2E p50 ms", "E2E p99 ms", "TPOT p50 ms", "TPOT p99 ms",
-                    *(f"{n} MiB" for n in names)], "l" + "r" * (7 + len(names))),
+        *md_header(
+            [
+                "window",
+                "req/s",
+                "tok/s",
+                "errors",
+                "E2E p50 ms",
+                "E2E p99 ms",
+                "TPOT p50 ms",
+                "TPOT p99 ms",
+                *(f"{n} MiB" for n in names),
+            ],
+            "l" + "r" * (7 + len(names)),
+        ),
     ]
     for w in rep["windows"]:
         label = f"{w['window']} ({w['start_s']:.0f}–{w['end_s']:.0f} s)"
-        lines.append(md_row([label, f"{w['req_per_s']:.1f}", f"{w['tokens_per_s']:.0f}", w["errors"], num(w["e2e_p50_ms"]),
-                             num(w["e2e_p99_ms"]), num(w["tpot_p50_ms"], ".1f"), num(w["tpot_p99_ms"], ".1f"),
-                             *(num(w["rss_mib"].get(n), ".1f") for n in names)]))
+        lines.append(
+            md_row(
+                [
+                    label,
+                    f"{w['req_per_s']:.1f}",
+                    f"{w['tokens_per_s']:.0f}",
+                    w["errors"],
+                    num(w["e2e_p50_ms"]),
+                    num(w["e2e_p99_ms"]),
+                    num(w["tpot_p50_ms"], ".1f"),
+                    num(w["tpot_p99_ms"], ".1f"),
+                    *(num(w["rss_mib"].get(n), ".1f") for n in names),
+                ]
+            )
+        )
     t, d = rep["totals"], rep["p99_drift"]
     lines += [
         "",
@@ -431,12 +550,19 @@ def markdown(rep: dict[str, Any]) -> str:
         + (f" {t['error_reasons']}" if t["errors"] else ""),
         f"p99 drift (last vs first window after warm-up): E2E {_pc(d['e2e_p99'])}, TPOT {_pc(d['tpot_p99'])}"
         + (" (needs two windows after warm-up: pass a shorter --window-s)" if d["e2e_p99"] is None else ""),
-        "RSS growth after warm-up: " + ", ".join(
-            f"{n} {num(g['after_warmup_mib'], '.1f')}→{num(g['end_mib'], '.1f')} MiB ({_pc(g['growth'])})" for n, g in rep["rss_growth"].items()),
+        "RSS growth after warm-up: "
+        + ", ".join(
+            f"{n} {num(g['after_warmup_mib'], '.1f')}→{num(g['end_mib'], '.1f')} MiB ({_pc(g['growth'])})"
+            for n, g in rep["rss_growth"].items()
+        ),
         f"Stop: {rep['stop']['how']} (exit {rep['stop']['exit_code']}), leftover processes: {rep['stop']['leftover'] or 'none'}",
-        f"{rep['verdict']}" + (": " + "; ".join(rep["failures"]) if rep["failures"] else
-                               f" (errors ≤ {rep['targets']['max_errors']}, p99 drift ≤ {rep['targets']['max_p99_drift']:.0%}, "
-                               f"RSS growth ≤ {rep['targets']['max_rss_growth']:.0%})"),
+        f"{rep['verdict']}"
+        + (
+            ": " + "; ".join(rep["failures"])
+            if rep["failures"]
+            else f" (errors ≤ {rep['targets']['max_errors']}, p99 drift ≤ {rep['targets']['max_p99_drift']:.0%}, "
+            f"RSS growth ≤ {rep['targets']['max_rss_growth']:.0%})"
+        ),
     ]
     return "\n".join(lines)
 
@@ -446,7 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=30.0, help="how long the load runs, warm-up included (default 30)")
     ap.add_argument("--seconds", type=float, help="how long the load runs in seconds (overrides --minutes)")
     ap.add_argument("--clients", type=int, default=200, help="concurrent streaming clients (default 200)")
-    ap.add_argument("--warmup", type=float, default=60.0, help="seconds at the start that are reported but not judged (default 60)")
+    ap.add_argument(
+        "--warmup", type=float, default=60.0, help="seconds at the start that are reported but not judged (default 60)"
+    )
     ap.add_argument("--window-s", type=float, default=60.0, help="report window length in seconds (default 60)")
     ap.add_argument("--prefill", type=int, default=2)
     ap.add_argument("--decode", type=int, default=4)
@@ -454,16 +582,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="sibyl", help="routing policy at start (default sibyl)")
     ap.add_argument("--max-tokens", type=int, default=64, help="forced output length of every request (default 64)")
     ap.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (default 128)")
-    ap.add_argument("--swap-every", type=float, default=0.0, help="swap the routing policy every S seconds (0: never; e.g. 60)")
+    ap.add_argument(
+        "--swap-every", type=float, default=0.0, help="swap the routing policy every S seconds (0: never; e.g. 60)"
+    )
     ap.add_argument("--sample-s", type=float, default=1.0, help="RSS sampling period (default 1 s)")
     ap.add_argument("--request-timeout", type=float, default=120.0, help="a request taking longer counts as an error")
     ap.add_argument("--max-errors", type=int, default=0, help="target: at most this many failed requests (default 0)")
-    ap.add_argument("--max-p99-drift", type=float, default=0.10, help="target: p99 E2E and TPOT growth, last vs first window (default 0.10)")
-    ap.add_argument("--max-rss-growth", type=float, default=0.10, help="target: RSS growth of every process after warm-up (default 0.10)")
+    ap.add_argument(
+        "--max-p99-drift",
+        type=float,
+        default=0.10,
+        help="target: p99 E2E and TPOT growth, last vs first window (default 0.10)",
+    )
+    ap.add_argument(
+        "--max-rss-growth",
+        type=float,
+        default=0.10,
+        help="target: RSS growth of every process after warm-up (default 0.10)",
+    )
     ap.add_argument("--strict-windows", action="store_true", help="FAIL when fewer than two windows follow the warm-up")
-    ap.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL when stopping (default 30)")
+    ap.add_argument(
+        "--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL when stopping (default 30)"
+    )
     ap.add_argument("--start-timeout", type=float, default=90.0)
-    ap.add_argument("--workdir", type=Path, help="keep SIBYL_HOME, the DB and console.log here (default: a temporary folder, removed)")
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep SIBYL_HOME, the DB and console.log here (default: a temporary folder, removed)",
+    )
     ap.add_argument("--json", action="store_true", help="print the report as JSON on stdout (the table goes to stderr)")
     args = ap.parse_args(argv)
     duration = args.seconds if args.seconds is not None else args.minutes * 60
@@ -474,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="sibyl-soak-")
     work = args.workdir or Path(tmp.name)  # type: ignore[union-attr]
     work.mkdir(parents=True, exist_ok=True)
+
     def interrupted(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)  # unwinds through the finally below, which stops the console
 
@@ -488,7 +635,9 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:
             print(f"soak: {e}", file=sys.stderr)
             return 2
-        log(f"gateway {cluster.url}, run {cluster.run_id}, pids {cluster.pids}; {args.clients} clients for {duration:.0f} s")
+        log(
+            f"gateway {cluster.url}, run {cluster.run_id}, pids {cluster.pids}; {args.clients} clients for {duration:.0f} s"
+        )
         soak = Soak(cluster.url, args.clients, duration, args.max_tokens, args.prompt_tokens)
         samples, swaps = asyncio.run(drive(soak, cluster, args))
     finally:

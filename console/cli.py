@@ -18,9 +18,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-MODULES = ("up", "down", "status", "tui", "replay", "sim", "sweep", "emulate", "runs", "calibrate", "bench", "doctor", "train_predictor")
+MODULES = (
+    "up",
+    "down",
+    "status",
+    "tui",
+    "replay",
+    "sim",
+    "sweep",
+    "emulate",
+    "runs",
+    "calibrate",
+    "bench",
+    "doctor",
+    "train_predictor",
+)
 """console.commands modules, in the order `--help` lists their commands."""
-COMMANDS = {"serve": "up", "scale": "status", "flip": "status", "migrate": "status", "policy": "status", "train-predictor": "train_predictor"}
+COMMANDS = {
+    "serve": "up",
+    "scale": "status",
+    "flip": "status",
+    "migrate": "status",
+    "policy": "status",
+    "train-predictor": "train_predictor",
+}
 """Commands whose module is not named after them."""
 _registered: set[str] = set()
 

@@ -42,19 +42,27 @@ class ControlClient:
         return result
 
     def set_policy(self, kind: str, name: str, params: dict[str, Any], source: str = "cli") -> dict[str, Any]:
-        result: dict[str, Any] = self._call("PUT", f"/control/policies/{kind}", json={"name": name, "params": params, "source": source})
+        result: dict[str, Any] = self._call(
+            "PUT", f"/control/policies/{kind}", json={"name": name, "params": params, "source": source}
+        )
         return result
 
     def scale(self, role: str, delta: int, source: str = "cli") -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/control/scale", json={"role": role, "delta": delta, "source": source})
+        result: dict[str, Any] = self._call(
+            "POST", "/control/scale", json={"role": role, "delta": delta, "source": source}
+        )
         return result
 
     def flip(self, instance: str, role: str, source: str = "cli") -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/control/flip", json={"instance": instance, "role": role, "source": source})
+        result: dict[str, Any] = self._call(
+            "POST", "/control/flip", json={"instance": instance, "role": role, "source": source}
+        )
         return result
 
     def migrate(self, request_id: str, target: str, source: str = "cli") -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/control/migrate", json={"request_id": request_id, "target": target, "source": source})
+        result: dict[str, Any] = self._call(
+            "POST", "/control/migrate", json={"request_id": request_id, "target": target, "source": source}
+        )
         return result
 
     def close(self) -> None:

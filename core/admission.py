@@ -113,21 +113,35 @@ class SloAdmission(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = Field(True, description="hold and shed by the SLO (off: only the queue policy's max_in_flight_per_instance)")
+    enabled: bool = Field(
+        True, description="hold and shed by the SLO (off: only the queue policy's max_in_flight_per_instance)"
+    )
     decode_slots: int | None = Field(
-        None, ge=1,
+        None,
+        ge=1,
         description="requests in flight per decode instance; none: vLLM's max_num_seqs (the profile's), cut to the most "
-        "whose decode step stays within headroom × the tightest TPOT target")
+        "whose decode step stays within headroom × the tightest TPOT target",
+    )
     headroom: float = Field(
-        0.8, gt=0, le=1,
-        description="route what an engine is expected to start within this share of its TTFT target (the rest covers what the model does not see: batching, the gateway's own load)")
+        0.8,
+        gt=0,
+        le=1,
+        description="route what an engine is expected to start within this share of its TTFT target (the rest covers what the model does not see: batching, the gateway's own load)",
+    )
     extra_wait_s: float = Field(
-        0.0, ge=0,
+        0.0,
+        ge=0,
         description="the bounded wait: a request expected to start up to this long after its TTFT target is still held "
-        "(its wait bound is TTFT target + this); 0 admits only what is expected to meet the SLO")
-    kv_high: float = Field(0.95, gt=0, le=1, description="a decode instance whose polled KV usage is at least this takes no new request")
+        "(its wait bound is TTFT target + this); 0 admits only what is expected to meet the SLO",
+    )
+    kv_high: float = Field(
+        0.95, gt=0, le=1, description="a decode instance whose polled KV usage is at least this takes no new request"
+    )
     waiting_high: int = Field(
-        8, ge=1, description="a decode instance whose engine reports this many waiting requests (out of slots or KV) takes no new request")
+        8,
+        ge=1,
+        description="a decode instance whose engine reports this many waiting requests (out of slots or KV) takes no new request",
+    )
 
 
 def tpot_slots(profile: PerfProfile, tpot_s: float, context_tokens: float) -> int:
@@ -146,7 +160,9 @@ class SloGate:
         self.profile = profile
         self.slo = slo
         tightest = min(c.tpot_s for c in slo.values())
-        self.decode_slots = settings.decode_slots or tpot_slots(profile, settings.headroom * tightest, profile.ps_context_tokens)
+        self.decode_slots = settings.decode_slots or tpot_slots(
+            profile, settings.headroom * tightest, profile.ps_context_tokens
+        )
         """Requests in flight per decode instance."""
         self.typical_prompt = 256.0
         """Running mean of the prompts seen (sizes the engines' own waiting queues in seconds)."""
@@ -165,9 +181,17 @@ class SloGate:
     def describe(self) -> dict[str, float | int]:
         """The limits in force (for `status`)."""
         ttft = self.slo["default"].ttft_s
-        return {"decode_slots": self.decode_slots, "headroom": self.settings.headroom, "extra_wait_s": self.settings.extra_wait_s,
-                "wait_bound_s": ttft + self.settings.extra_wait_s, "prefill_s_per_request": round(self.service_s(self.typical_prompt), 4),
-                "kv_high": self.settings.kv_high, "waiting_high": self.settings.waiting_high, "shed": self.shed, "expired": self.expired}
+        return {
+            "decode_slots": self.decode_slots,
+            "headroom": self.settings.headroom,
+            "extra_wait_s": self.settings.extra_wait_s,
+            "wait_bound_s": ttft + self.settings.extra_wait_s,
+            "prefill_s_per_request": round(self.service_s(self.typical_prompt), 4),
+            "kv_high": self.settings.kv_high,
+            "waiting_high": self.settings.waiting_high,
+            "shed": self.shed,
+            "expired": self.expired,
+        }
 
     def observe(self, request: Request) -> None:
         self.typical_prompt += 0.05 * (request.prompt_tokens - self.typical_prompt)
@@ -217,7 +241,9 @@ class SloGate:
     def _completion_rate(self, v: ClusterView) -> float:
         """Requests per second the decode pool finishes at full slots (from the profile)."""
         n = max(v.routable_count(Role.DECODE), 1)
-        per_request = max(self.typical_output, 1.0) * self.profile.step_time(self.decode_slots, self.decode_slots * self.profile.ps_context_tokens)
+        per_request = max(self.typical_output, 1.0) * self.profile.step_time(
+            self.decode_slots, self.decode_slots * self.profile.ps_context_tokens
+        )
         return n * self.decode_slots / per_request
 
     def predicted_start(self, r: Request, v: ClusterView, now: float, held: int) -> float:
@@ -234,16 +260,19 @@ class SloGate:
         if start <= self._budget(r):
             return None
         self.refused[Role.DECODE if self.decode_room(v) - held <= 0 else Role.PREFILL] += 1
-        return (f"the cluster is saturated: this request would start about {start:.1f} s after arrival, past its class's "
-                f"TTFT target {self._ttft(r):g} s + bounded wait {self.settings.extra_wait_s:g} s; retry later")
+        return (
+            f"the cluster is saturated: this request would start about {start:.1f} s after arrival, past its class's "
+            f"TTFT target {self._ttft(r):g} s + bounded wait {self.settings.extra_wait_s:g} s; retry later"
+        )
 
     def hopeless(self, r: Request, now: float) -> bool:
         """Held so long that even an idle cluster would start it past its wait bound."""
         return now - r.arrival + self.service_s(r.prompt_tokens) > self.wait_bound_s(r)
 
     # --- the decisions, on the dispatcher's AdmissionControl and queue policy ----------------------
-    def hold_or_shed(self, adm: AdmissionControl, queue: QueuePolicy, r: Request, v: ClusterView,
-                     now: float) -> tuple[Admission, str | None]:
+    def hold_or_shed(
+        self, adm: AdmissionControl, queue: QueuePolicy, r: Request, v: ClusterView, now: float
+    ) -> tuple[Admission, str | None]:
         """`r` cannot be routed now: hold it if it is expected to start within its wait bound,
         else refuse it (SHED, with why); a full queue sheds too (why None)."""
         if len(queue) < queue.params.max_queued:
@@ -257,7 +286,9 @@ class SloGate:
             self.held_work_s += float(self.profile.prefill_time(r.prompt_tokens))
         return decision, None
 
-    def release(self, adm: AdmissionControl, queue: QueuePolicy, v: ClusterView, now: float, room: int) -> list[Request]:
+    def release(
+        self, adm: AdmissionControl, queue: QueuePolicy, v: ClusterView, now: float, room: int
+    ) -> list[Request]:
         """Held requests to route now, one at a time in the queue policy's order, while a decode slot
         is free (`room`) and the least loaded prefill instance, counting the ones released here,
         can start the head within its target once routed (its wait so far is spent: `expire`
@@ -280,7 +311,9 @@ class SloGate:
             room -= 1
         return out
 
-    def expire(self, adm: AdmissionControl, queue: QueuePolicy, v: ClusterView, now: float, expired: list[Request]) -> list[Request]:
+    def expire(
+        self, adm: AdmissionControl, queue: QueuePolicy, v: ClusterView, now: float, expired: list[Request]
+    ) -> list[Request]:
         """`expired` (past the queue policy's ttl_s) plus the held requests that can no longer start
         within their wait bound, all removed from the queue."""
         if adm:

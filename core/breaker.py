@@ -47,7 +47,9 @@ class CircuitBreaker:
     def failure(self, now: float) -> BreakerState | None:
         """A request failed because of the instance; returns the new state if it changed."""
         self.consecutive += 1
-        if self.state == BreakerState.HALF_OPEN or (self.state == BreakerState.CLOSED and self.consecutive >= self.failures):
+        if self.state == BreakerState.HALF_OPEN or (
+            self.state == BreakerState.CLOSED and self.consecutive >= self.failures
+        ):
             self.state = BreakerState.OPEN
             self.opened_at = now
             return self.state

@@ -13,7 +13,5 @@ def parse_cluster(text: str) -> tuple[int, int]:
     """ "4P64D" → (4, 64); both counts must be at least 1."""
     m = _SHAPE.match(text)
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise ConfigError(
-            f"--cluster {text!r}: expected <prefill>P<decode>D with counts >= 1, e.g. 4P64D"
-        )
+        raise ConfigError(f"--cluster {text!r}: expected <prefill>P<decode>D with counts >= 1, e.g. 4P64D")
     return int(m.group(1)), int(m.group(2))

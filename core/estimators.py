@@ -176,9 +176,7 @@ class PrefillTimeEstimator:
         refit_every: int = 16,
     ) -> None:
         self.refit_every = refit_every
-        self.coef = np.array(
-            [profile.prefill_base_s, profile.prefill_per_token_s, profile.prefill_per_token2_s]
-        )
+        self.coef = np.array([profile.prefill_base_s, profile.prefill_per_token_s, profile.prefill_per_token2_s])
         self.forget = forget
         # Prior: pseudo-observations on a spread of prompt lengths, exactly on the profile's curve.
         xs = np.linspace(1, max(profile.max_model_len, 2), 8)

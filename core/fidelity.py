@@ -80,29 +80,55 @@ def build_rows(real: dict[str, list[dict[str, Any]]], predicted: dict[str, dict[
         for metric in METRICS:
             for stat in STATS:
                 key = f"{metric}_{stat}"
-                rows.append(Row(load, metric, stat, tuple(float(m[key]) for m in real[load]),
-                                {src: float(by_load[load][key]) for src, by_load in predicted.items()}))
+                rows.append(
+                    Row(
+                        load,
+                        metric,
+                        stat,
+                        tuple(float(m[key]) for m in real[load]),
+                        {src: float(by_load[load][key]) for src, by_load in predicted.items()},
+                    )
+                )
     return rows
 
 
 def failures(rows: list[Row]) -> list[str]:
     """What lies outside the gate, one line each (empty: the stage passes)."""
-    return [f"{r.load} {r.metric.upper()} {r.stat}: {src} {r.predicted[src] * 1000:.1f} ms vs real {r.reference * 1000:.1f} ms "
-            f"({r.deviation(src):+.0%}, gate ±{r.gate:.0%}: {'the target' if r.target is not None else 'no target'} "
-            f"{r.gate - r.spread:.0%} + the real runs' spread {r.spread:.0%})"
-            for r in rows for src in r.predicted if not r.within_gate(src)]
+    return [
+        f"{r.load} {r.metric.upper()} {r.stat}: {src} {r.predicted[src] * 1000:.1f} ms vs real {r.reference * 1000:.1f} ms "
+        f"({r.deviation(src):+.0%}, gate ±{r.gate:.0%}: {'the target' if r.target is not None else 'no target'} "
+        f"{r.gate - r.spread:.0%} + the real runs' spread {r.spread:.0%})"
+        for r in rows
+        for src in r.predicted
+        if not r.within_gate(src)
+    ]
 
 
 def table(rows: list[Row]) -> str:
     """The fidelity table in Markdown (milliseconds)."""
     sources = list(rows[0].predicted) if rows else []
-    head = ["load", "metric", "real runs (ms)", "real spread", *[f"{s} (ms, Δ vs real median)" for s in sources], "target",
-            *[f"{s} meets target" for s in sources], "gate"]
+    head = [
+        "load",
+        "metric",
+        "real runs (ms)",
+        "real spread",
+        *[f"{s} (ms, Δ vs real median)" for s in sources],
+        "target",
+        *[f"{s} meets target" for s in sources],
+        "gate",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         target = f"±{r.target:.0%}" if r.target is not None else "-"
         preds = [f"{r.predicted[s] * 1000:.1f} ({r.deviation(s):+.0%})" for s in sources]
         met = [{True: "yes", False: "no", None: "-"}[r.meets_target(s)] for s in sources]
-        lines.append(f"| {r.load} | {r.metric.upper()} {r.stat} | " + " / ".join(f"{v * 1000:.1f}" for v in r.real)
-                     + f" | {r.spread:.0%} | " + " | ".join(preds) + f" | {target} | " + " | ".join(met) + f" | ±{r.gate:.0%} |")
+        lines.append(
+            f"| {r.load} | {r.metric.upper()} {r.stat} | "
+            + " / ".join(f"{v * 1000:.1f}" for v in r.real)
+            + f" | {r.spread:.0%} | "
+            + " | ".join(preds)
+            + f" | {target} | "
+            + " | ".join(met)
+            + f" | ±{r.gate:.0%} |"
+        )
     return "\n".join(lines)

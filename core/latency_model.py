@@ -56,8 +56,10 @@ class LatencyModel:
 
     def decode_step(self, kv_tokens: np.ndarray | float, batch: np.ndarray | float) -> np.ndarray:
         """E_d for batches of `batch` sequences holding `kv_tokens` context tokens (vectorised)."""
-        out: np.ndarray = np.maximum(self.a_d + self.b_d * np.asarray(kv_tokens, dtype=float)
-                                     + self.c_d * np.asarray(batch, dtype=float), MIN_STEP_S)
+        out: np.ndarray = np.maximum(
+            self.a_d + self.b_d * np.asarray(kv_tokens, dtype=float) + self.c_d * np.asarray(batch, dtype=float),
+            MIN_STEP_S,
+        )
         return out
 
     def token_budget(self, ttft_s: float, tpot_s: float, decode_step_s: float) -> float:
@@ -85,8 +87,12 @@ class LatencyModel:
         bt = np.asarray(decode_batch, dtype=float)
         d_coef, d_err = _relative_lstsq(np.column_stack([np.ones_like(kv), kv, bt]), np.asarray(decode_s, dtype=float))
         return cls(
-            a=float(p_coef[0]), b=float(p_coef[1]), c=float(p_coef[2]),
-            a_d=float(d_coef[0]), b_d=float(d_coef[1]), c_d=float(d_coef[2]),
+            a=float(p_coef[0]),
+            b=float(p_coef[1]),
+            c=float(p_coef[2]),
+            a_d=float(d_coef[0]),
+            b_d=float(d_coef[1]),
+            c_d=float(d_coef[2]),
             prefill_rel_rmse=p_err,
             decode_rel_rmse=d_err,
             samples=len(pt) + len(kv),

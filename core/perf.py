@@ -53,9 +53,7 @@ class PerfProfile(BaseModel):
     description: str = ""
     prefill_base_s: float = Field(ge=0, description="fixed cost of a prefill")
     prefill_per_token_s: float = Field(ge=0, description="linear cost per prompt token")
-    prefill_per_token2_s: float = Field(
-        0.0, ge=0, description="quadratic (attention) cost per token²"
-    )
+    prefill_per_token2_s: float = Field(0.0, ge=0, description="quadratic (attention) cost per token²")
     decode_step_base_s: float = Field(gt=0, description="fixed cost of one decode iteration")
     decode_step_per_seq_s: float = Field(ge=0, description="cost per sequence in the batch")
     decode_step_per_kv_token_s: float = Field(0.0, ge=0, description="cost per resident KV token")
@@ -66,7 +64,8 @@ class PerfProfile(BaseModel):
         1024, ge=0, description="mean resident tokens per request assumed when deriving TPS(N)"
     )
     prefill_host_per_request_s: float = Field(
-        0.0, ge=0,
+        0.0,
+        ge=0,
         description="host work a prefill instance does per request outside its engine steps (its API server, serving the KV "
         "read on CPU hosts): after a batch of n requests the next one waits n times this; hidden by idle time alone",
     )
@@ -76,7 +75,9 @@ class PerfProfile(BaseModel):
     block_size: int = Field(16, gt=0)
     max_num_seqs: int = Field(256, gt=0)
     max_num_batched_tokens: int = Field(
-        8192, gt=0, description="token budget of one engine step (vLLM's chunked prefill): 8192 is its large-GPU default, 2048 on CPU"
+        8192,
+        gt=0,
+        description="token budget of one engine step (vLLM's chunked prefill): 8192 is its large-GPU default, 2048 on CPU",
     )
     max_model_len: int = Field(gt=0)
     cold_start_s: float = Field(
@@ -108,22 +109,20 @@ class PerfProfile(BaseModel):
     def prefill_time(self, tokens: Any) -> Any:
         """Seconds to prefill `tokens` prompt tokens (scalar or NumPy array)."""
         t = np.asarray(tokens, dtype=float) if not isinstance(tokens, int | float) else tokens
-        return (
-            self.prefill_base_s + self.prefill_per_token_s * t + self.prefill_per_token2_s * t * t
-        )
+        return self.prefill_base_s + self.prefill_per_token_s * t + self.prefill_per_token2_s * t * t
 
     def prefill_batch_time(self, tokens: Any) -> float:
         """Seconds for whole prompts of `tokens` lengths prefilled in one engine step: the fixed
         cost once plus each prompt's own cost (the engine step they run in is not included)."""
-        return float(self.prefill_base_s + np.sum(self.prefill_time(np.asarray(tokens, dtype=float)) - self.prefill_base_s))
+        return float(
+            self.prefill_base_s + np.sum(self.prefill_time(np.asarray(tokens, dtype=float)) - self.prefill_base_s)
+        )
 
     # --- iteration-level decode ----------------------------------------------------------
     def step_time(self, batch: int, kv_tokens: float) -> float:
         """Seconds for one decode iteration of `batch` sequences holding `kv_tokens` KV tokens."""
         return (
-            self.decode_step_base_s
-            + self.decode_step_per_seq_s * batch
-            + self.decode_step_per_kv_token_s * kv_tokens
+            self.decode_step_base_s + self.decode_step_per_seq_s * batch + self.decode_step_per_kv_token_s * kv_tokens
         )
 
     def steps_time(self, n: int, batch: int, kv_tokens: float) -> float:
@@ -216,12 +215,8 @@ class ModelSpec(BaseModel):
 ACCELERATORS: dict[str, AcceleratorSpec] = {
     a.name: a
     for a in (
-        AcceleratorSpec(
-            name="h100", flops=989e12, mem_bandwidth=3.35e12, memory_bytes=80e9, link_bandwidth=50e9
-        ),
-        AcceleratorSpec(
-            name="h20", flops=148e12, mem_bandwidth=4.0e12, memory_bytes=141e9, link_bandwidth=25e9
-        ),
+        AcceleratorSpec(name="h100", flops=989e12, mem_bandwidth=3.35e12, memory_bytes=80e9, link_bandwidth=50e9),
+        AcceleratorSpec(name="h20", flops=148e12, mem_bandwidth=4.0e12, memory_bytes=141e9, link_bandwidth=25e9),
         AcceleratorSpec(
             name="a100",
             flops=312e12,
@@ -277,9 +272,7 @@ WEIGHT_LOAD_BANDWIDTH = 2e9
 """bytes/s at which weights reach the accelerator from local NVMe (safetensors, ~2 GB/s)."""
 
 
-def roofline_profile(
-    model: ModelSpec, accel: AcceleratorSpec, name: str | None = None
-) -> PerfProfile:
+def roofline_profile(model: ModelSpec, accel: AcceleratorSpec, name: str | None = None) -> PerfProfile:
     """Build a profile from first principles: compute-bound prefill, bandwidth-bound decode.
 
     prefill(l) = 10 ms + 2·P·l / (MFU·FLOPS) + 2·layers·hidden·l² / (MFU·FLOPS)  (causal attention)

@@ -77,10 +77,7 @@ class ScalingSignals:
 
     def transitioning(self) -> bool:
         """Whether any instance is STARTING or DRAINING (scaling policies wait for it)."""
-        return any(
-            c.get(InstancePhase.STARTING, 0) or c.get(InstancePhase.DRAINING, 0)
-            for c in self.phases.values()
-        )
+        return any(c.get(InstancePhase.STARTING, 0) or c.get(InstancePhase.DRAINING, 0) for c in self.phases.values())
 
     @property
     def util_mean(self) -> float:
@@ -128,7 +125,9 @@ class SloWindow:
         self._ttft: deque[tuple[float, float, float]] = deque()
         self._tpot: deque[tuple[float, float, float]] = deque()
 
-    def add(self, now: float, ttft_s: float | None, ttft_target: float, tpot_s: float | None, tpot_target: float) -> None:
+    def add(
+        self, now: float, ttft_s: float | None, ttft_target: float, tpot_s: float | None, tpot_target: float
+    ) -> None:
         """One finished request; None for a latency that was not measured."""
         if ttft_s is not None:
             self._ttft.append((now, ttft_s, ttft_target))
@@ -151,8 +150,13 @@ class SloWindow:
                 continue
             values = np.fromiter((x[1] for x in q), dtype=float, count=len(q))
             targets = np.fromiter((x[2] for x in q), dtype=float, count=len(q))
-            out[role] = RoleSlo(metric, len(q), float(np.mean(values <= targets)), float(np.percentile(values, 90)),
-                                float(targets.min()))
+            out[role] = RoleSlo(
+                metric,
+                len(q),
+                float(np.mean(values <= targets)),
+                float(np.percentile(values, 90)),
+                float(targets.min()),
+            )
         return out
 
 

@@ -182,7 +182,16 @@ class SlidingWindow:
 
     @staticmethod
     def _counters() -> dict[str, int]:
-        return {"n": 0, "met": 0, "failed": 0, "ttft_met": 0, "tpot_met": 0, "ttft_n": 0, "tpot_n": 0, "tpot_unknown": 0}
+        return {
+            "n": 0,
+            "met": 0,
+            "failed": 0,
+            "ttft_met": 0,
+            "tpot_met": 0,
+            "ttft_n": 0,
+            "tpot_n": 0,
+            "tpot_unknown": 0,
+        }
 
     @property
     def total(self) -> int:
@@ -196,9 +205,7 @@ class SlidingWindow:
     def total_failed(self) -> int:
         return self._run["failed"]
 
-    def add(
-        self, now: float, ttft_s: float | None, tpot_s: float | None, ok: bool, slo_class: str = "default"
-    ) -> bool:
+    def add(self, now: float, ttft_s: float | None, tpot_s: float | None, ok: bool, slo_class: str = "default") -> bool:
         """One finished request; None for a latency that was not measured. Returns whether it met its SLO."""
         cls = self.slo.get(slo_class) or self.slo.get("default", DEFAULT_SLO)
         ttft_met = ok and ttft_s is not None and ttft_s <= cls.ttft_s

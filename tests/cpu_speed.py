@@ -61,8 +61,9 @@ class CpuSpeedProbe:
         return statistics.median(inside) if inside else None
 
 
-def relative_speed(probe: CpuSpeedProbe, window: tuple[float, float], reference: list[tuple[float, float]],
-                   core: int | None = None) -> float | None:
+def relative_speed(
+    probe: CpuSpeedProbe, window: tuple[float, float], reference: list[tuple[float, float]], core: int | None = None
+) -> float | None:
     """How fast a core (or the cores) ran in `window` relative to the `reference` windows (1.0: as
     fast; 0.5: half as fast), from the loop's median CPU time in each."""
     here = probe.loop_s(*window, core=core)

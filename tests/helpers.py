@@ -29,7 +29,9 @@ def toy_profile(**overrides: Any) -> PerfProfile:
     return PerfProfile(**base)
 
 
-def cluster(policy: str = "round_robin", params: dict[str, Any] | None = None, *, prefill: int = 1, decode: int = 4, **kw: Any) -> Dispatcher:
+def cluster(
+    policy: str = "round_robin", params: dict[str, Any] | None = None, *, prefill: int = 1, decode: int = 4, **kw: Any
+) -> Dispatcher:
     d = Dispatcher(toy_profile(), policy, params, **kw)
     for i in range(prefill):
         d.add_instance(f"p{i}", Role.PREFILL)
@@ -89,8 +91,15 @@ def instance_table_after(*snapshots: list[dict[str, Any]]) -> Any:
             for instances in snapshots:
                 table.show([InstanceRow.model_validate(i) for i in instances])
                 await pilot.pause()
-                seen.append({"columns": [c.value for c in table.columns], "cells": {iid: {str(c.value): str(table.get_cell(iid, c)) for c in table.columns}
-                                                                         for iid in (str(i["id"]) for i in instances)}})
+                seen.append(
+                    {
+                        "columns": [c.value for c in table.columns],
+                        "cells": {
+                            iid: {str(c.value): str(table.get_cell(iid, c)) for c in table.columns}
+                            for iid in (str(i["id"]) for i in instances)
+                        },
+                    }
+                )
 
     asyncio.run(run())
     return seen

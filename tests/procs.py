@@ -51,7 +51,9 @@ def emulators(*specs: tuple[str, list[str]], log_dir: Path | None = None) -> Ite
     try:
         for k, (role, args) in enumerate(specs):
             port = free_port()
-            procs.append(EmulatorProcess(role, port, args, log_path=(log_dir / f"{role}{k}.log") if log_dir else None).start())
+            procs.append(
+                EmulatorProcess(role, port, args, log_path=(log_dir / f"{role}{k}.log") if log_dir else None).start()
+            )
         for p in procs:
             p.wait_ready(30)
         yield procs
@@ -74,7 +76,6 @@ class Console:
     def run_dir(self) -> Path:
         return self.home / "runs" / self.run_id
 
-
     def control(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=10)
 
@@ -86,7 +87,14 @@ class Console:
         return {**os.environ, "SIBYL_HOME": str(self.home), "SIBYL_DB": str(self.db)}
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "console.cli", *args], cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "console.cli", *args],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.proc.poll() is None:
@@ -107,7 +115,8 @@ def start_console(tmp: Path, *args: str, timeout: float = 60) -> Console:
     log = tmp / "console.log"
     env = {**os.environ, "SIBYL_HOME": str(home), "SIBYL_DB": str(db)}
     cmd = [sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115
+    out = open(log, "wb")  # noqa: SIM115 - the log stays open for the console's lifetime
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     console = Console(f"http://127.0.0.1:{port}", home, db, proc, log)
 
     def ready() -> bool:

@@ -29,8 +29,16 @@ class Terminal:
         def controlling_tty() -> None:  # runs in the child after setsid: the slave becomes its terminal
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-        self.proc = subprocess.Popen(list(cmd), stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env={**env, "TERM": "xterm-256color"},
-                                     start_new_session=True, preexec_fn=controlling_tty)
+        self.proc = subprocess.Popen(
+            list(cmd),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=cwd,
+            env={**env, "TERM": "xterm-256color"},
+            start_new_session=True,
+            preexec_fn=controlling_tty,
+        )
         os.close(slave)
         self.output = bytearray()
         self._lock = threading.Lock()
@@ -61,7 +69,9 @@ class Terminal:
         deadline = time.monotonic() + timeout
         while needle not in self.text()[start:]:
             if self.proc.poll() is not None and needle not in self.text()[start:]:
-                raise AssertionError(f"the process exited ({self.proc.returncode}) before showing {needle!r}:\n{self.tail()}")
+                raise AssertionError(
+                    f"the process exited ({self.proc.returncode}) before showing {needle!r}:\n{self.tail()}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"{needle!r} not shown within {timeout:.0f} s:\n{self.tail()}")
             time.sleep(0.05)

@@ -12,8 +12,16 @@ from tests.cpu_speed import CpuSpeedProbe, relative_speed
 
 def test_relative_speed_compares_window_medians_of_the_loop_time() -> None:
     probe = CpuSpeedProbe(cores=[0, 1])
-    probe.samples = [(1.0, 0, 0.001), (2.0, 1, 0.001), (3.0, 0, 0.004), (4.0, 0, 0.001),
-                     (10.0, 0, 0.002), (11.0, 1, 0.001), (12.0, 0, 0.0021), (13.0, 0, 0.002)]
+    probe.samples = [
+        (1.0, 0, 0.001),
+        (2.0, 1, 0.001),
+        (3.0, 0, 0.004),
+        (4.0, 0, 0.001),
+        (10.0, 0, 0.002),
+        (11.0, 1, 0.001),
+        (12.0, 0, 0.0021),
+        (13.0, 0, 0.002),
+    ]
     assert probe.loop_s(0.5, 4.5) == pytest.approx(0.001)
     assert relative_speed(probe, (9.0, 13.5), [(0.0, 4.5)]) == pytest.approx(0.5)  # twice the CPU time: half as fast
     assert relative_speed(probe, (0.0, 4.5), [(9.0, 13.5)]) == pytest.approx(2.0)

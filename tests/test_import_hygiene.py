@@ -49,7 +49,18 @@ def test_a_cli_call_imports_only_the_command_it_runs() -> None:
     # the root --help lists every command
     modules, out = _cli_imports("--help")
     assert {f"console.commands.{m}" for m in ("up", "runs", "doctor", "train_predictor")} <= modules
-    for command in ("up", "status", "policy", "scale", "replay", "sweep", "runs", "calibrate", "doctor", "train-predictor"):
+    for command in (
+        "up",
+        "status",
+        "policy",
+        "scale",
+        "replay",
+        "sweep",
+        "runs",
+        "calibrate",
+        "doctor",
+        "train-predictor",
+    ):
         assert f" {command} " in out, command
 
 
@@ -103,6 +114,10 @@ def test_no_import_cycle_inside_a_folder_of_console_or_the_simulators() -> None:
 
 def test_no_module_outside_tests_is_much_over_500_lines() -> None:
     root = Path(__file__).resolve().parents[1]
-    long = {str(p.relative_to(root)): n for top in ("core", "adapters", "console", "benchmarks")
-            for p in (root / top).rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    long = {
+        str(p.relative_to(root)): n
+        for top in ("core", "adapters", "console", "benchmarks")
+        for p in (root / top).rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 600
+    }
     assert long == {}, "split these modules (the house aims at ~500 lines)"

@@ -43,7 +43,10 @@ class AttachedBackend(BackendBase):
             raise BackendError(f"attached instances are not healthy: {', '.join(down)}")
         ids = instance_ids([r for r, _ in pairs])
         dp = self.settings.vllm.data_parallel_size
-        return [Instance(i, r, u, managed=False, dp_size=dp if r == Role.DECODE else 1) for i, (r, u) in zip(ids, pairs, strict=True)]
+        return [
+            Instance(i, r, u, managed=False, dp_size=dp if r == Role.DECODE else 1)
+            for i, (r, u) in zip(ids, pairs, strict=True)
+        ]
 
     async def stop(self) -> None:
         """Attached instances belong to someone else: leave them running."""

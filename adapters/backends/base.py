@@ -137,8 +137,7 @@ def require(backend: Declares, capability: Capability) -> None:
     if capability not in backend.capabilities:
         have = ", ".join(sorted(c.value for c in backend.capabilities)) or "none beyond start/stop"
         raise CapabilityError(
-            f"the {backend.label} backend does not support {CAPABILITY_HELP[capability]} "
-            f"(its capabilities: {have})"
+            f"the {backend.label} backend does not support {CAPABILITY_HELP[capability]} (its capabilities: {have})"
         )
 
 

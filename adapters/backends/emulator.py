@@ -92,13 +92,26 @@ class EmulatorBackend(BackendBase):
         if self.settings.emulator.kv_events:
             pub, replay = free_port(), free_port()
             self.events[port] = (f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
-            events = ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                         "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"})]
-        return EmulatorProcess(role.value, port, [*self._args(), *ranks, *events, "--seed", str(seed)], log_path=log).start()
+            events = [
+                "--kv-events-config",
+                json.dumps(
+                    {
+                        "enable_kv_cache_events": True,
+                        "publisher": "zmq",
+                        "endpoint": f"tcp://*:{pub}",
+                        "replay_endpoint": f"tcp://*:{replay}",
+                    }
+                ),
+            ]
+        return EmulatorProcess(
+            role.value, port, [*self._args(), *ranks, *events, "--seed", str(seed)], log_path=log
+        ).start()
 
     def _instance(self, iid: str, role: Role, p: EmulatorProcess) -> Instance:
         pub, replay = self.events.get(p.port, (None, None))
-        return Instance(iid, role, p.url, pid=p.pid, dp_size=self._dp_size(role), kv_events_endpoint=pub, kv_events_replay=replay)
+        return Instance(
+            iid, role, p.url, pid=p.pid, dp_size=self._dp_size(role), kv_events_endpoint=pub, kv_events_replay=replay
+        )
 
     def _dp_size(self, role: Role) -> int:
         """Decode instances are data-parallel groups when the settings ask for ranks."""
@@ -150,7 +163,9 @@ class EmulatorBackend(BackendBase):
         data-parallel group, which serves decode legs only)."""
         self.require(Capability.ROLE_FLIP)
         if role == Role.PREFILL and self.settings.emulator.data_parallel_size > 1:
-            raise BackendError(f"{instance_id} is a data-parallel decode group: it serves decode legs only and cannot flip to prefill")
+            raise BackendError(
+                f"{instance_id} is a data-parallel decode group: it serves decode legs only and cannot flip to prefill"
+            )
 
     async def stop(self) -> None:
         procs, self.procs = dict(self.procs), {}

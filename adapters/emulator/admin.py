@@ -47,7 +47,9 @@ class AdminApi:
         if token:
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, b"Bearer " + token.encode()):
-                return await respond(send, 401, ApiError(401, "admin endpoints need `Authorization: Bearer <--admin-token>`").body())
+                return await respond(
+                    send, 401, ApiError(401, "admin endpoints need `Authorization: Bearer <--admin-token>`").body()
+                )
         method, path = scope["method"], scope["path"]
         if path == "/admin/faults" and method == "GET":
             return await respond(send, 200, self.inst.faults.config.model_dump_json().encode())
@@ -99,15 +101,32 @@ class AdminApi:
     def info(self) -> dict[str, Any]:
         inst, e, s = self.inst, self.inst.engine, self.inst.s
         return {
-            "role": s.role, "engine_id": inst.engine_id, "model": s.model, "profile": s.profile.name,
-            "host": s.host, "port": s.port, "max_model_len": inst.context_len, "max_num_seqs": e.max_num_seqs,
-            "max_num_batched_tokens": e.max_num_batched_tokens, "block_size": e.block_size, "total_blocks": e.total_blocks,
-            "free_blocks": e.free_blocks, "held_blocks": e.held_blocks, "held_requests": len(inst.holder.table),
-            "running": len(e.running), "waiting": e.waiting, "preemptions": e.preemptions, "steps": e.step_no,
-            "in_flight": inst.in_flight, "scheduling_policy": s.scheduling_policy,
-            "kv_load_failure_policy": s.kv_load_failure_policy, "faults": inst.faults.config.model_dump(),
+            "role": s.role,
+            "engine_id": inst.engine_id,
+            "model": s.model,
+            "profile": s.profile.name,
+            "host": s.host,
+            "port": s.port,
+            "max_model_len": inst.context_len,
+            "max_num_seqs": e.max_num_seqs,
+            "max_num_batched_tokens": e.max_num_batched_tokens,
+            "block_size": e.block_size,
+            "total_blocks": e.total_blocks,
+            "free_blocks": e.free_blocks,
+            "held_blocks": e.held_blocks,
+            "held_requests": len(inst.holder.table),
+            "running": len(e.running),
+            "waiting": e.waiting,
+            "preemptions": e.preemptions,
+            "steps": e.step_no,
+            "in_flight": inst.in_flight,
+            "scheduling_policy": s.scheduling_policy,
+            "kv_load_failure_policy": s.kv_load_failure_policy,
+            "faults": inst.faults.config.model_dump(),
             "data_parallel_size": s.data_parallel_size,
-            "ranks": [{"running": n, "kv_tokens": kv} for n, kv in e.rank_load()] if isinstance(e, DataParallelGroup) else None,
+            "ranks": [{"running": n, "kv_tokens": kv} for n, kv in e.rank_load()]
+            if isinstance(e, DataParallelGroup)
+            else None,
         }
 
     async def _steps(self, scope: Scope, send: Send) -> None:
@@ -117,8 +136,35 @@ class AdminApi:
         except ValueError:
             return await respond(send, 400, ApiError(400, "since must be an integer", "since").body())
         rows = [
-            [r.n, r.start, r.end, r.batch, r.kv_tokens, r.tokens, r.chunks, r.sampled, r.slowdown, r.start_kind, r.woke, r.released]
-            for r in self.inst.engine.steps if r.n > since
+            [
+                r.n,
+                r.start,
+                r.end,
+                r.batch,
+                r.kv_tokens,
+                r.tokens,
+                r.chunks,
+                r.sampled,
+                r.slowdown,
+                r.start_kind,
+                r.woke,
+                r.released,
+            ]
+            for r in self.inst.engine.steps
+            if r.n > since
         ]
-        fields = ["n", "start", "end", "batch", "kv_tokens", "tokens", "chunks", "sampled", "slowdown", "start_kind", "woke", "released"]
+        fields = [
+            "n",
+            "start",
+            "end",
+            "batch",
+            "kv_tokens",
+            "tokens",
+            "chunks",
+            "sampled",
+            "slowdown",
+            "start_kind",
+            "woke",
+            "released",
+        ]
         await respond(send, 200, orjson.dumps({"fields": fields, "steps": rows}))

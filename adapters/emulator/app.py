@@ -69,9 +69,15 @@ SchedulerFactory = Callable[[InstanceSettings, Faults], Scheduler]
 def continuous_batching(s: InstanceSettings, faults: Faults) -> Scheduler:
     """The emulator's own scheduler: vLLM-style continuous batching (engine.py), or a data-parallel
     group of such engines stepping together (dp_group.py)."""
-    args = {"max_num_seqs": s.max_num_seqs, "kv_capacity_tokens": s.kv_tokens, "max_num_batched_tokens": s.max_num_batched_tokens,
-            "priority_scheduling": s.scheduling_policy == "priority", "block_size": s.kv_block_size,
-            "enable_prefix_caching": s.enable_prefix_caching, "kv_events": s.kv_events.active}
+    args = {
+        "max_num_seqs": s.max_num_seqs,
+        "kv_capacity_tokens": s.kv_tokens,
+        "max_num_batched_tokens": s.max_num_batched_tokens,
+        "priority_scheduling": s.scheduling_policy == "priority",
+        "block_size": s.kv_block_size,
+        "enable_prefix_caching": s.enable_prefix_caching,
+        "kv_events": s.kv_events.active,
+    }
     if s.data_parallel_size > 1:
         return DataParallelGroup(s.data_parallel_size, s.profile, faults, **args)
     return Engine(s.profile, faults, **args)  # type: ignore[arg-type]
@@ -135,12 +141,17 @@ class EmulatedInstance:
         self.holder.start()
         self.faults.arm()
         s = self.s
-        clamp = f" (cut to the KV capacity from {s.max_model_len or s.profile.max_model_len})" if self.context_len < (
-            s.max_model_len or s.profile.max_model_len) else ""
+        clamp = (
+            f" (cut to the KV capacity from {s.max_model_len or s.profile.max_model_len})"
+            if self.context_len < (s.max_model_len or s.profile.max_model_len)
+            else ""
+        )
         print(
             f"emulate: {s.role} instance on http://{s.host}:{s.port} model {s.model} profile {s.profile.name} "
             f"max_model_len {self.context_len}{clamp} KV blocks {self.engine.total_blocks}x{self.engine.block_size} "
-            f"engine {self.engine_id}", file=sys.stderr, flush=True,
+            f"engine {self.engine_id}",
+            file=sys.stderr,
+            flush=True,
         )
 
     async def stop(self) -> None:
@@ -182,7 +193,9 @@ class EmulatedInstance:
         await respond(send, 503 if self.faults.config.unhealthy else 200, b"")
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, generate_latest(self.metrics.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+        await respond(
+            send, 200, generate_latest(self.metrics.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
+        )
 
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
         await respond(send, 200, orjson.dumps({"version": VERSION}))
@@ -192,8 +205,16 @@ class EmulatedInstance:
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         m = self.s.model
-        card = {"id": m, "object": "model", "created": self.created, "owned_by": "vllm", "root": m, "parent": None,
-                "max_model_len": self.context_len, "permission": []}
+        card = {
+            "id": m,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": m,
+            "parent": None,
+            "max_model_len": self.context_len,
+            "permission": [],
+        }
         await respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -217,7 +238,13 @@ class EmulatedInstance:
             tokens = [0] * n
         else:
             return await respond(send, 400, ApiError(400, "give a prompt or messages", "prompt").body())
-        await respond(send, 200, orjson.dumps({"count": len(tokens), "max_model_len": self.context_len, "tokens": tokens, "token_strs": None}))
+        await respond(
+            send,
+            200,
+            orjson.dumps(
+                {"count": len(tokens), "max_model_len": self.context_len, "tokens": tokens, "token_strs": None}
+            ),
+        )
 
     # --- generation -----------------------------------------------------------------------------
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -230,9 +257,13 @@ class EmulatedInstance:
         raw = await read_body(receive)
         if self.faults.on_request():
             status = self.faults.config.fail_status
-            return await respond(send, status, ApiError(status, f"injected failure (emulator fault, status {status})").body())
+            return await respond(
+                send, status, ApiError(status, f"injected failure (emulator fault, status {status})").body()
+            )
         try:
-            req = parse_request(raw, chat=chat, served_model=self.s.model, max_model_len=self.context_len, want_ids=self.caching)
+            req = parse_request(
+                raw, chat=chat, served_model=self.s.model, max_model_len=self.context_len, want_ids=self.caching
+            )
         except ApiError as e:
             return await respond(send, e.status, e.body())
         headers = dict(scope.get("headers") or [])
@@ -285,18 +316,35 @@ class EmulatedInstance:
         finally:
             self.in_flight -= 1
 
-    async def _resume(self, scope: Scope, receive: Receive, send: Send, req: GenRequest, kv: dict[str, Any], xid: str, chat: bool,
-                      headers: dict[bytes, bytes]) -> None:
+    async def _resume(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        req: GenRequest,
+        kv: dict[str, Any],
+        xid: str,
+        chat: bool,
+        headers: dict[bytes, bytes],
+    ) -> None:
         """The gateway re-attaches a stream to a sequence migrated here (adapters/emulator/migration.py);
         it may come before the last stage and waits for it (`wait_s`, at most the parking time)."""
         rid = str(kv["sibyl_resume"])
         try:
             wait_s = min(max(float(kv.get("wait_s", PARK_S)), 0.0), PARK_S)
         except (TypeError, ValueError):
-            return await respond(send, 400, ApiError(400, "kv_transfer_params.wait_s must be a number of seconds", "kv_transfer_params").body())
+            return await respond(
+                send,
+                400,
+                ApiError(400, "kv_transfer_params.wait_s must be a number of seconds", "kv_transfer_params").body(),
+            )
         if not req.stream:
-            return await respond(send, 400, ApiError(400, "a migrated sequence resumes as a stream only", "stream").body())
-        waiting = asyncio.ensure_future(self.migrations.wait(rid, wait_s))  # the gateway may attach before the last stage
+            return await respond(
+                send, 400, ApiError(400, "a migrated sequence resumes as a stream only", "stream").body()
+            )
+        waiting = asyncio.ensure_future(
+            self.migrations.wait(rid, wait_s)
+        )  # the gateway may attach before the last stage
 
         def client_left() -> None:
             waiting.cancel()
@@ -312,7 +360,9 @@ class EmulatedInstance:
         finally:
             watch.cancel()
         if seq is None:
-            return await respond(send, 404, ApiError(404, f"no migrated sequence {rid!r} arrived here", "kv_transfer_params").body())
+            return await respond(
+                send, 404, ApiError(404, f"no migrated sequence {rid!r} arrived here", "kv_transfer_params").body()
+            )
         seq.id = xid
         self.in_flight += 1
         try:
@@ -342,12 +392,21 @@ class EmulatedInstance:
         except ValueError:
             rank = -1
         if not 0 <= rank < size:
-            raise ApiError(400, f"data_parallel_rank {raw.decode(errors='replace')} is out of range [0, {size})", "X-data-parallel-rank")
+            raise ApiError(
+                400,
+                f"data_parallel_rank {raw.decode(errors='replace')} is out of range [0, {size})",
+                "X-data-parallel-rank",
+            )
         return rank
 
     def _sequence(self, req: GenRequest, xid: str, arrival: float, prefill_leg: bool, external: int) -> Sequence:
-        common: dict[str, Any] = {"priority": req.priority, "arrival": arrival, "max_tokens_param": req.max_tokens,
-                                  "prompt_ids": req.prompt_ids, "output_base": OWN_TOKEN_BASE + req.first_token_index}
+        common: dict[str, Any] = {
+            "priority": req.priority,
+            "arrival": arrival,
+            "max_tokens_param": req.max_tokens,
+            "prompt_ids": req.prompt_ids,
+            "output_base": OWN_TOKEN_BASE + req.first_token_index,
+        }
         if prefill_leg:  # vLLM's P leg: prefill, one token, keep the KV for the decode instance
             return Sequence(xid, req.prompt_tokens, 1, prefill_only=True, hold_kv=True, **common)
         n, early = req.max_tokens, False
@@ -381,13 +440,23 @@ class EmulatedInstance:
         self.metrics.xfer_time.observe(self.engine.clock() - t0)
         return max(0, min(tokens, req.prompt_tokens - max(local, 0)))
 
-    async def _stream(self, scope: Scope, receive: Receive, send: Send, seq: Sequence, fmt: Formatter, timing: bool,
-                      resume: bool = False) -> None:
+    async def _stream(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        seq: Sequence,
+        fmt: Formatter,
+        timing: bool,
+        resume: bool = False,
+    ) -> None:
         chunked = scope.get("http_version") != "1.0"
         head = [*SSE, (b"x-request-id", seq.id.encode())] + ([(b"transfer-encoding", b"chunked")] if chunked else [])
         await send({"type": "http.response.start", "status": 200, "headers": head})
         transport = direct_transport(send) if chunked else None
-        sink: DirectSink | QueueSink = DirectSink(fmt, transport, timing) if transport is not None else QueueSink(fmt, timing)
+        sink: DirectSink | QueueSink = (
+            DirectSink(fmt, transport, timing) if transport is not None else QueueSink(fmt, timing)
+        )
         seq.sink = sink
         watch = watch_disconnect(receive, lambda: self.engine.abort(seq))
         if resume and isinstance(self.engine, Engine):
@@ -414,7 +483,9 @@ class EmulatedInstance:
             tail = b""  # aborted: the client is gone
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _whole(self, receive: Receive, send: Send, seq: Sequence, fmt: Formatter, chat: bool, prefill_leg: bool) -> None:
+    async def _whole(
+        self, receive: Receive, send: Send, seq: Sequence, fmt: Formatter, chat: bool, prefill_leg: bool
+    ) -> None:
         watch = watch_disconnect(receive, lambda: self.engine.abort(seq))
         self.engine.submit(seq)
         try:
@@ -428,7 +499,9 @@ class EmulatedInstance:
             return await respond(send, 500, INTERNAL.body())
         params = self._hold(seq, chat) if prefill_leg else None
         self._cache_usage(fmt, seq)
-        body = fmt.full(output_text(seq.generated, fmt.req.first_token_index), seq.finish_reason or "length", seq.generated, params)
+        body = fmt.full(
+            output_text(seq.generated, fmt.req.first_token_index), seq.finish_reason or "length", seq.generated, params
+        )
         await respond(send, 200, body, [*JSON, (b"x-request-id", seq.id.encode())])
 
     def _cache_usage(self, fmt: Formatter, seq: Sequence) -> None:
@@ -447,10 +520,20 @@ class EmulatedInstance:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{seq.id}-0-{uuid.uuid4().hex[:8]}"
         held = self.holder.hold(rid, seq.blocks, seq.prompt_tokens, seq.kv_id)
         return {
-            "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [held.block_ids],
-            "remote_engine_id": self.engine_id, "remote_request_id": rid, "remote_host": self.s.advertised_host,
-            "remote_port": self.s.port, "tp_size": 1, "dcp_size": 1, "pp_size": 1, "remote_num_tokens": seq.prompt_tokens,
-            "remote_blocks_expiry_time": None, "transfer_mode": "pull", "remote_prefill_cached_tokens": max(seq.cached_tokens, 0),
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [held.block_ids],
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": rid,
+            "remote_host": self.s.advertised_host,
+            "remote_port": self.s.port,
+            "tp_size": 1,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": seq.prompt_tokens,
+            "remote_blocks_expiry_time": None,
+            "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": max(seq.cached_tokens, 0),
         }
 
     def _release(self, held: HeldKV) -> None:
@@ -474,7 +557,9 @@ class EmulatedInstance:
         await self.faults.wait_pulls_flow()
         held = self.holder.take(str(body.get("remote_request_id")))
         if held is None:
-            return await respond(send, 410, orjson.dumps({"error": "no blocks held for this request (expired or pulled)"}))
+            return await respond(
+                send, 410, orjson.dumps({"error": "no blocks held for this request (expired or pulled)"})
+            )
         local = body.get("local_tokens")
         local = min(max(local, 0), held.tokens) if isinstance(local, int) and not isinstance(local, bool) else 0
         tokens = held.tokens - local  # NIXL reads only the blocks the decode side does not hold

@@ -40,7 +40,9 @@ async def read_body(receive: Receive) -> bytes:
 
 
 async def respond(send: Send, status: int, body: bytes, headers: Headers = JSON) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", b"%d" % len(body))]})
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", b"%d" % len(body))]}
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -111,7 +113,9 @@ class Flusher:
     def __init__(self, threads: int = 2, min_batch: int = 64) -> None:
         self.threads = max(1, threads)
         self.min_batch = min_batch
-        self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="emulator-writer") if self.threads > 1 else None
+        self._pool = (
+            ThreadPoolExecutor(self.threads - 1, thread_name_prefix="emulator-writer") if self.threads > 1 else None
+        )
 
     def __call__(self, sinks: list[Any]) -> None:
         if len(sinks) < self.min_batch:

@@ -39,40 +39,88 @@ Examples:
 
 
 def emulate(
-    role: Annotated[str, typer.Option(help="prefill | decode | both (a label: like vLLM's kv_both, every instance serves both legs)")] = "both",
+    role: Annotated[
+        str,
+        typer.Option(help="prefill | decode | both (a label: like vLLM's kv_both, every instance serves both legs)"),
+    ] = "both",
     port: Annotated[int, typer.Option(help="HTTP port (instance i of --instances uses port+i)")] = 8100,
-    host: Annotated[str, typer.Option(help="address to bind (also advertised as remote_host for KV pulls)")] = "127.0.0.1",
-    profile: Annotated[str, typer.Option(help="timing profile: a built-in name (see below) or a profile .json file")] = "cpu-tiny-llama",
+    host: Annotated[
+        str, typer.Option(help="address to bind (also advertised as remote_host for KV pulls)")
+    ] = "127.0.0.1",
+    profile: Annotated[
+        str, typer.Option(help="timing profile: a built-in name (see below) or a profile .json file")
+    ] = "cpu-tiny-llama",
     model: Annotated[str, typer.Option(help="served model name")] = "sibyl-model",
     max_num_seqs: Annotated[int | None, typer.Option(min=1, help="running slots (profile's if unset)")] = None,
-    kv_capacity_tokens: Annotated[int | None, typer.Option(min=1, help="KV cache size in tokens (profile's if unset)")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(min=1, help="token budget per step, chunked prefill [default: the profile's]")] = None,
-    max_model_len: Annotated[int | None, typer.Option(min=2, help="context length (profile's if unset; cut to the KV capacity)")] = None,
-    instances: Annotated[int, typer.Option(min=1, help="independent instances in this process, on consecutive ports")] = 1,
-    output_len_dist: Annotated[str, typer.Option(help="output length without ignore_eos: uniform:A:B | fixed:N | exp:MEAN | normal:MEAN:STD")] = "uniform:1:256",
+    kv_capacity_tokens: Annotated[
+        int | None, typer.Option(min=1, help="KV cache size in tokens (profile's if unset)")
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, typer.Option(min=1, help="token budget per step, chunked prefill [default: the profile's]")
+    ] = None,
+    max_model_len: Annotated[
+        int | None, typer.Option(min=2, help="context length (profile's if unset; cut to the KV capacity)")
+    ] = None,
+    instances: Annotated[
+        int, typer.Option(min=1, help="independent instances in this process, on consecutive ports")
+    ] = 1,
+    output_len_dist: Annotated[
+        str, typer.Option(help="output length without ignore_eos: uniform:A:B | fixed:N | exp:MEAN | normal:MEAN:STD")
+    ] = "uniform:1:256",
     seed: Annotated[int, typer.Option(help="seed of output lengths and fault draws (instance i uses seed+i)")] = 0,
-    scheduling_policy: Annotated[str, typer.Option(help="fcfs | priority (lower `priority` first, ties by arrival)")] = "fcfs",
+    scheduling_policy: Annotated[
+        str, typer.Option(help="fcfs | priority (lower `priority` first, ties by arrival)")
+    ] = "fcfs",
     kv_lease_s: Annotated[float, typer.Option(min=0.001, help="prefill side: how long KV waits to be pulled")] = 30.0,
-    kv_handshake_timeout_s: Annotated[float, typer.Option(min=0.0, help="decode side: give up reaching a prefill side after")] = 5.0,
-    kv_load_failure_policy: Annotated[str, typer.Option(help="decode side when a pull fails: fail (500) | recompute")] = "fail",
+    kv_handshake_timeout_s: Annotated[
+        float, typer.Option(min=0.0, help="decode side: give up reaching a prefill side after")
+    ] = 5.0,
+    kv_load_failure_policy: Annotated[
+        str, typer.Option(help="decode side when a pull fails: fail (500) | recompute")
+    ] = "fail",
     fail_rate: Annotated[float, typer.Option(help="fault: share of generation requests to fail")] = 0.0,
     fail_status: Annotated[int, typer.Option(help="fault: HTTP status of failed requests")] = 503,
     slowdown: Annotated[float, typer.Option(help="fault: multiply all step and KV-transfer times")] = 1.0,
     hang: Annotated[bool, typer.Option(help="fault: accept requests, answer none until cleared")] = False,
     unhealthy: Annotated[bool, typer.Option(help="fault: /health answers 503")] = False,
-    exit_after_requests: Annotated[int | None, typer.Option(help="fault: exit when the Nth generation request arrives")] = None,
+    exit_after_requests: Annotated[
+        int | None, typer.Option(help="fault: exit when the Nth generation request arrives")
+    ] = None,
     exit_after_s: Annotated[float | None, typer.Option(help="fault: exit this many seconds after start")] = None,
     admin_token: Annotated[str | None, typer.Option(help="require `Authorization: Bearer TOKEN` on /admin/*")] = None,
-    writer_threads: Annotated[int, typer.Option(min=1, help="threads writing a step's tokens when 64+ streams release at once")] = 2,
-    data_parallel_size: Annotated[int, typer.Option(min=1, max=256, help="ranks of a data-parallel group that step together behind a barrier "
-                                                    "(each with --max-num-seqs slots and its own KV); a request picks one with the X-data-parallel-rank header")] = 1,
-    block_size: Annotated[int | None, typer.Option(min=1, help="tokens per KV block, like vLLM's --block-size [default: the profile's]")] = None,
-    enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching",
-                                                        help="automatic prefix caching of full blocks (vLLM's default: on)")] = True,
-    kv_events_config: Annotated[str | None, typer.Option(help="vLLM's --kv-events-config JSON: publish BlockStored/BlockRemoved/AllBlocksCleared over ZMQ, e.g. "
-                                                         '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\' '
-                                                         "(with --instances N, instance i offsets the ports by i)")] = None,
-    enable_prompt_tokens_details: Annotated[bool, typer.Option(help="report usage.prompt_tokens_details.cached_tokens, like vLLM's flag")] = False,
+    writer_threads: Annotated[
+        int, typer.Option(min=1, help="threads writing a step's tokens when 64+ streams release at once")
+    ] = 2,
+    data_parallel_size: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=256,
+            help="ranks of a data-parallel group that step together behind a barrier "
+            "(each with --max-num-seqs slots and its own KV); a request picks one with the X-data-parallel-rank header",
+        ),
+    ] = 1,
+    block_size: Annotated[
+        int | None, typer.Option(min=1, help="tokens per KV block, like vLLM's --block-size [default: the profile's]")
+    ] = None,
+    enable_prefix_caching: Annotated[
+        bool,
+        typer.Option(
+            "--enable-prefix-caching/--no-enable-prefix-caching",
+            help="automatic prefix caching of full blocks (vLLM's default: on)",
+        ),
+    ] = True,
+    kv_events_config: Annotated[
+        str | None,
+        typer.Option(
+            help="vLLM's --kv-events-config JSON: publish BlockStored/BlockRemoved/AllBlocksCleared over ZMQ, e.g. "
+            '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\' '
+            "(with --instances N, instance i offsets the ports by i)"
+        ),
+    ] = None,
+    enable_prompt_tokens_details: Annotated[
+        bool, typer.Option(help="report usage.prompt_tokens_details.cached_tokens, like vLLM's flag")
+    ] = False,
 ) -> None:
     """Run GPU-free stand-ins for vLLM 0.32 (see HELP)."""
     if role not in ("prefill", "decode", "both"):
@@ -83,8 +131,13 @@ def emulate(
         raise ConfigError(f"--kv-load-failure-policy {kv_load_failure_policy!r}: expected fail or recompute")
     try:
         faults = FaultConfig(
-            fail_rate=fail_rate, fail_status=fail_status, slowdown=slowdown, hang=hang, unhealthy=unhealthy,
-            exit_after_requests=exit_after_requests, exit_after_s=exit_after_s,
+            fail_rate=fail_rate,
+            fail_status=fail_status,
+            slowdown=slowdown,
+            hang=hang,
+            unhealthy=unhealthy,
+            exit_after_requests=exit_after_requests,
+            exit_after_s=exit_after_s,
         )
     except ValueError as e:
         raise ConfigError(f"bad fault flags: {e}") from None
@@ -93,15 +146,34 @@ def emulate(
 
     kv_events = KVEventsConfig.parse(kv_events_config)
     if not is_loopback(host) and not admin_token:
-        print(f"emulate: warning: bound to {host} without --admin-token: anyone who can reach it can inject faults or stop it "
-              "through /admin/ (bind 127.0.0.1, or set --admin-token)", file=sys.stderr)
+        print(
+            f"emulate: warning: bound to {host} without --admin-token: anyone who can reach it can inject faults or stop it "
+            "through /admin/ (bind 127.0.0.1, or set --admin-token)",
+            file=sys.stderr,
+        )
     base = InstanceSettings(
-        role=role, port=port, host=host, profile=get_profile(profile), model=model,  # type: ignore[arg-type]
-        max_num_seqs=max_num_seqs, kv_capacity_tokens=kv_capacity_tokens, max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len, output_len_dist=output_len_dist, seed=seed, kv_lease_s=kv_lease_s,
-        kv_handshake_timeout_s=kv_handshake_timeout_s, kv_load_failure_policy=kv_load_failure_policy,  # type: ignore[arg-type]
-        scheduling_policy=scheduling_policy, admin_token=admin_token, faults=faults, writer_threads=writer_threads,  # type: ignore[arg-type]
-        data_parallel_size=data_parallel_size, block_size=block_size, enable_prefix_caching=enable_prefix_caching, kv_events=kv_events,
+        role=role,  # type: ignore[arg-type]
+        port=port,
+        host=host,
+        profile=get_profile(profile),
+        model=model,
+        max_num_seqs=max_num_seqs,
+        kv_capacity_tokens=kv_capacity_tokens,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        output_len_dist=output_len_dist,
+        seed=seed,
+        kv_lease_s=kv_lease_s,
+        kv_handshake_timeout_s=kv_handshake_timeout_s,
+        kv_load_failure_policy=kv_load_failure_policy,  # type: ignore[arg-type]
+        scheduling_policy=scheduling_policy,  # type: ignore[arg-type]
+        admin_token=admin_token,
+        faults=faults,
+        writer_threads=writer_threads,
+        data_parallel_size=data_parallel_size,
+        block_size=block_size,
+        enable_prefix_caching=enable_prefix_caching,
+        kv_events=kv_events,
         enable_prompt_tokens_details=enable_prompt_tokens_details,
     )
     from adapters.emulator.server import run  # uvicorn and the app load only when serving

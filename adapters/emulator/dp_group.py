@@ -162,20 +162,33 @@ class DataParallelGroup(RunLoop):
             dt = max(t[4] for t in timed) * slowdown  # the straggler sets the step for everyone
             start, kind = step_start(prev_end, self.clock(), dt)
             deadline = start + dt
-            opened = [(r, sched, new, r._open_step(sched, new, admitted, start, deadline), kv, chunks)
-                      for r, sched, new, admitted, _, kv, chunks in timed]
+            opened = [
+                (r, sched, new, r._open_step(sched, new, admitted, start, deadline), kv, chunks)
+                for r, sched, new, admitted, _, kv, chunks in timed
+            ]
             streams = sum(1 for *_, sampled, _, _ in opened for s in sampled if s.sink is not None)
             await self._sleep_until(deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
             woke = self.clock()
-            records = [r._close_step(sched, new, sampled, start, deadline, kv, chunks, slowdown, kind, woke)
-                       for r, sched, new, sampled, kv, chunks in opened]
+            records = [
+                r._close_step(sched, new, sampled, start, deadline, kv, chunks, slowdown, kind, woke)
+                for r, sched, new, sampled, kv, chunks in opened
+            ]
             self.group_steps += 1
             per_rank = {id(r): (rec.batch, rec.kv_tokens) for (r, *_), rec in zip(opened, records, strict=True)}
             self.rank_steps.append([per_rank.get(id(r), (0, 0)) for r in self.ranks])
             record = StepRecord(
-                self.group_steps, start, deadline, sum(x.batch for x in records), max(x.kv_tokens for x in records),
-                sum(x.tokens for x in records), [c for x in records for c in x.chunks], sum(x.sampled for x in records),
-                slowdown, kind, woke, max(x.released for x in records),
+                self.group_steps,
+                start,
+                deadline,
+                sum(x.batch for x in records),
+                max(x.kv_tokens for x in records),
+                sum(x.tokens for x in records),
+                [c for x in records for c in x.chunks],
+                sum(x.sampled for x in records),
+                slowdown,
+                kind,
+                woke,
+                max(x.released for x in records),
             )
             self.steps.append(record)
             if self.on_step is not None:

@@ -94,7 +94,9 @@ class Engine(RunLoop):
         self.max_num_batched_tokens = max_num_batched_tokens or profile.max_num_batched_tokens
         self.block_size = block_size or profile.block_size
         self.total_blocks = max(1, (kv_capacity_tokens or profile.kv_capacity_tokens) // self.block_size)
-        self.kv = KVBlocks(self.total_blocks, self.block_size, enable_caching=enable_prefix_caching, enable_events=kv_events)
+        self.kv = KVBlocks(
+            self.total_blocks, self.block_size, enable_caching=enable_prefix_caching, enable_events=kv_events
+        )
         """Every block goes through the pool (adapters/emulator/prefix_cache.py): capacity, LRU, prefix hits."""
         self.held_blocks = 0
         self.priority_scheduling = priority_scheduling
@@ -357,7 +359,9 @@ class Engine(RunLoop):
             self._close_step(sched, new, sampled, start, deadline, kv, chunks, slowdown, kind, self.clock())
             prev_end = deadline
 
-    def _open_step(self, sched: list[Sequence], new: list[int], admitted: list[Sequence], start: float, deadline: float) -> list[Sequence]:
+    def _open_step(
+        self, sched: list[Sequence], new: list[int], admitted: list[Sequence], start: float, deadline: float
+    ) -> list[Sequence]:
         """Begin a step that ends at `deadline`: its sampled sequences' tokens are formatted now."""
         for s in admitted:
             if s.admitted_at is None:
@@ -371,8 +375,19 @@ class Engine(RunLoop):
         self._in_step = sched
         return sampled
 
-    def _close_step(self, sched: list[Sequence], new: list[int], sampled: list[Sequence], start: float, deadline: float,
-                    kv: int, chunks: list[tuple[int, int]], slowdown: float, kind: str, woke: float) -> StepRecord:
+    def _close_step(
+        self,
+        sched: list[Sequence],
+        new: list[int],
+        sampled: list[Sequence],
+        start: float,
+        deadline: float,
+        kv: int,
+        chunks: list[tuple[int, int]],
+        slowdown: float,
+        kind: str,
+        woke: float,
+    ) -> StepRecord:
         """End a step at its deadline: write its tokens, advance its sequences, log it."""
         self.flush([s.sink for s in sampled if s.sink is not None and not s.finished])
         self.faults.on_tokens(sum(1 for s in sampled if not s.prefill_only))
@@ -386,7 +401,18 @@ class Engine(RunLoop):
                     fut.set_result(None)
             self._step_waiters.clear()
         record = StepRecord(
-            self.step_no, start, deadline, len(sched), kv, sum(new), chunks, len(sampled), slowdown, kind, woke, released
+            self.step_no,
+            start,
+            deadline,
+            len(sched),
+            kv,
+            sum(new),
+            chunks,
+            len(sampled),
+            slowdown,
+            kind,
+            woke,
+            released,
         )
         self.steps.append(record)
         if self.on_step is not None:

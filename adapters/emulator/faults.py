@@ -27,12 +27,22 @@ class FaultConfig(BaseModel):
     fail_status: int = Field(503, ge=400, le=599, description="HTTP status of injected failures")
     slowdown: float = Field(1.0, ge=0.01, le=1000.0, description="multiplies every step and KV-transfer time")
     hang: bool = Field(False, description="accept requests but answer none (the engine pauses) until cleared")
-    kv_pull_hang: bool = Field(False, description="the KV side channel takes pulls but answers none until cleared (a peer whose network died: vLLM's NIXL read to it never completes)")
+    kv_pull_hang: bool = Field(
+        False,
+        description="the KV side channel takes pulls but answers none until cleared (a peer whose network died: vLLM's NIXL read to it never completes)",
+    )
     unhealthy: bool = Field(False, description="/health answers 503")
-    exit_after_requests: int | None = Field(None, ge=1, description="exit when this many generation requests have arrived")
-    exit_after_s: float | None = Field(None, gt=0, description="exit this many seconds after start (or after being set)")
+    exit_after_requests: int | None = Field(
+        None, ge=1, description="exit when this many generation requests have arrived"
+    )
+    exit_after_s: float | None = Field(
+        None, gt=0, description="exit this many seconds after start (or after being set)"
+    )
     exit_after_tokens: int | None = Field(
-        None, ge=1, description="exit once this many more output tokens were generated (counted from when it is set): a crash mid-answer at an exact point")
+        None,
+        ge=1,
+        description="exit once this many more output tokens were generated (counted from when it is set): a crash mid-answer at an exact point",
+    )
 
 
 class Faults:
@@ -99,7 +109,6 @@ class Faults:
         if c.exit_after_requests is not None and self.requests >= c.exit_after_requests:
             exit_now(EXIT_CODE)
         return c.fail_rate > 0 and self.rng.random() < c.fail_rate
-
 
     def on_tokens(self, n: int) -> None:
         """Count output tokens written to clients; the exit fault ends the process."""

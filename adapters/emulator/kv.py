@@ -118,8 +118,12 @@ class KVPuller:
         if not host or not port:
             raise PullFailed("kv_transfer_params lack remote_host/remote_port")
         url = f"http://{host}:{port}/kv/pull"
-        body = orjson.dumps({**{k: params.get(k) for k in ("remote_engine_id", "remote_request_id", "remote_block_ids")},
-                             "local_tokens": local_tokens})
+        body = orjson.dumps(
+            {
+                **{k: params.get(k) for k in ("remote_engine_id", "remote_request_id", "remote_block_ids")},
+                "local_tokens": local_tokens,
+            }
+        )
         engine = str(params.get("remote_engine_id"))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handshake_timeout_s
@@ -127,7 +131,9 @@ class KVPuller:
             left = deadline - loop.time()
             try:
                 timeout = aiohttp.ClientTimeout(total=None, sock_connect=max(0.05, min(1.0, left)))
-                async with self._client().post(url, data=body, timeout=timeout, headers={"content-type": "application/json"}) as r:
+                async with self._client().post(
+                    url, data=body, timeout=timeout, headers={"content-type": "application/json"}
+                ) as r:
                     data = await r.json(content_type=None)
                     if r.status == 200 and isinstance(data, dict):
                         self._known.add(engine)

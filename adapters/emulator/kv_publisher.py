@@ -50,12 +50,20 @@ def to_wire(events: Iterable[ours.KVEvent]) -> list[WireEvent]:
     out: list[WireEvent] = []
     for e in events:
         if isinstance(e, ours.BlockStored):
-            out.append(BlockStored(
-                block_hashes=[k & UINT64 for k in e.keys],
-                parent_block_hash=None if e.parent_key is None else e.parent_key & UINT64,
-                token_ids=list(e.token_ids), block_size=e.block_size, lora_id=e.lora_id, medium=e.medium,
-                lora_name=e.lora_name, extra_keys=[None] * len(e.keys), group_idx=0, kv_cache_spec_kind=FULL_ATTENTION,
-            ))
+            out.append(
+                BlockStored(
+                    block_hashes=[k & UINT64 for k in e.keys],
+                    parent_block_hash=None if e.parent_key is None else e.parent_key & UINT64,
+                    token_ids=list(e.token_ids),
+                    block_size=e.block_size,
+                    lora_id=e.lora_id,
+                    medium=e.medium,
+                    lora_name=e.lora_name,
+                    extra_keys=[None] * len(e.keys),
+                    group_idx=0,
+                    kv_cache_spec_kind=FULL_ATTENTION,
+                )
+            )
         elif isinstance(e, ours.BlockRemoved):
             out.extend(BlockRemoved(block_hashes=[k & UINT64], medium=e.medium, group_idx=0) for k in e.keys)
         else:
@@ -98,8 +106,13 @@ class KVEventPublisher:
             router.bind(self.replay_endpoint)
             self.replay_endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
             self._task = asyncio.create_task(self._serve_replay(), name="kv-events-replay")
-        print(f"emulate: KV events on {self.endpoint}" + (f", replay on {self.replay_endpoint}" if self.replay_endpoint else "")
-              + (f", topic {self.config.topic!r}" if self.config.topic else ""), file=sys.stderr, flush=True)
+        print(
+            f"emulate: KV events on {self.endpoint}"
+            + (f", replay on {self.replay_endpoint}" if self.replay_endpoint else "")
+            + (f", topic {self.config.topic!r}" if self.config.topic else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
     def publish(self, events: list[ours.KVEvent], ts: float | None = None) -> None:
         """Send one batch (nothing for an empty list)."""

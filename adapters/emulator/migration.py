@@ -42,7 +42,9 @@ class MigrateRequest(BaseModel):
 
     request_id: str = Field(description="the X-Request-Id the sequence arrived with")
     target: str = Field(description="the target instance's base URL (http://host:port)")
-    max_stages: int = Field(4, ge=1, le=32, description="give up when the copy has not converged after this many stages")
+    max_stages: int = Field(
+        4, ge=1, le=32, description="give up when the copy has not converged after this many stages"
+    )
     stall_blocks: int = Field(2, ge=1, description="freeze the sequence when at most this many blocks are left to copy")
 
 
@@ -62,8 +64,14 @@ class MigrationReport:
     """Tokens the source had generated when it handed over."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": True, "request_id": self.request_id, "stages": self.stages, "tokens": self.tokens,
-                "frozen_ms": round(self.frozen_s * 1000, 3), "generated": self.generated}
+        return {
+            "ok": True,
+            "request_id": self.request_id,
+            "stages": self.stages,
+            "tokens": self.tokens,
+            "frozen_ms": round(self.frozen_s * 1000, 3),
+            "generated": self.generated,
+        }
 
 
 async def migrate_out(inst: EmulatedInstance, m: MigrateRequest) -> MigrationReport:
@@ -91,16 +99,28 @@ async def migrate_out(inst: EmulatedInstance, m: MigrateRequest) -> MigrationRep
                     if seq.finished:
                         raise MigrationFailed(f"{m.request_id} finished before the last stage")
                     left = seq.computed - sent
-                body: dict[str, Any] = {"request_id": m.request_id, "stage": stage, "tokens": left, "total": sent + left,
-                                        "final": final}
+                body: dict[str, Any] = {
+                    "request_id": m.request_id,
+                    "stage": stage,
+                    "tokens": left,
+                    "total": sent + left,
+                    "final": final,
+                }
                 if final:
-                    body["sequence"] = {"prompt_tokens": seq.prompt_tokens, "max_tokens": seq.max_tokens,
-                                        "stop_early": seq.stop_early, "priority": seq.priority, "generated": seq.generated,
-                                        "max_tokens_param": seq.max_tokens_param}
+                    body["sequence"] = {
+                        "prompt_tokens": seq.prompt_tokens,
+                        "max_tokens": seq.max_tokens,
+                        "stop_early": seq.stop_early,
+                        "priority": seq.priority,
+                        "generated": seq.generated,
+                        "max_tokens_param": seq.max_tokens_param,
+                    }
                 async with http.post(url, data=orjson.dumps(body), headers={"content-type": "application/json"}) as r:
                     answer = await r.read()
                     if r.status != 200:
-                        raise MigrationFailed(f"target refused stage {stage}: {r.status} {answer[:200].decode(errors='replace')}")
+                        raise MigrationFailed(
+                            f"target refused stage {stage}: {r.status} {answer[:200].decode(errors='replace')}"
+                        )
                 sent += left
                 if final:
                     break
@@ -114,7 +134,9 @@ async def migrate_out(inst: EmulatedInstance, m: MigrateRequest) -> MigrationRep
         raise
     assert frozen_at is not None
     report = MigrationReport(m.request_id, stage, sent, time.monotonic() - frozen_at, seq.generated)
-    seq.handoff = orjson.dumps({"sibyl_migrated": {"target": m.target, "request_id": m.request_id, "generated": seq.generated}})
+    seq.handoff = orjson.dumps(
+        {"sibyl_migrated": {"target": m.target, "request_id": m.request_id, "generated": seq.generated}}
+    )
     engine.migrated_away(seq)
     return report
 
@@ -123,8 +145,11 @@ async def _abort(m: MigrateRequest) -> None:
     """Tell the target to drop what it reserved (best effort: it also expires on its own)."""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-            await http.post(m.target.rstrip("/") + "/kv/migrate", data=orjson.dumps({"request_id": m.request_id, "abort": True}),
-                            headers={"content-type": "application/json"})
+            await http.post(
+                m.target.rstrip("/") + "/kv/migrate",
+                data=orjson.dumps({"request_id": m.request_id, "abort": True}),
+                headers={"content-type": "application/json"},
+            )
     except (aiohttp.ClientError, TimeoutError, OSError):
         pass
 
@@ -169,9 +194,15 @@ class MigrationsIn:
         if not body.get("final"):
             return 200, {"stage": body.get("stage"), "tokens": total}
         state = body.get("sequence") or {}
-        seq = Sequence(rid, int(state["prompt_tokens"]), int(state["max_tokens"]), stop_early=bool(state.get("stop_early")),
-                       priority=int(state.get("priority", 0)), arrival=time.monotonic(),
-                       max_tokens_param=int(state.get("max_tokens_param", 0)))
+        seq = Sequence(
+            rid,
+            int(state["prompt_tokens"]),
+            int(state["max_tokens"]),
+            stop_early=bool(state.get("stop_early")),
+            priority=int(state.get("priority", 0)),
+            arrival=time.monotonic(),
+            max_tokens_param=int(state.get("max_tokens_param", 0)),
+        )
         seq.generated = int(state["generated"])
         seq.computed = total
         seq.prefilling = False

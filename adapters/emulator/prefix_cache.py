@@ -33,7 +33,9 @@ EventsHook = Callable[[list[KVEvent]], None]
 class KVBlocks:
     """The block pool of one engine (or one data-parallel rank)."""
 
-    def __init__(self, total_blocks: int, block_size: int, *, enable_caching: bool = True, enable_events: bool = False) -> None:
+    def __init__(
+        self, total_blocks: int, block_size: int, *, enable_caching: bool = True, enable_events: bool = False
+    ) -> None:
         self.block_size = block_size
         self.total_blocks = total_blocks
         self.enable_caching = enable_caching
@@ -57,7 +59,7 @@ class KVBlocks:
         """Ids of positions [start, end) of `s` (prompt, then generated tokens)."""
         ids = s.prompt_ids or []
         p = len(ids)
-        out = list(ids[start:min(end, p)])
+        out = list(ids[start : min(end, p)])
         if end > p:
             base = s.output_base - p
             out.extend(range(base + max(start, p), base + end))

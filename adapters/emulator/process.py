@@ -80,11 +80,29 @@ class EmulatorProcess:
 
     def start(self) -> EmulatorProcess:
         """Launch it; it stops by itself if this process dies (adapters.parent_watch)."""
-        cmd = guarded([sys.executable, "-m", "adapters.emulator", "--role", self.role, "--port", str(self.port), "--host", self.host, *self.args])
+        cmd = guarded(
+            [
+                sys.executable,
+                "-m",
+                "adapters.emulator",
+                "--role",
+                self.role,
+                "--port",
+                str(self.port),
+                "--host",
+                self.host,
+                *self.args,
+            ]
+        )
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        }
         try:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
+            )
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()  # type: ignore[union-attr]
@@ -98,7 +116,9 @@ class EmulatorProcess:
         with httpx.Client(timeout=1.0) as client:
             while time.monotonic() < deadline:
                 if self.proc is not None and self.proc.poll() is not None:
-                    raise EmulatorStartError(f"emulator {self.role} on port {self.port} exited with {self.proc.returncode}{self._log_tail()}")
+                    raise EmulatorStartError(
+                        f"emulator {self.role} on port {self.port} exited with {self.proc.returncode}{self._log_tail()}"
+                    )
                 with contextlib.suppress(httpx.HTTPError):
                     while pending and client.get(pending[0] + "/health").status_code == 200:
                         pending.pop(0)
@@ -106,7 +126,9 @@ class EmulatorProcess:
                     return
                 time.sleep(pause)
                 pause = min(pause * 2, 0.1)
-        raise EmulatorStartError(f"emulator {self.role} on port {self.port} not healthy after {timeout_s:.0f} s{self._log_tail()}")
+        raise EmulatorStartError(
+            f"emulator {self.role} on port {self.port} not healthy after {timeout_s:.0f} s{self._log_tail()}"
+        )
 
     def _log_tail(self) -> str:
         if self.log_path and self.log_path.exists():
@@ -139,7 +161,9 @@ class EmulatorProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
 
-    def admin(self, method: str, path: str, body: dict[str, Any] | None = None, token: str | None = None, instance: int = 0) -> Any:
+    def admin(
+        self, method: str, path: str, body: dict[str, Any] | None = None, token: str | None = None, instance: int = 0
+    ) -> Any:
         """Call an /admin/ endpoint (e.g. `admin("PUT", "faults", {"slowdown": 2})`); returns the JSON."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         r = httpx.request(method, f"{self.urls[instance]}/admin/{path}", json=body, headers=headers, timeout=5.0)
@@ -147,7 +171,9 @@ class EmulatorProcess:
         return r.json()
 
 
-def start_many(specs: list[tuple[str, list[str]]], log_dir: Path | None = None, timeout_s: float = 30.0) -> list[EmulatorProcess]:
+def start_many(
+    specs: list[tuple[str, list[str]]], log_dir: Path | None = None, timeout_s: float = 30.0
+) -> list[EmulatorProcess]:
     """Start every (role, extra args) on free ports, wait for all; on failure stop them all."""
     procs: list[EmulatorProcess] = []
     try:
@@ -166,7 +192,9 @@ def start_many(specs: list[tuple[str, list[str]]], log_dir: Path | None = None, 
 
 
 @contextlib.contextmanager
-def running(*specs: tuple[str, list[str]], log_dir: Path | None = None, timeout_s: float = 30.0) -> Iterator[list[EmulatorProcess]]:
+def running(
+    *specs: tuple[str, list[str]], log_dir: Path | None = None, timeout_s: float = 30.0
+) -> Iterator[list[EmulatorProcess]]:
     """`start_many` as a context manager that always stops the processes."""
     procs = start_many(list(specs), log_dir, timeout_s)
     try:

@@ -27,9 +27,16 @@ from adapters.emulator.tokens import (
 )
 
 ERROR_TYPES = {
-    400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
-    409: "ConflictError", 422: "UnprocessableEntityError", 429: "RateLimitError", 500: "InternalServerError",
-    501: "NotImplementedError", 503: "ServiceUnavailableError",
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
 }
 VALIDATION = "Bad Request"
 """vLLM's type for FastAPI request-validation errors (HTTPStatus.BAD_REQUEST.phrase)."""
@@ -44,7 +51,9 @@ class ApiError(Exception):
         self.type = type_ or ERROR_TYPES.get(status, "APIError")
 
     def body(self) -> bytes:
-        return orjson.dumps({"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}})
+        return orjson.dumps(
+            {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
+        )
 
 
 def error_body(status: int, message: str, param: str | None = None) -> bytes:
@@ -98,7 +107,9 @@ def _bool(body: dict[str, Any], key: str) -> bool:
     return v
 
 
-def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: int, want_ids: bool = False) -> GenRequest:
+def parse_request(
+    raw: bytes, *, chat: bool, served_model: str, max_model_len: int, want_ids: bool = False
+) -> GenRequest:
     """Validate a request body the way vLLM 0.32 does; raises ApiError. `want_ids`: also give the
     prompt's token ids (prefix caching needs them)."""
     try:
@@ -106,11 +117,15 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
     except orjson.JSONDecodeError as e:
         pos = getattr(e, "pos", 0)
         raise ApiError(
-            400, f"1 validation error:\n  {{'type': 'json_invalid', 'loc': ('body', {pos}), 'msg': 'JSON decode error', 'input': {{}}, 'ctx': {{'error': {e.msg!r}}}}}",
-            f"body.{pos}", VALIDATION,
+            400,
+            f"1 validation error:\n  {{'type': 'json_invalid', 'loc': ('body', {pos}), 'msg': 'JSON decode error', 'input': {{}}, 'ctx': {{'error': {e.msg!r}}}}}",
+            f"body.{pos}",
+            VALIDATION,
         ) from None
     if not isinstance(body, dict):
-        raise _invalid((), "model_attributes_type", "Input should be a valid dictionary or object to extract fields from", "body")
+        raise _invalid(
+            (), "model_attributes_type", "Input should be a valid dictionary or object to extract fields from", "body"
+        )
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _invalid(("model",), "string_type", "Input should be a valid string")
@@ -120,7 +135,9 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
     if opts is not None and not isinstance(opts, dict):
         raise _invalid(("stream_options",), "model_type", "Input should be an object")
     if opts and not stream:
-        raise _invalid((), "value_error", "Value error, Stream options can only be defined when `stream=True`.", "stream_options")
+        raise _invalid(
+            (), "value_error", "Value error, Stream options can only be defined when `stream=True`.", "stream_options"
+        )
     kv = body.get("kv_transfer_params")
     if kv is not None and not isinstance(kv, dict):
         raise _invalid(("kv_transfer_params",), "dict_type", "Input should be a valid dictionary")
@@ -136,13 +153,24 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
     else:
         n_prompt = count_prompt(body.get("prompt"))
         if n_prompt is None:
-            raise _invalid((), "value_error", "Value error, Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+            raise _invalid(
+                (),
+                "value_error",
+                "Value error, Either prompt or prompt_embeds must be provided and non-empty.",
+                "prompt",
+            )
         requested = _int(body, "max_tokens", 16)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
             first = continued_from_ids(prompt)
         else:
-            text = prompt if isinstance(prompt, str) else prompt[0] if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str) else ""
+            text = (
+                prompt
+                if isinstance(prompt, str)
+                else prompt[0]
+                if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
+                else ""
+            )
             first = continued_from(text)
     min_tokens = _int(body, "min_tokens", 0) or 0
     priority = _int(body, "priority", 0) or 0
@@ -163,11 +191,22 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
     if min_tokens < 0:
         raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_tokens}.", "min_tokens")
     if min_tokens > max_tokens:
-        raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.", "min_tokens")
+        raise ApiError(
+            400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.", "min_tokens"
+        )
     return GenRequest(
-        chat=chat, model=served_model, prompt_tokens=n_prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
-        min_tokens=min_tokens, priority=priority, stream=stream,
-        include_usage=bool(opts and opts.get("include_usage")), seed=seed, kv_transfer_params=kv, first_token_index=first,
+        chat=chat,
+        model=served_model,
+        prompt_tokens=n_prompt,
+        max_tokens=max_tokens,
+        ignore_eos=ignore_eos,
+        min_tokens=min_tokens,
+        priority=priority,
+        stream=stream,
+        include_usage=bool(opts and opts.get("include_usage")),
+        seed=seed,
+        kv_transfer_params=kv,
+        first_token_index=first,
         prompt_ids=(chat_ids(body["messages"]) if chat else prompt_ids(body.get("prompt"))) if want_ids else None,
     )
 
@@ -178,7 +217,9 @@ def _continued_message(body: dict[str, Any]) -> int:
         return 0
     add_prompt = body.get("add_generation_prompt", True)
     if add_prompt is True:
-        raise ApiError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", None, VALIDATION)
+        raise ApiError(
+            400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", None, VALIDATION
+        )
     last = body["messages"][-1]
     content = last.get("content") if last.get("role") == "assistant" else None
     return continued_from(content) if isinstance(content, str) else 0
@@ -192,7 +233,9 @@ class Formatter:
         self.id = response_id
         self.created = created
         self.object = b"chat.completion.chunk" if req.chat else b"text_completion"
-        head = orjson.dumps({"id": response_id, "object": self.object.decode(), "created": created, "model": req.model})[:-1]
+        head = orjson.dumps(
+            {"id": response_id, "object": self.object.decode(), "created": created, "model": req.model}
+        )[:-1]
         self._head = b"data: " + head + b',"choices":[{"index":0,'
 
     def chunk(self, index: int, finish_reason: str | None, timing: tuple[int, float] | None = None) -> bytes:
@@ -200,9 +243,20 @@ class Formatter:
         fr = b"null" if finish_reason is None else b'"' + finish_reason.encode() + b'"'
         text = token_json(index + self.req.first_token_index)
         if self.req.chat:
-            out = self._head + b'"delta":{"content":' + text + b'},"logprobs":null,"finish_reason":' + fr + b',"stop_reason":null}]'
+            out = (
+                self._head
+                + b'"delta":{"content":'
+                + text
+                + b'},"logprobs":null,"finish_reason":'
+                + fr
+                + b',"stop_reason":null}]'
+            )
             if index == 0:  # vLLM opens a chat stream with the assistant role
-                out = self._head + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n' + out
+                out = (
+                    self._head
+                    + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+                    + out
+                )
         else:
             out = self._head + b'"text":' + text + b',"logprobs":null,"finish_reason":' + fr + b',"stop_reason":null}]'
         if timing is not None:  # debug: the step that produced the token and its deadline
@@ -214,8 +268,14 @@ class Formatter:
         if not self.req.include_usage:
             return b"data: [DONE]\n\n"
         usage = orjson.dumps(
-            {"id": self.id, "object": self.object.decode(), "created": self.created, "model": self.req.model,
-             "choices": [], "usage": self.usage(completion_tokens)}
+            {
+                "id": self.id,
+                "object": self.object.decode(),
+                "created": self.created,
+                "model": self.req.model,
+                "choices": [],
+                "usage": self.usage(completion_tokens),
+            }
         )
         return b"data: " + usage + b"\n\ndata: [DONE]\n\n"
 
@@ -230,25 +290,63 @@ class Formatter:
         p = self.req.prompt_tokens
         details = None
         if self.details and (self.cached_tokens is not None or self.created_cache_tokens is not None):
-            details = {"cached_tokens": self.cached_tokens, "created_cache_tokens": self.created_cache_tokens if self.req.chat else None,
-                       "multimodal_tokens": None}
-        return {"prompt_tokens": p, "total_tokens": p + completion_tokens, "completion_tokens": completion_tokens, "prompt_tokens_details": details}
+            details = {
+                "cached_tokens": self.cached_tokens,
+                "created_cache_tokens": self.created_cache_tokens if self.req.chat else None,
+                "multimodal_tokens": None,
+            }
+        return {
+            "prompt_tokens": p,
+            "total_tokens": p + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": details,
+        }
 
-    def full(self, text: str, finish_reason: str, completion_tokens: int, kv_transfer_params: dict[str, Any] | None) -> bytes:
+    def full(
+        self, text: str, finish_reason: str, completion_tokens: int, kv_transfer_params: dict[str, Any] | None
+    ) -> bytes:
         """A non-streaming response body."""
         if self.req.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
-                       "function_call": None, "tool_calls": [], "reasoning": None}
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason,
-                                      "stop_reason": None, "token_ids": None}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": text,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "tool_calls": [],
+                "reasoning": None,
+            }
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+                "token_ids": None,
+            }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None,
-                      "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+            }
             obj = "text_completion"
         out: dict[str, Any] = {
-            "id": self.id, "object": obj, "created": self.created, "model": self.req.model, "choices": [choice],
-            "service_tier": None, "system_fingerprint": None, "usage": self.usage(completion_tokens),
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.req.model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": self.usage(completion_tokens),
         }
         if self.req.chat:
             out.update(prompt_logprobs=None, prompt_token_ids=None)

@@ -22,15 +22,27 @@ GRACE_S = 3
 def instance_settings(base: InstanceSettings, instances: int = 1) -> list[InstanceSettings]:
     """`instances` independent copies of `base` on ports port, port+1, … with seeds seed, seed+1, …
     (and KV-event endpoints offset by i, as vLLM offsets them per data-parallel rank)."""
-    return [replace(base, port=base.port + i, seed=base.seed + i, kv_events=base.kv_events.for_rank(i)) for i in range(instances)]
+    return [
+        replace(base, port=base.port + i, seed=base.seed + i, kv_events=base.kv_events.for_rank(i))
+        for i in range(instances)
+    ]
 
 
 async def serve(settings: list[InstanceSettings]) -> None:
     servers = []
     for s in settings:
         config = uvicorn.Config(
-            EmulatedInstance(s), host=s.host, port=s.port, http="httptools", lifespan="on", log_level="warning",
-            access_log=False, timeout_keep_alive=30, backlog=4096, proxy_headers=False, server_header=False,
+            EmulatedInstance(s),
+            host=s.host,
+            port=s.port,
+            http="httptools",
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=30,
+            backlog=4096,
+            proxy_headers=False,
+            server_header=False,
             timeout_graceful_shutdown=GRACE_S,
         )
         servers.append(ManagedServer(config))

@@ -195,7 +195,13 @@ class UpstreamPool:
         return None
 
     def _give_back(self, conn: _Connection) -> None:
-        if self.closed or conn.closed or not conn.complete or conn.error is not None or len(self._idle) >= self.max_idle:
+        if (
+            self.closed
+            or conn.closed
+            or not conn.complete
+            or conn.error is not None
+            or len(self._idle) >= self.max_idle
+        ):
             conn.close()
             return
         conn.idle_since = time.monotonic()
@@ -206,7 +212,12 @@ class UpstreamPool:
         """POST `body` (JSON) to `path`; `headers` are extra `Name: value\\r\\n` lines. Returns once
         the status line and headers arrived; the body is read from the Response."""
         head = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
-            self.prefix, path.encode(), self._host_header, len(body), headers)
+            self.prefix,
+            path.encode(),
+            self._host_header,
+            len(body),
+            headers,
+        )
         conn = self._take_idle()
         reused = conn is not None
         if conn is None:

@@ -84,7 +84,13 @@ class InstanceActor:
         log_dir.mkdir(parents=True, exist_ok=True)
         if launch.engine == "emulator":
             log = log_dir / f"{launch.instance_id}-{port}.log"
-            proc = EmulatorProcess(launch.role.value, port, [*emulator_args(launch.settings), "--seed", str(launch.seed)], host=host, log_path=log)
+            proc = EmulatorProcess(
+                launch.role.value,
+                port,
+                [*emulator_args(launch.settings), "--seed", str(launch.seed)],
+                host=host,
+                log_path=log,
+            )
             self.engine = proc.start()
             try:
                 proc.wait_ready(launch.timeout_s)
@@ -109,7 +115,9 @@ class InstanceActor:
         tp = s.ray.tensor_parallel_size
         if tp > 1 and "--tensor-parallel-size" not in spec.extra_args:
             update["extra_args"] = [*spec.extra_args, "--tensor-parallel-size", str(tp)]
-        cluster = VllmCluster([spec.model_copy(update=update)], launch.log_dir, vllm_bin, health_timeout_s=launch.timeout_s, cores=[])
+        cluster = VllmCluster(
+            [spec.model_copy(update=update)], launch.log_dir, vllm_bin, health_timeout_s=launch.timeout_s, cores=[]
+        )
         (launched,) = cluster.start()  # stops what it started if it fails
         return launched
 

@@ -79,7 +79,9 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
             pass
     except OSError as e:
-        raise BackendError(f"no Ray cluster answers at {address} ({e.strerror or type(e).__name__}); start one there with `ray start --head` or leave --ray-address out for a local Ray") from None
+        raise BackendError(
+            f"no Ray cluster answers at {address} ({e.strerror or type(e).__name__}); start one there with `ray start --head` or leave --ray-address out for a local Ray"
+        ) from None
 
 
 def connect(settings: BackendSettings) -> bool:
@@ -98,7 +100,12 @@ def connect(settings: BackendSettings) -> bool:
             ray.init(address=r.address, **common)
         else:  # address="local": a new Ray for this console, even with RAY_ADDRESS set
             wanted = {name for role in r.resources.values() for name in role}
-            ray.init(address="local", include_dashboard=False, resources={name: LOCAL_CAPACITY for name in sorted(wanted)}, **common)
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                resources={name: LOCAL_CAPACITY for name in sorted(wanted)},
+                **common,
+            )
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
         where = f"join the Ray cluster at {r.address}" if r.address else "start a local Ray"
         raise BackendError(f"cannot {where}: {e}") from None
@@ -135,15 +142,22 @@ def check_placeable(settings: BackendSettings, roles: list[Role]) -> None:
             continue
         have = ", ".join(sorted({k for node in nodes for k in node if not k.startswith("node:")})) or "nothing"
         hint = " (vLLM's CPU backend: set vllm.device = 'cpu')" if "GPU" in want else ""
-        raise ConfigError(f"no Ray node offers what a {role.value} instance requests, {want}{hint}; the nodes offer: {have}")
+        raise ConfigError(
+            f"no Ray node offers what a {role.value} instance requests, {want}{hint}; the nodes offer: {have}"
+        )
 
 
 def actor_options(settings: BackendSettings, role: Role, name: str, placement_group: Any = None) -> dict[str, Any]:
     """`ActorClass.options(...)` for one instance: its name, resources and (with several GPUs) its placement group."""
     r = settings.ray
     opts: dict[str, Any] = {
-        "name": name, "namespace": r.namespace, "num_cpus": r.num_cpus, "num_gpus": needs_gpus(settings),
-        "resources": r.resources_for(role), "max_restarts": 0, "max_concurrency": 1,
+        "name": name,
+        "namespace": r.namespace,
+        "num_cpus": r.num_cpus,
+        "num_gpus": needs_gpus(settings),
+        "resources": r.resources_for(role),
+        "max_restarts": 0,
+        "max_concurrency": 1,
     }
     if placement_group is not None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -168,7 +182,9 @@ def wait_reserved(settings: BackendSettings, placement_group: Any, name: str) ->
     ray = import_ray()
     ready, _ = ray.wait([placement_group.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:
-        raise BackendError(f"{name}: no Ray node had {needs_gpus(settings)} GPUs free within {PLACEMENT_TIMEOUT_S:.0f} s")
+        raise BackendError(
+            f"{name}: no Ray node had {needs_gpus(settings)} GPUs free within {PLACEMENT_TIMEOUT_S:.0f} s"
+        )
 
 
 def release(placement_group: Any) -> None:

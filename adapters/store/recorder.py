@@ -36,7 +36,9 @@ class RunRecorder:
         with self._lock:
             self._samples.append(row)
 
-    def policy_event(self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str) -> None:
+    def policy_event(
+        self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
+    ) -> None:
         with self._lock:
             self._policy.append({"t": t, "kind": kind, "old": old, "new": new, "params": params, "source": source})
 

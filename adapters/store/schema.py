@@ -56,15 +56,22 @@ class RequestRecord(SQLModel, table=True):
     priority: int | None = None
     prefill_instance: str | None = None
     decode_instance: str | None = None
-    dp_rank: int | None = Field(default=None, description="the data-parallel rank its decode leg asked for (None: not a DP group, or the group chose)")
+    dp_rank: int | None = Field(
+        default=None,
+        description="the data-parallel rank its decode leg asked for (None: not a DP group, or the group chose)",
+    )
     queued: float | None = Field(default=None, description="when the gateway queue took it (None: routed at once)")
     prefill_start: float | None = None
     prefill_end: float | None = None
     decode_start: float | None = None
     first_token: float | None = None
     finish: float | None = None
-    ttft: float | None = Field(default=None, description="time to first token, seconds (None: not measured; see ttft_source)")
-    tpot: float | None = Field(default=None, description="time per output token, seconds (None: not measured, e.g. a whole reply)")
+    ttft: float | None = Field(
+        default=None, description="time to first token, seconds (None: not measured; see ttft_source)"
+    )
+    tpot: float | None = Field(
+        default=None, description="time per output token, seconds (None: not measured, e.g. a whole reply)"
+    )
     ttft_source: str | None = Field(
         default=None,
         description="first_token: TTFT ends at the first streamed token; prefill_end: a whole (non-streamed) reply, TTFT ends "
@@ -73,8 +80,10 @@ class RequestRecord(SQLModel, table=True):
     )
     e2e: float | None = None
     cached_tokens: int | None = Field(
-        default=None, description="prompt tokens served from a prefix cache: the engine's usage.prompt_tokens_details.cached_tokens "
-        "(replays), the simulator's exact count; None: not reported")
+        default=None,
+        description="prompt tokens served from a prefix cache: the engine's usage.prompt_tokens_details.cached_tokens "
+        "(replays), the simulator's exact count; None: not reported",
+    )
     status: str = "ok"
     reason: str | None = None
     slo_met: bool | None = None

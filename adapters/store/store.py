@@ -79,16 +79,22 @@ class RunStore:
     """One SQLite file; thread-safe (one connection, one lock)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
-        self.path = Path(path) if path not in (None, ":memory:") else (default_db_path() if path is None else Path(":memory:"))
+        self.path = (
+            Path(path) if path not in (None, ":memory:") else (default_db_path() if path is None else Path(":memory:"))
+        )
         memory = str(self.path) == ":memory:"
         if not memory:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise StoreError(f"cannot create the run store's folder {self.path.parent}: {e.strerror}; pass --db PATH") from None
+                raise StoreError(
+                    f"cannot create the run store's folder {self.path.parent}: {e.strerror}; pass --db PATH"
+                ) from None
         url = "sqlite://" if memory else f"sqlite:///{self.path}"
         self._lock = threading.RLock()
-        self.engine: Engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, poolclass=StaticPool)
+        self.engine: Engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, poolclass=StaticPool
+        )
 
         @event.listens_for(self.engine, "connect")
         def _pragmas(dbapi_conn: Any, _: Any) -> None:
@@ -102,7 +108,9 @@ class RunStore:
             with self._lock, self.engine.begin() as conn:
                 version = conn.execute(text("PRAGMA user_version")).scalar() or 0
                 if version > SCHEMA_VERSION:
-                    raise StoreError(f"{self.path}: schema version {version} is newer than this sibyl-console ({SCHEMA_VERSION}); upgrade")
+                    raise StoreError(
+                        f"{self.path}: schema version {version} is newer than this sibyl-console ({SCHEMA_VERSION}); upgrade"
+                    )
                 if version and conn.execute(text("SELECT name FROM sqlite_master WHERE name = 'requests'")).first():
                     for v in range(version + 1, SCHEMA_VERSION + 1):
                         for statement in MIGRATIONS.get(v, []):
@@ -110,7 +118,9 @@ class RunStore:
                 SQLModel.metadata.create_all(conn)
                 conn.execute(text(f"PRAGMA user_version = {SCHEMA_VERSION}"))
         except (DatabaseError, OperationalError) as e:
-            raise StoreError(f"{self.path}: not a usable SQLite run store ({e.orig}); move it away or pass --db PATH") from None
+            raise StoreError(
+                f"{self.path}: not a usable SQLite run store ({e.orig}); move it away or pass --db PATH"
+            ) from None
 
     # --- runs -----------------------------------------------------------------------------------
     def create_run(
@@ -128,9 +138,20 @@ class RunStore:
     ) -> str:
         run_id = _new_run_id()
         row = dict(
-            run_id=run_id, kind=kind, started_at=time.time(), status="running", backend=backend, cluster=cluster,
-            workload=workload, seed=seed, policy=policy, config=json.dumps(config or {}, default=str),
-            pid=os.getpid(), parent_run_id=parent_run_id, notes="", sweep=sweep,
+            run_id=run_id,
+            kind=kind,
+            started_at=time.time(),
+            status="running",
+            backend=backend,
+            cluster=cluster,
+            workload=workload,
+            seed=seed,
+            policy=policy,
+            config=json.dumps(config or {}, default=str),
+            pid=os.getpid(),
+            parent_run_id=parent_run_id,
+            notes="",
+            sweep=sweep,
         )
         with self._lock, self.engine.begin() as conn:
             conn.execute(insert(Run), [row])
@@ -170,8 +191,12 @@ class RunStore:
         with self._lock, self.engine.begin() as conn:
             self._bulk(conn, "requests", REQUEST_COLUMNS, run_id, rows)
 
-    def add_policy_event(self, run_id: str, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str) -> None:
-        row = dict(run_id=run_id, t=t, kind=kind, old=old, new=new, params=json.dumps(params, default=str), source=source)
+    def add_policy_event(
+        self, run_id: str, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
+    ) -> None:
+        row = dict(
+            run_id=run_id, t=t, kind=kind, old=old, new=new, params=json.dumps(params, default=str), source=source
+        )
         with self._lock, self.engine.begin() as conn:
             conn.execute(insert(PolicyEventRecord), [row])
 
@@ -201,17 +226,34 @@ class RunStore:
             if samples:
                 self._bulk(conn, "instance_samples", SAMPLE_COLUMNS, run_id, samples)
             if policy_events:
-                conn.execute(insert(PolicyEventRecord), [{"run_id": run_id, **e, "params": json.dumps(e.get("params") or {}, default=str)} for e in policy_events])
+                conn.execute(
+                    insert(PolicyEventRecord),
+                    [
+                        {"run_id": run_id, **e, "params": json.dumps(e.get("params") or {}, default=str)}
+                        for e in policy_events
+                    ],
+                )
             if instance_events:
                 conn.execute(insert(InstanceEvent), [{"run_id": run_id, **e} for e in instance_events])
 
     # --- reading -----------------------------------------------------------------------------------
     def _info(self, run: Any, count: int) -> RunInfo:
         return RunInfo(
-            run_id=run.run_id, kind=run.kind, started_at=run.started_at, ended_at=run.ended_at, status=run.status,
-            backend=run.backend, cluster=run.cluster, workload=run.workload, policy=run.policy, seed=run.seed,
-            requests=count, parent_run_id=run.parent_run_id, config=json.loads(run.config or "{}"),
-            summary=json.loads(run.summary) if run.summary else None, sweep=run.sweep,
+            run_id=run.run_id,
+            kind=run.kind,
+            started_at=run.started_at,
+            ended_at=run.ended_at,
+            status=run.status,
+            backend=run.backend,
+            cluster=run.cluster,
+            workload=run.workload,
+            policy=run.policy,
+            seed=run.seed,
+            requests=count,
+            parent_run_id=run.parent_run_id,
+            config=json.loads(run.config or "{}"),
+            summary=json.loads(run.summary) if run.summary else None,
+            sweep=run.sweep,
         )
 
     def _counts(self, conn: Any, ids: list[str]) -> dict[str, int]:
@@ -236,7 +278,9 @@ class RunStore:
             runs = conn.execute(select(Run).where(tagged).order_by(Run.started_at)).all()  # type: ignore[arg-type]
             col = RequestRecord.__table__.c.run_id  # type: ignore[attr-defined]
             ids = select(Run.__table__.c.run_id).where(tagged)  # type: ignore[attr-defined]
-            counts = {r[0]: r[1] for r in conn.execute(select(col, func.count()).where(col.in_(ids)).group_by(col)).all()}
+            counts = {
+                r[0]: r[1] for r in conn.execute(select(col, func.count()).where(col.in_(ids)).group_by(col)).all()
+            }
         return [self._info(r, counts.get(r.run_id, 0)) for r in runs]
 
     def get_run(self, run_id: str) -> RunInfo:

@@ -36,7 +36,9 @@ def forward_headers(pairs: list[tuple[str, str]]) -> bytes:
 class UpstreamFailure(AdapterError):
     """A leg failed: the instance could not be reached, or it answered with an error status."""
 
-    def __init__(self, instance_id: str, status: int, message: str, body: bytes | None = None, delivered: bool = False) -> None:
+    def __init__(
+        self, instance_id: str, status: int, message: str, body: bytes | None = None, delivered: bool = False
+    ) -> None:
         super().__init__(message)
         self.instance_id = instance_id
         self.status = status
@@ -72,7 +74,9 @@ async def prefill_leg(inst: Instance, path: str, payload: bytes, headers: bytes)
     except CONNECTION_ERRORS as e:
         raise UpstreamFailure(inst.id, 502, f"prefill {inst.id} unreachable: {type(e).__name__}: {e}") from None
     except orjson.JSONDecodeError as e:
-        raise UpstreamFailure(inst.id, 502, f"prefill {inst.id} answered 200 with a body that is not JSON: {e}") from None
+        raise UpstreamFailure(
+            inst.id, 502, f"prefill {inst.id} answered 200 with a body that is not JSON: {e}"
+        ) from None
 
 
 async def tokenize(inst: Instance, text: str, headers: bytes) -> list[int]:
@@ -82,12 +86,16 @@ async def tokenize(inst: Instance, text: str, headers: bytes) -> list[int]:
         async with await post(inst, "/tokenize", payload, headers) as r:
             raw = await r.read()
             if r.status != 200:
-                raise UpstreamFailure(inst.id, r.status, f"{inst.id} could not tokenize the streamed text: {r.status}", raw)
+                raise UpstreamFailure(
+                    inst.id, r.status, f"{inst.id} could not tokenize the streamed text: {r.status}", raw
+                )
             tokens = orjson.loads(raw).get("tokens")
     except CONNECTION_ERRORS as e:
         raise UpstreamFailure(inst.id, 502, f"{inst.id} unreachable: {type(e).__name__}: {e}") from None
     except (orjson.JSONDecodeError, AttributeError) as e:
-        raise UpstreamFailure(inst.id, 502, f"{inst.id} answered /tokenize with something else than JSON tokens: {e}") from None
+        raise UpstreamFailure(
+            inst.id, 502, f"{inst.id} answered /tokenize with something else than JSON tokens: {e}"
+        ) from None
     if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
         raise UpstreamFailure(inst.id, 502, f"{inst.id} answered /tokenize without a list of token ids")
     return tokens
@@ -99,7 +107,9 @@ async def open_decode(inst: Instance, path: str, payload: bytes, headers: bytes)
     try:
         r = await post(inst, path, payload, headers)
     except UpstreamClosed as e:  # written, then the connection closed before any answer
-        raise UpstreamFailure(inst.id, 502, f"decode {inst.id} closed the connection before answering: {e}", delivered=True) from None
+        raise UpstreamFailure(
+            inst.id, 502, f"decode {inst.id} closed the connection before answering: {e}", delivered=True
+        ) from None
     except CONNECTION_ERRORS as e:
         raise UpstreamFailure(inst.id, 502, f"decode {inst.id} unreachable: {type(e).__name__}: {e}") from None
     if r.status != 200:
@@ -109,7 +119,9 @@ async def open_decode(inst: Instance, path: str, payload: bytes, headers: bytes)
             raw = b""
         finally:
             r.release()
-        raise UpstreamFailure(inst.id, r.status, f"decode {inst.id} answered {r.status}: {raw[:200].decode(errors='replace')}", raw)
+        raise UpstreamFailure(
+            inst.id, r.status, f"decode {inst.id} answered {r.status}: {raw[:200].decode(errors='replace')}", raw
+        )
     return r
 
 
@@ -124,8 +136,9 @@ async def decode_leg(inst: Instance, path: str, payload: bytes, headers: bytes) 
         r.release()
 
 
-async def relay_stream(r: Response, write: Write, on_tokens: OnTokens, gone: asyncio.Event,
-                       counter: SSETokenCounter | None = None) -> tuple[SSETokenCounter, bytes | None, bytes]:
+async def relay_stream(
+    r: Response, write: Write, on_tokens: OnTokens, gone: asyncio.Event, counter: SSETokenCounter | None = None
+) -> tuple[SSETokenCounter, bytes | None, bytes]:
     """Forward an SSE stream chunk by chunk while counting its tokens; stop when the client is gone.
 
     Returns the counter (pass it back to continue counting on another stream), the JSON of the

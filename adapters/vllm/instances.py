@@ -81,9 +81,14 @@ class Instance:
             delta = sample.generation_tokens_total - self.sample.generation_tokens_total
             self.tokens_per_s = max(delta, 0.0) / (now - self.last_scrape)
             prev = self.sample
-            self._cache_window.append((now, max(0.0, sample.prefix_cache_hits_total - prev.prefix_cache_hits_total),
-                                       max(0.0, sample.prefix_cache_queries_total - prev.prefix_cache_queries_total),
-                                       max(0.0, sample.prompt_tokens_total - prev.prompt_tokens_total)))
+            self._cache_window.append(
+                (
+                    now,
+                    max(0.0, sample.prefix_cache_hits_total - prev.prefix_cache_hits_total),
+                    max(0.0, sample.prefix_cache_queries_total - prev.prefix_cache_queries_total),
+                    max(0.0, sample.prompt_tokens_total - prev.prompt_tokens_total),
+                )
+            )
             while self._cache_window and self._cache_window[0][0] < now - CACHE_WINDOW_S:
                 self._cache_window.popleft()
         self.sample = sample

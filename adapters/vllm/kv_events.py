@@ -126,7 +126,9 @@ class EngineKeyMap:
         for h, k in zip(e.block_hashes, ours_keys, strict=True):
             self.keys[h] = k
             self.count[h] = self.count.get(h, 0) + 1
-        return ours.BlockStored(tuple(ours_keys), parent, tuple(e.token_ids[: n * bs]), bs, e.lora_id, e.medium, e.lora_name)
+        return ours.BlockStored(
+            tuple(ours_keys), parent, tuple(e.token_ids[: n * bs]), bs, e.lora_id, e.medium, e.lora_name
+        )
 
     def removed(self, e: BlockRemoved) -> ours.BlockRemoved | None:
         gone: list[BlockKey] = []
@@ -392,9 +394,21 @@ class KVEventSubscriber:
         now = time.monotonic()
         recent = sum(n for t, n in self._recent if t >= now - RATE_WINDOW_S)
         return SubscriberLag(
-            self.instance_id, self.connected, self.last_seq, self.batches, self.events, recent / RATE_WINDOW_S,
+            self.instance_id,
+            self.connected,
+            self.last_seq,
+            self.batches,
+            self.events,
+            recent / RATE_WINDOW_S,
             None if self.last_arrival is None else now - self.last_arrival,
             None if self.last_ts is None else time.time() - self.last_ts - (now - (self.last_arrival or now)),
-            self.gaps, self.gaps_filled, self.gaps_unfilled, self.duplicates, self.restarts, self.purges,
-            self.map.unresolved, self.bad_messages, len(self.map),
+            self.gaps,
+            self.gaps_filled,
+            self.gaps_unfilled,
+            self.duplicates,
+            self.restarts,
+            self.purges,
+            self.map.unresolved,
+            self.bad_messages,
+            len(self.map),
         )

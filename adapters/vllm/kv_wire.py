@@ -198,8 +198,14 @@ class KVEventsConfig:
         if rank == 0:
             return self
         return KVEventsConfig(
-            self.enable_kv_cache_events, self.publisher, offset_endpoint(self.endpoint, rank) or self.endpoint,
-            offset_endpoint(self.replay_endpoint, rank), self.buffer_steps, self.hwm, self.max_queue_size, self.topic,
+            self.enable_kv_cache_events,
+            self.publisher,
+            offset_endpoint(self.endpoint, rank) or self.endpoint,
+            offset_endpoint(self.replay_endpoint, rank),
+            self.buffer_steps,
+            self.hwm,
+            self.max_queue_size,
+            self.topic,
         )
 
 

@@ -159,7 +159,11 @@ def build_command(spec: VllmInstanceSpec, vllm_bin: str | Path = "vllm") -> list
     if kv is not None:
         cmd += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"), sort_keys=True)]
     if spec.kv_events_port is not None:
-        events: dict[str, Any] = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{spec.kv_events_port}"}
+        events: dict[str, Any] = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{spec.kv_events_port}",
+        }
         if spec.kv_events_replay_port is not None:
             events["replay_endpoint"] = f"tcp://*:{spec.kv_events_replay_port}"
         cmd += ["--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
@@ -208,7 +212,9 @@ def build_env(spec: VllmInstanceSpec, platform: Device | None = None) -> dict[st
         delay = nixl_progress_delay_us(spec, device)
         if delay:
             env[NIXL_DELAY_VAR] = str(delay)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(NIXL_PROGRESS_SHIM), os.environ.get("PYTHONPATH", "")) if p)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(NIXL_PROGRESS_SHIM), os.environ.get("PYTHONPATH", "")) if p
+            )
     env.update(spec.extra_env)
     return env
 
@@ -374,7 +380,9 @@ class VllmCluster:
     def __enter__(self) -> list[LaunchedInstance]:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def _spawn(self, spec: VllmInstanceSpec) -> LaunchedInstance:
@@ -387,7 +395,9 @@ class VllmCluster:
         env = build_env(spec)
         log_path = self.log_dir / f"{spec.name}.log"
         with open(log_path, "wb") as log:
-            log.write(f"$ {' '.join(redact_args(cmd))}\n# env: {json.dumps(redact_env(env), sort_keys=True)}\n".encode())
+            log.write(
+                f"$ {' '.join(redact_args(cmd))}\n# env: {json.dumps(redact_env(env), sort_keys=True)}\n".encode()
+            )
             log.flush()
             try:
                 proc = subprocess.Popen(
@@ -440,7 +450,10 @@ def stop_all(instances: Sequence[LaunchedInstance], grace_s: float = 20.0) -> No
 
 @contextlib.contextmanager
 def running(
-    specs: Sequence[VllmInstanceSpec], log_dir: str | Path, vllm_bin: str | Path = "vllm", health_timeout_s: float = 300.0
+    specs: Sequence[VllmInstanceSpec],
+    log_dir: str | Path,
+    vllm_bin: str | Path = "vllm",
+    health_timeout_s: float = 300.0,
 ) -> Iterator[list[LaunchedInstance]]:
     """`launch` as a context manager that always stops the instances."""
     with VllmCluster(specs, log_dir, vllm_bin, health_timeout_s) as instances:

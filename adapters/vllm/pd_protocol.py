@@ -187,8 +187,9 @@ def prompt_is_token_ids(body: dict[str, Any]) -> bool:
     return isinstance(prompt, list) and bool(prompt) and all(type(t) is int for t in prompt)
 
 
-def continuation_body(body: dict[str, Any], chat: bool, text: str, streamed: int,
-                      text_ids: list[int] | None = None) -> tuple[dict[str, Any] | None, str]:
+def continuation_body(
+    body: dict[str, Any], chat: bool, text: str, streamed: int, text_ids: list[int] | None = None
+) -> tuple[dict[str, Any] | None, str]:
     """The client's body asking another instance to continue after `text` (`streamed` tokens),
     recomputing prompt + text there; or None and why it cannot be continued.
 

@@ -123,7 +123,7 @@ def find_vllm_executable(venv: str | Path | None = None) -> Path | None:
 
 
 def detect_device() -> str:
-    """"cuda" when this machine shows an NVIDIA GPU, else "cpu" (no torch import: it is slow)."""
+    """ "cuda" when this machine shows an NVIDIA GPU, else "cpu" (no torch import: it is slow)."""
     return "cuda" if Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") else "cpu"
 
 
@@ -238,7 +238,9 @@ def what_is_missing(report: PlatformReport) -> list[str]:
         )
     if report.device == "cpu":
         if not (report.avx2 or report.avx512):
-            missing.append("this CPU has neither AVX2 nor AVX-512: vLLM's CPU backend cannot run here; use a GPU machine")
+            missing.append(
+                "this CPU has neither AVX2 nor AVX-512: vLLM's CPU backend cannot run here; use a GPU machine"
+            )
         if report.cores < 2:
             missing.append(f"only {report.cores} core(s): a P/D pair wants one core per instance (2 or more)")
         if report.memory_available_gib and report.memory_available_gib < 7:

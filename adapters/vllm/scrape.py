@@ -39,7 +39,10 @@ _COUNTERS = {
 }
 
 
-_SAMPLES = {**{name: attr for name, attr in _GAUGES.items()}, **{f"{name}_total": attr for name, attr in _COUNTERS.items()}}
+_SAMPLES = {
+    **{name: attr for name, attr in _GAUGES.items()},
+    **{f"{name}_total": attr for name, attr in _COUNTERS.items()},
+}
 """The sample names read (a counter family `x` exposes its value as `x_total`) and their fields."""
 
 
@@ -61,7 +64,7 @@ def parse_metrics(text: str) -> MetricsSample:
         attr = wanted.get(line[:end])
         if attr is None:
             continue
-        rest = line[line.rfind("}") + 1:] if line[end] == "{" else line[end:]
+        rest = line[line.rfind("}") + 1 :] if line[end] == "{" else line[end:]
         fields = rest.split()
         if not fields:
             raise ValueError(f"metrics line without a value: {line[:200]!r}")

@@ -24,7 +24,9 @@ def _print_latencies(title: str, count_label: str, count_key: str, rows: list[di
     for col in ("policy", count_label, "mean µs", "p50 µs", "p99 µs", "max µs"):
         table.add_column(col, justify="right" if col != "policy" else "left")
     for r in rows:
-        table.add_row(str(r["policy"]), str(r[count_key]), *(f"{r[k]:.1f}" for k in ("mean_us", "p50_us", "p99_us", "max_us")))
+        table.add_row(
+            str(r["policy"]), str(r[count_key]), *(f"{r[k]:.1f}" for k in ("mean_us", "p50_us", "p99_us", "max_us"))
+        )
     Console().print(table)
 
 
@@ -33,7 +35,9 @@ bench_app = typer.Typer(help="Benchmarks of the console's own hot paths.", no_ar
 
 @bench_app.command("decision")
 def decision(
-    policy: Annotated[list[str], typer.Option("--policy", help="routing policy, optionally NAME:key=value,... (repeat to compare)")] = ["sibyl"],  # noqa: B006
+    policy: Annotated[
+        list[str], typer.Option("--policy", help="routing policy, optionally NAME:key=value,... (repeat to compare)")
+    ] = ["sibyl"],  # noqa: B006
     param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
     decode_instances: Annotated[int, typer.Option(min=1)] = 64,
     prefill_instances: Annotated[int, typer.Option(min=1)] = 4,
@@ -41,7 +45,9 @@ def decision(
     pending_per_instance: Annotated[int, typer.Option(min=0)] = 4,
     iterations: Annotated[int, typer.Option(min=10)] = 3000,
     profile: Annotated[str, typer.Option()] = "h20-qwen3-32b",
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON (one object, or a list for several policies)")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print JSON (one object, or a list for several policies)")
+    ] = False,
 ) -> None:
     """Time one routing decision on a loaded cluster (p50/p99 in microseconds).
 
@@ -59,21 +65,36 @@ def decision(
             raise typer.BadParameter(str(e)) from None
         params = {**assigned.get("", {}), **assigned.get(name, {}), **inline}
         d = loaded_dispatcher(
-            prof, name, params,
-            prefill_instances=prefill_instances, decode_instances=decode_instances,
-            running_per_instance=running_per_instance, pending_per_instance=pending_per_instance,
+            prof,
+            name,
+            params,
+            prefill_instances=prefill_instances,
+            decode_instances=decode_instances,
+            running_per_instance=running_per_instance,
+            pending_per_instance=pending_per_instance,
         )
-        rows.append({"policy": spec, "params": params, "decode_instances": decode_instances, **decision_latency(d, iterations)})
+        rows.append(
+            {"policy": spec, "params": params, "decode_instances": decode_instances, **decision_latency(d, iterations)}
+        )
     if as_json:
         typer.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return
-    _print_latencies(f"routing decision latency: {decode_instances} decode × {running_per_instance} running + {pending_per_instance} pending",
-                     "tracked", "tracked_requests", rows)
+    _print_latencies(
+        f"routing decision latency: {decode_instances} decode × {running_per_instance} running + {pending_per_instance} pending",
+        "tracked",
+        "tracked_requests",
+        rows,
+    )
 
 
 @bench_app.command("rank")
 def rank(
-    policy: Annotated[list[str], typer.Option("--policy", help="rank policy fcfs | jsq | bf_io, optionally NAME:key=value,... (repeat to compare)")] = ["bf_io"],  # noqa: B006
+    policy: Annotated[
+        list[str],
+        typer.Option(
+            "--policy", help="rank policy fcfs | jsq | bf_io, optionally NAME:key=value,... (repeat to compare)"
+        ),
+    ] = ["bf_io"],  # noqa: B006
     ranks: Annotated[int, typer.Option(min=1, help="data-parallel ranks G")] = 64,
     slots: Annotated[int, typer.Option(min=1, help="running slots per rank B")] = 72,
     waiting: Annotated[int, typer.Option(min=1, help="requests in the central pool")] = 256,
@@ -89,15 +110,31 @@ def rank(
     for spec in policy:
         try:
             name, inline = parse_policy_spec(spec)
-            rows.append({"policy": spec, **rank_decision_latency(name, dict(inline), ranks=ranks, slots=slots, waiting=waiting,
-                                                                 free_per_rank=free_per_rank, states=rounds)})
+            rows.append(
+                {
+                    "policy": spec,
+                    **rank_decision_latency(
+                        name,
+                        dict(inline),
+                        ranks=ranks,
+                        slots=slots,
+                        waiting=waiting,
+                        free_per_rank=free_per_rank,
+                        states=rounds,
+                    ),
+                }
+            )
         except (PolicyError, ValueError, TypeError) as e:
             raise typer.BadParameter(f"--policy {spec!r}: {e}") from None
     if as_json:
         typer.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return
-    _print_latencies(f"rank decision latency: {ranks} ranks × {slots} slots ({free_per_rank} free each), {waiting} waiting",
-                     "admitted", "admitted", rows)
+    _print_latencies(
+        f"rank decision latency: {ranks} ranks × {slots} slots ({free_per_rank} free each), {waiting} waiting",
+        "admitted",
+        "admitted",
+        rows,
+    )
 
 
 def register(app: typer.Typer) -> None:

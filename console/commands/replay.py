@@ -24,8 +24,15 @@ from core.traces.prompts import NATIVE_BLOCK_TOKENS
 from core.traces.sessions import DEFAULT_MIN_SHARED_BLOCKS
 
 
-def load_window(trace: Path, fmt: str, seed: int, start: float, duration: float | None, limit: int | None,
-                session_min_blocks: int | None = None) -> Any:
+def load_window(
+    trace: Path,
+    fmt: str,
+    seed: int,
+    start: float,
+    duration: float | None,
+    limit: int | None,
+    session_min_blocks: int | None = None,
+) -> Any:
     """The rows to replay; with `session_min_blocks`, sessions are derived from the hash ids of the
     whole trace first, so a row whose earlier turns fall before the window keeps their session."""
     from core.traces import read_trace
@@ -45,7 +52,11 @@ def max_model_len(url: str, model: str | None) -> int | None:
         data = httpx.get(url.rstrip("/") + "/v1/models", timeout=5).json().get("data", [])
     except (httpx.HTTPError, ValueError):
         return None
-    lens = [m.get("max_model_len") for m in data if (model is None or m.get("id") == model) and isinstance(m.get("max_model_len"), int)]
+    lens = [
+        m.get("max_model_len")
+        for m in data
+        if (model is None or m.get("id") == model) and isinstance(m.get("max_model_len"), int)
+    ]
     return min(lens) if lens else None
 
 
@@ -56,26 +67,49 @@ def _fmt(x: float | None) -> str:
 def replay(
     trace: Annotated[Path, typer.Argument(help="trace file or ServeGen folder")],
     format: Annotated[str, typer.Option("--format", help="auto|mooncake|azure|burstgpt|servegen")] = "auto",
-    url: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (default: the local console's gateway)")] = None,
+    url: Annotated[
+        str | None, typer.Option(help="OpenAI-compatible base URL (default: the local console's gateway)")
+    ] = None,
     model: Annotated[str | None, typer.Option(help="model name to send (default: the server's)")] = None,
     speed: Annotated[float, typer.Option(help="time compression: 2 sends twice as fast as the trace")] = 1.0,
     start: Annotated[float, typer.Option(help="skip the trace's first S seconds")] = 0.0,
     duration: Annotated[float | None, typer.Option(help="replay D seconds of the trace")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="at most N requests")] = None,
     max_concurrency: Annotated[int | None, typer.Option(min=1, help="cap on requests in flight")] = None,
-    max_context: Annotated[int | None, typer.Option(help="clip prompt + output to N tokens (default: the model's max_model_len)")] = None,
+    max_context: Annotated[
+        int | None, typer.Option(help="clip prompt + output to N tokens (default: the model's max_model_len)")
+    ] = None,
     seed: Annotated[int, typer.Option(help="seed for ServeGen sampling")] = 0,
-    prompt_seed: Annotated[int | None, typer.Option(
-        help="seed of the prompts' token ids (default: fresh each replay, so no server's prefix cache serves a repeat)")] = None,
-    prefixes: Annotated[bool, typer.Option("--prefixes/--no-prefixes",
-        help="keep the trace's prefix structure (Mooncake hash_ids: rows sharing leading hash ids share that prompt prefix; "
-             "sessions sent as X-Session-ID); --no-prefixes sends every row fresh ids")] = True,
-    hash_block_tokens: Annotated[int, typer.Option(min=1,
-        help="tokens per hash block (the trace's native 512); smaller scales prompts down, e.g. 16 for a tiny model: "
-             "each 512-token block becomes 16 tokens and every prompt length is scaled by 16/512")] = NATIVE_BLOCK_TOKENS,
-    session_min_blocks: Annotated[int, typer.Option(min=1,
-        help="a row continues the session of the latest earlier row sharing its longest hash-id prefix when that prefix has "
-             "at least N blocks (2 skips the system-prompt block every Mooncake conversation row starts with)")] = DEFAULT_MIN_SHARED_BLOCKS,
+    prompt_seed: Annotated[
+        int | None,
+        typer.Option(
+            help="seed of the prompts' token ids (default: fresh each replay, so no server's prefix cache serves a repeat)"
+        ),
+    ] = None,
+    prefixes: Annotated[
+        bool,
+        typer.Option(
+            "--prefixes/--no-prefixes",
+            help="keep the trace's prefix structure (Mooncake hash_ids: rows sharing leading hash ids share that prompt prefix; "
+            "sessions sent as X-Session-ID); --no-prefixes sends every row fresh ids",
+        ),
+    ] = True,
+    hash_block_tokens: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="tokens per hash block (the trace's native 512); smaller scales prompts down, e.g. 16 for a tiny model: "
+            "each 512-token block becomes 16 tokens and every prompt length is scaled by 16/512",
+        ),
+    ] = NATIVE_BLOCK_TOKENS,
+    session_min_blocks: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="a row continues the session of the latest earlier row sharing its longest hash-id prefix when that prefix has "
+            "at least N blocks (2 skips the system-prompt block every Mooncake conversation row starts with)",
+        ),
+    ] = DEFAULT_MIN_SHARED_BLOCKS,
     db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary at the end")] = False,
 ) -> None:
@@ -115,15 +149,42 @@ def replay(
     prompt_seed = secrets.randbits(32) if prompt_seed is None else prompt_seed
     store = RunStore(db)
     store.mark_interrupted_runs()
-    run_id = store.create_run(kind="replay", backend="client", workload=t.source or t.name, seed=seed, parent_run_id=parent,
-                              config={"trace": str(trace), "url": url, "speed": speed, "start": start, "duration": duration, "limit": limit, "max_concurrency": max_concurrency, "max_context": context,
-                                      "prompt_seed": prompt_seed, "prefixes": hashed, "hash_block_tokens": hash_block_tokens if hashed else None,
-                                      "session_min_blocks": session_min_blocks if hashed else None,
-                                      "sessions": len(set(t.session.tolist())) if hashed and t.session is not None else None})
+    run_id = store.create_run(
+        kind="replay",
+        backend="client",
+        workload=t.source or t.name,
+        seed=seed,
+        parent_run_id=parent,
+        config={
+            "trace": str(trace),
+            "url": url,
+            "speed": speed,
+            "start": start,
+            "duration": duration,
+            "limit": limit,
+            "max_concurrency": max_concurrency,
+            "max_context": context,
+            "prompt_seed": prompt_seed,
+            "prefixes": hashed,
+            "hash_block_tokens": hash_block_tokens if hashed else None,
+            "session_min_blocks": session_min_blocks if hashed else None,
+            "sessions": len(set(t.session.tolist())) if hashed and t.session is not None else None,
+        },
+    )
     recorder = RunRecorder(store, run_id)
-    rep = Replayer.from_trace(t, url, prefix=prefixes, hash_block_tokens=hash_block_tokens, model=model, speed=speed,
-                              max_concurrency=max_concurrency, max_context=context, on_result=recorder.request, prompt_seed=prompt_seed,
-                              id_prefix=run_id)
+    rep = Replayer.from_trace(
+        t,
+        url,
+        prefix=prefixes,
+        hash_block_tokens=hash_block_tokens,
+        model=model,
+        speed=speed,
+        max_concurrency=max_concurrency,
+        max_context=context,
+        on_result=recorder.request,
+        prompt_seed=prompt_seed,
+        id_prefix=run_id,
+    )
     err = Console(stderr=True)
     started = time.monotonic()
 
@@ -132,7 +193,13 @@ def replay(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, rep.stop)
         runner = asyncio.create_task(rep.run())
-        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[line]}"))
+        cols = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[line]}"),
+        )
         with Progress(*cols, console=err, transient=as_json) as progress:
             task = progress.add_task("replay", total=len(t), line="")
             while not runner.done():
@@ -152,7 +219,14 @@ def replay(
     finally:
         s = rep.stats.snapshot()
         recorder.close(status=status, summary={**s, "wall_s": time.monotonic() - started})
-    summary = {"run_id": run_id, "parent_run_id": parent, "requests": len(t), **s, "wall_s": time.monotonic() - started, "status": status}
+    summary = {
+        "run_id": run_id,
+        "parent_run_id": parent,
+        "requests": len(t),
+        **s,
+        "wall_s": time.monotonic() - started,
+        "status": status,
+    }
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
     else:

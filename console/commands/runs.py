@@ -57,11 +57,34 @@ def runs_list(
         typer.echo(json.dumps([r.to_json() for r in runs], indent=2))
         return
     t = Table(title=f"runs in {store.path}")
-    for col in ("run id", "kind", "status", "started", "duration", "backend", "cluster", "policy", "requests", "TPOT p99 ms", "SLO att."):
+    for col in (
+        "run id",
+        "kind",
+        "status",
+        "started",
+        "duration",
+        "backend",
+        "cluster",
+        "policy",
+        "requests",
+        "TPOT p99 ms",
+        "SLO att.",
+    ):
         t.add_column(col)
     for r in runs:
-        t.add_row(r.run_id, r.kind, r.status, _when(r.started_at), _duration(r), r.backend, r.cluster, r.policy, str(r.requests),
-                  _metric(r.summary, "tpot_p99", scale=1000), _metric(r.summary, "slo_attainment", "attainment", scale=100, fmt="{:.1f}%"))
+        t.add_row(
+            r.run_id,
+            r.kind,
+            r.status,
+            _when(r.started_at),
+            _duration(r),
+            r.backend,
+            r.cluster,
+            r.policy,
+            str(r.requests),
+            _metric(r.summary, "tpot_p99", scale=1000),
+            _metric(r.summary, "slo_attainment", "attainment", scale=100, fmt="{:.1f}%"),
+        )
     Console().print(t)
 
 
@@ -88,24 +111,32 @@ def run_details(store: RunStore, run_id: str) -> dict[str, Any]:
 
 
 @runs_app.command("show")
-def runs_show(run: Annotated[str, typer.Argument(help="run id (or a unique prefix)")], db: DbOpt = None, as_json: JsonOpt = False) -> None:
+def runs_show(
+    run: Annotated[str, typer.Argument(help="run id (or a unique prefix)")], db: DbOpt = None, as_json: JsonOpt = False
+) -> None:
     """One run: config, summary, policy timeline, per-instance counts, outcomes."""
     d = run_details(open_store(db), run)
     if as_json:
         typer.echo(json.dumps(d, indent=2, default=str))
         return
     con = Console()
-    con.print(f"[bold]{d['run_id']}[/]  {d['kind']}  {d['status']}  started {_when(d['started_at'])}  ended {_when(d['ended_at'])}")
+    con.print(
+        f"[bold]{d['run_id']}[/]  {d['kind']}  {d['status']}  started {_when(d['started_at'])}  ended {_when(d['ended_at'])}"
+    )
     con.print(f"backend {d['backend']}  cluster {d['cluster']}  workload {d['workload'] or '-'}  seed {d['seed']}")
     con.print(f"requests {d['requests']}  outcomes {d['outcomes']}")
     if d["failure_reasons"]:
         con.print(f"failures: {d['failure_reasons']}")
     if d["summary"]:
         s = d["summary"]
-        con.print("summary: " + ", ".join(f"{k}={_summary_value(v)}" for k, v in s.items() if not isinstance(v, dict | list)))
+        con.print(
+            "summary: " + ", ".join(f"{k}={_summary_value(v)}" for k, v in s.items() if not isinstance(v, dict | list))
+        )
         if s.get("tpot_unknown"):
-            con.print(f"  {s['tpot_unknown']} whole (non-streamed) replies: TPOT not measured (left out of TPOT attainment), "
-                      "TTFT taken at the end of their prefill leg")
+            con.print(
+                f"  {s['tpot_unknown']} whole (non-streamed) replies: TPOT not measured (left out of TPOT attainment), "
+                "TTFT taken at the end of their prefill leg"
+            )
     t = Table(title="policy timeline")
     for col in ("t (s)", "kind", "old", "new", "params", "source"):
         t.add_column(col)
@@ -113,7 +144,9 @@ def runs_show(run: Annotated[str, typer.Argument(help="run id (or a unique prefi
         t.add_row(f"{e['t']:.2f}", e["kind"], e["old"] or "-", e["new"], json.dumps(e["params"]), e["source"])
     con.print(t)
     if d.get("cached_share") is not None:
-        con.print(f"prefix cache: {d['cached_share']:.1%} of prompt tokens served from a cache ({d['cached_reported']} requests report it)")
+        con.print(
+            f"prefix cache: {d['cached_share']:.1%} of prompt tokens served from a cache ({d['cached_reported']} requests report it)"
+        )
     if d["requests_per_decode"]:
         con.print("per decode instance: " + ", ".join(f"{k}={v}" for k, v in d["requests_per_decode"].items()))
     for e in d["instance_events"]:
@@ -142,7 +175,9 @@ def _fmt_metric(key: str, v: Any) -> str:
 
 @runs_app.command("compare")
 def runs_compare(
-    runs: Annotated[list[str], typer.Argument(help="two or more run ids (or unique prefixes); the first is the baseline")],
+    runs: Annotated[
+        list[str], typer.Argument(help="two or more run ids (or unique prefixes); the first is the baseline")
+    ],
     db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -203,7 +238,9 @@ def runs_export(
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
-            raise StoreError("--format parquet needs pyarrow: pip install 'sibyl-console[plot]' or pip install pyarrow") from None
+            raise StoreError(
+                "--format parquet needs pyarrow: pip install 'sibyl-console[plot]' or pip install pyarrow"
+            ) from None
         if out is None:
             raise StoreError("--format parquet needs --out FILE")
         pq.write_table(pa.Table.from_pylist(records), out)
@@ -228,7 +265,9 @@ def runs_export(
 def runs_plot(
     run: Annotated[str, typer.Argument(help="run id (or a unique prefix)")],
     metric: Annotated[str, typer.Option(help="tpot | ttft | attainment | load")] = "tpot",
-    out: Annotated[Path | None, typer.Option("--out", help="write a PNG instead of drawing in the terminal (needs matplotlib)")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="write a PNG instead of drawing in the terminal (needs matplotlib)")
+    ] = None,
     db: DbOpt = None,
 ) -> None:
     """Plot a run over time in the terminal (plotext), or to a PNG with --out.
@@ -256,7 +295,9 @@ def runs_plot(
             raise StoreError("--out needs matplotlib: pip install 'sibyl-console[plot]'") from None
         fig, ax = plt.subplots(figsize=(10, 4))
         for name, (xs, ys) in data.items():
-            ax.plot(xs, ys, ".", markersize=2, label=name) if metric in ("tpot", "ttft") else ax.plot(xs, ys, label=name)
+            ax.plot(xs, ys, ".", markersize=2, label=name) if metric in ("tpot", "ttft") else ax.plot(
+                xs, ys, label=name
+            )
         ax.set_xlabel("time in run (s)")
         ax.set_title(title)
         ax.legend(loc="upper right", fontsize="small")
@@ -280,7 +321,9 @@ def runs_whatif(
     run: Annotated[str, typer.Argument(help="run id (or a unique prefix) of a live run")],
     policy: Annotated[list[str], typer.Option("--policy", help="routing policy to try (repeat)")] = [],  # noqa: B006
     param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
-    profile: Annotated[str | None, typer.Option(help="profile to simulate with (default: calibrated from the run)")] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="profile to simulate with (default: calibrated from the run)")
+    ] = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -302,7 +345,18 @@ def runs_whatif(
     predicted = whatif(store, info.run_id, [(n, {**assigned.get("", {}), **assigned.get(n, {})}) for n in names], prof)
     recorded = run_metrics(store.requests(info.run_id))
     if as_json:
-        typer.echo(json.dumps({"run_id": info.run_id, "profile": prof.name, "recorded": {"policy": served.policy, **recorded}, "predicted": predicted}, indent=2, default=str))
+        typer.echo(
+            json.dumps(
+                {
+                    "run_id": info.run_id,
+                    "profile": prof.name,
+                    "recorded": {"policy": served.policy, **recorded},
+                    "predicted": predicted,
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return
     t = Table(title=f"what if: {info.run_id} re-simulated with {prof.name}")
     t.add_column("metric")

@@ -158,9 +158,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
     ):
         table.add_column(col, justify="left" if col in ("policy", "run") else "right")
     for r in rows:
-        label = r["policy"] + (
-            "(" + ",".join(f"{k}={v}" for k, v in r["params"].items()) + ")" if r["params"] else ""
-        )
+        label = r["policy"] + ("(" + ",".join(f"{k}={v}" for k, v in r["params"].items()) + ")" if r["params"] else "")
         table.add_row(
             label,
             r.get("run_id") or "-",
@@ -173,9 +171,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             _fmt_ms(r["tpot_p99"]),
             _fmt_ms(r["tpot_p999"]),
             f"{r['slo_attainment']:.1%}",
-            "-"
-            if math.isnan(r["optimal_assignment_ratio"])
-            else f"{r['optimal_assignment_ratio']:.1%}",
+            "-" if math.isnan(r["optimal_assignment_ratio"]) else f"{r['optimal_assignment_ratio']:.1%}",
             str(r["shed"]),
             str(r["expired"]),
             str(r["scale_events"]),
@@ -183,7 +179,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
                 (
                     f"{r['prefix_hit_rate']:.1%}" if "prefix_hit_rate" in r else "-",
                     f"{_fmt_tokens(r['kv_transferred_tokens'])} ({r['kv_transferred_share']:.0%})"
-                    if "kv_transferred_tokens" in r else "-",
+                    if "kv_transferred_tokens" in r
+                    else "-",
                 )
                 if cached
                 else ()
@@ -203,33 +200,28 @@ def sim(
         typer.Option(help="synthetic workload when no TRACE: random|reasoning-chat|reasoning-code"),
     ] = "reasoning-chat",
     requests: Annotated[int, typer.Option(min=1, help="synthetic request count")] = 2000,
-    rate: Annotated[
-        float | None, typer.Option(help="arrival rate req/s (synthetic; or rescales a trace)")
-    ] = None,
-    burstiness: Annotated[
-        float, typer.Option(help="gamma burstiness of synthetic arrivals (1 = Poisson)")
-    ] = 1.0,
+    rate: Annotated[float | None, typer.Option(help="arrival rate req/s (synthetic; or rescales a trace)")] = None,
+    burstiness: Annotated[float, typer.Option(help="gamma burstiness of synthetic arrivals (1 = Poisson)")] = 1.0,
     rate_scale: Annotated[float, typer.Option(help="multiply the arrival rate by X")] = 1.0,
     limit: Annotated[int | None, typer.Option(min=1, help="use at most N requests")] = None,
     cluster: Annotated[str, typer.Option(help="instances as <P>P<D>D")] = "4P16D",
-    profile: Annotated[
-        str, typer.Option(help="performance profile name or .json path")
-    ] = "h20-qwen3-32b",
-    mode: Annotated[
-        str, typer.Option(help="decode model: ps (processor sharing) | iteration")
-    ] = "ps",
-    policy: Annotated[
-        list[str], typer.Option("--policy", help="routing policy to run (repeat)")
-    ] = [],  # noqa: B006
+    profile: Annotated[str, typer.Option(help="performance profile name or .json path")] = "h20-qwen3-32b",
+    mode: Annotated[str, typer.Option(help="decode model: ps (processor sharing) | iteration")] = "ps",
+    policy: Annotated[list[str], typer.Option("--policy", help="routing policy to run (repeat)")] = [],  # noqa: B006
     param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
-    queue: Annotated[
-        str, typer.Option("--queue", help="queue (admission) policy: fcfs | priority")
-    ] = "fcfs",
+    queue: Annotated[str, typer.Option("--queue", help="queue (admission) policy: fcfs | priority")] = "fcfs",
     scaling: Annotated[
-        str, typer.Option("--scaling", help="scaling policy: static | threshold | hyperflexis (see `policy list --kind scaling`)")
+        str,
+        typer.Option(
+            "--scaling", help="scaling policy: static | threshold | hyperflexis (see `policy list --kind scaling`)"
+        ),
     ] = "static",
     reschedule: Annotated[
-        str, typer.Option("--reschedule", help="reschedule policy: none | current_load | ares | ares_oracle (see `policy list --kind reschedule`)")
+        str,
+        typer.Option(
+            "--reschedule",
+            help="reschedule policy: none | current_load | ares | ares_oracle (see `policy list --kind reschedule`)",
+        ),
     ] = "none",
     seed: Annotated[int, typer.Option(help="seed for synthetic/ServeGen sampling")] = 0,
     slo_ttft_ms: Annotated[float, typer.Option(help="TTFT SLO in ms")] = 2000.0,
@@ -246,9 +238,7 @@ def sim(
     block_size: Annotated[
         int | None, typer.Option(help="tokens per KV block of the modelled cache (default: the profile's)")
     ] = None,
-    hash_block_tokens: Annotated[
-        int, typer.Option(help="tokens per trace hash block (Mooncake: 512)")
-    ] = 512,
+    hash_block_tokens: Annotated[int, typer.Option(help="tokens per trace hash block (Mooncake: 512)")] = 512,
     cache_blocks: Annotated[
         int | None,
         typer.Option(help="KV blocks cached per instance (default: the profile's KV capacity)"),
@@ -260,13 +250,9 @@ def sim(
             "them) | approximate (the router's own past decisions)"
         ),
     ] = "precise",
-    db: Annotated[
-        Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")
-    ] = None,
+    db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
     no_db: Annotated[bool, typer.Option("--no-db", help="do not record the runs")] = False,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="print a JSON list, one object per policy")
-    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list, one object per policy")] = False,
 ) -> None:
     """Simulate a workload on a P/D cluster under each --policy, on identical arrivals.
 

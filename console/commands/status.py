@@ -16,7 +16,9 @@ from core.errors import ConfigError
 from core.policies import parse_param_assignments
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="console URL (default: the local console)")]
-TokenOpt = Annotated[str | None, typer.Option("--token", help="control token (default: SIBYL_TOKEN or the local token file)")]
+TokenOpt = Annotated[
+    str | None, typer.Option("--token", help="control token (default: SIBYL_TOKEN or the local token file)")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 
 policy_app = typer.Typer(help="List and hot-swap the console's policies.", no_args_is_help=True)
@@ -42,33 +44,54 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         return
     con = Console()
     req = s.requests
-    con.print(f"run [bold]{s.run_id}[/]  backend {s.backend}  cluster {s.cluster}  up {s.uptime_s:.0f}s  "
-              f"requests {req.total} ({req.in_flight} in flight, {req.failed} failed)")
+    con.print(
+        f"run [bold]{s.run_id}[/]  backend {s.backend}  cluster {s.cluster}  up {s.uptime_s:.0f}s  "
+        f"requests {req.total} ({req.in_flight} in flight, {req.failed} failed)"
+    )
     con.print("policies: " + ", ".join(f"{k}={v.name}{v.params or ''}" for k, v in s.policies.items()))
     t = Table()
     for col in ("id", "role", "healthy", "running", "waiting", "KV", "tok/s", "load", "url"):
         t.add_column(col)
     for i in s.instances:
-        t.add_row(i.id, i.role, "yes" if i.healthy else "[red]DOWN[/]", str(i.running), str(i.waiting),
-                  _pct(i.kv_usage), f"{i.tokens_per_s or 0.0:.0f}", "-" if i.projected_load is None else f"{i.projected_load:.0f}", i.url)
+        t.add_row(
+            i.id,
+            i.role,
+            "yes" if i.healthy else "[red]DOWN[/]",
+            str(i.running),
+            str(i.waiting),
+            _pct(i.kv_usage),
+            f"{i.tokens_per_s or 0.0:.0f}",
+            "-" if i.projected_load is None else f"{i.projected_load:.0f}",
+            i.url,
+        )
     con.print(t)
     w, r = s.slo.window, s.slo.run
     if s.queue is not None:
         q, a = s.queue, s.queue.admission
-        held = f"queue {q.depth} held (max {q.max_queued}, ttl {q.ttl_s:g} s)" if q.ttl_s is not None else f"queue {q.depth} held"
+        held = (
+            f"queue {q.depth} held (max {q.max_queued}, ttl {q.ttl_s:g} s)"
+            if q.ttl_s is not None
+            else f"queue {q.depth} held"
+        )
         if a:
-            held += (f"; SLO admission: {a['decode_slots']} decode slots per instance, ~{a['prefill_s_per_request']:g} s prefill "
-                     f"per request, wait bound {a['wait_bound_s']:g} s (TTFT + {a['extra_wait_s']:g} s); shed {a['shed']}, expired {a['expired']}")
+            held += (
+                f"; SLO admission: {a['decode_slots']} decode slots per instance, ~{a['prefill_s_per_request']:g} s prefill "
+                f"per request, wait bound {a['wait_bound_s']:g} s (TTFT + {a['extra_wait_s']:g} s); shed {a['shed']}, expired {a['expired']}"
+            )
         else:
             held += f"; SLO admission off ({q.max_in_flight_per_instance} in flight per decode instance)"
         con.print(held)
-    con.print(f"SLO last {s.slo.window_s:.0f}s: attainment {_pct(w.attainment)}  TTFT p50/p99 {_ms(w.ttft_p50)}/{_ms(w.ttft_p99)} ms  "
-              f"TPOT p50/p99 {_ms(w.tpot_p50)}/{_ms(w.tpot_p99)} ms   run: attainment {_pct(r.attainment)}")
+    con.print(
+        f"SLO last {s.slo.window_s:.0f}s: attainment {_pct(w.attainment)}  TTFT p50/p99 {_ms(w.ttft_p50)}/{_ms(w.ttft_p99)} ms  "
+        f"TPOT p50/p99 {_ms(w.tpot_p50)}/{_ms(w.tpot_p99)} ms   run: attainment {_pct(r.attainment)}"
+    )
 
 
 @policy_app.command("list")
 def policy_list(
-    kind: Annotated[str | None, typer.Option("--kind", help="only this kind: routing | queue | reschedule | scaling | rank")] = None,
+    kind: Annotated[
+        str | None, typer.Option("--kind", help="only this kind: routing | queue | reschedule | scaling | rank")
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -130,7 +153,10 @@ def policy_set(
 
 def scale(
     role: Annotated[str, typer.Argument(help="prefill | decode")],
-    delta: Annotated[int, typer.Argument(help="instances to add (negative: remove; routing stops at once, the process after draining)")],
+    delta: Annotated[
+        int,
+        typer.Argument(help="instances to add (negative: remove; routing stops at once, the process after draining)"),
+    ],
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -161,7 +187,9 @@ def flip(
 
 
 def migrate(
-    request_id: Annotated[str, typer.Argument(help="the request's id (its X-Request-Id; see the event log or `runs requests`)")],
+    request_id: Annotated[
+        str, typer.Argument(help="the request's id (its X-Request-Id; see the event log or `runs requests`)")
+    ],
     target: Annotated[str, typer.Argument(help="the decode instance to continue it on, e.g. d2")],
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -174,8 +202,11 @@ def migrate(
     Example: sibyl-console migrate 5f0c… d2
     """
     r = ControlClient(url, token).migrate(request_id, target)
-    typer.echo(json.dumps(r) if as_json else
-               f"{r['request_id']}: {r['source']} → {r['target']} in {r['stages']} stages, {r['tokens']} KV tokens, frozen {r['frozen_ms']:.1f} ms")
+    typer.echo(
+        json.dumps(r)
+        if as_json
+        else f"{r['request_id']}: {r['source']} → {r['target']} in {r['stages']} stages, {r['tokens']} KV tokens, frozen {r['frozen_ms']:.1f} ms"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -122,7 +122,13 @@ def _interrupt_between_points() -> Iterator[threading.Event]:
 
 def _line(point: Point, outcome: PointOutcome | None, error: str | None) -> str:
     c = point.coords()
-    level = f"load {c['load']:g}" if c["load"] is not None else f"{c['rate']:g} req/s" if c["rate"] is not None else "recorded rate"
+    level = (
+        f"load {c['load']:g}"
+        if c["load"] is not None
+        else f"{c['rate']:g} req/s"
+        if c["rate"] is not None
+        else "recorded rate"
+    )
     where = f"{c['workload']} {c['mode']} {c['cluster']} {level} seed {c['seed']} {c['policy']}"
     if outcome is None:
         return f"{where}: failed: {error}"
@@ -140,7 +146,9 @@ def sweep(
     workers: Annotated[int | None, typer.Option(min=1, help="CPUs of the local Ray (default: all)")] = None,
     db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
     plot: Annotated[bool, typer.Option("--plot", help="draw P99 TPOT against rate per policy in the terminal")] = False,
-    plot_out: Annotated[Path | None, typer.Option("--plot-out", help="write that plot to a PNG (needs matplotlib)")] = None,
+    plot_out: Annotated[
+        Path | None, typer.Option("--plot-out", help="write that plot to a PNG (needs matplotlib)")
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would run, run nothing")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the runs and the comparison as JSON")] = False,
 ) -> None:
@@ -180,12 +188,21 @@ def sweep(
         with ray_session(ray_address, workers) as ray:
             bar: Progress | None = None
             if err.is_terminal and not err.is_dumb_terminal:
-                bar = Progress(TextColumn(cfg.name), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err)
+                bar = Progress(
+                    TextColumn(cfg.name), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+                )
             task = bar.add_task(cfg.name, total=len(points), completed=len(points) - len(todo)) if bar else None
 
             def on_done(point: Point, outcome: PointOutcome | None, error: str | None) -> None:
                 run_id = record_point(store, cfg.name, point, outcome, store_requests=cfg.store_requests, error=error)
-                ran.append({"run_id": run_id, "point": point.key, **point.coords(), "status": "failed" if outcome is None else "completed"})
+                ran.append(
+                    {
+                        "run_id": run_id,
+                        "point": point.key,
+                        **point.coords(),
+                        "status": "failed" if outcome is None else "completed",
+                    }
+                )
                 if outcome is None:
                     failed.append(f"{point.key} {point.coords()}: {error}")
                 if bar is not None and task is not None:
@@ -214,7 +231,12 @@ def sweep(
     stored = stored_points(store, cfg.name)
     table = comparison(points, {k: info.summary or {} for k, info in stored.items()})
     if as_json:
-        typer.echo(json.dumps({"sweep": cfg.name, "points": len(points), "ran": ran, "failed": len(failed), "comparison": table}, indent=2))
+        typer.echo(
+            json.dumps(
+                {"sweep": cfg.name, "points": len(points), "ran": ran, "failed": len(failed), "comparison": table},
+                indent=2,
+            )
+        )
     else:
         out = Console()
         for t in _tables(table):
@@ -225,7 +247,9 @@ def sweep(
         _plot_file(table, plot_out)
         err.print(f"wrote {plot_out}")
     if failed:
-        raise SweepError(f"{len(failed)} of {len(todo)} points failed (stored as failed runs; run again to retry): {failed[0]}")
+        raise SweepError(
+            f"{len(failed)} of {len(todo)} points failed (stored as failed runs; run again to retry): {failed[0]}"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -46,9 +46,7 @@ def _read(
     return np.concatenate(prompts), np.concatenate(outputs), sources
 
 
-def _mae_rows(
-    age: np.ndarray, rem: np.ndarray, preds: dict[str, np.ndarray]
-) -> list[dict[str, Any]]:
+def _mae_rows(age: np.ndarray, rem: np.ndarray, preds: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for lo, hi in ((0, None), *_AGE_BUCKETS):
         sel = (age >= lo) & (age < hi if hi is not None else True)
@@ -73,26 +71,20 @@ def train_predictor(
     servegen_start: Annotated[
         float, typer.Option(min=0.0, help="ServeGen: start of the sampled range, s of the day")
     ] = 0.0,
-    servegen_duration: Annotated[
-        float, typer.Option(min=1.0, help="seconds of a ServeGen folder to sample")
-    ] = 3600.0,
+    servegen_duration: Annotated[float, typer.Option(min=1.0, help="seconds of a ServeGen folder to sample")] = 3600.0,
     holdout: Annotated[
         float, typer.Option(min=0.01, max=0.9, help="share of requests held aside for the MAE report")
     ] = 0.15,
     val_share: Annotated[
         float, typer.Option(min=0.01, max=0.9, help="share of training requests for early stopping")
     ] = 0.15,
-    max_tokens: Annotated[
-        int | None, typer.Option(min=1, help="output cap (default: the longest output seen)")
-    ] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="output cap (default: the longest output seen)")] = None,
     hidden: Annotated[str, typer.Option(help="hidden layer widths, comma-separated")] = "64,64",
     epochs: Annotated[int, typer.Option(min=1, help="at most this many epochs")] = 60,
     patience: Annotated[int, typer.Option(min=1, help="stop after N epochs without improvement")] = 8,
     batch_size: Annotated[int, typer.Option(min=1)] = 512,
     lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate")] = 1e-3,
-    samples: Annotated[
-        int, typer.Option(min=100, help="training samples (points every --every tokens)")
-    ] = 200_000,
+    samples: Annotated[int, typer.Option(min=100, help="training samples (points every --every tokens)")] = 200_000,
     every: Annotated[int, typer.Option(min=1, help="one sample every N generated tokens")] = 20,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 1,
     seed: Annotated[int, typer.Option(help="seed of the split, sampling and training")] = 0,
@@ -126,9 +118,7 @@ def train_predictor(
         raise ConfigError(f"--hidden {hidden!r}: expected comma-separated integers") from None
     if not widths or min(widths) < 1:
         raise ConfigError(f"--hidden {hidden!r}: expected positive widths")
-    prompt, output, sources = _read(
-        traces, format, seed, servegen_start, servegen_duration, limit
-    )
+    prompt, output, sources = _read(traces, format, seed, servegen_start, servegen_duration, limit)
     if len(output) < 20:
         raise ConfigError(f"only {len(output)} requests: too few to train and hold some aside")
     cap = int(max_tokens or output.max())
@@ -170,9 +160,7 @@ def train_predictor(
     model.meta["traces"] = "; ".join(sources)[:2000]
     model.save(out)
     survival = SurvivalPredictor.from_lengths(output[kept], max_len=cap)
-    req, age, rem = residual_samples(
-        output[held], every=every, max_samples=max(samples, 10_000), rng=rng
-    )
+    req, age, rem = residual_samples(output[held], every=every, max_samples=max(samples, 10_000), rng=rng)
     p_held = prompt[held][req]
     rem_f = rem.astype(float)
     preds = {
@@ -185,8 +173,11 @@ def train_predictor(
     summary = {
         "out": str(out),
         "traces": sources,
-        "requests": {"train": int(report.train_requests), "validation": int(report.val_requests),
-                     "held_aside": len(held)},
+        "requests": {
+            "train": int(report.train_requests),
+            "validation": int(report.val_requests),
+            "held_aside": len(held),
+        },
         "output_cap": cap,
         "params": model.n_params,
         "epochs": report.epochs,
@@ -199,10 +190,7 @@ def train_predictor(
         typer.echo(json.dumps(summary, indent=2))
         return
     table = Table(
-        title=(
-            f"MAE (tokens) on {len(held)} held-aside requests, one sample every {every} tokens "
-            f"({len(rem)} samples)"
-        )
+        title=(f"MAE (tokens) on {len(held)} held-aside requests, one sample every {every} tokens ({len(rem)} samples)")
     )
     for col in ("generated", "samples", *preds):
         table.add_column(col, justify="left" if col == "generated" else "right")

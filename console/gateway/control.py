@@ -88,7 +88,11 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         async def stream() -> AsyncIterator[bytes]:
             for past in list(c.events.history):
                 yield b"data: " + orjson.dumps(past) + b"\n\n"
-            yield b"data: " + orjson.dumps({"type": "state", "state": c.state()}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+            yield (
+                b"data: "
+                + orjson.dumps({"type": "state", "state": c.state()}, option=orjson.OPT_SERIALIZE_NUMPY)
+                + b"\n\n"
+            )
             async for ev in c.events.subscribe():
                 if await request.is_disconnected():
                     break
@@ -112,7 +116,9 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
             return body
         delta = body.get("delta")
         if type(delta) is int and abs(delta) > MAX_SCALE_DELTA:
-            return _error(422, f"delta must be between -{MAX_SCALE_DELTA} and {MAX_SCALE_DELTA} per request, got {delta}")
+            return _error(
+                422, f"delta must be between -{MAX_SCALE_DELTA} and {MAX_SCALE_DELTA} per request, got {delta}"
+            )
         try:
             result = await c.scale(str(body.get("role")), body.get("delta"), source=str(body.get("source") or "api"))  # type: ignore[arg-type]
         except ScaleError as e:
@@ -132,7 +138,9 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         return _json(result)
 
     async def migrate(request: Request) -> Response:
-        body = await _object(request, '{"request_id": "<id>", "target": "<decode instance id>"}', ("request_id", "target"))
+        body = await _object(
+            request, '{"request_id": "<id>", "target": "<decode instance id>"}', ("request_id", "target")
+        )
         if isinstance(body, Response):
             return body
         try:
@@ -146,7 +154,9 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
 
     async def shutdown(_: Request) -> Response:
         if request_shutdown is None:
-            return _error(409, "this console cannot be stopped through its control API (it is embedded in another program)")
+            return _error(
+                409, "this console cannot be stopped through its control API (it is embedded in another program)"
+            )
         request_shutdown("control API")
         return _json({"stopping": True, "run_id": c.run_id, "drain_timeout_s": c.config.drain_timeout_s}, 202)
 

@@ -49,12 +49,27 @@ _HOT_ERRORS = {
 
 def _hot_headers() -> list[dict[str, Any]]:
     return [
-        {"name": "X-Request-Id", "in": "header", "required": False, "schema": {"type": "string"},
-         "description": "the request id (sent on to the instances; a random one otherwise)"},
-        {"name": "X-Sibyl-SLO-Class", "in": "header", "required": False, "schema": {"type": "string"},
-         "description": "SLO class (overrides the body's slo_class; unknown classes count as default)"},
-        {"name": "X-Sibyl-Tenant", "in": "header", "required": False, "schema": {"type": "string"},
-         "description": "tenant for fair queueing (overrides the body's user)"},
+        {
+            "name": "X-Request-Id",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "the request id (sent on to the instances; a random one otherwise)",
+        },
+        {
+            "name": "X-Sibyl-SLO-Class",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "SLO class (overrides the body's slo_class; unknown classes count as default)",
+        },
+        {
+            "name": "X-Sibyl-Tenant",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "tenant for fair queueing (overrides the body's user)",
+        },
     ]
 
 
@@ -87,15 +102,17 @@ def _policy_put_body(catalog: list[dict[str, Any]]) -> dict[str, Any]:
     for p in catalog:
         params = copy.deepcopy(p.get("params_schema") or {"type": "object"})
         params.pop("title", None)
-        variants.append({
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "const": p["name"], "description": f"{p['kind']} policy"},
-                "params": params,
-                "source": {"type": "string"},
-            },
-        })
+        variants.append(
+            {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "const": p["name"], "description": f"{p['kind']} policy"},
+                    "params": params,
+                    "source": {"type": "string"},
+                },
+            }
+        )
     if not variants:
         return {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
     return {"oneOf": variants}
@@ -121,7 +138,11 @@ def build_openapi(
                     {"type": "string", "minLength": 1},  # vLLM refuses an empty prompt (400)
                     {"type": "array", "items": {"type": "string"}, "minItems": 1},
                     {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-                    {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}, "minItems": 1},
+                    {
+                        "type": "array",
+                        "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+                        "minItems": 1,
+                    },
                 ]
             },
             **common,
@@ -145,7 +166,11 @@ def build_openapi(
             **common,
         },
     }
-    reply = {"type": "object", "required": ["choices"], "properties": {"id": {"type": "string"}, "choices": {"type": "array"}, "usage": {"type": "object"}}}
+    reply = {
+        "type": "object",
+        "required": ["choices"],
+        "properties": {"id": {"type": "string"}, "choices": {"type": "array"}, "usage": {"type": "object"}},
+    }
     hot_ok = {
         "description": "the completion (text/event-stream when stream is true)",
         "content": {"application/json": {"schema": reply}, "text/event-stream": {"schema": _SSE_EVENT}},
@@ -183,28 +208,44 @@ def build_openapi(
                 "get": {
                     "operationId": "listModels",
                     "responses": {
-                        "200": _json_response("the served models", {
-                            "type": "object",
-                            "required": ["object", "data"],
-                            "properties": {
-                                "object": {"type": "string", "enum": ["list"]},
-                                "data": {"type": "array", "items": {"type": "object", "required": ["id", "object"], "properties": {"id": {"type": "string"}, "object": {"type": "string"}}}},
+                        "200": _json_response(
+                            "the served models",
+                            {
+                                "type": "object",
+                                "required": ["object", "data"],
+                                "properties": {
+                                    "object": {"type": "string", "enum": ["list"]},
+                                    "data": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["id", "object"],
+                                            "properties": {"id": {"type": "string"}, "object": {"type": "string"}},
+                                        },
+                                    },
+                                },
                             },
-                        })
+                        )
                     },
                 }
             },
             "/health": {
                 "get": {
                     "operationId": "health",
-                    "responses": {"200": {"description": "some instance is healthy (empty body)"}, "503": _error_response("no healthy instance")},
+                    "responses": {
+                        "200": {"description": "some instance is healthy (empty body)"},
+                        "503": _error_response("no healthy instance"),
+                    },
                 }
             },
             "/control/state": {
                 "get": {
                     "operationId": "getState",
                     "security": bearer,
-                    "responses": {"200": _json_response("the console's state", {"$ref": "#/components/schemas/ConsoleState"}), "401": _UNAUTHORIZED},
+                    "responses": {
+                        "200": _json_response("the console's state", {"$ref": "#/components/schemas/ConsoleState"}),
+                        "401": _UNAUTHORIZED,
+                    },
                 }
             },
             "/control/events": {
@@ -212,24 +253,47 @@ def build_openapi(
                     "operationId": "events",
                     "security": bearer,
                     "description": "server-sent events: past events, the state, then live events (never ends by itself)",
-                    "responses": {"200": {"description": "event stream", "content": {"text/event-stream": {"schema": _SSE_EVENT}}}, "401": _UNAUTHORIZED},
+                    "responses": {
+                        "200": {
+                            "description": "event stream",
+                            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+                        },
+                        "401": _UNAUTHORIZED,
+                    },
                 }
             },
             "/control/policies": {
                 "get": {
                     "operationId": "getPolicies",
                     "security": bearer,
-                    "responses": {"200": _json_response("active policies and the catalog", {"type": "object", "required": ["active", "available"], "properties": {"active": {"type": "object"}, "available": {"type": "array"}}}), "401": _UNAUTHORIZED},
+                    "responses": {
+                        "200": _json_response(
+                            "active policies and the catalog",
+                            {
+                                "type": "object",
+                                "required": ["active", "available"],
+                                "properties": {"active": {"type": "object"}, "available": {"type": "array"}},
+                            },
+                        ),
+                        "401": _UNAUTHORIZED,
+                    },
                 }
             },
             "/control/policies/{kind}": {
                 "put": {
                     "operationId": "setPolicy",
                     "security": bearer,
-                    "parameters": [{"name": "kind", "in": "path", "required": True, "schema": {"type": "string", "enum": kinds}}],
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": _policy_put_body(catalog)}}},
+                    "parameters": [
+                        {"name": "kind", "in": "path", "required": True, "schema": {"type": "string", "enum": kinds}}
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _policy_put_body(catalog)}},
+                    },
                     "responses": {
-                        "200": _json_response("the swap", {"type": "object", "required": ["kind", "old", "new", "params", "source"]}),
+                        "200": _json_response(
+                            "the swap", {"type": "object", "required": ["kind", "old", "new", "params", "source"]}
+                        ),
                         "400": _error_response("malformed body"),
                         "401": _UNAUTHORIZED,
                         "404": _error_response("unknown policy kind"),
@@ -241,17 +305,32 @@ def build_openapi(
                 "post": {
                     "operationId": "scale",
                     "security": bearer,
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                        "type": "object",
-                        "required": ["role", "delta"],
-                        "properties": {
-                            "role": {"type": "string", "enum": ["prefill", "decode"]},
-                            "delta": {"type": "integer", "minimum": -MAX_SCALE_DELTA, "maximum": MAX_SCALE_DELTA, "not": {"enum": [0]}},
-                            "source": {"type": "string"},
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["role", "delta"],
+                                    "properties": {
+                                        "role": {"type": "string", "enum": ["prefill", "decode"]},
+                                        "delta": {
+                                            "type": "integer",
+                                            "minimum": -MAX_SCALE_DELTA,
+                                            "maximum": MAX_SCALE_DELTA,
+                                            "not": {"enum": [0]},
+                                        },
+                                        "source": {"type": "string"},
+                                    },
+                                }
+                            }
                         },
-                    }}}},
+                    },
                     "responses": {
-                        "200": _json_response("the instances added or drained", {"type": "object", "required": ["role", "delta", "instances"]}),
+                        "200": _json_response(
+                            "the instances added or drained",
+                            {"type": "object", "required": ["role", "delta", "instances"]},
+                        ),
                         "400": _error_response("malformed body"),
                         "401": _UNAUTHORIZED,
                         "409": _error_response("the backend cannot scale, or the last instance of a role would go"),
@@ -263,20 +342,29 @@ def build_openapi(
                 "post": {
                     "operationId": "flip",
                     "security": bearer,
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                        "type": "object",
-                        "required": ["instance", "role"],
-                        "properties": {
-                            "instance": instance_field,
-                            "role": {"type": "string", "enum": ["prefill", "decode"]},
-                            "source": {"type": "string"},
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["instance", "role"],
+                                    "properties": {
+                                        "instance": instance_field,
+                                        "role": {"type": "string", "enum": ["prefill", "decode"]},
+                                        "source": {"type": "string"},
+                                    },
+                                }
+                            }
                         },
-                    }}}},
+                    },
                     "responses": {
                         "200": _json_response("the flip", {"type": "object", "required": ["instance", "role"]}),
                         "400": _error_response("malformed body"),
                         "401": _UNAUTHORIZED,
-                        "409": _error_response("unknown instance, same role, the last active instance of its role, or a backend that cannot flip"),
+                        "409": _error_response(
+                            "unknown instance, same role, the last active instance of its role, or a backend that cannot flip"
+                        ),
                     },
                 }
             },
@@ -284,22 +372,33 @@ def build_openapi(
                 "post": {
                     "operationId": "migrate",
                     "security": bearer,
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                        "type": "object",
-                        "required": ["request_id", "target"],
-                        "properties": {
-                            "request_id": {"type": "string"},
-                            "target": instance_field,
-                            "source": {"type": "string"},
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["request_id", "target"],
+                                    "properties": {
+                                        "request_id": {"type": "string"},
+                                        "target": instance_field,
+                                        "source": {"type": "string"},
+                                    },
+                                }
+                            }
                         },
-                    }}}},
+                    },
                     "responses": {
-                        "200": _json_response("the migration, once the KV is on the target",
-                                              {"type": "object", "required": ["request_id", "source", "target"]}),
+                        "200": _json_response(
+                            "the migration, once the KV is on the target",
+                            {"type": "object", "required": ["request_id", "source", "target"]},
+                        ),
                         "400": _error_response("malformed body"),
                         "401": _UNAUTHORIZED,
-                        "409": _error_response("not a streaming request decoding now, not an active decode target, "
-                                               "a backend that cannot migrate, or a migration the source gave up"),
+                        "409": _error_response(
+                            "not a streaming request decoding now, not an active decode target, "
+                            "a backend that cannot migrate, or a migration the source gave up"
+                        ),
                     },
                 }
             },
@@ -307,7 +406,10 @@ def build_openapi(
                 "get": {
                     "operationId": "getRun",
                     "security": bearer,
-                    "responses": {"200": _json_response("the run", {"type": "object", "required": ["run_id", "db", "run_dir"]}), "401": _UNAUTHORIZED},
+                    "responses": {
+                        "200": _json_response("the run", {"type": "object", "required": ["run_id", "db", "run_dir"]}),
+                        "401": _UNAUTHORIZED,
+                    },
                 }
             },
             "/control/shutdown": {
@@ -315,9 +417,12 @@ def build_openapi(
                     "operationId": "shutdown",
                     "security": bearer,
                     "description": "Stop the console as SIGTERM does: drain in-flight requests (up to drain_timeout_s), "
-                                   "stop the instances it launched, close the run. A second stop request skips the drain.",
+                    "stop the instances it launched, close the run. A second stop request skips the drain.",
                     "responses": {
-                        "202": _json_response("the stop has started", {"type": "object", "required": ["stopping", "run_id", "drain_timeout_s"]}),
+                        "202": _json_response(
+                            "the stop has started",
+                            {"type": "object", "required": ["stopping", "run_id", "drain_timeout_s"]},
+                        ),
                         "401": _UNAUTHORIZED,
                         "409": _error_response("a console embedded in another program, which stops with it"),
                     },
@@ -327,7 +432,14 @@ def build_openapi(
                 "post": {
                     "operationId": "replayAction",
                     "security": bearer,
-                    "parameters": [{"name": "action", "in": "path", "required": True, "schema": {"type": "string", "enum": ["pause", "resume"]}}],
+                    "parameters": [
+                        {
+                            "name": "action",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "enum": ["pause", "resume"]},
+                        }
+                    ],
                     "responses": {
                         "200": _json_response("the replay's progress", {"type": "object"}),
                         "401": _UNAUTHORIZED,
@@ -337,7 +449,13 @@ def build_openapi(
             },
         },
         "components": {
-            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer", "description": "the console's control token (<run dir>/token or SIBYL_TOKEN)"}},
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "the console's control token (<run dir>/token or SIBYL_TOKEN)",
+                }
+            },
             "schemas": {
                 "Error": {
                     "type": "object",

@@ -81,7 +81,9 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         c = self.c
         if c.draining:
-            await respond(send, 503, error_body(503, "the console is shutting down"), [*JSON_HEADERS, (b"retry-after", b"5")])
+            await respond(
+                send, 503, error_body(503, "the console is shutting down"), [*JSON_HEADERS, (b"retry-after", b"5")]
+            )
             return
         try:
             body = self._parse(await read_body(receive, c.config.max_body_bytes))
@@ -92,7 +94,9 @@ class Proxy:
         headers = {k: v.decode("latin-1") for k, v in scope.get("headers") or []}
         rid = headers.get(b"x-request-id") or os.urandom(16).hex()
         if rid in self.in_flight:
-            await respond(send, 409, error_body(409, f"a request with X-Request-Id {rid!r} is already in flight", "X-Request-Id"))
+            await respond(
+                send, 409, error_body(409, f"a request with X-Request-Id {rid!r} is already in flight", "X-Request-Id")
+            )
             return
         slo_class = headers.get(b"x-sibyl-slo-class") or str(body.pop("slo_class", "default"))
         if slo_class not in c.config.slo:
@@ -106,8 +110,17 @@ class Proxy:
         if keys is None:  # a text or chat prompt for a policy that reads the cache: the engine tokenizes it
             keys = await c.prefix.tokenized_keys(body, c.instances.values())
         session = headers.get(b"x-session-id", "")
-        req = Request(rid, arrival, estimate_prompt_tokens(body), int(max_tokens), slo_class, priority, tenant=tenant,
-                      prefix_keys=keys, session=session)
+        req = Request(
+            rid,
+            arrival,
+            estimate_prompt_tokens(body),
+            int(max_tokens),
+            slo_class,
+            priority,
+            tenant=tenant,
+            prefix_keys=keys,
+            session=session,
+        )
         fwd = [("X-Request-Id", rid)]
         if session:
             fwd.append(("X-Session-ID", session))

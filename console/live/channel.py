@@ -15,8 +15,12 @@ NEVER = asyncio.Event()
 """The `gone` of a client nobody watches: never set."""
 
 
-async def respond(send: Callable[[dict[str, Any]], Awaitable[None]], status: int, body: bytes,
-                  headers: list[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
+async def respond(
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+    status: int,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]] = JSON_HEADERS,
+) -> None:
     """A whole response in two ASGI messages."""
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -36,7 +40,9 @@ class ClientChannel:
 
     __slots__ = ("_send", "_receive", "gone", "_watcher", "started")
 
-    def __init__(self, send: Callable[[dict[str, Any]], Awaitable[None]], receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    def __init__(
+        self, send: Callable[[dict[str, Any]], Awaitable[None]], receive: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> None:
         self._send = send
         self._receive = receive
         self.gone = NEVER
@@ -51,12 +57,22 @@ class ClientChannel:
         await respond(self._send, status, body, headers)
 
     async def error(self, status: int, message: str, retry_after_s: float | None = None) -> None:
-        headers = JSON_HEADERS if retry_after_s is None else [*JSON_HEADERS, (b"retry-after", str(max(1, round(retry_after_s))).encode())]
+        headers = (
+            JSON_HEADERS
+            if retry_after_s is None
+            else [*JSON_HEADERS, (b"retry-after", str(max(1, round(retry_after_s))).encode())]
+        )
         await self.respond(status, error_body(status, message), headers)
 
     async def start_stream(self, request_id: str) -> None:
         self.started = True
-        await self._send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, (b"x-request-id", request_id.encode())]})
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*SSE_HEADERS, (b"x-request-id", request_id.encode())],
+            }
+        )
 
     async def write(self, chunk: bytes) -> None:
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -80,7 +96,9 @@ class ClientChannel:
             self._watcher.cancel()
 
 
-def recording(write: Callable[[bytes], Awaitable[None]], keep: Callable[[bytes], None]) -> Callable[[bytes], Awaitable[None]]:
+def recording(
+    write: Callable[[bytes], Awaitable[None]], keep: Callable[[bytes], None]
+) -> Callable[[bytes], Awaitable[None]]:
     """`write`, keeping every chunk for a failure migration's transcript."""
 
     async def recorded(chunk: bytes) -> None:
@@ -88,6 +106,7 @@ def recording(write: Callable[[bytes], Awaitable[None]], keep: Callable[[bytes],
         await write(chunk)
 
     return recorded
+
 
 def usage_fixer(write: Callable[[bytes], Awaitable[None]], streamed: int) -> Callable[[bytes], Awaitable[None]]:
     """`write`, with the usage event of a resumed stream counting the tokens streamed before."""

@@ -26,15 +26,20 @@ class PrefixSettings(BaseModel):
     source: Literal["off", "approximate", "precise"] = Field(
         "approximate",
         description="off: routing sees no cache; approximate: what was routed to an instance counts as cached there "
-        "for ttl_s; precise: each instance's KV events (the emulator and vLLM publish them with --kv-events-config)")
+        "for ttl_s; precise: each instance's KV events (the emulator and vLLM publish them with --kv-events-config)",
+    )
     block_size: int | None = Field(None, gt=0, description="the engines' KV block size (default: the profile's)")
     ttl_s: float = Field(300.0, gt=0, description="approximate: how long a routed prefix counts as cached")
     tokenize: Literal["instance", "off"] = Field(
-        "instance", description="text and chat prompts: instance = ask a prefill instance's /tokenize (the engine's own "
-        "tokenizer and chat template); off = only token-id prompts get prefix keys")
+        "instance",
+        description="text and chat prompts: instance = ask a prefill instance's /tokenize (the engine's own "
+        "tokenizer and chat template); off = only token-id prompts get prefix keys",
+    )
     decode_only: bool = Field(
-        True, description="let a policy that decides so (prefix_pd) serve a request on a decode instance alone when it "
-        "already holds most of the prompt")
+        True,
+        description="let a policy that decides so (prefix_pd) serve a request on a decode instance alone when it "
+        "already holds most of the prompt",
+    )
 
 
 class PolicyChoice(BaseModel):
@@ -51,7 +56,9 @@ class ConsoleConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: str = Field("emulator", description="which installed backend runs the instances (`sibyl-console doctor` lists them)")
+    backend: str = Field(
+        "emulator", description="which installed backend runs the instances (`sibyl-console doctor` lists them)"
+    )
     prefill: int = Field(2, ge=1, le=256, description="prefill instances to start")
     decode: int = Field(4, ge=1, le=256, description="decode instances to start")
     profile: str = Field("h20-qwen3-32b", description="performance profile (emulator/sim timing, estimator priors)")
@@ -59,10 +66,22 @@ class ConsoleConfig(BaseModel):
     served_model_name: str = Field("sibyl-model", description="model name clients use")
     policy: str = Field("sibyl", description="routing policy at start")
     params: dict[str, Any] = Field(default_factory=dict, description="routing policy params")
-    queue: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="fcfs"), description="queue policy at start (who goes next when the cluster is saturated)")
-    reschedule: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="none"), description="reschedule policy at start (periodic moves of running requests)")
-    scaling: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="static"), description="scaling policy at start (periodic add/remove/flip of instances)")
-    rank: PolicyChoice = Field(default_factory=lambda: PolicyChoice(name="engine"), description="rank policy at start (the data-parallel rank of a request on a DP decode group)")
+    queue: PolicyChoice = Field(
+        default_factory=lambda: PolicyChoice(name="fcfs"),
+        description="queue policy at start (who goes next when the cluster is saturated)",
+    )
+    reschedule: PolicyChoice = Field(
+        default_factory=lambda: PolicyChoice(name="none"),
+        description="reschedule policy at start (periodic moves of running requests)",
+    )
+    scaling: PolicyChoice = Field(
+        default_factory=lambda: PolicyChoice(name="static"),
+        description="scaling policy at start (periodic add/remove/flip of instances)",
+    )
+    rank: PolicyChoice = Field(
+        default_factory=lambda: PolicyChoice(name="engine"),
+        description="rank policy at start (the data-parallel rank of a request on a DP decode group)",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     headless: bool = False
@@ -71,31 +90,60 @@ class ConsoleConfig(BaseModel):
     slo: dict[str, SLOClass] = Field(default_factory=lambda: {"default": SLOClass()})
     admission: SloAdmission = Field(
         default_factory=SloAdmission,
-        description="admission that protects the SLO: hold while saturated, 429/503 with Retry-After past a class's wait bound")
+        description="admission that protects the SLO: hold while saturated, 429/503 with Retry-After past a class's wait bound",
+    )
     poll_interval_s: float = Field(0.5, gt=0, le=1.0, description="instance /health + /metrics poll period")
-    connect_timeout_s: float = Field(30.0, gt=0, description="how long the gateway waits for a TCP connection to an instance (a refused one fails at once)")
-    probe_timeout_s: float = Field(2.0, gt=0, description="how long /health and /metrics may take before a probe fails (a busy CPU vLLM answers slowly)")
+    connect_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="how long the gateway waits for a TCP connection to an instance (a refused one fails at once)",
+    )
+    probe_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        description="how long /health and /metrics may take before a probe fails (a busy CPU vLLM answers slowly)",
+    )
     down_after_failures: int = Field(2, ge=1, description="failed probes in a row that mark an instance down")
-    breaker_failures: int = Field(5, ge=1, description="requests failing in a row on an instance that open its circuit breaker")
-    breaker_cooloff_s: float = Field(10.0, gt=0, description="how long an open breaker keeps the instance out of routing before one request tries it")
+    breaker_failures: int = Field(
+        5, ge=1, description="requests failing in a row on an instance that open its circuit breaker"
+    )
+    breaker_cooloff_s: float = Field(
+        10.0, gt=0, description="how long an open breaker keeps the instance out of routing before one request tries it"
+    )
     failure_migration_attempts: int = Field(
-        1, ge=0, le=8,
+        1,
+        ge=0,
+        le=8,
         description="when a decode instance dies mid-stream, how many times a request is continued on another one "
-        "(prompt + tokens already streamed, recomputed there); 0 turns failure migration off")
-    drain_timeout_s: float = Field(10.0, ge=0, description="on shutdown, how long in-flight requests may take to finish")
-    instance_drain_timeout_s: float = Field(300.0, ge=0, description="on scale-in, how long a draining instance's requests may take before it is stopped anyway")
+        "(prompt + tokens already streamed, recomputed there); 0 turns failure migration off",
+    )
+    drain_timeout_s: float = Field(
+        10.0, ge=0, description="on shutdown, how long in-flight requests may take to finish"
+    )
+    instance_drain_timeout_s: float = Field(
+        300.0,
+        ge=0,
+        description="on scale-in, how long a draining instance's requests may take before it is stopped anyway",
+    )
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     instance_base_port: int = Field(0, ge=0, le=65535, description="first port for started instances (0: free ports)")
-    prefix: PrefixSettings = Field(default_factory=PrefixSettings, description="how routing knows what each instance caches")
+    prefix: PrefixSettings = Field(
+        default_factory=PrefixSettings, description="how routing knows what each instance caches"
+    )
     emulator: EmulatorSettings = Field(default_factory=EmulatorSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
-    ray: RaySettings = Field(default_factory=RaySettings, description="--backend ray: the Ray cluster, engine and per-role resources")
+    ray: RaySettings = Field(
+        default_factory=RaySettings, description="--backend ray: the Ray cluster, engine and per-role resources"
+    )
     replay: Path | None = Field(None, description="trace to replay into the cluster once it is up")
     replay_speed: float = Field(1.0, gt=0)
     replay_loop: bool = False
     replay_hash_block_tokens: int = Field(
-        512, gt=0, description="a Mooncake trace's hash block becomes this many prompt tokens (512: as recorded; smaller "
-        "scales long prompts down while keeping their prefix structure)")
+        512,
+        gt=0,
+        description="a Mooncake trace's hash block becomes this many prompt tokens (512: as recorded; smaller "
+        "scales long prompts down while keeping their prefix structure)",
+    )
 
     @field_validator("backend")
     @classmethod
@@ -141,9 +189,16 @@ class ConsoleConfig(BaseModel):
     def backend_settings(self) -> BackendSettings:
         """The part of this configuration the backend needs."""
         return BackendSettings(
-            prefill=self.prefill, decode=self.decode, profile=self.profile, model=self.model,
-            served_model_name=self.served_model_name, instance_base_port=self.instance_base_port,
-            attach=self.attach, emulator=self.emulator, vllm=self.vllm, ray=self.ray,
+            prefill=self.prefill,
+            decode=self.decode,
+            profile=self.profile,
+            model=self.model,
+            served_model_name=self.served_model_name,
+            instance_base_port=self.instance_base_port,
+            attach=self.attach,
+            emulator=self.emulator,
+            vllm=self.vllm,
+            ray=self.ray,
         )
 
 

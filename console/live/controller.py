@@ -40,6 +40,7 @@ PERIODIC_TICK_S = 0.1
 STATE_PUSH_S = 0.5
 """How often the state snapshot is pushed on /control/events (a dashboard's redraw cadence)."""
 
+
 class Controller:
     """Owns everything a live console runs; the gateway and the dashboard talk to it.
 
@@ -64,7 +65,9 @@ class Controller:
         self.profile = get_profile(config.profile)
         self.backend = backend
         self.dispatcher = Dispatcher(
-            self.profile, config.policy, config.params,
+            self.profile,
+            config.policy,
+            config.params,
             queue=(config.queue.name, config.queue.params),
             reschedule=(config.reschedule.name, config.reschedule.params),
             scaling=(config.scaling.name, config.scaling.params),
@@ -170,7 +173,9 @@ class Controller:
             self.outcomes.instance_up(inst, True)
         await self._discover_models()
         for ev in self.dispatcher.policy_events:
-            self.recorder.policy_event(t=0.0, kind=ev.kind.value, old=None, new=ev.new, params=ev.params, source="config")
+            self.recorder.policy_event(
+                t=0.0, kind=ev.kind.value, old=None, new=ev.new, params=ev.params, source="config"
+            )
         await self.poller.poll_once()
         for inst in self.instances.values():
             self.prefix.follow(inst)
@@ -281,7 +286,9 @@ class Controller:
     def track_data_parallel(self, inst: Instance) -> None:
         self.health.track_data_parallel(inst)
 
-    def migration_done(self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int, first_after: float) -> None:
+    def migration_done(
+        self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int, first_after: float
+    ) -> None:
         self.operations.migration_done(live, src, target, last_before, tokens_before, first_after)
 
     def instance_event(self, instance_id: str, role: Role | None, event: str, detail: str, source: str = "") -> None:
@@ -310,7 +317,9 @@ class Controller:
                 continue
             decisions = self.dispatcher.periodic(now)
             policies = self.dispatcher.policies
-            self.operations.carry_out(decisions, policies[PolicyKind.SCALING].name, policies[PolicyKind.RESCHEDULE].name)
+            self.operations.carry_out(
+                decisions, policies[PolicyKind.SCALING].name, policies[PolicyKind.RESCHEDULE].name
+            )
 
     async def _publish_state(self) -> None:
         """Every second: attainment and the data-parallel rank check; every STATE_PUSH_S, while
@@ -343,37 +352,61 @@ class Controller:
         rows = [self._row(inst, loads, now) for inst in self.instances.values()]
         for iid in d.view.instance_ids:  # not reachable yet: shown so the operator sees the scale-out under way
             if str(d.phase_of(iid)) == "starting":
-                rows.append(InstanceRow(
-                    id=iid, role=d.view.roles[d.index_of(iid)].value, phase="starting", url="", healthy=False, managed=True,
-                    running=0, waiting=0, kv_usage=0.0, tokens_per_s=0.0, projected_load=None, routed_running=0, routed_pending=0,
-                    failures=0, pid=None, node=None, dp_ranks=None, scraped=ScrapedCounters(),
-                ))
+                rows.append(
+                    InstanceRow(
+                        id=iid,
+                        role=d.view.roles[d.index_of(iid)].value,
+                        phase="starting",
+                        url="",
+                        healthy=False,
+                        managed=True,
+                        running=0,
+                        waiting=0,
+                        kv_usage=0.0,
+                        tokens_per_s=0.0,
+                        projected_load=None,
+                        routed_running=0,
+                        routed_pending=0,
+                        failures=0,
+                        pid=None,
+                        node=None,
+                        dp_ranks=None,
+                        scraped=ScrapedCounters(),
+                    )
+                )
         active = [i for i in self.instances.values() if str(d.phase_of(i.id)) == "active"]
         n_p = sum(1 for i in active if i.role.serves_prefill())
         n_d = sum(1 for i in active if i.role.serves_decode())
         queue = d.policies[PolicyKind.QUEUE].params
         caps: dict[str, bool] = {c.value: True for c in self.backend.capabilities}
         caps["replay"] = self.replay is not None
-        return ConsoleState.model_validate({
-            "run_id": self.run_id,
-            "backend": self.backend.label,
-            "cluster": f"{n_p}P{n_d}D",
-            "model": sorted(self.served_models),
-            "uptime_s": now - self.t0,
-            "started_at": self.started_wall,
-            "instances": rows,
-            "policies": d.active_policies(),
-            "slo": {"classes": {k: v.model_dump() for k, v in self.config.slo.items()}, **self.slo.snapshot(now)},
-            "requests": {"in_flight": self.in_flight, "total": self.total, "failed": self.failed},
-            "queue": QueueState(depth=d.queue_depth(), by_class=d.queue_depth_by_class(), max_queued=queue.max_queued,
-                                max_in_flight_per_instance=queue.max_in_flight_per_instance, ttl_s=queue.ttl_s,
-                                admission=d.gate.describe() if d.gate is not None else None),
-            "assignment_ratio": d.assignment_ratios()["active"],
-            "draining": self.draining,
-            "replay": {**self.replay.snapshot(), "label": self.replay_label} if self.replay is not None else None,
-            "prefix": self.prefix.snapshot(),
-            "capabilities": caps,
-        })
+        return ConsoleState.model_validate(
+            {
+                "run_id": self.run_id,
+                "backend": self.backend.label,
+                "cluster": f"{n_p}P{n_d}D",
+                "model": sorted(self.served_models),
+                "uptime_s": now - self.t0,
+                "started_at": self.started_wall,
+                "instances": rows,
+                "policies": d.active_policies(),
+                "slo": {"classes": {k: v.model_dump() for k, v in self.config.slo.items()}, **self.slo.snapshot(now)},
+                "requests": {"in_flight": self.in_flight, "total": self.total, "failed": self.failed},
+                "queue": QueueState(
+                    depth=d.queue_depth(),
+                    by_class=d.queue_depth_by_class(),
+                    max_queued=queue.max_queued,
+                    max_in_flight_per_instance=queue.max_in_flight_per_instance,
+                    ttl_s=queue.ttl_s,
+                    admission=d.gate.describe() if d.gate is not None else None,
+                ),
+                "assignment_ratio": d.assignment_ratios()["active"],
+                "draining": self.draining,
+                "replay": {**self.replay.snapshot(), "label": self.replay_label} if self.replay is not None else None,
+                "prefix": self.prefix.snapshot(),
+                "capabilities": caps,
+            }
+        )
 
     def _row(self, inst: Instance, loads: Mapping[str, float], now: float) -> InstanceRow:
         d = self.dispatcher

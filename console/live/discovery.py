@@ -48,8 +48,15 @@ def _run_file(run_id: str) -> Path:
 def announce(url: str, token_file: Path, run_id: str, db: Path | None = None) -> Path:
     """Say where this process's console listens: in its run directory (so `tui RUN` and `down RUN`
     find any running console) and as the machine's latest console (what commands use by default)."""
-    data = json.dumps({"url": url, "token_file": str(token_file), "run_id": run_id, "pid": os.getpid(),
-                       "db": str(db) if db is not None else None})
+    data = json.dumps(
+        {
+            "url": url,
+            "token_file": str(token_file),
+            "run_id": run_id,
+            "pid": os.getpid(),
+            "db": str(db) if db is not None else None,
+        }
+    )
     for path in (_run_file(run_id), _file()):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(data)
@@ -84,8 +91,14 @@ def running() -> list[ConsoleAddress]:
 
 def _address(data: dict[str, object], token: str | None) -> ConsoleAddress:
     run_id, pid, db = data.get("run_id"), data.get("pid"), data.get("db")
-    return ConsoleAddress(str(data["url"]), token, str(run_id) if run_id else None, int(str(pid)) if pid else None,
-                          Path(str(db)) if db else None, Path(str(data["token_file"])) if data.get("token_file") else None)
+    return ConsoleAddress(
+        str(data["url"]),
+        token,
+        str(run_id) if run_id else None,
+        int(str(pid)) if pid else None,
+        Path(str(db)) if db else None,
+        Path(str(data["token_file"])) if data.get("token_file") else None,
+    )
 
 
 def _local() -> dict[str, object] | None:
@@ -99,6 +112,7 @@ def _local() -> dict[str, object] | None:
 
 def _same_console(a: str, b: str) -> bool:
     """Whether two URLs name the same console (localhost and 127.0.0.1 alike, trailing slash ignored)."""
+
     def norm(u: str) -> str:
         return u.rstrip("/").replace("://localhost:", "://127.0.0.1:")
 
@@ -113,7 +127,12 @@ def locate(url: str | None = None, token: str | None = None, run: str | None = N
     token = token or os.environ.get("SIBYL_TOKEN")
     data = _local()
     if url:
-        if token is None and data is not None and _same_console(url, str(data.get("url", ""))) and pid_alive(int(str(data.get("pid") or 0))):
+        if (
+            token is None
+            and data is not None
+            and _same_console(url, str(data.get("url", "")))
+            and pid_alive(int(str(data.get("pid") or 0)))
+        ):
             with contextlib.suppress(OSError):
                 token = Path(str(data["token_file"])).read_text().strip()
         return ConsoleAddress(url.rstrip("/"), token)
@@ -126,14 +145,18 @@ def locate(url: str | None = None, token: str | None = None, run: str | None = N
             live = ", ".join(a.run_id or "?" for a in running()) or "none"
             raise ConsoleNotFound(f"no running console of run {run} on this machine (running: {live})") from None
     if data is None:
-        raise ConsoleNotFound(f"no local console found ({where} is missing); start one with `sibyl-console up` or pass --url")
+        raise ConsoleNotFound(
+            f"no local console found ({where} is missing); start one with `sibyl-console up` or pass --url"
+        )
     if not pid_alive(int(str(data.get("pid") or 0))):
         raise ConsoleNotFound(f"the console that wrote {where} (pid {data.get('pid')}) is not running; pass --url")
     if token is None:
         try:
             token = Path(str(data["token_file"])).read_text().strip()
         except OSError as e:
-            raise ConsoleNotFound(f"cannot read the control token {data['token_file']}: {e.strerror}; pass --token") from None
+            raise ConsoleNotFound(
+                f"cannot read the control token {data['token_file']}: {e.strerror}; pass --token"
+            ) from None
     return _address(data, token)
 
 

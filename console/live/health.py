@@ -37,8 +37,14 @@ class HealthLog(Protocol):
 class InstanceHealth:
     """Whether each instance may be routed to: its probes, its breaker, and who waits for it to be lost."""
 
-    def __init__(self, config: ConsoleConfig, instances: dict[str, Instance], dispatcher: Dispatcher, log: HealthLog,
-                 release: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: ConsoleConfig,
+        instances: dict[str, Instance],
+        dispatcher: Dispatcher,
+        log: HealthLog,
+        release: Callable[[], None],
+    ) -> None:
         self.config = config
         """Breaker thresholds, the probe failures that mark an instance down, DP slots per rank."""
         self.instances = instances
@@ -195,5 +201,12 @@ class RankWatch:
             else:
                 continue
             busiest = loads.index(max(loads))
-            self.events.publish("ranks", instance=iid, factor=round(factor, 2), busiest=busiest, loads=loads,
-                                balanced=iid not in self.imbalanced, policy=self.rank_policy())
+            self.events.publish(
+                "ranks",
+                instance=iid,
+                factor=round(factor, 2),
+                busiest=busiest,
+                loads=loads,
+                balanced=iid not in self.imbalanced,
+                policy=self.rank_policy(),
+            )

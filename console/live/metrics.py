@@ -60,14 +60,23 @@ class _InstanceCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         routed = CounterMetricFamily(
-            "sibyl_instance_routed_requests", "legs the gateway sent to the instance (prefill and decode legs; a request "
-            "whose two legs ran on one instance counts twice)", labels=["instance_id"])
+            "sibyl_instance_routed_requests",
+            "legs the gateway sent to the instance (prefill and decode legs; a request "
+            "whose two legs ran on one instance counts twice)",
+            labels=["instance_id"],
+        )
         hits = CounterMetricFamily(
-            "sibyl_instance_prefix_cache_hit_tokens", "prompt tokens the instance found in its prefix cache "
-            "(vllm:prefix_cache_hits_total at the console's last scrape)", labels=["instance_id"])
+            "sibyl_instance_prefix_cache_hit_tokens",
+            "prompt tokens the instance found in its prefix cache "
+            "(vllm:prefix_cache_hits_total at the console's last scrape)",
+            labels=["instance_id"],
+        )
         queries = CounterMetricFamily(
-            "sibyl_instance_prefix_cache_query_tokens", "prompt tokens the instance looked up in its prefix cache "
-            "(vllm:prefix_cache_queries_total at the console's last scrape)", labels=["instance_id"])
+            "sibyl_instance_prefix_cache_query_tokens",
+            "prompt tokens the instance looked up in its prefix cache "
+            "(vllm:prefix_cache_queries_total at the console's last scrape)",
+            labels=["instance_id"],
+        )
         for inst in self.instances():
             routed.add_metric([inst.id], inst.routed)
             hits.add_metric([inst.id], inst.sample.prefix_cache_hits_total)
@@ -84,51 +93,101 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "sibyl_gateway_requests", "requests by prefill/decode instance and outcome",
-            ["prefill", "decode", "outcome"], registry=r,
+            "sibyl_gateway_requests",
+            "requests by prefill/decode instance and outcome",
+            ["prefill", "decode", "outcome"],
+            registry=r,
         )
         self.decision = Histogram(
-            "sibyl_routing_decision_seconds", "time to take one routing decision",
-            buckets=_DECISION_BUCKETS, registry=r,
+            "sibyl_routing_decision_seconds",
+            "time to take one routing decision",
+            buckets=_DECISION_BUCKETS,
+            registry=r,
         )
         self.decisions = Counter(
-            "sibyl_decisions", "decisions taken on requests, by policy kind, active policy and outcome "
-            "(counted when the request leaves the gateway)", ["kind", "policy", "outcome"], registry=r,
+            "sibyl_decisions",
+            "decisions taken on requests, by policy kind, active policy and outcome "
+            "(counted when the request leaves the gateway)",
+            ["kind", "policy", "outcome"],
+            registry=r,
         )
         self.policy = Info("sibyl_policy", "active policy of each kind", ["kind"], registry=r)
         self.policy_swaps = Counter("sibyl_policy_swaps", "policy swaps by kind", ["kind"], registry=r)
         self.policy_swapped_at = Gauge(
-            "sibyl_policy_last_swap_timestamp_seconds", "Unix time of the last policy swap of each kind (0: none yet)",
-            ["kind"], registry=r,
+            "sibyl_policy_last_swap_timestamp_seconds",
+            "Unix time of the last policy swap of each kind (0: none yet)",
+            ["kind"],
+            registry=r,
         )
-        self.attainment = Gauge("sibyl_slo_attainment", "share of requests meeting their SLO (NaN until one finished)",
-                                ["window"], registry=r)
+        self.attainment = Gauge(
+            "sibyl_slo_attainment",
+            "share of requests meeting their SLO (NaN until one finished)",
+            ["window"],
+            registry=r,
+        )
         for window in ("60s", "run"):
             self.attainment.labels(window=window).set(float("nan"))
         self.slo_requests = Counter(
-            "sibyl_slo_requests", "finished requests by SLO class and result (met, missed, failed)",
-            ["slo_class", "result"], registry=r,
+            "sibyl_slo_requests",
+            "finished requests by SLO class and result (met, missed, failed)",
+            ["slo_class", "result"],
+            registry=r,
         )
-        self.ttft = Histogram("sibyl_ttft_seconds", "time to first token seen by the gateway (a whole reply: "
-                              "to the end of its prefill leg)", ["slo_class"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("sibyl_tpot_seconds", "time per output token seen by the gateway (streamed replies only)",
-                              ["slo_class"], buckets=_TPOT_BUCKETS, registry=r)
-        self.e2e = Histogram("sibyl_e2e_seconds", "arrival to last byte of a successful request",
-                             ["slo_class"], buckets=_E2E_BUCKETS, registry=r)
-        self.queue_wait = Histogram("sibyl_queue_wait_seconds", "arrival to the prefill leg being sent (held "
-                                    "in the gateway queue, then routed)", ["slo_class"], buckets=_WAIT_BUCKETS, registry=r)
-        self.handoff = Histogram("sibyl_pd_handoff_seconds", "P/D hand-off: end of the prefill leg to the first "
-                                 "decode token (streamed replies only)", ["slo_class"], buckets=_WAIT_BUCKETS, registry=r)
-        self.whole_replies = Counter("sibyl_whole_replies", "successful non-streamed requests: TTFT taken at the "
-                                     "prefill leg's end, TPOT unknown", ["slo_class"], registry=r)
-        self.migration_stall = Histogram("sibyl_migration_stall_seconds", "gap between tokens a client saw across a live migration",
-                                         buckets=_TPOT_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "sibyl_ttft_seconds",
+            "time to first token seen by the gateway (a whole reply: to the end of its prefill leg)",
+            ["slo_class"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "sibyl_tpot_seconds",
+            "time per output token seen by the gateway (streamed replies only)",
+            ["slo_class"],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "sibyl_e2e_seconds",
+            "arrival to last byte of a successful request",
+            ["slo_class"],
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "sibyl_queue_wait_seconds",
+            "arrival to the prefill leg being sent (held in the gateway queue, then routed)",
+            ["slo_class"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.handoff = Histogram(
+            "sibyl_pd_handoff_seconds",
+            "P/D hand-off: end of the prefill leg to the first decode token (streamed replies only)",
+            ["slo_class"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.whole_replies = Counter(
+            "sibyl_whole_replies",
+            "successful non-streamed requests: TTFT taken at the prefill leg's end, TPOT unknown",
+            ["slo_class"],
+            registry=r,
+        )
+        self.migration_stall = Histogram(
+            "sibyl_migration_stall_seconds",
+            "gap between tokens a client saw across a live migration",
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge("sibyl_gateway_in_flight", "requests being proxied", registry=r)
         self.queue_depth = Gauge("sibyl_gateway_queue_depth", "requests held by the queue policy", registry=r)
         self._request_counters: dict[tuple[str, str, bool], Counter] = {}
         self._classes: dict[str, _ClassLatency] = {}
         self._decision_counters: dict[tuple[str, str, str], Counter] = {}
-        self.instance_up = Gauge("sibyl_instance_up", "1 when the instance is routable", ["instance_id", "role"], registry=r)
+        self.instance_up = Gauge(
+            "sibyl_instance_up", "1 when the instance is routable", ["instance_id", "role"], registry=r
+        )
         self._instances = _InstanceCollector()
         r.register(self._instances)
 
@@ -141,7 +200,9 @@ class GatewayMetrics:
         key = (prefill, decode, ok)
         child = self._request_counters.get(key)
         if child is None:
-            child = self._request_counters[key] = self.requests.labels(prefill=prefill, decode=decode, outcome="ok" if ok else "failed")
+            child = self._request_counters[key] = self.requests.labels(
+                prefill=prefill, decode=decode, outcome="ok" if ok else "failed"
+            )
         child.inc()
 
     def of_class(self, slo_class: str) -> _ClassLatency:

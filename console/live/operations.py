@@ -64,7 +64,13 @@ class Operations:
         c = self.c
         for m in decisions.migrations:
             if Capability.MIGRATION not in c.backend.capabilities:
-                c.instance_event(m.source, None, "refused", f"migration of {m.request_id} to {m.target}: the {c.backend.label} backend cannot migrate", policy)
+                c.instance_event(
+                    m.source,
+                    None,
+                    "refused",
+                    f"migration of {m.request_id} to {m.target}: the {c.backend.label} backend cannot migrate",
+                    policy,
+                )
                 continue
             task = asyncio.create_task(self._migrate_logged(str(m.request_id), m.target, policy, m.reason))
             self._migrations.add(task)
@@ -89,7 +95,11 @@ class Operations:
         src = live.decode_instance
         if target == src:
             raise ScaleError(f"request {request_id!r} decodes on {target} already")
-        if target not in c.instances or c.dispatcher.role_of(target) != Role.DECODE or c.dispatcher.phase_of(target) != "active":
+        if (
+            target not in c.instances
+            or c.dispatcher.role_of(target) != Role.DECODE
+            or c.dispatcher.phase_of(target) != "active"
+        ):
             raise ScaleError(f"{target!r} is not an active decode instance")
         assert src is not None
         live.migrating_to = target
@@ -111,7 +121,9 @@ class Operations:
         except SibylError as e:
             self.c.instance_event(src or target, None, "migration_refused", f"{request_id} → {target}: {e}", source)
 
-    def migration_done(self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int, first_after: float) -> None:
+    def migration_done(
+        self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int, first_after: float
+    ) -> None:
         """The first token of a migrated request arrived from its new instance: record the stall,
         also in decode steps (the request's own mean time between tokens before the move)."""
         stall = first_after - last_before
@@ -122,7 +134,9 @@ class Operations:
         detail = f"request {live.id} → {target} after {tokens_before} tokens: the client waited {stall * 1000:.1f} ms between tokens{steps}"
         self.c.metrics.migration_stall.observe(stall)
         self.c.instance_event(src, Role.DECODE, "migrated", detail)
-        self.c.events.publish("migration", request_id=live.id, source=src, target=target, stall_s=stall, tokens_before=tokens_before)
+        self.c.events.publish(
+            "migration", request_id=live.id, source=src, target=target, stall_s=stall, tokens_before=tokens_before
+        )
 
     # --- scaling by an operator ------------------------------------------------------------------
     async def scale(self, role: str, delta: int, source: str = "api") -> dict[str, Any]:
@@ -161,7 +175,11 @@ class Operations:
             raise ScaleError(f"no instance {instance_id!r}; instances: {', '.join(c.instances)}")
         if inst.role == r:
             raise ScaleError(f"{instance_id} already serves {role}")
-        others = [i for i in c.instances.values() if i.role == inst.role and i.id != instance_id and c.dispatcher.phase_of(i.id) == "active"]
+        others = [
+            i
+            for i in c.instances.values()
+            if i.role == inst.role and i.id != instance_id and c.dispatcher.phase_of(i.id) == "active"
+        ]
         if not others:
             raise ScaleError(f"{instance_id} is the last active {inst.role.value} instance")
         try:

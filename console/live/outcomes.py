@@ -111,7 +111,9 @@ class RunLog(Protocol):
     def instance_event(self, *, t: float, instance_id: str, event: str, detail: str) -> None:
         """Something happened to an instance (up, down, added, migrated...)."""
 
-    def policy_event(self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str) -> None:
+    def policy_event(
+        self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
+    ) -> None:
         """A policy became active."""
 
 
@@ -171,7 +173,13 @@ class Outcomes:
         met = self.slo.add(finish, lat.ttft, lat.tpot, live.ok, req.slo_class)
         if not live.ok:
             self.failed += 1
-            self.events.publish("failure", request_id=live.id, reason=live.reason, prefill=live.prefill_instance, decode=live.decode_instance)
+            self.events.publish(
+                "failure",
+                request_id=live.id,
+                reason=live.reason,
+                prefill=live.prefill_instance,
+                decode=live.decode_instance,
+            )
         elif live.recovered is not None:  # saved after a failure (failure migration, a lost prefill's KV)
             self.events.publish("recovered", request_id=live.id, detail=live.recovered, decode=live.decode_instance)
         self.observe(live, lat, met)
@@ -237,7 +245,15 @@ class Outcomes:
         t = time.monotonic() - self.t0
         text = f"{detail} [{source}]" if source else detail
         self.log.instance_event(t=t, instance_id=instance_id, event=event, detail=text)
-        self.events.publish("instance", instance=instance_id, role=role.value if role else None, event=event, detail=detail, source=source, t=t)
+        self.events.publish(
+            "instance",
+            instance=instance_id,
+            role=role.value if role else None,
+            event=event,
+            detail=detail,
+            source=source,
+            t=t,
+        )
 
     def instance_up(self, inst: Instance, up: bool) -> None:
         """The `sibyl_instance_up` gauge of `inst` under its current role."""
@@ -265,7 +281,9 @@ class Outcomes:
         self.active[kind] = name
         self.metrics.policy_active(kind, name, str(params))
 
-    def policy_swapped(self, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str) -> None:
+    def policy_swapped(
+        self, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
+    ) -> None:
         """A policy swap: stored, shown as the active policy's metric, published."""
         self.log.policy_event(t=t, kind=kind, old=old, new=new, params=params, source=source)
         self.policy_active(kind, new, params)

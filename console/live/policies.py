@@ -38,8 +38,12 @@ def check_capability(backend: Backend, kind: PolicyKind, name: str, params: dict
 def check_policies(config: ConsoleConfig, backend: Backend) -> None:
     """Build every configured policy once (bad names and params fail before anything starts)."""
     registry.build(PolicyKind.ROUTING, config.policy, config.params)
-    choices = ((PolicyKind.QUEUE, config.queue), (PolicyKind.RESCHEDULE, config.reschedule),
-               (PolicyKind.SCALING, config.scaling), (PolicyKind.RANK, config.rank))
+    choices = (
+        (PolicyKind.QUEUE, config.queue),
+        (PolicyKind.RESCHEDULE, config.reschedule),
+        (PolicyKind.SCALING, config.scaling),
+        (PolicyKind.RANK, config.rank),
+    )
     for kind, choice in choices:
         registry.build(kind, choice.name, choice.params)
         check_capability(backend, kind, choice.name, choice.params)
@@ -52,6 +56,14 @@ def catalog(live: bool = False) -> list[dict[str, Any]]:
     for s in registry.specs():
         if live and s.sim_only:
             continue
-        out.append({"kind": s.kind.value, "name": s.name, "summary": s.summary, "params_schema": s.schema(),
-                    "defaults": s.defaults(), "sim_only": s.sim_only})
+        out.append(
+            {
+                "kind": s.kind.value,
+                "name": s.name,
+                "summary": s.summary,
+                "params_schema": s.schema(),
+                "defaults": s.defaults(),
+                "sim_only": s.sim_only,
+            }
+        )
     return out

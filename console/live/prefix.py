@@ -53,7 +53,9 @@ async def engine_token_ids(body: dict[str, Any], instances: Sequence[Instance]) 
         if not inst.healthy or inst.session is None:
             continue
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-            async with inst.session.post("/tokenize", json=payload, timeout=aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_S)) as r:
+            async with inst.session.post(
+                "/tokenize", json=payload, timeout=aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_S)
+            ) as r:
                 if r.status == 200:
                     tokens = (await r.json()).get("tokens")
                     if isinstance(tokens, list):
@@ -90,7 +92,11 @@ class PrefixIndex:
             return ()
         ids = token_ids(body)
         if ids is None:
-            if tokenize and self.settings.tokenize == "instance" and ("messages" in body or isinstance(body.get("prompt"), str)):
+            if (
+                tokenize
+                and self.settings.tokenize == "instance"
+                and ("messages" in body or isinstance(body.get("prompt"), str))
+            ):
                 return None
             self.unkeyed += 1
             return ()
@@ -113,8 +119,9 @@ class PrefixIndex:
         """Subscribe to an instance's KV events (precise source; instances that publish them)."""
         if self.settings.source != "precise" or inst.kv_events_endpoint is None or inst.id in self.subscribers:
             return
-        sub = KVEventSubscriber(inst.id, inst.kv_events_endpoint, self.dispatcher.apply_kv_events,
-                                replay_endpoint=inst.kv_events_replay)
+        sub = KVEventSubscriber(
+            inst.id, inst.kv_events_endpoint, self.dispatcher.apply_kv_events, replay_endpoint=inst.kv_events_replay
+        )
         sub.start()
         self.subscribers[inst.id] = sub
 
@@ -144,10 +151,24 @@ class PrefixIndex:
         lags = {}
         for iid, sub in self.subscribers.items():
             lag = sub.lag()
-            lags[iid] = {"endpoint": sub.endpoint, "connected": lag.connected, "last_seq": lag.last_seq, "events_per_s": lag.events_per_s,
-                         "since_last_event_s": lag.since_last_event_s, "gaps_filled": lag.gaps_filled,
-                         "gaps_unfilled": lag.gaps_unfilled, "restarts": lag.restarts, "unresolved": lag.unresolved,
-                         "bad_messages": lag.bad_messages, "events": lag.events}
+            lags[iid] = {
+                "endpoint": sub.endpoint,
+                "connected": lag.connected,
+                "last_seq": lag.last_seq,
+                "events_per_s": lag.events_per_s,
+                "since_last_event_s": lag.since_last_event_s,
+                "gaps_filled": lag.gaps_filled,
+                "gaps_unfilled": lag.gaps_unfilled,
+                "restarts": lag.restarts,
+                "unresolved": lag.unresolved,
+                "bad_messages": lag.bad_messages,
+                "events": lag.events,
+            }
         total = self.keyed + self.unkeyed
-        return {"source": self.settings.source, "block_size": self.block_size, "keyed_share": self.keyed / total if total else None,
-                "tokenize_ms_mean": 1e3 * self.tokenize_s / total if total else None, "events": lags}
+        return {
+            "source": self.settings.source,
+            "block_size": self.block_size,
+            "keyed_share": self.keyed / total if total else None,
+            "tokenize_ms_mean": 1e3 * self.tokenize_s / total if total else None,
+            "events": lags,
+        }

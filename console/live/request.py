@@ -69,12 +69,12 @@ PREFILL_ATTEMPTS = 2
 """A prefill leg that fails (instance unreachable or 5xx) is sent once more, to another instance."""
 
 
-
 def cached_tokens(reply: dict[str, Any]) -> int | None:
     """`usage.prompt_tokens_details.cached_tokens` of a prefill leg's reply, when the engine reports it."""
     details = (reply.get("usage") or {}).get("prompt_tokens_details")
     value = details.get("cached_tokens") if isinstance(details, dict) else None
     return value if type(value) is int else None
+
 
 class Step(StrEnum):
     """Where a live request is in its life."""
@@ -138,8 +138,9 @@ class RequestHost(Protocol):
     def lost_signal(self, instance_id: str) -> asyncio.Future[None]:
         """A future done once the instance is marked down or removed."""
 
-    def migration_done(self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int,
-                       first_after: float) -> None:
+    def migration_done(
+        self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int, first_after: float
+    ) -> None:
         """The first token of a migrated request arrived from its new instance."""
 
 
@@ -147,9 +148,28 @@ class LiveRequest:
     """One request through the gateway; see the module docstring for its life."""
 
     __slots__ = (
-        "request", "path", "body", "stream", "forward_headers", "step", "times", "prefill_instance",
-        "decode_instance", "tried_prefill", "output_tokens", "reason", "ok", "released", "first_token_at",
-        "recovered", "migrating_to", "handed_over", "last_token_at", "resume_leg", "tried_decode", "dp_rank",
+        "request",
+        "path",
+        "body",
+        "stream",
+        "forward_headers",
+        "step",
+        "times",
+        "prefill_instance",
+        "decode_instance",
+        "tried_prefill",
+        "output_tokens",
+        "reason",
+        "ok",
+        "released",
+        "first_token_at",
+        "recovered",
+        "migrating_to",
+        "handed_over",
+        "last_token_at",
+        "resume_leg",
+        "tried_decode",
+        "dp_rank",
         "cached_tokens",
     )
 
@@ -227,7 +247,9 @@ class LiveRequest:
             self.reason = f"internal error: {type(e).__name__}: {e}"
             log.exception("request %s failed inside the gateway", self.id)
             if not client.started and not client.gone.is_set():
-                await client.error(500, f"the gateway failed on this request ({type(e).__name__}); it is recorded as {self.id}")
+                await client.error(
+                    500, f"the gateway failed on this request ({type(e).__name__}); it is recorded as {self.id}"
+                )
         finally:
             client.close()
             self.drop_resume()
@@ -294,7 +316,11 @@ class LiveRequest:
                     raise
                 c.upstream_failed(inst.id)
                 self.tried_prefill.append(inst.id)
-                retry = d.retry_prefill(rid, self.tried_prefill, time.monotonic()) if len(self.tried_prefill) < PREFILL_ATTEMPTS else None
+                retry = (
+                    d.retry_prefill(rid, self.tried_prefill, time.monotonic())
+                    if len(self.tried_prefill) < PREFILL_ATTEMPTS
+                    else None
+                )
                 if retry is None:
                     raise
                 self.prefill_instance = retry
@@ -319,7 +345,9 @@ class LiveRequest:
             try:
                 self.decode_instance = d.bind_late(rid, time.monotonic())
             except NoCapacityError as e:
-                raise Rejected(503, f"no capacity at prefill end: {e}; try again when instances recover", c.retry_after_s()) from None
+                raise Rejected(
+                    503, f"no capacity at prefill end: {e}; try again when instances recover", c.retry_after_s()
+                ) from None
         self.enter(Step.DECODE_BOUND)
         dec = c.instances[self.decode_instance]
         kv = reply.get("kv_transfer_params")
@@ -332,7 +360,9 @@ class LiveRequest:
             if e.delivered:
                 # the leg reached the instance before it died: it may have pulled the KV (which
                 # frees it on the prefill instance), so the next one computes the prompt itself
-                target = self._fail_over(c, e.instance_id, 0, f"decode {e.instance_id} failed before anything reached the client: {e}")
+                target = self._fail_over(
+                    c, e.instance_id, 0, f"decode {e.instance_id} failed before anything reached the client: {e}"
+                )
                 if target is None:
                     raise UpstreamFailure(e.instance_id, 503, self.reason or str(e)) from None
                 await self._decode_leg(c, client, target, orjson.dumps(decode_leg_body(self.body, None)))
@@ -348,7 +378,9 @@ class LiveRequest:
             self.decode_instance = retry
             await self._decode_with_kv(c, client, c.instances[retry], kv)
 
-    async def _decode_with_kv(self, c: RequestHost, client: ClientChannel, dec: Instance, kv: dict[str, Any] | None) -> None:
+    async def _decode_with_kv(
+        self, c: RequestHost, client: ClientChannel, dec: Instance, kv: dict[str, Any] | None
+    ) -> None:
         """Leg 2 on `dec`, recomputing the prompt there if its prefill instance is lost first."""
         if kv is None:
             await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, None)))
@@ -382,13 +414,17 @@ class LiveRequest:
                 if e.status < 500 or e.delivered or client.started or self.output_tokens or e.instance_id != dec.id:
                     raise
                 cut = False
-                note = (f"decode {dec.id} answered {e.status} before its first token, as when the prompt's KV cannot be "
-                        f"pulled from prefill {self.prefill_instance}: the prompt was recomputed on {dec.id}")
+                note = (
+                    f"decode {dec.id} answered {e.status} before its first token, as when the prompt's KV cannot be "
+                    f"pulled from prefill {self.prefill_instance}: the prompt was recomputed on {dec.id}"
+                )
             finally:
                 lost.remove_done_callback(on_lost)
         if cut or lost.done():
-            note = (f"prefill {self.prefill_instance} was lost before decode {dec.id} received the prompt's KV: "
-                    f"the prompt was recomputed on {dec.id}")
+            note = (
+                f"prefill {self.prefill_instance} was lost before decode {dec.id} received the prompt's KV: "
+                f"the prompt was recomputed on {dec.id}"
+            )
         self.recovered = note if self.recovered is None else f"{self.recovered}; {note}"
         log.warning("request %s: %s", self.id, note)
         await self._decode_leg(c, client, dec, orjson.dumps(decode_leg_body(self.body, None)))
@@ -422,7 +458,9 @@ class LiveRequest:
             c.upstream_failed(dec.id)
             target = self._fail_over(c, dec.id, 0, f"decode {dec.id} failed before its reply was complete: {e}")
             if target is None:
-                raise UpstreamFailure(dec.id, 503, self.reason or str(e)) from None  # not 502: the KV is gone, no plain retry
+                raise UpstreamFailure(
+                    dec.id, 503, self.reason or str(e)
+                ) from None  # not 502: the KV is gone, no plain retry
             await self._decode_leg(c, client, target, orjson.dumps(decode_leg_body(self.body, None)))
 
     def _fail_over(self, c: RequestHost, failed: str, streamed: int, why: str) -> Instance | None:
@@ -463,10 +501,14 @@ class LiveRequest:
         leg, self.resume_leg = self.resume_leg, None
         if leg is not None:
             leg.cancel()
-            leg.add_done_callback(lambda f: f.result().release() if not f.cancelled() and f.exception() is None else None)
+            leg.add_done_callback(
+                lambda f: f.result().release() if not f.cancelled() and f.exception() is None else None
+            )
 
     async def _open_resume(self, target: Instance) -> Response:
-        return await open_decode(target, self.path, orjson.dumps(resume_leg_body(self.body, self.id)), self.forward_headers)
+        return await open_decode(
+            target, self.path, orjson.dumps(resume_leg_body(self.body, self.id)), self.forward_headers
+        )
 
     async def _relay(self, c: RequestHost, client: ClientChannel, r: Any, decode_id: str) -> None:
         """Relay the decode stream to the client; follow the request when its instance migrates it."""
@@ -492,7 +534,9 @@ class LiveRequest:
         counter = None
         last = b""
         relayed: Callable[[bytes], Awaitable[None]] = client.write
-        transcript = StreamTranscript(self.path.endswith("chat/completions")) if c.config.failure_migration_attempts else None
+        transcript = (
+            StreamTranscript(self.path.endswith("chat/completions")) if c.config.failure_migration_attempts else None
+        )
         if transcript is not None:
             relayed = recording(relayed, transcript.add)
         write = relayed
@@ -518,7 +562,9 @@ class LiveRequest:
                     break
                 target, self.migrating_to = self.migrating_to, None
                 if target is None or target not in c.instances:
-                    self.reason = f"decode {decode_id} handed the request over unasked ({handoff[:200].decode(errors='replace')})"
+                    self.reason = (
+                        f"decode {decode_id} handed the request over unasked ({handoff[:200].decode(errors='replace')})"
+                    )
                     await client.end(sse_error(502, self.reason))
                     return
                 opened, self.resume_leg = self.resume_leg, None
@@ -546,8 +592,9 @@ class LiveRequest:
             self.reason = f"decode {decode_id} stream ended early: {counter.error or 'no [DONE]'}"
         await client.end(add_streamed_usage(last, counter.offset) if counter.offset and last else last)
 
-    async def _resume_elsewhere(self, c: RequestHost, failed: str, broken: StreamBroken,
-                                transcript: StreamTranscript | None) -> tuple[Response, str] | None:
+    async def _resume_elsewhere(
+        self, c: RequestHost, failed: str, broken: StreamBroken, transcript: StreamTranscript | None
+    ) -> tuple[Response, str] | None:
         """Failure migration: continue a stream whose decode instance died on another one, from
         the prompt plus the text already relayed; None (reason set) when it cannot be."""
         streamed = broken.counter.tokens
@@ -564,7 +611,13 @@ class LiveRequest:
         while (target := self._fail_over(c, failed, streamed, why)) is not None:
             try:
                 if by_ids:  # a token-id prompt continues with the streamed text as the target tokenizes it
-                    body, _ = continuation_body(self.body, False, text, streamed, await tokenize(target, text, self.forward_headers) if text else [])
+                    body, _ = continuation_body(
+                        self.body,
+                        False,
+                        text,
+                        streamed,
+                        await tokenize(target, text, self.forward_headers) if text else [],
+                    )
                 return await open_decode(target, self.path, orjson.dumps(body), self._leg_headers(c, target)), target.id
             except UpstreamFailure as e:
                 if not e.instance_fault:

@@ -153,7 +153,11 @@ class Scaler:
         c.dispatcher.remove_instance(iid)
         await inst.close()
         await c.backend.remove(iid)
-        detail = "drained" if not left else f"drain timed out after {c.config.instance_drain_timeout_s:g} s with {left} requests in flight"
+        detail = (
+            "drained"
+            if not left
+            else f"drain timed out after {c.config.instance_drain_timeout_s:g} s with {left} requests in flight"
+        )
         c.instance_event(iid, inst.role, "removed", detail, source)
 
     async def _flip(self, iid: str, role: Role, reason: str, source: str) -> None:

@@ -47,9 +47,17 @@ class LiveConsole:
 def describe(live: LiveConsole) -> dict[str, Any]:
     """What `up` prints about a started console, as JSON-able data (also the server process's ready line)."""
     return {
-        "url": live.url, "run_id": live.run_id, "token_file": str(live.token_file), "db": str(live.db), "pid": os.getpid(),
-        "cluster": live.controller.state()["cluster"], "backend": live.controller.backend.label, "log": None,
-        "reaped": [{"run_id": r.run_id, "instance": r.instance, "pid": r.pid, "stopped": r.stopped} for r in live.reaped],
+        "url": live.url,
+        "run_id": live.run_id,
+        "token_file": str(live.token_file),
+        "db": str(live.db),
+        "pid": os.getpid(),
+        "cluster": live.controller.state()["cluster"],
+        "backend": live.controller.backend.label,
+        "log": None,
+        "reaped": [
+            {"run_id": r.run_id, "instance": r.instance, "pid": r.pid, "stopped": r.stopped} for r in live.reaped
+        ],
     }
 
 
@@ -87,8 +95,12 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
     store = RunStore(config.db)
     store.mark_interrupted_runs()
     run_id = store.create_run(
-        kind="live", backend=config.backend, cluster=f"{config.prefill}P{config.decode}D",
-        workload=str(config.replay or ""), policy=config.policy, config=redact_config(config.model_dump(mode="json")),
+        kind="live",
+        backend=config.backend,
+        cluster=f"{config.prefill}P{config.decode}D",
+        workload=str(config.replay or ""),
+        policy=config.policy,
+        config=redact_config(config.model_dump(mode="json")),
     )
     run_dir = discovery.runs_dir() / run_id
     backend = backends.create(config.backend, config.backend_settings(), run_dir)
@@ -108,8 +120,15 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
         app = build_app(controller, manage_lifecycle=False, request_shutdown=request_shutdown)
         server = ManagedServer(
             uvicorn.Config(
-                app, host=config.host, port=config.port, http="httptools", log_level="warning", proxy_headers=False,
-                access_log=False, lifespan="on", timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
+                app,
+                host=config.host,
+                port=config.port,
+                http="httptools",
+                log_level="warning",
+                proxy_headers=False,
+                access_log=False,
+                lifespan="on",
+                timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
             )
         )
         replay_task: asyncio.Task[None] | None = None
@@ -123,7 +142,9 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
             stop_replay()
             controller.events.close("stopping", reason=shutdown.reason, drain_timeout_s=config.drain_timeout_s)
 
-        shutdown = Shutdown(server, drain_timeout_s=config.drain_timeout_s, on_first=stopping, db=store.path, run_id=run_id)
+        shutdown = Shutdown(
+            server, drain_timeout_s=config.drain_timeout_s, on_first=stopping, db=store.path, run_id=run_id
+        )
         shutdown.install_signal_handlers()
         if owner_fd is not None:
             shutdown.watch_owner(owner_fd)
@@ -175,14 +196,32 @@ def start_replay(config: ConsoleConfig, controller: Controller, store: RunStore,
 
     assert config.replay is not None
     trace = read_trace(config.replay)
-    run_id = store.create_run(kind="replay", backend="client", workload=trace.source or trace.name, parent_run_id=controller.run_id,
-                              config={"trace": str(config.replay), "speed": config.replay_speed, "loop": config.replay_loop,
-                                      "hash_block_tokens": config.replay_hash_block_tokens})
+    run_id = store.create_run(
+        kind="replay",
+        backend="client",
+        workload=trace.source or trace.name,
+        parent_run_id=controller.run_id,
+        config={
+            "trace": str(config.replay),
+            "speed": config.replay_speed,
+            "loop": config.replay_loop,
+            "hash_block_tokens": config.replay_hash_block_tokens,
+        },
+    )
     recorder = RunRecorder(store, run_id)
-    rep = Replayer.from_trace(trace, url,  # keeps a Mooncake trace's prefix structure and sessions
-                              hash_block_tokens=config.replay_hash_block_tokens, speed=config.replay_speed, loop=config.replay_loop, max_context=controller.max_model_len, on_result=recorder.request)
+    rep = Replayer.from_trace(
+        trace,
+        url,  # keeps a Mooncake trace's prefix structure and sessions
+        hash_block_tokens=config.replay_hash_block_tokens,
+        speed=config.replay_speed,
+        loop=config.replay_loop,
+        max_context=controller.max_model_len,
+        on_result=recorder.request,
+    )
     controller.replay = rep
-    controller.replay_label = f"{Path(config.replay).name} x{config.replay_speed:g}{' (loop)' if config.replay_loop else ''}"
+    controller.replay_label = (
+        f"{Path(config.replay).name} x{config.replay_speed:g}{' (loop)' if config.replay_loop else ''}"
+    )
 
     async def run() -> None:
         status = "completed"
@@ -194,4 +233,3 @@ def start_replay(config: ConsoleConfig, controller: Controller, store: RunStore,
             recorder.close(status=status, summary=rep.stats.snapshot())
 
     return asyncio.create_task(run(), name="replay")
-

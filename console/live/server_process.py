@@ -72,7 +72,9 @@ class ServerHandle:
         return wait_for_exit(self.proc, timeout_s, progress)
 
 
-def wait_for_exit(proc: subprocess.Popen[bytes], timeout_s: float, progress: Callable[[float], None] | None = None) -> int | None:
+def wait_for_exit(
+    proc: subprocess.Popen[bytes], timeout_s: float, progress: Callable[[float], None] | None = None
+) -> int | None:
     """Wait for `proc` to end (SIGKILL after `timeout_s`); `progress(elapsed)` about twice a second."""
     start = time.monotonic()
     while proc.poll() is None:
@@ -97,7 +99,9 @@ def stop_bound_s(config: ConsoleConfig) -> float:
     return 2 * config.drain_timeout_s + STOP_GRACE_S + 5
 
 
-def spawn_server(config: ConsoleConfig, *, owned: bool, waiting: Callable[[float, Path], None] | None = None) -> ServerHandle:
+def spawn_server(
+    config: ConsoleConfig, *, owned: bool, waiting: Callable[[float, Path], None] | None = None
+) -> ServerHandle:
     """Start `sibyl-console serve` for `config` in a new session and wait until it serves.
 
     `owned`: the server stops when this process goes away (unless `detach`ed). `waiting(elapsed,
@@ -112,12 +116,29 @@ def spawn_server(config: ConsoleConfig, *, owned: bool, waiting: Callable[[float
     config_file.chmod(0o600)
     ready_r, ready_w = os.pipe()
     owner_r, owner_w = os.pipe() if owned else (None, None)
-    cmd = [sys.executable, "-m", "console.cli", "serve", "--config", str(config_file), "--ready-fd", str(ready_w), "--log", str(log)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "console.cli",
+        "serve",
+        "--config",
+        str(config_file),
+        "--ready-fd",
+        str(ready_w),
+        "--log",
+        str(log),
+    ]
     if owner_r is not None:
         cmd += ["--owner-fd", str(owner_r)]
     with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                pass_fds=tuple(fd for fd in (ready_w, owner_r) if fd is not None))
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=tuple(fd for fd in (ready_w, owner_r) if fd is not None),
+        )
     os.close(ready_w)
     if owner_r is not None:
         os.close(owner_r)
@@ -135,11 +156,21 @@ def spawn_server(config: ConsoleConfig, *, owned: bool, waiting: Callable[[float
         os.close(ready_r)
         config_file.unlink(missing_ok=True)
     info = json.loads(line)
-    return ServerHandle(proc, str(info["url"]), str(info["run_id"]), Path(str(info["token_file"])), Path(str(info["log"])),
-                        Path(str(info["db"])), info, owner_w)
+    return ServerHandle(
+        proc,
+        str(info["url"]),
+        str(info["run_id"]),
+        Path(str(info["token_file"])),
+        Path(str(info["log"])),
+        Path(str(info["db"])),
+        info,
+        owner_w,
+    )
 
 
-def _read_ready(proc: subprocess.Popen[bytes], fd: int, log: Path, waiting: Callable[[float, Path], None] | None) -> str:
+def _read_ready(
+    proc: subprocess.Popen[bytes], fd: int, log: Path, waiting: Callable[[float, Path], None] | None
+) -> str:
     start, data = time.monotonic(), b""
     while b"\n" not in data:
         readable, _, _ = select.select([fd], [], [], 0.5)
@@ -154,8 +185,10 @@ def _read_ready(proc: subprocess.Popen[bytes], fd: int, log: Path, waiting: Call
             waiting(time.monotonic() - start, log)
     if b"\n" not in data:
         wait_for_exit(proc, 10)
-        raise ServerStartError(f"the console server exited before it was ready (exit {proc.returncode}); "
-                               f"the end of its log {log}:\n{_tail(log)}")
+        raise ServerStartError(
+            f"the console server exited before it was ready (exit {proc.returncode}); "
+            f"the end of its log {log}:\n{_tail(log)}"
+        )
     return data.split(b"\n", 1)[0].decode()
 
 
@@ -175,7 +208,9 @@ def say_ready(fd: int, info: dict[str, object]) -> None:
         os.close(fd)
 
 
-def stop_local(address: discovery.ConsoleAddress, timeout_s: float, progress: Callable[[float], None] | None = None) -> bool:
+def stop_local(
+    address: discovery.ConsoleAddress, timeout_s: float, progress: Callable[[float], None] | None = None
+) -> bool:
     """SIGTERM a local console by its pid and wait until it is gone; False if it outlived `timeout_s`."""
     if address.pid is None:
         raise ConsoleError(f"the console at {address.url} did not say its pid; stop it with POST /control/shutdown")

@@ -31,8 +31,15 @@ STOP_GRACE_S = 20.0
 class Shutdown:
     """Graceful first, forced second, bounded always."""
 
-    def __init__(self, server: uvicorn.Server, *, drain_timeout_s: float, on_first: Callable[[], None] | None = None,
-                 db: Path | None = None, run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        server: uvicorn.Server,
+        *,
+        drain_timeout_s: float,
+        on_first: Callable[[], None] | None = None,
+        db: Path | None = None,
+        run_id: str | None = None,
+    ) -> None:
         self.server = server
         self.drain_timeout_s = drain_timeout_s
         self.on_first = on_first
@@ -107,10 +114,16 @@ class Shutdown:
         self._watchdog.start()
 
     def _hard_exit(self) -> None:
-        print(f"sibyl-console: the stop ({self.reason}) did not finish within {self.bound_s:.0f} s; exiting now "
-              "(launched instances stop by their parent-death signal)", file=sys.stderr, flush=True)
+        print(
+            f"sibyl-console: the stop ({self.reason}) did not finish within {self.bound_s:.0f} s; exiting now "
+            "(launched instances stop by their parent-death signal)",
+            file=sys.stderr,
+            flush=True,
+        )
         if self._db is not None and self._run_id is not None:
             with contextlib.suppress(sqlite3.Error), sqlite3.connect(self._db, timeout=2.0) as conn:
-                conn.execute("UPDATE runs SET status = 'interrupted', ended_at = ? WHERE run_id = ? AND status = 'running'",
-                             (time.time(), self._run_id))
+                conn.execute(
+                    "UPDATE runs SET status = 'interrupted', ended_at = ? WHERE run_id = ? AND status = 'running'",
+                    (time.time(), self._run_id),
+                )
         os._exit(70)

@@ -50,9 +50,12 @@ class InstanceRow(_Model):
     kv_usage: float | None = Field(None, description="share of its KV cache in use, 0..1, from its /metrics")
     tokens_per_s: float | None = Field(None, description="tokens it generated per second between the last two scrapes")
     prefix_hit_rate: float | None = Field(
-        None, description="prompt tokens found in its prefix cache ÷ tokens looked up, over the last 30 s (its own /metrics)")
+        None,
+        description="prompt tokens found in its prefix cache ÷ tokens looked up, over the last 30 s (its own /metrics)",
+    )
     cached_share: float | None = Field(
-        None, description="prompt tokens found in its own cache ÷ prompt tokens it took in, over the last 30 s")
+        None, description="prompt tokens found in its own cache ÷ prompt tokens it took in, over the last 30 s"
+    )
     projected_load: float | None = Field(
         None, description="its load as the active routing policy sees it (none: the policy projects none)"
     )
@@ -66,7 +69,7 @@ class InstanceRow(_Model):
     dp_ranks: list[int] | None = Field(
         None,
         description="resident KV tokens per rank of a data-parallel group "
-                    "(none: not a group, or the group places requests itself)",
+        "(none: not a group, or the group places requests itself)",
     )
     scraped: ScrapedCounters = Field(
         default_factory=ScrapedCounters,
@@ -94,11 +97,15 @@ class SloStats(_Model):
     requests: int | None = Field(None, description="requests that finished")
     failed: int | None = Field(None, description="requests that failed")
     attainment: float | None = Field(
-        None, description="share of requests that met their SLO (TTFT and TPOT; a request without a measured TPOT on TTFT alone), 0..1"
+        None,
+        description="share of requests that met their SLO (TTFT and TPOT; a request without a measured TPOT on TTFT alone), 0..1",
     )
-    ttft_attainment: float | None = Field(None, description="share that met their TTFT target, of those with a measured TTFT or failed")
+    ttft_attainment: float | None = Field(
+        None, description="share that met their TTFT target, of those with a measured TTFT or failed"
+    )
     tpot_attainment: float | None = Field(
-        None, description="share that met their TPOT target, of those with a measured TPOT or failed (whole replies are left out)"
+        None,
+        description="share that met their TPOT target, of those with a measured TPOT or failed (whole replies are left out)",
     )
     tpot_unknown: int | None = Field(
         None, description="requests that succeeded without a measured TPOT (whole, non-streamed replies)"
@@ -114,9 +121,7 @@ class SloSnapshot(_Model):
     """SLO targets and attainment, over the last window and the run."""
 
     classes: dict[str, SLOClass] = Field(
-
         default_factory=dict, description="the SLO classes by name (their TTFT and TPOT targets)"
-
     )
     window_s: float = Field(60.0, description="length of the sliding window, seconds")
     window: SloStats = Field(default_factory=SloStats, description="outcomes of the last window_s seconds")
@@ -142,7 +147,9 @@ class QueueState(_Model):
     )
     ttl_s: float | None = Field(None, description="how long a request may be held before it is rejected (503)")
     admission: dict[str, float | int] | None = Field(
-        None, description="SLO admission's limits in force (decode slots, wait bound, ...) and its shed/expired counts; none when off")
+        None,
+        description="SLO admission's limits in force (decode slots, wait bound, ...) and its shed/expired counts; none when off",
+    )
 
 
 class ReplayProgress(_Model):
@@ -185,8 +192,10 @@ class ConsoleState(_Model):
     draining: bool = Field(False, description="whether the console is stopping (new requests get 503)")
     replay: ReplayProgress | None = Field(None, description="a replay started with `up --replay` (none: no replay)")
     prefix: dict[str, Any] | None = Field(
-        None, description="the prefix-cache index routing reads: source (off, approximate, precise), block size, the share "
-        "of requests that had prefix keys, the mean /tokenize time, and per instance its KV-event subscription's lag")
+        None,
+        description="the prefix-cache index routing reads: source (off, approximate, precise), block size, the share "
+        "of requests that had prefix keys, the mean /tokenize time, and per instance its KV-event subscription's lag",
+    )
     capabilities: dict[str, bool] = Field(
         default_factory=dict,
         description="what the backend can do beyond the basics (scale, role_flip, migration...) and replay",

@@ -9,8 +9,21 @@ import numpy as np
 from adapters.store import RunStore
 from core.slo import DEFAULT_SLO, percentile
 
-METRICS = ("requests", "failed", "throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "tpot_p999",
-           "tpot_unknown", "cached_share", "slo_attainment", "goodput_req_s")
+METRICS = (
+    "requests",
+    "failed",
+    "throughput_tok_s",
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_mean",
+    "tpot_p50",
+    "tpot_p99",
+    "tpot_p999",
+    "tpot_unknown",
+    "cached_share",
+    "slo_attainment",
+    "goodput_req_s",
+)
 LOWER_IS_BETTER = {"failed", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "tpot_p999"}
 NEUTRAL = {"requests", "tpot_unknown", "cached_share"}
 """Metrics whose difference is neither better nor worse (no colour in `runs compare`)."""
@@ -31,9 +44,18 @@ def run_metrics(rows: list[dict[str, Any]]) -> dict[str, float | int | None]:
     arrival, finish = _col(rows, "arrival"), _col(rows, "finish")
     tokens = float(np.nansum(_col(rows, "output_tokens")[ok]))
     span = float(np.nanmax(finish[ok]) - np.nanmin(arrival)) if ok.any() else 0.0
-    met = np.array([bool(r["slo_met"]) if r.get("slo_met") is not None else (
-        r["status"] == "ok" and (r["ttft"] is None or r["ttft"] <= DEFAULT_SLO.ttft_s) and (r["tpot"] is None or r["tpot"] <= DEFAULT_SLO.tpot_s))
-        for r in rows])
+    met = np.array(
+        [
+            bool(r["slo_met"])
+            if r.get("slo_met") is not None
+            else (
+                r["status"] == "ok"
+                and (r["ttft"] is None or r["ttft"] <= DEFAULT_SLO.ttft_s)
+                and (r["tpot"] is None or r["tpot"] <= DEFAULT_SLO.tpot_s)
+            )
+            for r in rows
+        ]
+    )
 
     def pct(values: np.ndarray, q: float) -> float | None:
         v = values[~np.isnan(values)]
@@ -43,9 +65,12 @@ def run_metrics(rows: list[dict[str, Any]]) -> dict[str, float | int | None]:
         "requests": n,
         "failed": int(n - ok.sum()),
         "throughput_tok_s": tokens / span if span > 0 else None,
-        "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
+        "ttft_p50": pct(ttft, 50),
+        "ttft_p99": pct(ttft, 99),
         "tpot_mean": float(np.nanmean(tpot)) if len(tpot) and not np.isnan(tpot).all() else None,
-        "tpot_p50": pct(tpot, 50), "tpot_p99": pct(tpot, 99), "tpot_p999": pct(tpot, 99.9),
+        "tpot_p50": pct(tpot, 50),
+        "tpot_p99": pct(tpot, 99),
+        "tpot_p999": pct(tpot, 99.9),
         "tpot_unknown": int(np.isnan(tpot).sum()),
         "cached_share": _cached_share(rows),
         "slo_attainment": float(met.mean()) if n else None,
@@ -66,18 +91,24 @@ def compare(store: RunStore, run_ids: list[str]) -> list[dict[str, Any]]:
     for rid in run_ids:
         info = store.get_run(rid)
         m = run_metrics(store.requests(info.run_id))
-        timeline = [f"{e['t']:.0f}s {e['new']}{e['params'] or ''} ({e['source']})" for e in store.policy_events(info.run_id)]
+        timeline = [
+            f"{e['t']:.0f}s {e['new']}{e['params'] or ''} ({e['source']})" for e in store.policy_events(info.run_id)
+        ]
         out.append({"run": info.to_json(), "metrics": m, "policy_timeline": timeline})
     base = out[0]["metrics"] if out else {}
     for entry in out:
         entry["relative"] = {
-            k: (entry["metrics"][k] / base[k] - 1.0) if isinstance(base.get(k), int | float) and base[k] and entry["metrics"][k] is not None else None
+            k: (entry["metrics"][k] / base[k] - 1.0)
+            if isinstance(base.get(k), int | float) and base[k] and entry["metrics"][k] is not None
+            else None
             for k in METRICS
         }
     return out
 
 
-def series(store: RunStore, run_id: str, metric: str, window_s: float = 10.0) -> dict[str, tuple[list[float], list[float]]]:
+def series(
+    store: RunStore, run_id: str, metric: str, window_s: float = 10.0
+) -> dict[str, tuple[list[float], list[float]]]:
     """Named (x, y) series for `runs plot`: per-request TTFT/TPOT, windowed attainment, or load."""
     if metric == "load":
         by: dict[str, tuple[list[float], list[float]]] = {}
@@ -93,7 +124,10 @@ def series(store: RunStore, run_id: str, metric: str, window_s: float = 10.0) ->
         rows = [r for r in rows if r[metric] is not None]
         return {f"{metric} (ms)": ([r["finish"] for r in rows], [r[metric] * 1000 for r in rows])}
     if metric == "attainment":
-        all_rows = sorted((r for r in store.requests(run_id) if r.get("finish") is not None or r.get("arrival") is not None), key=lambda r: r.get("finish") or r["arrival"])
+        all_rows = sorted(
+            (r for r in store.requests(run_id) if r.get("finish") is not None or r.get("arrival") is not None),
+            key=lambda r: r.get("finish") or r["arrival"],
+        )
         if not all_rows:
             return {"attainment (%)": ([], [])}
         end = max((r.get("finish") or r["arrival"]) for r in all_rows)

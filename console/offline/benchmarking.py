@@ -76,8 +76,17 @@ def decision_latency(d: Dispatcher, iterations: int = 3000, warmup: int = 200, s
     }
 
 
-def rank_decision_latency(name: str, params: dict[str, Any], *, ranks: int = 64, slots: int = 72, waiting: int = 256,
-                          free_per_rank: int = 4, states: int = 200, seed: int = 1) -> dict[str, float]:
+def rank_decision_latency(
+    name: str,
+    params: dict[str, Any],
+    *,
+    ranks: int = 64,
+    slots: int = 72,
+    waiting: int = 256,
+    free_per_rank: int = 4,
+    states: int = 200,
+    seed: int = 1,
+) -> dict[str, float]:
     """Time one admission round of a DP rank policy (core/sim/dp/assign.py: the code the live `rank`
     policies and the DP simulator run) on random full-ish groups: `ranks` ranks of `slots` slots
     with `free_per_rank` free, resident sizes prompt + age, and `waiting` requests in the pool."""
@@ -93,7 +102,12 @@ def rank_decision_latency(name: str, params: dict[str, Any], *, ranks: int = 64,
         prompt = rng.integers(16, 2048, resident)
         age = rng.integers(0, 4096, resident)
         remaining = rng.integers(1, 4096, resident)
-        snaps.append((DPState.from_requests(ranks, slots, rank_of, prompt + age, remaining), Waiting(rng.integers(16, 2048, waiting))))
+        snaps.append(
+            (
+                DPState.from_requests(ranks, slots, rank_of, prompt + age, remaining),
+                Waiting(rng.integers(16, 2048, waiting)),
+            )
+        )
     samples = []
     for k, (state, pool) in enumerate(snaps):
         t0 = time.perf_counter_ns()
@@ -101,5 +115,11 @@ def rank_decision_latency(name: str, params: dict[str, Any], *, ranks: int = 64,
         if k >= 20:  # warm-up
             samples.append((time.perf_counter_ns() - t0) / 1000.0)
     arr = np.array(samples)
-    return {"rounds": len(arr), "admitted": min(waiting, ranks * free_per_rank), "mean_us": float(arr.mean()),
-            "p50_us": float(np.percentile(arr, 50)), "p99_us": float(np.percentile(arr, 99)), "max_us": float(arr.max())}
+    return {
+        "rounds": len(arr),
+        "admitted": min(waiting, ranks * free_per_rank),
+        "mean_us": float(arr.mean()),
+        "p50_us": float(np.percentile(arr, 50)),
+        "p99_us": float(np.percentile(arr, 99)),
+        "max_us": float(arr.max()),
+    }

@@ -68,8 +68,17 @@ DECODE_NOISE_FLOOR = 0.01
 the batch and KV each request saw are rebuilt from request records (on a 1 ms grid), so even a run
 whose residuals vanish does not pin a term down better; this keeps a term nearly collinear with
 another (R² ≳ 0.99) from passing as fitted."""
-TIMED = ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s", "prefill_host_per_request_s", "decode_step_base_s",
-         "decode_step_per_seq_s", "decode_step_per_kv_token_s", "kv_transfer_base_s", "kv_transfer_per_token_s")
+TIMED = (
+    "prefill_base_s",
+    "prefill_per_token_s",
+    "prefill_per_token2_s",
+    "prefill_host_per_request_s",
+    "decode_step_base_s",
+    "decode_step_per_seq_s",
+    "decode_step_per_kv_token_s",
+    "kv_transfer_base_s",
+    "kv_transfer_per_token_s",
+)
 """The terms `calibrate` fits (the others are capacities or derived, see `_untimed`)."""
 
 
@@ -83,8 +92,10 @@ def serving_run(store: RunStore, info: RunInfo) -> RunInfo:
     if info.kind != "replay":
         return info
     if not info.parent_run_id:
-        raise StoreError(f"replay run {info.run_id} is not linked to a live console run (it targeted another server): "
-                         "use the live run that served it")
+        raise StoreError(
+            f"replay run {info.run_id} is not linked to a live console run (it targeted another server): "
+            "use the live run that served it"
+        )
     return store.get_run(info.parent_run_id)
 
 
@@ -105,14 +116,18 @@ def served_by_all(store: RunStore, run_ids: list[str]) -> tuple[RunInfo, set[str
     found = [served_by(store, store.get_run(r)) for r in run_ids]
     lives = {info.run_id for info, _ in found}
     if len(lives) > 1:
-        raise StoreError(f"runs {', '.join(run_ids)} were served by different console runs ({', '.join(sorted(lives))}): "
-                         "calibrate them one at a time")
+        raise StoreError(
+            f"runs {', '.join(run_ids)} were served by different console runs ({', '.join(sorted(lives))}): "
+            "calibrate them one at a time"
+        )
     if any(only is None for _, only in found):
         return found[0][0], None
     return found[0][0], set().union(*(only for _, only in found if only is not None))
 
 
-def calibrate(store: RunStore, run_id: str | Sequence[str], base: PerfProfile | None = None) -> tuple[PerfProfile, dict[str, Any]]:
+def calibrate(
+    store: RunStore, run_id: str | Sequence[str], base: PerfProfile | None = None
+) -> tuple[PerfProfile, dict[str, Any]]:
     """Fit the run's profile; `base` gives the priors (default: the profile the run used). Several
     runs fit together when they were served by one live run (replays of one console).
 
@@ -124,26 +139,47 @@ def calibrate(store: RunStore, run_id: str | Sequence[str], base: PerfProfile | 
     rows = [r for r in every if r["status"] == "ok"]
     pre = [r for r in rows if r["prefill_start"] is not None and r["prefill_end"] is not None and r["prompt_tokens"]]
     if len(pre) < 10:
-        raise StoreError(f"run {info.run_id} has {len(pre)} completed requests with prefill timings; calibration needs at least 10 (a live run)")
+        raise StoreError(
+            f"run {info.run_id} has {len(pre)} completed requests with prefill timings; calibration needs at least 10 (a live run)"
+        )
     if not store.instance_samples(info.run_id):
-        raise StoreError(f"run {info.run_id} has no instance samples: calibration needs a live run (`up`), not a {info.kind} run")
+        raise StoreError(
+            f"run {info.run_id} has no instance samples: calibration needs a live run (`up`), not a {info.kind} run"
+        )
     rtt = {str(k): float(v) for k, v in ((info.summary or {}).get("health_rtt_s") or {}).items()}
 
     # --- decode timelines: every request that decoded, failed ones included (they took steps too)
-    spans = [r for r in every if r["decode_instance"] and r["first_token"] is not None and r["finish"] is not None
-             and r["finish"] >= r["first_token"]]
+    spans = [
+        r
+        for r in every
+        if r["decode_instance"]
+        and r["first_token"] is not None
+        and r["finish"] is not None
+        and r["finish"] >= r["first_token"]
+    ]
     timelines: dict[str, Timeline] = {}
     for inst in sorted({r["decode_instance"] for r in spans}):
         mine = [r for r in spans if r["decode_instance"] == inst]
         first = np.array([_f(r, "first_token") for r in mine])
         prompts = np.array([float(r["prompt_tokens"] or 0) for r in mine])
         one = np.array([r["tpot"] if r["tpot"] else base.step_time(1, p) for r, p in zip(mine, prompts, strict=True)])
-        timelines[inst] = Timeline(first - one, first, np.array([_f(r, "finish") for r in mine]), prompts,
-                                   np.array([float(r["output_tokens"] or 1) for r in mine]))
+        timelines[inst] = Timeline(
+            first - one,
+            first,
+            np.array([_f(r, "finish") for r in mine]),
+            prompts,
+            np.array([float(r["output_tokens"] or 1) for r in mine]),
+        )
 
     # --- decode step = s0 + s1·B + s2·K, from each request's TPOT
-    dec = [r for r in rows if r["tpot"] is not None and (r["output_tokens"] or 0) >= 4 and r["first_token"] is not None
-           and r["decode_instance"] in timelines]
+    dec = [
+        r
+        for r in rows
+        if r["tpot"] is not None
+        and (r["output_tokens"] or 0) >= 4
+        and r["first_token"] is not None
+        and r["decode_instance"] in timelines
+    ]
     if len(dec) < 10:
         raise StoreError(f"run {info.run_id} has too few decoding requests to fit decode steps ({len(dec)})")
     tpot = np.array([_f(r, "tpot") for r in dec])
@@ -156,10 +192,22 @@ def calibrate(store: RunStore, run_id: str | Sequence[str], base: PerfProfile | 
             tl.follow(step)
             idx = [i for i, r in enumerate(dec) if r["decode_instance"] == inst]
             if idx:
-                b, k = tl.step_means(np.array([_f(dec[i], "first_token") for i in idx]), np.array([_f(dec[i], "finish") for i in idx]), step)
+                b, k = tl.step_means(
+                    np.array([_f(dec[i], "first_token") for i in idx]),
+                    np.array([_f(dec[i], "finish") for i in idx]),
+                    step,
+                )
                 bx[idx], kx[idx] = b, k
-        dfit = fit_linear(np.stack([np.ones_like(bx), bx, kx], axis=1), tpot, names, priors,
-                          ["the constant", "batch size", "resident KV tokens"], "TPOT", "robust", noise_floor=DECODE_NOISE_FLOOR)
+        dfit = fit_linear(
+            np.stack([np.ones_like(bx), bx, kx], axis=1),
+            tpot,
+            names,
+            priors,
+            ["the constant", "batch size", "resident KV tokens"],
+            "TPOT",
+            "robust",
+            noise_floor=DECODE_NOISE_FLOOR,
+        )
         step = (max(dfit.terms[names[0]].value, 1e-6), dfit.terms[names[1]].value, dfit.terms[names[2]].value)
     for tl in timelines.values():
         tl.follow(step)
@@ -178,20 +226,37 @@ def calibrate(store: RunStore, run_id: str | Sequence[str], base: PerfProfile | 
     overhead = np.array([rtt.get(r["prefill_instance"] or "", 0.0) for r in pre]) + step_time(np.ones_like(full), full)
     durations = np.array([_f(r, "prefill_end") - _f(r, "prefill_start") for r in pre]) - overhead
     names = ["prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s"]
-    pfit = fit_linear(np.stack([np.ones_like(lens), lens, lens * lens], axis=1), durations, names,
-                      [float(getattr(base, k)) for k in names], ["the constant", "prompt tokens", "prompt tokens²"],
-                      "prefill", "envelope")
+    pfit = fit_linear(
+        np.stack([np.ones_like(lens), lens, lens * lens], axis=1),
+        durations,
+        names,
+        [float(getattr(base, k)) for k in names],
+        ["the constant", "prompt tokens", "prompt tokens²"],
+        "prefill",
+        "envelope",
+    )
     terms.update(pfit.terms)
 
     # --- host work per prefill request: back-to-back prefill batches, with the compute just fitted
-    compute = base.model_copy(update={k: terms[k].value for k in (*names, "decode_step_base_s", "decode_step_per_seq_s",
-                                                                  "decode_step_per_kv_token_s")})
+    compute = base.model_copy(
+        update={
+            k: terms[k].value
+            for k in (*names, "decode_step_base_s", "decode_step_per_seq_s", "decode_step_per_kv_token_s")
+        }
+    )
     hfit = fit_host_work(rows, compute, float(base.prefill_host_per_request_s))
     terms.update(hfit.terms)
 
     # --- KV handoff = HTTP legs + transfer + wait for the step under way + first step
-    hand = [r for r in rows if r["decode_start"] is not None and r["first_token"] is not None and r["prompt_tokens"]
-            and r["decode_instance"] in timelines and r["first_token"] >= r["decode_start"]]
+    hand = [
+        r
+        for r in rows
+        if r["decode_start"] is not None
+        and r["first_token"] is not None
+        and r["prompt_tokens"]
+        and r["decode_instance"] in timelines
+        and r["first_token"] >= r["decode_start"]
+    ]
     hl = np.array([float(r["prompt_tokens"]) for r in hand])
     target, wait = np.zeros(len(hand)), np.zeros(len(hand))
     for inst, tl in timelines.items():
@@ -210,29 +275,50 @@ def calibrate(store: RunStore, run_id: str | Sequence[str], base: PerfProfile | 
         target[idx] = handoff - legs - step_time(b_o + 1, k_o + hl[idx]) - HANDOFF_QUANTILE * wait[idx]
     names = ["kv_transfer_base_s", "kv_transfer_per_token_s"]
     one_step = float(step_time(np.array(1.0), np.array(float(np.median(hl))))) if len(hl) else 0.0
-    kfit = fit_linear(np.stack([np.ones_like(hl), hl], axis=1), target, names, [float(getattr(base, k)) for k in names],
-                      ["the constant", "prompt tokens"], "KV handoff", "quantile", q=HANDOFF_QUANTILE,
-                      scatter=wait + one_step)
+    kfit = fit_linear(
+        np.stack([np.ones_like(hl), hl], axis=1),
+        target,
+        names,
+        [float(getattr(base, k)) for k in names],
+        ["the constant", "prompt tokens"],
+        "KV handoff",
+        "quantile",
+        q=HANDOFF_QUANTILE,
+        scatter=wait + one_step,
+    )
     terms.update(kfit.terms)
 
     terms.update(_untimed(base, _context(timelines, step)))
     terms = {k: terms[k] for k in PerfProfile.model_fields if k in terms}
     values: dict[str, Any] = {k: t.value for k, t in terms.items()}
     values["tps_curve"] = None
-    fitted = base.model_copy(update={
-        **values,
-        "name": f"calibrated-{'+'.join(ids) if only is not None else info.run_id}",
-        "description": (f"fitted from run {info.run_id} ({len(pre)} prefills, {len(dec)} decodes, {len(hand)} KV handoffs) "
-                        f"on top of {base.name}; per-term sources in `fit`"),
-        "fit": {k: t.quality() for k, t in terms.items()},
-    })
+    fitted = base.model_copy(
+        update={
+            **values,
+            "name": f"calibrated-{'+'.join(ids) if only is not None else info.run_id}",
+            "description": (
+                f"fitted from run {info.run_id} ({len(pre)} prefills, {len(dec)} decodes, {len(hand)} KV handoffs) "
+                f"on top of {base.name}; per-term sources in `fit`"
+            ),
+            "fit": {k: t.quality() for k, t in terms.items()},
+        }
+    )
     fitted = PerfProfile.model_validate(fitted.model_dump())  # the updates obey the field bounds
     report = {
-        "run_id": info.run_id, "base": base.name, "prefills": len(pre), "decodes": len(dec), "handoffs": len(hand),
-        "batch_range": [float(bx.min()), float(bx.max())], "kv_range": [float(kx.min()), float(kx.max())],
+        "run_id": info.run_id,
+        "base": base.name,
+        "prefills": len(pre),
+        "decodes": len(dec),
+        "handoffs": len(hand),
+        "batch_range": [float(bx.min()), float(bx.max())],
+        "kv_range": [float(kx.min()), float(kx.max())],
         "regressions": {
-            name: {"samples": f.samples, "used": f.used, "rel_rms": None if math.isnan(f.rel_rms) else f.rel_rms,
-                   "condition": f.condition if math.isfinite(f.condition) else None}
+            name: {
+                "samples": f.samples,
+                "used": f.used,
+                "rel_rms": None if math.isnan(f.rel_rms) else f.rel_rms,
+                "condition": f.condition if math.isfinite(f.condition) else None,
+            }
             for name, f in (("decode", dfit), ("prefill", pfit), ("prefill_host", hfit), ("kv_transfer", kfit))
         },
         "terms": {k: t.quality() for k, t in terms.items()},
@@ -252,22 +338,43 @@ def _context(timelines: dict[str, Timeline], step: tuple[float, float, float]) -
 def _untimed(base: PerfProfile, context: float) -> dict[str, Term]:
     """The terms request timings do not determine: capacities (prior), and the decode curve (derived)."""
     why = "a capacity setting of the instances, not timed by requests"
-    out = {k: Term(k, getattr(base, k), getattr(base, k), f"prior: {why}")
-           for k in ("kv_capacity_tokens", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")}
-    out["cold_start_s"] = Term("cold_start_s", base.cold_start_s, base.cold_start_s,
-                               "prior: calibrate reads request timings; instance start-ups are not among them")
-    out["tps_curve"] = Term("tps_curve", math.nan, None,
-                            "derived: TPS(N) = N / step(N, N·ps_context_tokens) from the fitted step (the prior's curve is dropped)")
+    out = {
+        k: Term(k, getattr(base, k), getattr(base, k), f"prior: {why}")
+        for k in ("kv_capacity_tokens", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+    }
+    out["cold_start_s"] = Term(
+        "cold_start_s",
+        base.cold_start_s,
+        base.cold_start_s,
+        "prior: calibrate reads request timings; instance start-ups are not among them",
+    )
+    out["tps_curve"] = Term(
+        "tps_curve",
+        math.nan,
+        None,
+        "derived: TPS(N) = N / step(N, N·ps_context_tokens) from the fitted step (the prior's curve is dropped)",
+    )
     if context > 0:
-        out["ps_context_tokens"] = Term("ps_context_tokens", int(round(context)), base.ps_context_tokens,
-                                        "fit: mean resident KV tokens per decoding request over the run's steps")
+        out["ps_context_tokens"] = Term(
+            "ps_context_tokens",
+            int(round(context)),
+            base.ps_context_tokens,
+            "fit: mean resident KV tokens per decoding request over the run's steps",
+        )
     else:
-        out["ps_context_tokens"] = Term("ps_context_tokens", base.ps_context_tokens, base.ps_context_tokens,
-                                        "prior: no decode steps in the run")
+        out["ps_context_tokens"] = Term(
+            "ps_context_tokens", base.ps_context_tokens, base.ps_context_tokens, "prior: no decode steps in the run"
+        )
     return out
 
 
-def whatif(store: RunStore, run_id: str, policies: list[tuple[str, dict[str, Any]]], profile: PerfProfile, mode: str = "iteration") -> list[dict[str, Any]]:
+def whatif(
+    store: RunStore,
+    run_id: str,
+    policies: list[tuple[str, dict[str, Any]]],
+    profile: PerfProfile,
+    mode: str = "iteration",
+) -> list[dict[str, Any]]:
     """Re-simulate a run's recorded arrivals under each policy; predicted metrics per policy."""
     info = store.get_run(run_id)
     rows = sorted(store.requests(info.run_id), key=lambda r: r["arrival"] or 0.0)
@@ -278,8 +385,13 @@ def whatif(store: RunStore, run_id: str, policies: list[tuple[str, dict[str, Any
         arrivals=np.array([r["arrival"] or 0.0 for r in rows]) - (rows[0]["arrival"] or 0.0),
         prompt_tokens=np.array([r["prompt_tokens"] or 1 for r in rows]),
         output_tokens=np.array([r["output_tokens"] or r["max_tokens"] or 1 for r in rows]),
-        workload=f"run {info.run_id}", profile=profile, n_prefill=n_prefill, n_decode=n_decode,
+        workload=f"run {info.run_id}",
+        profile=profile,
+        n_prefill=n_prefill,
+        n_decode=n_decode,
         mode=mode,  # type: ignore[arg-type]
-        policies=policies, slo=DEFAULT_SLO, shadow=False,
+        policies=policies,
+        slo=DEFAULT_SLO,
+        shadow=False,
     )
     return [run_one(plan, name, params)[0] for name, params in policies]

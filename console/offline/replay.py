@@ -56,10 +56,16 @@ class ReplayStats:
 
         ttft, tpot = np.array(self.recent_ttft), np.array(self.recent_tpot)
         return {
-            "total": self.total, "sent": self.sent, "done": self.done, "failed": self.failed, "in_flight": self.in_flight,
+            "total": self.total,
+            "sent": self.sent,
+            "done": self.done,
+            "failed": self.failed,
+            "in_flight": self.in_flight,
             "laps": self.laps,
-            "ttft_p50": percentile(ttft, 50) if len(ttft) else None, "ttft_p99": percentile(ttft, 99) if len(ttft) else None,
-            "tpot_p50": percentile(tpot, 50) if len(tpot) else None, "tpot_p99": percentile(tpot, 99) if len(tpot) else None,
+            "ttft_p50": percentile(ttft, 50) if len(ttft) else None,
+            "ttft_p99": percentile(ttft, 99) if len(ttft) else None,
+            "tpot_p50": percentile(tpot, 50) if len(tpot) else None,
+            "tpot_p99": percentile(tpot, 99) if len(tpot) else None,
         }
 
 
@@ -157,10 +163,14 @@ class Replayer:
         if hashed and trace.session is None:
             trace = trace.with_sessions()
         return cls(
-            trace.arrivals.tolist(), trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), url,
+            trace.arrivals.tolist(),
+            trace.prompt_tokens.tolist(),
+            trace.output_tokens.tolist(),
+            url,
             hash_ids=trace.hash_ids if hashed else None,
             sessions=trace.session.tolist() if hashed and trace.session is not None else None,
-            hash_block_tokens=hash_block_tokens, **kwargs,
+            hash_block_tokens=hash_block_tokens,
+            **kwargs,
         )
 
     # --- control -----------------------------------------------------------------------------------
@@ -249,13 +259,18 @@ class Replayer:
         if not ids:
             return prompt_ids(prompt, self.prompt_seed, lap, i), out
         seed = (self.prompt_seed, lap)
-        return hash_prompt(ids, prompt, seed=seed, row=i, block_tokens=self.hash_block_tokens, vocab_size=self.vocab_size), out
+        return hash_prompt(
+            ids, prompt, seed=seed, row=i, block_tokens=self.hash_block_tokens, vocab_size=self.vocab_size
+        ), out
 
     async def _send(self, session: aiohttp.ClientSession, i: int, lap: int, scheduled: float) -> None:
         ids, out = self.request_prompt(i, lap)
         prompt = len(ids)
         body: dict[str, Any] = {
-            "prompt": ids, "max_tokens": out, "ignore_eos": True, "stream": True,
+            "prompt": ids,
+            "max_tokens": out,
+            "ignore_eos": True,
+            "stream": True,
             "stream_options": {"include_usage": True},
         }
         if self.model:
@@ -272,7 +287,9 @@ class Replayer:
         counter = _UsageCounter()
         status, reason = "failed", None
         try:
-            async with session.post(self.url, data=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), headers=headers) as r:
+            async with session.post(
+                self.url, data=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), headers=headers
+            ) as r:
                 if r.status != 200:
                     reason = f"HTTP {r.status}: {(await r.read())[:200].decode(errors='replace')}"
                 else:
@@ -304,9 +321,20 @@ class Replayer:
         else:
             st.failed += 1
         if self.on_result is not None:
-            self.on_result({
-                "request_id": rid, "arrival": scheduled, "prompt_tokens": prompt, "output_tokens": n if status == "ok" else None,
-                "max_tokens": out, "first_token": None if first is None else first - sent + scheduled,
-                "finish": finish - sent + scheduled, "ttft": ttft, "tpot": tpot, "e2e": finish - sent if status == "ok" else None,
-                "status": status, "reason": reason, "cached_tokens": counter.cached_tokens,
-            })
+            self.on_result(
+                {
+                    "request_id": rid,
+                    "arrival": scheduled,
+                    "prompt_tokens": prompt,
+                    "output_tokens": n if status == "ok" else None,
+                    "max_tokens": out,
+                    "first_token": None if first is None else first - sent + scheduled,
+                    "finish": finish - sent + scheduled,
+                    "ttft": ttft,
+                    "tpot": tpot,
+                    "e2e": finish - sent if status == "ok" else None,
+                    "status": status,
+                    "reason": reason,
+                    "cached_tokens": counter.cached_tokens,
+                }
+            )

@@ -117,9 +117,7 @@ def run_one(
             sim.cache.block_size, plan.prefix_ttl_s, sim.cache.capacity_blocks, decode_only=True
         )
     started = time.perf_counter()
-    result = sim.run(
-        None if on_progress is None else lambda done, total: on_progress(name, done, total)
-    )
+    result = sim.run(None if on_progress is None else lambda done, total: on_progress(name, done, total))
     wall = time.perf_counter() - started
     metrics = summarize(
         arrival=result.arrival,
@@ -191,25 +189,15 @@ def request_rows(result: ClusterSimResult, slo: SLOClass) -> list[dict[str, Any]
     ttft = np.where(bad, np.nan, first - arrival)
     tpot = np.where(bad, np.nan, np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), 0.0))
     e2e = np.where(bad, np.nan, finish - arrival)
-    met = (
-        ok
-        & (np.nan_to_num(ttft, nan=np.inf) <= slo.ttft_s)
-        & (np.nan_to_num(tpot, nan=np.inf) <= slo.tpot_s)
-    )
+    met = ok & (np.nan_to_num(ttft, nan=np.inf) <= slo.ttft_s) & (np.nan_to_num(tpot, nan=np.inf) <= slo.tpot_s)
     columns: dict[str, list[Any]] = {
         "request_id": [str(i) for i in range(len(arrival))],
         "arrival": arrival.tolist(),
         "prompt_tokens": result.prompt_tokens.tolist(),
-        "output_tokens": [
-            int(o) if k else None for o, k in zip(out.tolist(), ok.tolist(), strict=True)
-        ],
+        "output_tokens": [int(o) if k else None for o, k in zip(out.tolist(), ok.tolist(), strict=True)],
         "max_tokens": out.tolist(),
-        "prefill_instance": [
-            prefill_names[p] if p >= 0 else None for p in result.prefill_instance.tolist()
-        ],
-        "decode_instance": [
-            decode_names[d] if d >= 0 else None for d in result.decode_instance.tolist()
-        ],
+        "prefill_instance": [prefill_names[p] if p >= 0 else None for p in result.prefill_instance.tolist()],
+        "decode_instance": [decode_names[d] if d >= 0 else None for d in result.decode_instance.tolist()],
         "prefill_start": _nullable(result.prefill_start),
         "prefill_end": _nullable(result.prefill_end),
         "decode_start": _nullable(result.decode_start),
@@ -260,8 +248,15 @@ def json_safe(x: Any) -> Any:
     return x
 
 
-def store_result(store: RunStore, run_id: str, result: ClusterSimResult, slo: SLOClass, summary: dict[str, Any], *,
-                 requests: bool = True) -> None:
+def store_result(
+    store: RunStore,
+    run_id: str,
+    result: ClusterSimResult,
+    slo: SLOClass,
+    summary: dict[str, Any],
+    *,
+    requests: bool = True,
+) -> None:
     """Write a finished simulation into its run: requests (unless `requests` is off), instance and
     policy events, then close the run with `summary`."""
     if requests:
@@ -270,5 +265,7 @@ def store_result(store: RunStore, run_id: str, result: ClusterSimResult, slo: SL
     if events:
         store.write_batch(run_id, [], [], [], events)
     for ev in result.policy_events:
-        store.add_policy_event(run_id, t=ev.time, kind=str(ev.kind), old=ev.old, new=ev.new, params=ev.params, source="sim")
+        store.add_policy_event(
+            run_id, t=ev.time, kind=str(ev.kind), old=ev.old, new=ev.new, params=ev.params, source="sim"
+        )
     store.finish_run(run_id, status="completed", summary=json_safe(summary))

@@ -184,8 +184,14 @@ def record_point(
     if outcome is None:
         store.finish_run(run_id, status="failed", summary={"error": error or "failed"})
         return run_id
-    store_result(store, run_id, outcome.result, SLOClass(ttft_s=point.slo[0], tpot_s=point.slo[1]), outcome.row,
-                 requests=store_requests)
+    store_result(
+        store,
+        run_id,
+        outcome.result,
+        SLOClass(ttft_s=point.slo[0], tpot_s=point.slo[1]),
+        outcome.row,
+        requests=store_requests,
+    )
     return run_id
 
 
@@ -333,7 +339,7 @@ def comparison(points: Sequence[Point], summaries: dict[str, dict[str, Any]]) ->
 def tpot_curves(table: Sequence[dict[str, Any]]) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
     """For plots: per workload/mode/shape/burstiness, per policy, P99 TPOT (ms) against rate or load."""
     curves: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
-    for group in sorted(table, key=lambda g: (g["load"] if g["load"] is not None else g["rate"] or 0.0)):
+    for group in sorted(table, key=lambda g: g["load"] if g["load"] is not None else g["rate"] or 0.0):
         x = group["load"] if group["load"] is not None else group["rate"]
         if x is None:
             continue

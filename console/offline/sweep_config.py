@@ -179,9 +179,7 @@ class SweepConfig(BaseModel):
             try:
                 parse_cluster(text)
             except ConfigError:
-                raise ValueError(
-                    f"[{k}] {text!r}: expected <prefill>P<decode>D with counts >= 1, e.g. 4P16D"
-                ) from None
+                raise ValueError(f"[{k}] {text!r}: expected <prefill>P<decode>D with counts >= 1, e.g. 4P16D") from None
         return [f"{p}P{d}D" for p, d in map(parse_cluster, items)]
 
     @field_validator("queue", mode="after")
@@ -205,14 +203,11 @@ class SweepConfig(BaseModel):
     @model_validator(mode="after")
     def _rates_or_loads(self) -> SweepConfig:
         if self.rates is not None and self.loads is not None:
-            raise ValueError(
-                "give either rates (req/s) or loads (share of decode saturation), not both"
-            )
+            raise ValueError("give either rates (req/s) or loads (share of decode saturation), not both")
         synthetic = [w.name for w in self.workloads if w.trace is None]
         if synthetic and self.rates is None and self.loads is None:
             raise ValueError(
-                f"synthetic workloads ({', '.join(synthetic)}) need rates (req/s) or loads "
-                "(share of decode saturation)"
+                f"synthetic workloads ({', '.join(synthetic)}) need rates (req/s) or loads (share of decode saturation)"
             )
         return self
 
@@ -253,9 +248,7 @@ def _policy(item: Any) -> PolicyEntry:
         name, params = _spec(PolicyKind.ROUTING, item)
         return PolicyEntry(item, name, params)
     if not isinstance(item, dict):
-        raise ValueError(
-            f"expected a spec NAME[:key=value,...] or a table {{label, name, params}}, got {item!r}"
-        )
+        raise ValueError(f"expected a spec NAME[:key=value,...] or a table {{label, name, params}}, got {item!r}")
     unknown = sorted(set(item) - _POLICY_KEYS)
     if unknown or "name" not in item:
         what = f"unknown key {', '.join(unknown)}" if unknown else "missing key name"
@@ -267,9 +260,7 @@ def _policy(item: Any) -> PolicyEntry:
     if not isinstance(name, str):
         raise ValueError(f"name {name!r}: expected a policy name")
     normal = _normalized(PolicyKind.ROUTING, name, params)
-    label = item.get("label") or (
-        name + (":" + ",".join(f"{k}={v}" for k, v in normal.items()) if normal else "")
-    )
+    label = item.get("label") or (name + (":" + ",".join(f"{k}={v}" for k, v in normal.items()) if normal else ""))
     return PolicyEntry(str(label), name, normal)
 
 
@@ -340,8 +331,7 @@ def load_config(path: Path) -> SweepConfig:
     config = parse_config(data, str(path))
     base = path.resolve().parent
     workloads = [
-        w if w.trace is None else WorkloadRef(w.name, str(base / w.trace), w.format, w.limit)
-        for w in config.workloads
+        w if w.trace is None else WorkloadRef(w.name, str(base / w.trace), w.format, w.limit) for w in config.workloads
     ]
     for k, w in enumerate(workloads):
         if w.trace is not None and not Path(w.trace).exists():

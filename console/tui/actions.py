@@ -28,23 +28,72 @@ class DashboardAction:
 
 
 ACTIONS: tuple[DashboardAction, ...] = (
-    DashboardAction("dashboard.policy", "p", "pick_policy", "Policy", "Swap a policy: pick kind, policy and params; applied through the control API."),
-    DashboardAction("dashboard.sort", "s", "sort", "Sort", "Sort the instance table by the next column (or click a column header)."),
-    DashboardAction("dashboard.decode_up", "+", "scale('decode', 1)", "Decode+1", "Add one decode instance.", requires="scale"),
-    DashboardAction("dashboard.decode_down", "-", "scale('decode', -1)", "Decode-1", "Remove one decode instance.", requires="scale"),
-    DashboardAction("dashboard.prefill_up", ">", "scale('prefill', 1)", "Prefill+1", "Add one prefill instance.", show=False, requires="scale"),
-    DashboardAction("dashboard.prefill_down", "<", "scale('prefill', -1)", "Prefill-1", "Remove one prefill instance.", show=False, requires="scale"),
-    DashboardAction("dashboard.flip", "f", "flip_selected", "Flip", "Flip the selected instance between prefill and decode.", requires="role_flip"),
-    DashboardAction("dashboard.replay", "space", "toggle_replay", "Pause/resume", "Pause or resume the replay started by `up --replay`.", requires="replay"),
-    DashboardAction("dashboard.theme", "t", "toggle_theme", "Light/dark", "Switch between the dark and the light theme."),
+    DashboardAction(
+        "dashboard.policy",
+        "p",
+        "pick_policy",
+        "Policy",
+        "Swap a policy: pick kind, policy and params; applied through the control API.",
+    ),
+    DashboardAction(
+        "dashboard.sort", "s", "sort", "Sort", "Sort the instance table by the next column (or click a column header)."
+    ),
+    DashboardAction(
+        "dashboard.decode_up", "+", "scale('decode', 1)", "Decode+1", "Add one decode instance.", requires="scale"
+    ),
+    DashboardAction(
+        "dashboard.decode_down", "-", "scale('decode', -1)", "Decode-1", "Remove one decode instance.", requires="scale"
+    ),
+    DashboardAction(
+        "dashboard.prefill_up",
+        ">",
+        "scale('prefill', 1)",
+        "Prefill+1",
+        "Add one prefill instance.",
+        show=False,
+        requires="scale",
+    ),
+    DashboardAction(
+        "dashboard.prefill_down",
+        "<",
+        "scale('prefill', -1)",
+        "Prefill-1",
+        "Remove one prefill instance.",
+        show=False,
+        requires="scale",
+    ),
+    DashboardAction(
+        "dashboard.flip",
+        "f",
+        "flip_selected",
+        "Flip",
+        "Flip the selected instance between prefill and decode.",
+        requires="role_flip",
+    ),
+    DashboardAction(
+        "dashboard.replay",
+        "space",
+        "toggle_replay",
+        "Pause/resume",
+        "Pause or resume the replay started by `up --replay`.",
+        requires="replay",
+    ),
+    DashboardAction(
+        "dashboard.theme", "t", "toggle_theme", "Light/dark", "Switch between the dark and the light theme."
+    ),
     DashboardAction("dashboard.help", "?", "help", "Help", "Show every key binding."),
-    DashboardAction("dashboard.quit", "q", "quit", "Quit", "Quit; a dashboard that launched the cluster asks before stopping it."),
+    DashboardAction(
+        "dashboard.quit", "q", "quit", "Quit", "Quit; a dashboard that launched the cluster asks before stopping it."
+    ),
 )
 
 TABLE_KEYS: tuple[tuple[str, str], ...] = (
     ("↑/↓, PgUp/PgDn", "move in the instance table"),
     ("click a header", "sort by that column (again: reverse)"),
-    ("load bar, trend", "projected load vs the busiest instance of the same role (running + waiting where the policy projects none)"),
+    (
+        "load bar, trend",
+        "projected load vs the busiest instance of the same role (running + waiting where the policy projects none)",
+    ),
     ("ctrl+p", "command palette: every action above, plus one entry per policy kind"),
     ("tab / shift+tab", "move focus between table, log and charts"),
     ("ctrl+q", "quit (same as q)"),

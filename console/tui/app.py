@@ -260,7 +260,11 @@ class SibylDashboard(App[str]):
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for kind in POLICY_KINDS:
-            yield SystemCommand(f"Swap {kind} policy", f"Pick a {kind} policy and its params", partial(self.run_action, f"pick_policy('{kind}')"))
+            yield SystemCommand(
+                f"Swap {kind} policy",
+                f"Pick a {kind} policy and its params",
+                partial(self.run_action, f"pick_policy('{kind}')"),
+            )
         for a in ACTIONS:
             available = a.requires is None or a.requires in self.capabilities
             if available and action_name(a.action) != "pick_policy":

@@ -14,8 +14,16 @@ from textual_plotext import PlotextPlot
 from console.live.state import SloSnapshot
 
 LINE_COLORS: tuple[tuple[int, int, int], ...] = (
-    (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
-    (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207),
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
 )
 """Mid-saturation line colours that stay visible on both dark and light backgrounds."""
 MARKER_COLOR = (148, 103, 189)
@@ -140,7 +148,9 @@ class LoadChart(TimeChart):
         plt = self.plt
         shown = self.shown()
         extra = len(self._series) - len(shown)
-        plt.title(f"decode load ({len(shown)} busiest of {len(self._series)})" if extra > 0 else "decode load (projected)")
+        plt.title(
+            f"decode load ({len(shown)} busiest of {len(self._series)})" if extra > 0 else "decode load (projected)"
+        )
         plt.xlabel("uptime s")
         data = {iid: downsample(list(self._series[iid]), self.budget()) for iid in shown}
         xs_all = [t for pts in data.values() for t, _ in pts]
@@ -195,7 +205,9 @@ class SloChart(TimeChart):
         if tpot:
             plt.plot([t for t, _ in tpot], [v for _, v in tpot], color=LINE_COLORS[0], label="P99 TPOT ms")
         if att:
-            plt.plot([t for t, _ in att], [v for _, v in att], color=LINE_COLORS[2], label="attainment %", yside="right")
+            plt.plot(
+                [t for t, _ in att], [v for _, v in att], color=LINE_COLORS[2], label="attainment %", yside="right"
+            )
         if self.tpot_limit_ms is not None:
             plt.horizontal_line(self.tpot_limit_ms, color=LINE_COLORS[3])
         plt.ylim(0, top * 1.25)

@@ -49,9 +49,7 @@ class DashboardClient:
         self.url = url.rstrip("/")
         """Base URL of the console (the gateway), shown in the connection banner."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(
-            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
-        )
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
@@ -71,16 +69,16 @@ class DashboardClient:
         try:
             return ConsoleState.model_validate(data)
         except ValidationError as e:
-            raise ApiError(200, f"GET /control/state: not a console state: {e.error_count()} errors, first: {e.errors()[0]['msg']}") from None
+            raise ApiError(
+                200, f"GET /control/state: not a console state: {e.error_count()} errors, first: {e.errors()[0]['msg']}"
+            ) from None
 
     async def policies(self) -> dict[str, Any]:
         """`GET /control/policies`: {"active": {kind: {name, params}}, "available": [...]}."""
         result: dict[str, Any] = await self._call("GET", "/control/policies")
         return result
 
-    async def set_policy(
-        self, kind: str, name: str, params: dict[str, Any], source: str = "tui"
-    ) -> dict[str, Any]:
+    async def set_policy(self, kind: str, name: str, params: dict[str, Any], source: str = "tui") -> dict[str, Any]:
         """`PUT /control/policies/{kind}`: hot-swap; returns {kind, old, new, params, source}."""
         body = {"name": name, "params": params, "source": source}
         result: dict[str, Any] = await self._call("PUT", f"/control/policies/{kind}", body)
@@ -93,7 +91,9 @@ class DashboardClient:
 
     async def flip(self, instance: str, role: str) -> dict[str, Any]:
         """`POST /control/flip`: make an instance serve the other role."""
-        result: dict[str, Any] = await self._call("POST", "/control/flip", {"instance": instance, "role": role, "source": "tui"})
+        result: dict[str, Any] = await self._call(
+            "POST", "/control/flip", {"instance": instance, "role": role, "source": "tui"}
+        )
         return result
 
     async def replay(self, action: str) -> dict[str, Any]:

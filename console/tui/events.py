@@ -42,9 +42,19 @@ def describe(event: Mapping[str, Any], p: Palette) -> tuple[str, str, str]:
     if kind == "ranks":
         loads = "/".join(str(x) for x in event.get("loads") or [])
         if event.get("balanced"):
-            return "RANKS", f"{event.get('instance')} ranks balanced again: x{event.get('factor')} ({loads} KV tokens)", p.ok
-        return "RANKS", (f"{event.get('instance')} ranks imbalanced: rank {event.get('busiest')} at x{event.get('factor')} "
-                         f"of the mean ({loads} KV tokens; rank policy {event.get('policy')})"), p.warn
+            return (
+                "RANKS",
+                f"{event.get('instance')} ranks balanced again: x{event.get('factor')} ({loads} KV tokens)",
+                p.ok,
+            )
+        return (
+            "RANKS",
+            (
+                f"{event.get('instance')} ranks imbalanced: rank {event.get('busiest')} at x{event.get('factor')} "
+                f"of the mean ({loads} KV tokens; rank policy {event.get('policy')})"
+            ),
+            p.warn,
+        )
     if kind == "scale":
         delta = event.get("delta")
         sign = f"{int(delta):+d} " if isinstance(delta, int | float) else ""

@@ -69,9 +69,12 @@ class QuitScreen(ModalScreen[str | None]):
         run = f" --run {self.run_id}" if self.run_id else ""
         with Vertical(id="confirm"):
             yield Static("Quit the dashboard: stop the cluster too?", id="confirm-question")
-            yield Static("Stop drains in-flight requests and stops every instance this dashboard launched. "
-                         f"Leave keeps it serving: reattach with `sibyl-console tui{run}`, stop it later with "
-                         f"`sibyl-console down{' ' + self.run_id if self.run_id else ''}`.", id="confirm-detail")
+            yield Static(
+                "Stop drains in-flight requests and stops every instance this dashboard launched. "
+                f"Leave keeps it serving: reattach with `sibyl-console tui{run}`, stop it later with "
+                f"`sibyl-console down{' ' + self.run_id if self.run_id else ''}`.",
+                id="confirm-detail",
+            )
             with Horizontal(id="confirm-buttons"):
                 yield Button("Stop (s)", variant="error", id="quit-stop")
                 yield Button("Leave running (l)", variant="primary", id="quit-leave")

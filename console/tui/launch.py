@@ -32,7 +32,12 @@ class _IntoEventLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         from console.tui.messages import ConsoleEvent
 
-        event = {"type": "note", "time": time.time(), "message": f"{record.name}: {record.getMessage()}", "style": "yellow"}
+        event = {
+            "type": "note",
+            "time": time.time(),
+            "message": f"{record.name}: {record.getMessage()}",
+            "style": "yellow",
+        }
         with contextlib.suppress(RuntimeError):  # the loop is closing
             self.loop.call_soon_threadsafe(self.app.post_message, ConsoleEvent(event))
 
@@ -44,7 +49,12 @@ def _logs_into(app: SibylDashboard) -> Iterator[None]:
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         for h in list(logger.handlers):
-            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__):
+            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) in (
+                sys.stderr,
+                sys.stdout,
+                sys.__stderr__,
+                sys.__stdout__,
+            ):
                 logger.removeHandler(h)
                 removed.append((logger, h))
         logger.addHandler(handler)
@@ -57,8 +67,9 @@ def _logs_into(app: SibylDashboard) -> Iterator[None]:
             logger.addHandler(h)
 
 
-async def run_dashboard(url: str, token: str | None, *, owns_cluster: bool,
-                        server_alive: Callable[[], bool] | None = None) -> str | None:
+async def run_dashboard(
+    url: str, token: str | None, *, owns_cluster: bool, server_alive: Callable[[], bool] | None = None
+) -> str | None:
     """Run the dashboard in the current event loop until the operator quits; returns the quit
     choice ("stop", "leave", or None for a plain quit or a console that went away).
 
@@ -117,7 +128,10 @@ def run_owned_dashboard(handle: ServerHandle, stop_bound_s: float, out: Console)
             code = handle.stop(stop_bound_s, lambda t: status.update(f"draining and stopping the cluster... {t:.0f} s"))
     else:
         code = handle.proc.returncode
-    out.print(f"stopped; run {handle.run_id} {run_status(handle)}" + ("" if code == 0 else f" (server exit {code}, log {handle.log})"))
+    out.print(
+        f"stopped; run {handle.run_id} {run_status(handle)}"
+        + ("" if code == 0 else f" (server exit {code}, log {handle.log})")
+    )
 
 
 def run_status(handle: ServerHandle) -> str:

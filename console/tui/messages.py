@@ -33,4 +33,3 @@ class ConnectionChanged(Message):
 
     error: str | None
     retry_in_s: float = 0.0
-

@@ -55,8 +55,17 @@ def fields_of(schema: Mapping[str, Any]) -> list[Field]:
             kind = str(t)
         else:
             kind = "json"
-        out.append(Field(name, str(prop.get("title") or name), str(prop.get("description") or ""),
-                         kind, nullable, tuple(prop.get("enum") or ()), prop))
+        out.append(
+            Field(
+                name,
+                str(prop.get("title") or name),
+                str(prop.get("description") or ""),
+                kind,
+                nullable,
+                tuple(prop.get("enum") or ()),
+                prop,
+            )
+        )
     return out
 
 
@@ -123,7 +132,9 @@ class ParamsForm(Vertical):
         if f.kind == "enum":
             options = [(str(c), c) for c in f.choices]
             initial = value if value in f.choices else Select.NULL
-            return Select(options, value=initial, allow_blank=f.nullable or initial is Select.NULL, id=wid, compact=True)
+            return Select(
+                options, value=initial, allow_blank=f.nullable or initial is Select.NULL, id=wid, compact=True
+            )
         text = "" if value is None else (json.dumps(value) if f.kind == "json" else str(value))
         input_type = {"integer": "integer", "number": "number"}.get(f.kind, "text")
         return Input(text, type=input_type, placeholder=f.kind, id=wid, compact=True)  # type: ignore[arg-type]

@@ -47,7 +47,9 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
         with Vertical(id="picker"):
             yield Static("Swap a policy", id="picker-title")
             with Horizontal(id="picker-top"):
-                yield Select([(k, k) for k in self.kinds], value=self.kind, allow_blank=False, id="picker-kind", compact=True)
+                yield Select(
+                    [(k, k) for k in self.kinds], value=self.kind, allow_blank=False, id="picker-kind", compact=True
+                )
                 yield Static("", id="picker-active")
             yield OptionList(id="picker-policies")
             yield Static("", id="picker-summary")

@@ -45,8 +45,15 @@ class SwapTracker:
         for kind, entry in new.items():
             before = old.get(kind) or {}
             if before != entry:
-                out.append({
-                    "type": "policy", "kind": kind, "old": before.get("name"), "new": entry.get("name"),
-                    "params": entry.get("params") or {}, "source": "?", "t": t,
-                })
+                out.append(
+                    {
+                        "type": "policy",
+                        "kind": kind,
+                        "old": before.get("name"),
+                        "new": entry.get("name"),
+                        "params": entry.get("params") or {},
+                        "source": "?",
+                        "t": t,
+                    }
+                )
         return out

@@ -98,9 +98,7 @@ class PrefixBlockPool:
         enable_events: bool = True,
     ) -> None:
         if num_blocks < 2:
-            raise ValueError(
-                f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}"
-            )
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.num_blocks = num_blocks
@@ -238,9 +236,7 @@ class PrefixBlockPool:
             self._commit(req, keys)
         return Allocation(request_id, num_tokens, len(hits), cached_tokens, num_new, evicted)
 
-    def append_tokens(
-        self, request_id: RequestId, num_tokens: int = 1, token_ids: Sequence[int] | None = None
-    ) -> bool:
+    def append_tokens(self, request_id: RequestId, num_tokens: int = 1, token_ids: Sequence[int] | None = None) -> bool:
         """Grow a running request by ``num_tokens`` slots (decode); False, unchanged, if blocks run out.
 
         New full blocks are not cached until ``commit_full_blocks`` gives their keys.

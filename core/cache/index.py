@@ -20,6 +20,7 @@ class PrefixLookup(Protocol):
 
     def match(self, keys: Sequence[BlockKey], now: float | None = None) -> dict[InstanceId, int]: ...
 
+
 _LINEAR = 16
 """Below this many blocks, ``match`` walks a segment instead of bisecting it."""
 
@@ -185,9 +186,7 @@ class CacheIndex:
         return n
 
     # ---- lookup ------------------------------------------------------------------------------
-    def match(
-        self, keys: Sequence[BlockKey], now: float | None = None, exact: bool = False
-    ) -> dict[InstanceId, int]:
+    def match(self, keys: Sequence[BlockKey], now: float | None = None, exact: bool = False) -> dict[InstanceId, int]:
         """For each instance holding the first block, how many leading ``keys`` it holds.
 
         Instances without the first block are absent (read it with ``.get(i, 0)``). With ``now``,
@@ -265,9 +264,7 @@ class CacheIndex:
         self._emit(prev, len(running), ids, out)
         return out
 
-    def best(
-        self, keys: Sequence[BlockKey], now: float | None = None
-    ) -> tuple[InstanceId | None, int]:
+    def best(self, keys: Sequence[BlockKey], now: float | None = None) -> tuple[InstanceId | None, int]:
         """The instance with the longest match and its matched blocks ((None, 0) if nobody)."""
         m = self.match(keys, now)
         if not m:
@@ -276,9 +273,7 @@ class CacheIndex:
         return inst, m[inst]
 
     @staticmethod
-    def _emit(
-        mask: int, depth: int, ids: list[InstanceId | None], out: dict[InstanceId, int]
-    ) -> None:
+    def _emit(mask: int, depth: int, ids: list[InstanceId | None], out: dict[InstanceId, int]) -> None:
         while mask:
             low = mask & -mask
             iid = ids[low.bit_length() - 1]

@@ -54,8 +54,12 @@ class TraceKeys:
         bs = self.block_size
         if not self._aligned:
             prompt = hash_prompt(
-                hash_ids, prompt_tokens, seed=self.seed, row=row,
-                block_tokens=self.hash_block_tokens, vocab_size=self.vocab_size,
+                hash_ids,
+                prompt_tokens,
+                seed=self.seed,
+                row=row,
+                block_tokens=self.hash_block_tokens,
+                vocab_size=self.vocab_size,
             )
             return tuple(chain_keys(prompt.tolist(), bs))
         full = prompt_tokens // bs

@@ -40,7 +40,10 @@ class PrefixTracker:
         self._install("exact", lookup, block_size, decode_only)
 
     def approximate(
-        self, block_size: int, ttl_s: float | None = 300.0, capacity_blocks: int | None = None,
+        self,
+        block_size: int,
+        ttl_s: float | None = 300.0,
+        capacity_blocks: int | None = None,
         decode_only: bool = False,
     ) -> None:
         """Assume what was routed to an instance is cached there for ``ttl_s`` seconds, at most

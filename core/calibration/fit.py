@@ -53,8 +53,15 @@ class Term:
         def num(v: float | None) -> float | None:
             return None if v is None or not math.isfinite(v) else v if isinstance(v, int) else float(v)
 
-        return {"value": num(self.value), "prior": self.prior, "source": self.source, "rel_rms": num(self.rel_rms),
-                "samples": self.samples, "used": self.used, "rel_se": num(self.rel_se)}
+        return {
+            "value": num(self.value),
+            "prior": self.prior,
+            "source": self.source,
+            "rel_rms": num(self.rel_rms),
+            "samples": self.samples,
+            "used": self.used,
+            "rel_se": num(self.rel_se),
+        }
 
 
 def _lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
@@ -107,7 +114,9 @@ def estimate(x: np.ndarray, y: np.ndarray, method: Method, q: float = 0.5) -> tu
     return coef, used
 
 
-def _uncertainty(x: np.ndarray, r: np.ndarray, q: float | None = None, scale: float = 1.0, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def _uncertainty(
+    x: np.ndarray, r: np.ndarray, q: float | None = None, scale: float = 1.0, floor: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Standard errors of the columns (σ²/RSS_j, RSS_j the residual of column j on the others; σ at
     least `floor` of `scale`) and how much of each column the others explain (R², centred when a
     constant column is among them).
@@ -119,7 +128,7 @@ def _uncertainty(x: np.ndarray, r: np.ndarray, q: float | None = None, scale: fl
         sigma2 = float(np.sum((r - (r.mean() if n > p else 0.0)) ** 2)) / max(n - p, 1)
     else:
         iqr = float(np.subtract(*np.percentile(r, [75, 25])))
-        h = max(0.9 * min(float(np.std(r)), iqr / 1.34 if iqr > 0 else math.inf) * n ** -0.2, 1e-4 * scale)
+        h = max(0.9 * min(float(np.std(r)), iqr / 1.34 if iqr > 0 else math.inf) * n**-0.2, 1e-4 * scale)
         dens = float(np.mean(np.abs(r) <= h)) / (2 * h) if h > 0 else 0.0
         sigma2 = q * (1 - q) / dens**2 * n / max(n - p, 1) if dens > 0 else math.inf
     sigma2 = max(sigma2, (floor * scale) ** 2)
@@ -166,9 +175,19 @@ class _Pass:
         return [k for k in range(len(self.free)) if not self.u[k] <= IDENTIFIED]
 
 
-def fit_linear(x: np.ndarray, y: np.ndarray, names: list[str], priors: list[float], labels: list[str], what: str,
-               method: Method, q: float = 0.5, noise_floor: float = 0.0, min_samples: int = 8,
-               scatter: np.ndarray | None = None) -> LinearFit:
+def fit_linear(
+    x: np.ndarray,
+    y: np.ndarray,
+    names: list[str],
+    priors: list[float],
+    labels: list[str],
+    what: str,
+    method: Method,
+    q: float = 0.5,
+    noise_floor: float = 0.0,
+    min_samples: int = 8,
+    scatter: np.ndarray | None = None,
+) -> LinearFit:
     """Fit y ≈ x·c term by term; unidentified terms keep their prior (see the module docstring).
 
     Columns come in order of precedence (the constant, then main terms, then secondary ones).
@@ -183,8 +202,12 @@ def fit_linear(x: np.ndarray, y: np.ndarray, names: list[str], priors: list[floa
     condition = float(np.linalg.cond(x / np.where(norms > 0, norms, 1.0))) if n >= p else math.inf
     fixed: dict[int, Term] = {}
     if n < min_samples:
-        few = {names[j]: Term(names[j], priors[j], priors[j], f"prior: only {n} {what} samples (a fit needs {min_samples})", samples=n)
-               for j in range(p)}
+        few = {
+            names[j]: Term(
+                names[j], priors[j], priors[j], f"prior: only {n} {what} samples (a fit needs {min_samples})", samples=n
+            )
+            for j in range(p)
+        }
         return LinearFit(few, n, 0, math.nan, condition)
     scale = float(np.median(np.abs(y))) or 1.0
     w = np.ones(n) if scatter is None else 1.0 / np.maximum(scatter, 1e-12)
@@ -196,7 +219,9 @@ def fit_linear(x: np.ndarray, y: np.ndarray, names: list[str], priors: list[floa
         xf = x[:, free]
         coef, used = estimate(xf * w[:, None], yt * w, method, q)
         r = yt - xf @ coef
-        se, _ = _uncertainty((xf * w[:, None])[used], (r * w)[used], q if method == "quantile" else None, scale_w, noise_floor)
+        se, _ = _uncertainty(
+            (xf * w[:, None])[used], (r * w)[used], q if method == "quantile" else None, scale_w, noise_floor
+        )
         _, explained = _uncertainty(xf[used], r[used])
         u = np.array([se[k] * float(np.median(np.abs(xf[used, k]))) / scale for k in range(len(free))])
         rel = float(np.sqrt(np.mean(r[used] ** 2)) / (np.mean(np.abs(y[used])) or 1.0))
@@ -224,13 +249,22 @@ def fit_linear(x: np.ndarray, y: np.ndarray, names: list[str], priors: list[floa
             if drop not in failing:
                 why = f"{labels[free[drop]]} yields to {labels[free[failing[0]]]}: {why}"
             j = free[drop]
-            fixed[j] = Term(names[j], priors[j], priors[j], "prior: " + why, samples=n, used=used_n, rel_se=float(f.u[drop]))
+            fixed[j] = Term(
+                names[j], priors[j], priors[j], "prior: " + why, samples=n, used=used_n, rel_se=float(f.u[drop])
+            )
             continue
         neg = [k for k in range(len(free)) if f.coef[k] < 0]
         if neg:
             k = min(neg, key=lambda k: f.coef[k] / max(f.se[k], 1e-300))
-            fixed[free[k]] = Term(names[free[k]], 0.0, priors[free[k]], f"fit: clipped at 0 (estimate {f.coef[k]:.3g} ± {f.se[k]:.2g})",
-                                  samples=n, used=used_n, rel_se=float(f.u[k]))
+            fixed[free[k]] = Term(
+                names[free[k]],
+                0.0,
+                priors[free[k]],
+                f"fit: clipped at 0 (estimate {f.coef[k]:.3g} ± {f.se[k]:.2g})",
+                samples=n,
+                used=used_n,
+                rel_se=float(f.u[k]),
+            )
             continue
         for k, j in enumerate(free):
             fixed[j] = Term(names[j], float(f.coef[k]), priors[j], "fit", samples=n, used=used_n, rel_se=float(f.u[k]))
@@ -239,8 +273,12 @@ def fit_linear(x: np.ndarray, y: np.ndarray, names: list[str], priors: list[floa
         # the samples do not follow the model (queueing, a host stall, another engine's timing):
         # no term of this regression is trusted, whatever its standard error says
         why = f"prior: the {what} samples do not follow the model (relative residual {rel_rms:.0%} > {MAX_REL_RMS:.0%})"
-        fixed = {j: Term(names[j], priors[j], priors[j], why, samples=n, used=used_n, rel_se=t.rel_se) if t.source.startswith("fit") else t
-                 for j, t in fixed.items()}
+        fixed = {
+            j: Term(names[j], priors[j], priors[j], why, samples=n, used=used_n, rel_se=t.rel_se)
+            if t.source.startswith("fit")
+            else t
+            for j, t in fixed.items()
+        }
     for t in fixed.values():
         t.rel_rms = rel_rms
     return LinearFit({names[j]: fixed[j] for j in range(p)}, n, used_n, rel_rms, condition)
@@ -256,8 +294,11 @@ def _why(k: int, f: _Pass, labels: list[str], what: str) -> str:
         others = [labels[j] for j in f.free if j != f.free[k]]
         return f"{label} moves with {' and '.join(others)} in the run (R² {f.explained[k]:.3f}): their costs cannot be told apart"
     u = float(f.u[k])
-    return (f"too uncertain: ±{u * 100:.0f}% of a typical {what} (±{IDENTIFIED * 100:.0f}% or less counts as fitted)"
-            if math.isfinite(u) else "not identified by the run")
+    return (
+        f"too uncertain: ±{u * 100:.0f}% of a typical {what} (±{IDENTIFIED * 100:.0f}% or less counts as fitted)"
+        if math.isfinite(u)
+        else "not identified by the run"
+    )
 
 
 class Timeline:
@@ -270,7 +311,9 @@ class Timeline:
     the steps taken up to t are ∫ dt / step(B, K), the same clock for every request on the
     instance. Before that, tokens are spread evenly in time."""
 
-    def __init__(self, starts: np.ndarray, firsts: np.ndarray, ends: np.ndarray, prompts: np.ndarray, outputs: np.ndarray) -> None:
+    def __init__(
+        self, starts: np.ndarray, firsts: np.ndarray, ends: np.ndarray, prompts: np.ndarray, outputs: np.ndarray
+    ) -> None:
         self.t0 = float(starts.min())
         self.dt = max(1e-3, (float(ends.max()) - self.t0) / 200_000)
         self.n = int(math.ceil((float(ends.max()) - self.t0) / self.dt)) + 1
@@ -322,7 +365,9 @@ class Timeline:
         i = self.index(t)
         return self.batch[i], self.kv[i]
 
-    def step_means(self, starts: np.ndarray, ends: np.ndarray, step: tuple[float, float, float]) -> tuple[np.ndarray, np.ndarray]:
+    def step_means(
+        self, starts: np.ndarray, ends: np.ndarray, step: tuple[float, float, float]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Mean batch and KV over the steps taken in each window [start, end): time-averaged with
         weight 1/step(B, K), since a stretch holds steps in proportion to its length over the step."""
         w = self._weights(step)

@@ -62,7 +62,12 @@ def busy_batches(rows: list[dict[str, Any]], profile: PerfProfile) -> BusyBatche
     """Every back-to-back prefill batch of a run, with its busy period (see BusyBatches)."""
     by_instance: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["prefill_instance"] and r["prefill_start"] is not None and r["prefill_end"] is not None and r["prompt_tokens"]:
+        if (
+            r["prefill_instance"]
+            and r["prefill_start"] is not None
+            and r["prefill_end"] is not None
+            and r["prompt_tokens"]
+        ):
             by_instance[r["prefill_instance"]].append(r)
     sizes: list[float] = []
     intervals: list[float] = []
@@ -116,8 +121,17 @@ def fit_host_work(rows: list[dict[str, Any]], profile: PerfProfile, prior: float
     rel_se = se * float(np.sum(sizes)) / (float(np.sum(intervals)) or 1.0)
     rel_rms = math.sqrt(float(np.mean(by_block**2))) / (float(np.mean(np.bincount(blocks, weights=intervals))) or 1.0)
     if rel_se > IDENTIFIED:
-        term = Term(name, prior, prior, f"prior: too uncertain: ±{rel_se:.0%} of the busy time of back-to-back "
-                    f"prefill batches (±{IDENTIFIED:.0%} or less counts as fitted)", rel_rms, n, n, rel_se)
+        term = Term(
+            name,
+            prior,
+            prior,
+            f"prior: too uncertain: ±{rel_se:.0%} of the busy time of back-to-back "
+            f"prefill batches (±{IDENTIFIED:.0%} or less counts as fitted)",
+            rel_rms,
+            n,
+            n,
+            rel_se,
+        )
     elif h < 0:
         term = Term(name, 0.0, prior, f"fit: clipped at 0 (estimate {h:.3g} ± {se:.2g})", rel_rms, n, n, rel_se)
     else:

@@ -118,4 +118,3 @@ class AdmittingMixin(InstancesMixin):
     def queue_depth_by_class(self) -> dict[str, int]:
         """Held requests per priority band or SLO class (as the queue policy classifies them)."""
         return self.queue.depth_by_class()
-

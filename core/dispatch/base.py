@@ -55,7 +55,6 @@ class _Tracked:
     shadow_choices: list[int] = field(default_factory=list)
 
 
-
 class DispatcherBase:
     """What the dispatcher holds (set up by `Dispatcher.__init__`) and its active policies."""
 
@@ -124,4 +123,3 @@ class DispatcherBase:
                 request.ttft_s = cls.ttft_s
             if request.tpot_s is None:
                 request.tpot_s = cls.tpot_s
-

@@ -65,9 +65,7 @@ class Dispatcher(LifecycleMixin):
         """Whether Request.max_tokens is the true output length (the simulator), so oracle
         routing policies (needs_true_lengths) may run."""
         max_len = profile.max_model_len
-        prior_rate = decode_rate_prior or profile.per_request_rate(
-            max(1, profile.max_num_seqs // 4)
-        )
+        prior_rate = decode_rate_prior or profile.per_request_rate(max(1, profile.max_num_seqs // 4))
         self.view = ClusterView(
             profile=profile,
             table=RequestTable(),
@@ -116,15 +114,11 @@ class Dispatcher(LifecycleMixin):
             self.policies[kind] = policy
             if kind in PERIODIC_KINDS:
                 self.runner.schedule(kind, policy, 0.0)
-            self.policy_events.append(
-                PolicyEvent(0.0, kind, None, name, policy.params.model_dump(), "config")
-            )
+            self.policy_events.append(PolicyEvent(0.0, kind, None, name, policy.params.model_dump(), "config"))
         self.shadows: list[tuple[str, RoutingPolicy]] = [
             (self._shadow_label(n, p), self._build(PolicyKind.ROUTING, n, p)) for n, p in shadow
         ]
-        self.scores: dict[str, AssignmentScore] = {
-            label: AssignmentScore() for label, _ in self.shadows
-        }
+        self.scores: dict[str, AssignmentScore] = {label: AssignmentScore() for label, _ in self.shadows}
         self.ratio_load = ratio_load
         """Load measure for the optimal-assignment ratio: running requests (ties count) or KV tokens."""
         self.score = AssignmentScore()
@@ -139,8 +133,7 @@ class Dispatcher(LifecycleMixin):
     def _build(self, kind: PolicyKind, name: str, params: dict[str, Any] | None) -> Any:
         if registry.spec(kind, name).sim_only and not self.true_lengths:
             raise PolicyError(
-                f"{name} knows every request's true output length, so it runs only in the "
-                "simulator (sim, runs whatif)"
+                f"{name} knows every request's true output length, so it runs only in the simulator (sim, runs whatif)"
             )
         return registry.build(kind, name, params)
 
@@ -175,18 +168,13 @@ class Dispatcher(LifecycleMixin):
                 self._refused_at = dict(self.gate.refused) if self.gate is not None else {}
         if old is not None:
             old.close()
-        event = PolicyEvent(
-            now, k, getattr(old, "name", None), name, new.params.model_dump(), source
-        )
+        event = PolicyEvent(now, k, getattr(old, "name", None), name, new.params.model_dump(), source)
         self.policy_events.append(event)
         return event
 
     def active_policies(self) -> dict[str, dict[str, Any]]:
         """Name and params of the active policy of every kind."""
-        return {
-            k.value: {"name": p.name, "params": p.params.model_dump()}
-            for k, p in self.policies.items()
-        }
+        return {k.value: {"name": p.name, "params": p.params.model_dump()} for k, p in self.policies.items()}
 
     # --- the prefix cache (core/cache/tracker.py) ----------------------------------------------
     def use_prefix_lookup(self, lookup: PrefixLookup, block_size: int, decode_only: bool = True) -> None:
@@ -194,7 +182,11 @@ class Dispatcher(LifecycleMixin):
         self.prefix.exact(lookup, block_size, decode_only)
 
     def use_prefix_routes(
-        self, block_size: int, ttl_s: float | None = 300.0, capacity_blocks: int | None = None, decode_only: bool = False,
+        self,
+        block_size: int,
+        ttl_s: float | None = 300.0,
+        capacity_blocks: int | None = None,
+        decode_only: bool = False,
     ) -> None:
         """Approximate: what was routed to an instance counts as cached there (PrefixTracker.approximate);
         `decode_only`: the console can serve a request on a decode instance alone."""
@@ -244,13 +236,16 @@ class Dispatcher(LifecycleMixin):
         done = (self.completions - c0) / window if window > 0 else 0.0
         self._signals_at = (now, arrivals, self.completions)
         refused = dict(self.gate.refused) if self.gate is not None else {}
-        refused_rate = {role: (n - self._refused_at.get(role, 0)) / window if window > 0 else 0.0 for role, n in refused.items()}
+        refused_rate = {
+            role: (n - self._refused_at.get(role, 0)) / window if window > 0 else 0.0 for role, n in refused.items()
+        }
         self._refused_at = refused
         held = self.admission.held_since
-        waits = [
-            (now - held.get(r.id, now)) / (r.ttft_s or self.view.slo["default"].ttft_s)
-            for r in self.queue.items()
-        ] if held else []
+        waits = (
+            [(now - held.get(r.id, now)) / (r.ttft_s or self.view.slo["default"].ttft_s) for r in self.queue.items()]
+            if held
+            else []
+        )
         return compute_signals(
             v,
             queue_len=len(self.admission),
@@ -275,4 +270,3 @@ class Dispatcher(LifecycleMixin):
         v = self.view
         loads = self.routing.display_load(v)
         return {iid: float(loads[i]) for i, iid in enumerate(v.instance_ids)}
-

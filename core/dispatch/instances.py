@@ -150,4 +150,3 @@ class InstancesMixin(DispatcherBase):
 
     def index_of(self, instance_id: str) -> int:
         return self._index[instance_id]
-

@@ -58,8 +58,16 @@ class LifecycleMixin(AdmittingMixin):
         if a.decode is not None:
             d = t.inst[i] = self._index[a.decode]
             v.pending_n[d] += 1
-        tracked = _Tracked(request, router, est, float(due), in_prefill=p >= 0, routed_at=now, computed=computed,
-                           shift_base=self._prefill_shift[p] if p >= 0 else 0.0)
+        tracked = _Tracked(
+            request,
+            router,
+            est,
+            float(due),
+            in_prefill=p >= 0,
+            routed_at=now,
+            computed=computed,
+            shift_base=self._prefill_shift[p] if p >= 0 else 0.0,
+        )
         for _, shadow in self.shadows:
             try:
                 choice = shadow.route(request, v).decode
@@ -100,9 +108,7 @@ class LifecycleMixin(AdmittingMixin):
     def on_prefill_start(self, rid: Hashable, now: float) -> None:
         t = self.view.table
         i = t.row[rid]
-        t.tau[i] = (
-            now + self._tracked[rid].prefill_est + self.view.profile.kv_transfer_time(t.l_in[i])
-        )
+        t.tau[i] = now + self._tracked[rid].prefill_est + self.view.profile.kv_transfer_time(t.l_in[i])
 
     def _end_prefill(self, tracked: _Tracked, p: int, now: float, completed: bool = True) -> None:
         """Settle the projection. The instance's free-at time already has this request's work in
@@ -246,11 +252,22 @@ class LifecycleMixin(AdmittingMixin):
             tpot: float | None = None
             if first_token_at is not None:
                 tpot = (now - first_token_at) / (output_tokens - 1) if output_tokens > 1 else 0.0
-                self.routing.observe_completion(req, first_token_at - req.arrival, tpot, tracked.routed_at - req.arrival)
+                self.routing.observe_completion(
+                    req, first_token_at - req.arrival, tpot, tracked.routed_at - req.arrival
+                )
             # a whole reply has no first-token time: its TTFT is taken at the handoff, its TPOT is unknown
-            first = first_token_at if first_token_at is not None else (float(t.decode_start[i]) if t.state[i] == RUNNING else None)
-            self.slo_window.add(now, None if first is None else first - req.arrival, float(t.ttft_slo[i]),
-                                tpot if output_tokens > 1 else None, float(t.tpot_slo[i]))
+            first = (
+                first_token_at
+                if first_token_at is not None
+                else (float(t.decode_start[i]) if t.state[i] == RUNNING else None)
+            )
+            self.slo_window.add(
+                now,
+                None if first is None else first - req.arrival,
+                float(t.ttft_slo[i]),
+                tpot if output_tokens > 1 else None,
+                float(t.tpot_slo[i]),
+            )
         self._forget(rid, now)
 
     def on_fail(self, rid: Hashable, now: float) -> None:
@@ -291,4 +308,3 @@ class LifecycleMixin(AdmittingMixin):
             counts = v.running_n if t.state[i] == RUNNING else v.pending_n
             counts[d] -= 1
         t.remove(rid)
-

@@ -52,9 +52,7 @@ _BLOCK = 256
 class _RoundParams(PeriodicParams):
     """Params every rebalancing round has."""
 
-    period_s: float = Field(
-        1.0, gt=0, description="seconds between two rounds (the paper: every 1 s)"
-    )
+    period_s: float = Field(1.0, gt=0, description="seconds between two rounds (the paper: every 1 s)")
     theta: float = Field(
         0.1,
         ge=0.0,
@@ -83,9 +81,7 @@ class _RoundParams(PeriodicParams):
             "each instance in at most one of them"
         ),
     )
-    cooldown_s: float = Field(
-        10.0, ge=0.0, description="seconds a migrated request rests before it may move again"
-    )
+    cooldown_s: float = Field(10.0, ge=0.0, description="seconds a migrated request rests before it may move again")
 
 
 class CurrentLoadParams(_RoundParams):
@@ -102,18 +98,14 @@ class CurrentLoadParams(_RoundParams):
 
 
 class _HorizonParams(_RoundParams):
-    horizon_steps: int = Field(
-        100, ge=1, le=5000, description="H: future time steps weighed (spec proposal: 100)"
-    )
+    horizon_steps: int = Field(100, ge=1, le=5000, description="H: future time steps weighed (spec proposal: 100)")
     step_tokens: int = Field(
         20,
         ge=1,
         le=100_000,
         description="Δ: decode iterations per horizon step (= tokens per request; spec: 20)",
     )
-    gamma: float = Field(
-        0.97, gt=0.0, le=1.0, description="β_t ∝ γ^t, normalised to sum 1 over t = 1..H"
-    )
+    gamma: float = Field(0.97, gt=0.0, le=1.0, description="β_t ∝ γ^t, normalised to sum 1 over t = 1..H")
     oom_check: Literal["horizon", "literal"] = Field(
         "horizon",
         description=(
@@ -131,9 +123,7 @@ class _HorizonParams(_RoundParams):
 class AresOracleParams(_HorizonParams):
     """ARES with the true remaining length (simulator only): point trajectories."""
 
-    selection: Literal[
-        "gain", "shortest_remaining", "longest_remaining", "fewest_tokens", "most_tokens"
-    ] = Field(
+    selection: Literal["gain", "shortest_remaining", "longest_remaining", "fewest_tokens", "most_tokens"] = Field(
         "gain",
         description=(
             "which move among those that reduce the variance: gain — the largest reduction "
@@ -238,9 +228,7 @@ class _Rebalancer(ReschedulePolicyBase):
         out = np.where(alive, grown, 0.0)
         return out
 
-    def worth(
-        self, view: ClusterView, tokens: np.ndarray, rem: np.ndarray | None, step_s: np.ndarray
-    ) -> np.ndarray:
+    def worth(self, view: ClusterView, tokens: np.ndarray, rem: np.ndarray | None, step_s: np.ndarray) -> np.ndarray:
         """Filter 1: the request outlives its transfer (N̂ > C_mig / T_exec)."""
         return np.ones(len(tokens), dtype=bool)
 
@@ -328,10 +316,7 @@ class _Rebalancer(ReschedulePolicyBase):
         if len(cand):
             batch = np.bincount(pos, minlength=n_inst)
             step_s = np.array(
-                [
-                    float(view.profile.step_time(int(batch[p]), float(loads[p, 0])))
-                    for p in pos[cand].tolist()
-                ]
+                [float(view.profile.step_time(int(batch[p]), float(loads[p, 0]))) for p in pos[cand].tolist()]
             )
             crem = None if rem is None else rem[cand]
             cand = cand[self.worth(view, tokens[cand], crem, step_s)]
@@ -344,8 +329,7 @@ class _Rebalancer(ReschedulePolicyBase):
             u_ok = np.flatnonzero(under & ~used)
             if not len(c_ok) or not len(u_ok):
                 break
-            best = self._pick(view, loads, weights, traj, tokens, rem, pos, rows, c_ok, u_ok,
-                              capacity, sigma, report)
+            best = self._pick(view, loads, weights, traj, tokens, rem, pos, rows, c_ok, u_ok, capacity, sigma, report)
             if best is None:
                 break
             c, u, gain = best
@@ -411,8 +395,7 @@ class _Rebalancer(ReschedulePolicyBase):
             stop = int(hit[0]) if len(hit) else len(blk)
             for k in range(stop):
                 report.rejected_oom.append(
-                    (str(view.table.ids[int(rows[cs[k]])]), report.instance_ids[int(us[k])],
-                     float(g[blk[k]]))
+                    (str(view.table.ids[int(rows[cs[k]])]), report.instance_ids[int(us[k])], float(g[blk[k]]))
                 )
             if len(hit):
                 k = int(hit[0])
@@ -445,9 +428,7 @@ class _HorizonRebalancer(_Rebalancer):
     def horizon(self) -> tuple[int, int, np.ndarray]:
         return self.params.horizon_steps, self.params.step_tokens, self._beta
 
-    def worth(
-        self, view: ClusterView, tokens: np.ndarray, rem: np.ndarray | None, step_s: np.ndarray
-    ) -> np.ndarray:
+    def worth(self, view: ClusterView, tokens: np.ndarray, rem: np.ndarray | None, step_s: np.ndarray) -> np.ndarray:
         if rem is None or not self.params.worth_filter:
             return np.ones(len(tokens), dtype=bool)
         prof = view.profile

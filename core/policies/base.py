@@ -141,12 +141,8 @@ class QueueParams(PolicyParams):
             "arrivals beyond limit × routable decode instances are held"
         ),
     )
-    max_queued: int = Field(
-        1024, ge=0, description="held requests at most; beyond it new arrivals are shed (429)"
-    )
-    ttl_s: float = Field(
-        60.0, gt=0, description="a request held longer than this many seconds is failed"
-    )
+    max_queued: int = Field(1024, ge=0, description="held requests at most; beyond it new arrivals are shed (429)")
+    ttl_s: float = Field(60.0, gt=0, description="a request held longer than this many seconds is failed")
     max_prefill_backlog_s: float | None = Field(
         None,
         ge=0,
@@ -247,9 +243,7 @@ class ScalingPolicy(Protocol):
     acts: bool
     """False for the no-op baseline: the dispatcher then schedules no periodic calls for it."""
 
-    def propose(
-        self, signals: ScalingSignals, view: ClusterView, now: float
-    ) -> list[ScaleAction]: ...
+    def propose(self, signals: ScalingSignals, view: ClusterView, now: float) -> list[ScaleAction]: ...
 
     def close(self) -> None: ...
 

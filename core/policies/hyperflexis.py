@@ -56,12 +56,20 @@ def normal_cdf(x: float) -> float:
 
 class HyperFlexisParams(PolicyParams):
     theta: float = Field(0.7, gt=0, lt=1, description="admission threshold on p = Φ(t_rem / (s·E_p)) (the spec's θ)")
-    tpot_margin: float = Field(0.1, ge=0, lt=1, description="decode: admit while the predicted step ≤ (1 − margin) · tightest TPOT there")
-    growth_reserve_tokens: int = Field(64, ge=0, description="decode: KV tokens kept free for each admitted request's growth")
-    fit_noise: float = Field(0.05, ge=0, le=0.5, description="lognormal σ of the profile samples the latency model is fitted on")
+    tpot_margin: float = Field(
+        0.1, ge=0, lt=1, description="decode: admit while the predicted step ≤ (1 − margin) · tightest TPOT there"
+    )
+    growth_reserve_tokens: int = Field(
+        64, ge=0, description="decode: KV tokens kept free for each admitted request's growth"
+    )
+    fit_noise: float = Field(
+        0.05, ge=0, le=0.5, description="lognormal σ of the profile samples the latency model is fitted on"
+    )
     seed: int = Field(0, description="seed of the fitting noise")
     priority_slo: PrioritySLOParams | None = Field(
-        None, description="requests naming no SLO class get targets from their priority (Algorithm 2); none: class defaults")
+        None,
+        description="requests naming no SLO class get targets from their priority (Algorithm 2); none: class defaults",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +117,10 @@ class HyperFlexisRouting(RoutingPolicyBase):
         n = t.n
         # pending: held at the gateway, or routed and not prefilled yet (B_wait)
         higher = any(r.priority < p for r in queue.items()) or any(
-            self._priority.get(rid, p) < p for rid, state in zip(t.ids[:n], t.state[:n], strict=True) if state == PENDING)
+            self._priority.get(rid, p) < p
+            for rid, state in zip(t.ids[:n], t.state[:n], strict=True)
+            if state == PENDING
+        )
         request.ttft_s, request.tpot_s = self.mapper.assign(p, higher)
         if len(self._priority) > PRIORITY_MEMORY:  # failed requests never complete: forget them
             self._priority = {rid: q for rid, q in self._priority.items() if rid in t}

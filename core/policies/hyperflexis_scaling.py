@@ -33,7 +33,9 @@ from core.view import ClusterView
 
 
 class HyperFlexisScalingParams(PeriodicParams):
-    period_s: float = Field(1.0, gt=0, description="seconds between decisions (the paper's τ: 0.5–2 s made little difference)")
+    period_s: float = Field(
+        1.0, gt=0, description="seconds between decisions (the paper's τ: 0.5–2 s made little difference)"
+    )
     util_high: float = Field(0.85, gt=0, le=1, description="a pool is hot above this mean utilisation")
     util_low: float = Field(0.3, ge=0, lt=1, description="a pool is low below this mean utilisation")
     wait_high: float = Field(0.5, gt=0, description="prefill hot: p90 of held requests' wait / TTFT target above this")
@@ -42,7 +44,9 @@ class HyperFlexisScalingParams(PeriodicParams):
     rate_low: float = Field(0.7, ge=0, description="low only while that ratio stays below this")
     rate_window_s: float = Field(5.0, gt=0, description="EWMA time constant of the two rates")
     low_ticks: int = Field(5, ge=1, description="decisions in a row a pool must be low before it shrinks")
-    no_scale_in_after_out_s: float = Field(60.0, ge=0, description="no scale-in this soon after a scale-out (one cold start)")
+    no_scale_in_after_out_s: float = Field(
+        60.0, ge=0, description="no scale-in this soon after a scale-out (one cold start)"
+    )
     max_instances: int = Field(8, ge=2, description="the cluster never grows past this many instances")
     min_per_role: int = Field(1, ge=1, description="never fewer active instances of a role than this")
     flips: bool = Field(True, description="serve a hot pool from a low one by a role flip before adding an instance")
@@ -78,9 +82,13 @@ class HyperFlexisScaling(ScalingPolicyBase):
         if self._rates_since is None:
             self._rates_since = s.now
         w = 1.0 - math.exp(-s.window_s / self.params.rate_window_s) if s.window_s > 0 else 1.0
-        self._in_rate = s.arrival_rate if self._in_rate is None else self._in_rate + w * (s.arrival_rate - self._in_rate)
+        self._in_rate = (
+            s.arrival_rate if self._in_rate is None else self._in_rate + w * (s.arrival_rate - self._in_rate)
+        )
         # processing starts level with input (balance until shown otherwise), not at zero
-        self._out_rate = s.arrival_rate if self._out_rate is None else self._out_rate + w * (s.completion_rate - self._out_rate)
+        self._out_rate = (
+            s.arrival_rate if self._out_rate is None else self._out_rate + w * (s.completion_rate - self._out_rate)
+        )
         if self._in_rate < 1e-9 or s.now - self._rates_since < self.params.rate_window_s:
             return 0.0
         return self._in_rate / max(self._out_rate, 1e-9)
@@ -102,12 +110,21 @@ class HyperFlexisScaling(ScalingPolicyBase):
         util = {r: self.utilisation(signals, r) for r in (Role.PREFILL, Role.DECODE)}
         mean = {r: float(u.mean()) if len(u) else 0.0 for r, u in util.items()}
         hot = {
-            Role.PREFILL: [why for ok, why in (
-                (wait90 > p.wait_high, f"p90 wait/TTFT {wait90:.2f} > {p.wait_high:g}"),
-                (mean[Role.PREFILL] > p.util_high, f"prefill utilisation {mean[Role.PREFILL]:.2f} > {p.util_high:g}"),
-                (ratio > p.rate_high, f"input/processing {ratio:.2f} > {p.rate_high:g}"),
-            ) if ok],
-            Role.DECODE: [f"decode utilisation {mean[Role.DECODE]:.2f} > {p.util_high:g}"] if mean[Role.DECODE] > p.util_high else [],
+            Role.PREFILL: [
+                why
+                for ok, why in (
+                    (wait90 > p.wait_high, f"p90 wait/TTFT {wait90:.2f} > {p.wait_high:g}"),
+                    (
+                        mean[Role.PREFILL] > p.util_high,
+                        f"prefill utilisation {mean[Role.PREFILL]:.2f} > {p.util_high:g}",
+                    ),
+                    (ratio > p.rate_high, f"input/processing {ratio:.2f} > {p.rate_high:g}"),
+                )
+                if ok
+            ],
+            Role.DECODE: [f"decode utilisation {mean[Role.DECODE]:.2f} > {p.util_high:g}"]
+            if mean[Role.DECODE] > p.util_high
+            else [],
         }
         calm = wait90 < p.wait_low and ratio < p.rate_low
         for r in (Role.PREFILL, Role.DECODE):
@@ -125,20 +142,39 @@ class HyperFlexisScaling(ScalingPolicyBase):
             if p.flips and self._low[other] > 0 and not hot[other] and len(ids[other]) > p.min_per_role:
                 victim = self._least_loaded(ids[other], util[other])
                 self._low[other] = 0
-                return [ScaleAction("flip", r, victim, reason=(
-                    f"{r} hot ({why}); {other} low (utilisation {mean[other]:.2f}): {victim}, its least loaded, becomes {r}"))]
+                return [
+                    ScaleAction(
+                        "flip",
+                        r,
+                        victim,
+                        reason=(
+                            f"{r} hot ({why}); {other} low (utilisation {mean[other]:.2f}): {victim}, its least loaded, becomes {r}"
+                        ),
+                    )
+                ]
             if active < p.max_instances:
                 self._last_out = now
                 return [ScaleAction("add", r, reason=f"{r} hot ({why}); {active} active < max {p.max_instances}")]
         for r in (Role.PREFILL, Role.DECODE):  # a pool low for long enough shrinks by one
-            if (self._low[r] >= p.low_ticks and len(ids[r]) > p.min_per_role
-                    and now - self._last_out >= p.no_scale_in_after_out_s):
+            if (
+                self._low[r] >= p.low_ticks
+                and len(ids[r]) > p.min_per_role
+                and now - self._last_out >= p.no_scale_in_after_out_s
+            ):
                 victim = self._least_loaded(ids[r], util[r])
                 ticks = self._low[r]
                 self._low[r] = 0
-                return [ScaleAction("remove", r, victim, reason=(
-                    f"{r} low for {ticks} decisions (utilisation {mean[r]:.2f} < {p.util_low:g}); "
-                    f"{victim} is the least loaded"))]
+                return [
+                    ScaleAction(
+                        "remove",
+                        r,
+                        victim,
+                        reason=(
+                            f"{r} low for {ticks} decisions (utilisation {mean[r]:.2f} < {p.util_low:g}); "
+                            f"{victim} is the least loaded"
+                        ),
+                    )
+                ]
         return []
 
     @staticmethod
@@ -146,4 +182,3 @@ class HyperFlexisScaling(ScalingPolicyBase):
         """Least utilised; among equals the newest (highest index) goes first."""
         k = len(util) - 1 - int(np.argmin(util[::-1]))
         return ids[k]
-

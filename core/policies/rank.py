@@ -60,7 +60,12 @@ class _Assigning(RankPolicyBase):
         return int(np.argmin(state.loads))
 
 
-@register(PolicyKind.RANK, "engine", NoParams, "baseline: no rank sent; the DP group's own balancer places the request (vLLM's default)")
+@register(
+    PolicyKind.RANK,
+    "engine",
+    NoParams,
+    "baseline: no rank sent; the DP group's own balancer places the request (vLLM's default)",
+)
 class EngineBalancer(RankPolicyBase):
     acts = False
 
@@ -68,22 +73,33 @@ class EngineBalancer(RankPolicyBase):
         return None
 
 
-@register(PolicyKind.RANK, "fcfs", FcfsParams, "BF-IO's FCFS baseline: the first rank (in index order) with a free slot")
+@register(
+    PolicyKind.RANK, "fcfs", FcfsParams, "BF-IO's FCFS baseline: the first rank (in index order) with a free slot"
+)
 class FcfsRank(_Assigning):
     def __init__(self, params: FcfsParams) -> None:
         super().__init__(params)
         self.policy = FcfsAssign(params)
 
 
-@register(PolicyKind.RANK, "jsq", JsqParams, "join the shortest queue: the rank with the fewest resident KV tokens (or requests)")
+@register(
+    PolicyKind.RANK,
+    "jsq",
+    JsqParams,
+    "join the shortest queue: the rank with the fewest resident KV tokens (or requests)",
+)
 class JsqRank(_Assigning):
     def __init__(self, params: JsqParams) -> None:
         super().__init__(params)
         self.policy = Jsq(params)
 
 
-@register(PolicyKind.RANK, "bf_io", BfIoParams,
-          "BF-IO: the rank where the request raises the predicted straggler load least over the next H steps")
+@register(
+    PolicyKind.RANK,
+    "bf_io",
+    BfIoParams,
+    "BF-IO: the rank where the request raises the predicted straggler load least over the next H steps",
+)
 class BfIoRank(_Assigning):
     def __init__(self, params: BfIoParams) -> None:
         super().__init__(params)

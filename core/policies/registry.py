@@ -46,9 +46,7 @@ _loaded = False
 T = TypeVar("T")
 
 
-def register(
-    kind: PolicyKind, name: str, params: type[PolicyParams], summary: str
-) -> Callable[[T], T]:
+def register(kind: PolicyKind, name: str, params: type[PolicyParams], summary: str) -> Callable[[T], T]:
     """Class decorator: make a policy buildable by name. The class is called with its params."""
 
     def deco(cls: T) -> T:
@@ -84,9 +82,7 @@ def spec(kind: PolicyKind | str, name: str) -> PolicySpec:
     try:
         k = PolicyKind(kind)
     except ValueError:
-        raise PolicyError(
-            f"unknown policy kind {kind!r}; kinds: {', '.join(k.value for k in PolicyKind)}"
-        ) from None
+        raise PolicyError(f"unknown policy kind {kind!r}; kinds: {', '.join(k.value for k in PolicyKind)}") from None
     known = _REGISTRY[k]
     if name not in known:
         have = ", ".join(sorted(known)) or "none registered yet"
@@ -101,13 +97,8 @@ def build(kind: PolicyKind | str, name: str, params: dict[str, Any] | None = Non
         p = s.params_model.model_validate(params or {})
     except ValidationError as e:
         fields = ", ".join(s.params_model.model_fields) or "none"
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or 'params'}: {err['msg']}"
-            for err in e.errors()
-        )
-        raise PolicyError(
-            f"bad params for {s.kind} policy {name!r}: {problems} (params: {fields})"
-        ) from None
+        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'params'}: {err['msg']}" for err in e.errors())
+        raise PolicyError(f"bad params for {s.kind} policy {name!r}: {problems} (params: {fields})") from None
     return s.factory(p)
 
 

@@ -34,20 +34,14 @@ class ThresholdParams(PeriodicParams):
     role: Literal["decode", "prefill"] = Field(
         "decode", description="which pool this policy sizes (run one policy per pool)"
     )
-    kv_high: float = Field(
-        0.8, gt=0, le=1, description="saturated at mean KV usage ≥ this (llm-d's 0.80)"
-    )
-    queue_high: int = Field(
-        5, ge=1, description="saturated at this many held requests (llm-d's 5)"
-    )
+    kv_high: float = Field(0.8, gt=0, le=1, description="saturated at mean KV usage ≥ this (llm-d's 0.80)")
+    queue_high: int = Field(5, ge=1, description="saturated at this many held requests (llm-d's 5)")
     util_high: float = Field(
         0.9,
         gt=0,
         description="decode: saturated at mean in-flight / max_num_seqs ≥ this",
     )
-    util_low: float = Field(
-        0.3, ge=0, description="decode: low when mean in-flight / max_num_seqs ≤ this"
-    )
+    util_low: float = Field(0.3, ge=0, description="decode: low when mean in-flight / max_num_seqs ≤ this")
     kv_low: float = Field(0.3, ge=0, le=1, description="decode: low when mean KV usage ≤ this")
     backlog_high_s: float = Field(
         2.0,
@@ -67,17 +61,15 @@ class ThresholdParams(PeriodicParams):
         ),
     )
     refused_high: float = Field(
-        0.5, ge=0, description="saturated when SLO admission refuses this many requests per second for want of this pool; 0 turns it off"
+        0.5,
+        ge=0,
+        description="saturated when SLO admission refuses this many requests per second for want of this pool; 0 turns it off",
     )
     slo_min_samples: int = Field(
         8, ge=1, description="the SLO signal counts only with at least this many requests in its window"
     )
-    scale_in_after_s: float = Field(
-        60.0, ge=0, description="scale in only after the pool has been low this long"
-    )
-    cooldown_s: float = Field(
-        60.0, ge=0, description="no action within this many seconds of the previous one"
-    )
+    scale_in_after_s: float = Field(60.0, ge=0, description="scale in only after the pool has been low this long")
+    cooldown_s: float = Field(60.0, ge=0, description="no action within this many seconds of the previous one")
     min_instances: int = Field(1, ge=1, description="never scale the pool below this")
     max_instances: int = Field(64, ge=1, description="never scale the pool above this")
     period_s: float = Field(5.0, gt=0, description="seconds between two decisions")
@@ -139,9 +131,7 @@ class ThresholdScaling(ScalingPolicyBase):
         action: ScaleAction | None = None
         if saturated and active < p.max_instances:
             why = " or ".join(saturated)
-            action = ScaleAction(
-                "add", role, reason=f"{role} saturated: {why} ({numbers}; {active} active)"
-            )
+            action = ScaleAction("add", role, reason=f"{role} saturated: {why} ({numbers}; {active} active)")
         elif (
             low
             and self._low_since is not None
@@ -179,8 +169,10 @@ class ThresholdScaling(ScalingPolicyBase):
         slo = s.slo_of(role)
         if p.slo_attainment > 0 and slo.missed(p.slo_attainment, p.slo_min_samples):
             assert slo.attainment is not None and slo.p90_s is not None
-            hot.append(f"{slo.metric.upper()} attainment {slo.attainment:.0%} < {p.slo_attainment:.0%} over "
-                       f"{slo.samples} requests (p90 {slo.p90_s * 1000:.0f} ms, target {(slo.target_s or 0) * 1000:.0f} ms)")
+            hot.append(
+                f"{slo.metric.upper()} attainment {slo.attainment:.0%} < {p.slo_attainment:.0%} over "
+                f"{slo.samples} requests (p90 {slo.p90_s * 1000:.0f} ms, target {(slo.target_s or 0) * 1000:.0f} ms)"
+            )
         if role == Role.DECODE:
             kv, util = s.kv_mean, s.util_mean
             if kv >= p.kv_high:

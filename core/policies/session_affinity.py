@@ -63,8 +63,7 @@ class SessionAffinity(ComposedRouting):
         if members == self._members:
             return
         ring = sorted(
-            (_h(f"{iid}#{r}"), int(i)) for i, iid in zip(idx, members, strict=True)
-            for r in range(self.params.replicas)
+            (_h(f"{iid}#{r}"), int(i)) for i, iid in zip(idx, members, strict=True) for r in range(self.params.replicas)
         )
         self._members = members
         self._points = [p for p, _ in ring]

@@ -48,12 +48,8 @@ _EPS = 1e-9
 class SibylParams(PolicyParams):
     prob_at_1: bool = Field(False, description="ablation PROB@1: survival probability fixed at 1")
     no_type1: bool = Field(False, description="ablation: ignore running requests (Type 1)")
-    no_type2: bool = Field(
-        False, description="ablation: ignore pending requests that start before τ"
-    )
-    no_type3: bool = Field(
-        False, description="ablation: ignore pending requests that start after τ"
-    )
+    no_type2: bool = Field(False, description="ablation: ignore pending requests that start before τ")
+    no_type3: bool = Field(False, description="ablation: ignore pending requests that start after τ")
     unit: Literal["auto", "tokens", "requests", "step_time"] = Field(
         "requests",
         description=(
@@ -77,8 +73,7 @@ class SibylParams(PolicyParams):
         None,
         ge=1,
         description=(
-            "horizon=lifetime, lifetime_weighting=uniform: window length in output tokens "
-            "(default E[L] from Ŝ)"
+            "horizon=lifetime, lifetime_weighting=uniform: window length in output tokens (default E[L] from Ŝ)"
         ),
     )
     lifetime_weighting: Literal["uniform", "tpot"] = Field(
@@ -219,10 +214,7 @@ class Sibyl(RoutingPolicyBase):
                 weights = tokens
             else:
                 prof = view.profile
-                weights = (
-                    prof.decode_step_per_seq_s * d_int / norm
-                    + prof.decode_step_per_kv_token_s * tokens
-                )
+                weights = prof.decode_step_per_seq_s * d_int / norm + prof.decode_step_per_kv_token_s * tokens
         return self._per_instance(weights, tau, view, run)
 
     def _per_instance(self, weights: np.ndarray, tau: float, view: ClusterView, run: np.ndarray) -> np.ndarray:
@@ -258,9 +250,7 @@ class Sibyl(RoutingPolicyBase):
         else:
             assert tokens is not None
             prof = view.profile
-            weights = (
-                prof.decode_step_per_seq_s * presence + prof.decode_step_per_kv_token_s * tokens
-            )
+            weights = prof.decode_step_per_seq_s * presence + prof.decode_step_per_kv_token_s * tokens
         return self._per_instance(weights, tau, view, run)
 
     def tau_load(self, tau: float, view: ClusterView) -> np.ndarray:

@@ -42,9 +42,7 @@ class TailAwareQueueParams(QueueParams, GammaAdaParams):
     tau_prior_s: float = Field(
         5e-4, gt=0, description="τ until it is measured (2,000 tokens/s, the spec's §2.3 example)"
     )
-    tau_window: int = Field(
-        200, ge=2, description="completions observed while holding that the τ estimate uses"
-    )
+    tau_window: int = Field(200, ge=2, description="completions observed while holding that the τ estimate uses")
 
 
 @register(

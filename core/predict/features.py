@@ -32,9 +32,7 @@ FEATURE_NAMES = (
 _AHEAD = (512.0, 2048.0, 8192.0)
 
 
-def features(
-    prompt: np.ndarray, generated: np.ndarray, survival: SurvivalPredictor
-) -> np.ndarray:
+def features(prompt: np.ndarray, generated: np.ndarray, survival: SurvivalPredictor) -> np.ndarray:
     """(n, len(FEATURE_NAMES)) float64 feature matrix."""
     p = np.asarray(prompt, dtype=float)
     g = np.asarray(generated, dtype=float)

@@ -52,9 +52,7 @@ def _require_torch() -> Any:
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise ImportError(
-            "the learned predictor needs torch: pip install -e '.[predict]'"
-        ) from exc
+        raise ImportError("the learned predictor needs torch: pip install -e '.[predict]'") from exc
     return torch
 
 
@@ -75,10 +73,7 @@ class LearnedPredictor:
         if not layers:
             raise ValueError("an MLP needs at least one layer")
         if layers[0][0].shape[1] != len(FEATURE_NAMES):
-            raise ValueError(
-                f"first layer takes {layers[0][0].shape[1]} inputs, features are "
-                f"{len(FEATURE_NAMES)}"
-            )
+            raise ValueError(f"first layer takes {layers[0][0].shape[1]} inputs, features are {len(FEATURE_NAMES)}")
         self.layers = [(np.asarray(w, dtype=float), np.asarray(b, dtype=float)) for w, b in layers]
         self.mean = np.asarray(mean, dtype=float)
         self.std = np.asarray(std, dtype=float)
@@ -139,12 +134,9 @@ class LearnedPredictor:
         if not isinstance(blob, dict) or blob.get("format") != FORMAT:
             raise ValueError(f"{path}: not a {FORMAT} model file")
         if list(blob["features"]) != list(FEATURE_NAMES):
-            raise ValueError(
-                f"{path}: model features {blob['features']} differ from {list(FEATURE_NAMES)}"
-            )
+            raise ValueError(f"{path}: model features {blob['features']} differ from {list(FEATURE_NAMES)}")
         layers = [
-            (w.double().numpy(), b.double().numpy())
-            for w, b in zip(blob["weights"], blob["biases"], strict=True)
+            (w.double().numpy(), b.double().numpy()) for w, b in zip(blob["weights"], blob["biases"], strict=True)
         ]
         survival = SurvivalPredictor.from_table(
             blob["survival_values"].double().numpy(),
@@ -167,9 +159,7 @@ def load(path: str | Path) -> LearnedPredictor:
     return LearnedPredictor.load(path)
 
 
-def split_requests(
-    n: int, share: float, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
+def split_requests(n: int, share: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(kept, held aside) request indices: a seeded random `share` of the n requests held aside."""
     if not 0.0 < share < 1.0:
         raise ValueError("the held-aside share must be in (0, 1)")

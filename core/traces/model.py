@@ -55,9 +55,7 @@ class Trace:
         }
         for column, length in columns.items():
             if length is not None and length != n:
-                raise TraceError(
-                    f"trace {self.name!r}: column {column!r} has {length} rows, arrivals has {n}"
-                )
+                raise TraceError(f"trace {self.name!r}: column {column!r} has {length} rows, arrivals has {n}")
         if n and not np.all(np.isfinite(self.arrivals)):
             raise TraceError(f"trace {self.name!r}: arrivals contain NaN or infinity")
         if n > 1 and np.any(np.diff(self.arrivals) < 0):
@@ -85,9 +83,7 @@ class Trace:
             source=f"{self.source} | {note}" if self.source else note,
         )
 
-    def window(
-        self, start: float = 0.0, duration: float | None = None, limit: int | None = None
-    ) -> Trace:
+    def window(self, start: float = 0.0, duration: float | None = None, limit: int | None = None) -> Trace:
         """Rows with ``start <= arrival < start + duration`` (all later rows when ``duration`` is
         None), at most the first ``limit`` of them, re-based so the first kept arrival is 0."""
         if duration is not None and duration < 0:
@@ -95,10 +91,7 @@ class Trace:
         if limit is not None and limit < 0:
             raise TraceError(f"window limit must be >= 0, got {limit}")
         lo = int(np.searchsorted(self.arrivals, start, side="left"))
-        if duration is None:
-            hi = len(self)
-        else:
-            hi = int(np.searchsorted(self.arrivals, start + duration, side="left"))
+        hi = len(self) if duration is None else int(np.searchsorted(self.arrivals, start + duration, side="left"))
         hi = max(lo, hi)
         if limit is not None:
             hi = min(hi, lo + limit)
@@ -124,8 +117,7 @@ class Trace:
             return self._take(np.arange(len(self)), self.arrivals.copy(), f"with_rate({rate:g})")
         if current == math.inf:
             raise TraceError(
-                f"trace {self.name!r}: all {len(self)} arrivals are at the same instant, "
-                "so it has no rate to rescale"
+                f"trace {self.name!r}: all {len(self)} arrivals are at the same instant, so it has no rate to rescale"
             )
         factor = current / rate
         return self._take(np.arange(len(self)), self.arrivals * factor, f"with_rate({rate:g})")

@@ -103,7 +103,9 @@ def _check(block_tokens: int, vocab_size: int) -> None:
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
     if not FIRST_ID < vocab_size <= FIRST_ID + (1 << 32):
-        raise ValueError(f"vocab_size must be in ({FIRST_ID}, 2^32 + {FIRST_ID}] (ids 0-{FIRST_ID - 1} are kept out), got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be in ({FIRST_ID}, 2^32 + {FIRST_ID}] (ids 0-{FIRST_ID - 1} are kept out), got {vocab_size}"
+        )
 
 
 def block_ids(
@@ -141,7 +143,9 @@ def hash_prompt(
         raise ValueError(f"length must be >= 0, got {length}")
     _check(block_tokens, vocab_size)
     needed = min(len(hash_ids), -(-length // block_tokens))
-    head = block_ids(hash_ids[:needed], seed=seed, block_tokens=block_tokens, vocab_size=vocab_size).reshape(-1)[:length]
+    head = block_ids(hash_ids[:needed], seed=seed, block_tokens=block_tokens, vocab_size=vocab_size).reshape(-1)[
+        :length
+    ]
     rest = length - len(head)
     if rest <= 0:
         return head

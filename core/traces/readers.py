@@ -84,9 +84,7 @@ def _parse_seconds(raw: str, path: Path, line: int, field: str) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value >= 0):
-        raise _row_error(
-            path, line, field, f"expected a non-negative number of seconds, got {raw!r}"
-        )
+        raise _row_error(path, line, field, f"expected a non-negative number of seconds, got {raw!r}")
     return value
 
 
@@ -161,9 +159,7 @@ def _csv_rows(text: str, path: Path) -> tuple[list[str], int, _Rows]:
     raise TraceError(f"{path}: no header line (only empty CSV cells)")
 
 
-def _column_index(
-    header: list[str], wanted: str, path: Path, line: int, required: bool = True
-) -> int:
+def _column_index(header: list[str], wanted: str, path: Path, line: int, required: bool = True) -> int:
     lowered = [h.lower() for h in header]
     if wanted.lower() in lowered:
         return lowered.index(wanted.lower())
@@ -207,9 +203,7 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Trace:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise TraceError(
-                f"{path.name}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})"
-            ) from exc
+            raise TraceError(f"{path.name}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
         except ValueError as exc:  # a number with more digits than int() converts (4300)
             raise TraceError(f"{path.name}:{lineno}: invalid JSON ({exc})") from exc
         if not isinstance(row, dict):
@@ -223,9 +217,7 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Trace:
         except OverflowError:
             ms = math.inf
         if not (math.isfinite(ms) and ms >= 0):
-            raise _row_error(
-                path, lineno, "timestamp", f"expected non-negative milliseconds, got {str(ts)[:40]!r}"
-            )
+            raise _row_error(path, lineno, "timestamp", f"expected non-negative milliseconds, got {str(ts)[:40]!r}")
         arrivals.append(ms / 1000.0)
         prompts.append(_json_positive_int(row["input_length"], path, lineno, "input_length"))
         outputs.append(_json_positive_int(row["output_length"], path, lineno, "output_length"))
@@ -233,12 +225,8 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Trace:
         if ids is None:
             hashes.append([])
             continue
-        if not isinstance(ids, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) for h in ids
-        ):
-            raise _row_error(
-                path, lineno, "hash_ids", f"expected a list of integers, got {str(ids)[:40]!r}"
-            )
+        if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+            raise _row_error(path, lineno, "hash_ids", f"expected a list of integers, got {str(ids)[:40]!r}")
         any_hashes = True
         hashes.append(ids)
     return _build(
@@ -359,13 +347,9 @@ def read_burstgpt(path: str | Path, *, limit: int | None = None) -> Trace:
         outputs.append(n_out)
     if not prompts:
         raise TraceError(
-            f"{path}: no usable rows ({failed} failed rows with 0 response tokens, "
-            f"{no_prompt} with 0 request tokens)"
+            f"{path}: no usable rows ({failed} failed rows with 0 response tokens, {no_prompt} with 0 request tokens)"
         )
-    note = (
-        f"skipped {failed} failed rows with 0 response tokens"
-        f" and {no_prompt} rows with 0 request tokens"
-    )
+    note = f"skipped {failed} failed rows with 0 response tokens and {no_prompt} rows with 0 request tokens"
     return _build(
         f"burstgpt:{path.name}",
         path,

@@ -79,9 +79,7 @@ def _read_windows(path: Path) -> tuple[list[_Window], float]:
             except ValueError:
                 nums[field] = math.nan
             if not math.isfinite(nums[field]) or (field != "cv" and nums[field] < 0):
-                raise _trace_error(
-                    path, lineno, field, f"expected a non-negative number, got {cells[i]!r}"
-                )
+                raise _trace_error(path, lineno, field, f"expected a non-negative number, got {cells[i]!r}")
         pattern = cells[3].lower()
         rate = nums["rate"]
         if pattern and rate > 0:
@@ -93,9 +91,7 @@ def _read_windows(path: Path) -> tuple[list[_Window], float]:
                     f"expected one of Gamma, Weibull, Exponential or empty, got {cells[3]!r}",
                 )
             if pattern != "exponential" and not nums["arg1"] > 0:
-                raise _trace_error(
-                    path, lineno, "arg1", f"expected a positive shape, got {cells[4]!r}"
-                )
+                raise _trace_error(path, lineno, "arg1", f"expected a positive shape, got {cells[4]!r}")
         else:
             pattern = ""
         windows.append(_Window(lineno, nums["window_start_s"], rate, pattern, nums["arg1"]))
@@ -204,9 +200,7 @@ def _window_arrivals(window: _Window, length: float, rng: np.random.Generator) -
     return window.start + offsets[offsets < length]
 
 
-def _parse_clients(
-    clients: list[str] | None, available: dict[int, Path], folder: Path
-) -> list[int]:
+def _parse_clients(clients: list[str] | None, available: dict[int, Path], folder: Path) -> list[int]:
     if clients is None:
         return sorted(available)
     chosen: list[int] = []
@@ -247,13 +241,9 @@ def read_servegen(
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise TraceError(
-            f"ServeGen trace path must be a folder of chunk-<id>-trace.csv files: {folder}"
-        )
+        raise TraceError(f"ServeGen trace path must be a folder of chunk-<id>-trace.csv files: {folder}")
     if not (duration_s > 0 and math.isfinite(duration_s)):
-        raise TraceError(
-            f"servegen duration must be a positive number of seconds, got {duration_s}"
-        )
+        raise TraceError(f"servegen duration must be a positive number of seconds, got {duration_s}")
     if not (start_s >= 0 and math.isfinite(start_s)):
         raise TraceError(f"servegen start must be a non-negative number of seconds, got {start_s}")
     available = _client_files(folder)
@@ -269,9 +259,7 @@ def read_servegen(
         trace_path = available[client]
         windows, length = _read_windows(trace_path)
         covered_until = max(covered_until, windows[-1].start + length)
-        active = [
-            w for w in windows if w.pattern and w.start < end_s and w.start + length > start_s
-        ]
+        active = [w for w in windows if w.pattern and w.start < end_s and w.start + length > start_s]
         if not active:
             continue
         dataset_path = trace_path.with_name(f"chunk-{client}-dataset.json")
@@ -283,9 +271,7 @@ def read_servegen(
             keys = sorted(data, key=float)
             key_starts = np.asarray([float(k) for k in keys])
         except ValueError as exc:
-            raise TraceError(
-                f"{dataset_path.name}: window keys must be start seconds, got {list(data)[:4]}"
-            ) from exc
+            raise TraceError(f"{dataset_path.name}: window keys must be start seconds, got {list(data)[:4]}") from exc
         for w in active:
             rng = np.random.default_rng([seed, client, w.line])
             t = _window_arrivals(w, length, rng)
@@ -314,10 +300,7 @@ def read_servegen(
             prompt_parts.append(p)
             output_parts.append(o)
     if start_s >= covered_until:
-        raise TraceError(
-            f"{folder}: servegen start {start_s:g} s is past the end of the trace "
-            f"({covered_until:g} s)"
-        )
+        raise TraceError(f"{folder}: servegen start {start_s:g} s is past the end of the trace ({covered_until:g} s)")
     if arrival_parts:
         arrivals = np.concatenate(arrival_parts)
         prompts = np.concatenate(prompt_parts)

@@ -46,7 +46,9 @@ import numpy as np
 DEFAULT_MIN_SHARED_BLOCKS = 2
 
 
-def derive_sessions(hash_ids: Sequence[Sequence[int]], min_shared_blocks: int = DEFAULT_MIN_SHARED_BLOCKS) -> np.ndarray:
+def derive_sessions(
+    hash_ids: Sequence[Sequence[int]], min_shared_blocks: int = DEFAULT_MIN_SHARED_BLOCKS
+) -> np.ndarray:
     """Session id (int64, the index of the session's first row) of every row, rows in arrival order.
 
     Row i joins the session of the most recent earlier row sharing its longest prefix of hash ids

@@ -109,9 +109,7 @@ _LAWS: dict[str, tuple[_Law, _Law]] = {
 }
 
 
-def synthetic_lengths(
-    workload: str, n: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
+def synthetic_lengths(workload: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(prompt_tokens, output_tokens) int64 arrays of ``n`` samples from ``workload``."""
     if workload not in _LAWS:
         raise TraceError(f"unknown synthetic workload {workload!r}; choose one of {WORKLOADS}")
@@ -121,9 +119,7 @@ def synthetic_lengths(
     return prompt_law.sample(rng, n), output_law.sample(rng, n)
 
 
-def synthetic_trace(
-    workload: str, *, requests: int, rate: float, seed: int = 0, burstiness: float = 1.0
-) -> Trace:
+def synthetic_trace(workload: str, *, requests: int, rate: float, seed: int = 0, burstiness: float = 1.0) -> Trace:
     """``requests`` synthetic requests of ``workload`` arriving at ``rate`` req/s.
 
     Gamma inter-arrival gaps with shape ``burstiness`` (1.0 = Poisson), first arrival at 0.0.
@@ -145,7 +141,6 @@ def synthetic_trace(
         prompt_tokens=prompts,
         output_tokens=outputs,
         source=(
-            f"synthetic workload={workload} requests={requests} rate={rate_text} "
-            f"burstiness={burstiness:g} seed={seed}"
+            f"synthetic workload={workload} requests={requests} rate={rate_text} burstiness={burstiness:g} seed={seed}"
         ),
     )

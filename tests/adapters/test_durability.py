@@ -47,8 +47,15 @@ def write_trace(path: Path, n: int, gap_s: float, prompt: int = 16, output: int 
 
 def start_replay(con: Console, trace: Path, *extra: str) -> subprocess.Popen[str]:
     """`sibyl-console replay TRACE --json` against the local console (found through SIBYL_HOME)."""
-    return subprocess.Popen([sys.executable, "-m", "console.cli", "replay", str(trace), "--json", *extra], cwd=ROOT, env=con.env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "console.cli", "replay", str(trace), "--json", *extra],
+        cwd=ROOT,
+        env=con.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish_replay(p: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
@@ -104,11 +111,15 @@ def kill_round(con: Console, trace: Path, rng: random.Random) -> dict[str, Any]:
     finally:
         stop_proc(replay)
     with sqlite3.connect(con.db) as c:
-        client = c.execute("SELECT request_id, status, finish FROM requests WHERE run_id = ?", (summary["run_id"],)).fetchall()
+        client = c.execute(
+            "SELECT request_id, status, finish FROM requests WHERE run_id = ?", (summary["run_id"],)
+        ).fetchall()
     # The client's `finish` is seconds from its lap start, which came before lap_start_bound (the
     # first request goes out at the lap start). It runs short of the true time by the request's
     # send lag behind its schedule (milliseconds here), which the 1 s margin absorbs.
-    settled = {rid for rid, status, finish in client if status == "ok" and lap_start_bound + finish < killed_at - MARGIN_S}
+    settled = {
+        rid for rid, status, finish in client if status == "ok" and lap_start_bound + finish < killed_at - MARGIN_S
+    }
     return {"rows": on_disk, "client": client, "settled": settled, "summary": summary, "delay": delay}
 
 
@@ -121,8 +132,12 @@ def check_round(r: dict[str, Any], run_id: str, what: str) -> None:
     assert set(ids) <= sent, f"{ctx}: stored requests the client never sent: {sorted(set(ids) - sent)[:5]}"
     assert len(r["settled"]) >= 20, f"{ctx}: too few requests completed before the kill for the check to mean anything"
     lost = r["settled"] - set(ids)
-    assert not lost, f"{ctx}: {len(lost)} requests done > {MARGIN_S} s before the kill are not stored: {sorted(lost)[:5]}"
-    assert r["summary"]["sent"] < 300 and r["summary"]["status"] == "interrupted", f"{ctx}: the replay should have been cut short"
+    assert not lost, (
+        f"{ctx}: {len(lost)} requests done > {MARGIN_S} s before the kill are not stored: {sorted(lost)[:5]}"
+    )
+    assert r["summary"]["sent"] < 300 and r["summary"]["status"] == "interrupted", (
+        f"{ctx}: the replay should have been cut short"
+    )
 
 
 def test_sigkill_during_replay_twice_keeps_what_was_done_and_marks_runs_interrupted(tmp_path: Path) -> None:
@@ -154,7 +169,9 @@ def test_sigkill_during_replay_twice_keeps_what_was_done_and_marks_runs_interrup
         assert run_status(cons[2].db, cons[2].run_id) == "completed"
         with sqlite3.connect(cons[2].db) as c:
             assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-            dup = c.execute("SELECT run_id, request_id, COUNT(*) FROM requests GROUP BY run_id, request_id HAVING COUNT(*) > 1").fetchall()
+            dup = c.execute(
+                "SELECT run_id, request_id, COUNT(*) FROM requests GROUP BY run_id, request_id HAVING COUNT(*) > 1"
+            ).fetchall()
         assert dup == []
         # the instances of both killed consoles are gone (parent-death signal, or the next start reaped them)
         wait_for(lambda: not _ours_alive(cons[0].home), 10, "the killed consoles' instances to stop")
@@ -201,8 +218,10 @@ def test_a_long_read_transaction_and_the_cli_do_not_block_the_recorder(tmp_path:
             t = time.monotonic()
             cli[name] = (con.cli(*args), time.monotonic() - t)
 
-        threads = [threading.Thread(target=run_cli, args=("list", "runs", "list", "--json")),
-                   threading.Thread(target=run_cli, args=("show", "runs", "show", con.run_id, "--json"))]
+        threads = [
+            threading.Thread(target=run_cli, args=("list", "runs", "list", "--json")),
+            threading.Thread(target=run_cli, args=("show", "runs", "show", con.run_id, "--json")),
+        ]
         for t in threads:
             t.start()
         seen = [fresh_count()]
@@ -216,7 +235,9 @@ def test_a_long_read_transaction_and_the_cli_do_not_block_the_recorder(tmp_path:
         reader.execute("COMMIT")
 
         assert still == held, "the long transaction should still see its snapshot"
-        assert seen == sorted(seen) and seen[-1] > held, f"the recorder stopped committing while a reader held a snapshot: {held} -> {seen}"
+        assert seen == sorted(seen) and seen[-1] > held, (
+            f"the recorder stopped committing while a reader held a snapshot: {held} -> {seen}"
+        )
         assert len(set(seen)) >= 4, f"commits should keep coming every flush interval during the 4 s hold: {seen}"
         listed, t_list = cli["list"]
         shown, t_show = cli["show"]
@@ -239,4 +260,3 @@ def test_a_long_read_transaction_and_the_cli_do_not_block_the_recorder(tmp_path:
         stop_proc(replay)
         con.stop()
         kill_children(con.home)
-

@@ -20,7 +20,9 @@ from tests.procs import wait_for
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
     d = tmp_path_factory.mktemp("emu-api")
-    with running(("both", ["--profile", profile_file(d), "--model", "tiny", "--output-len-dist", "uniform:2:40"]), log_dir=d) as (e,):
+    with running(
+        ("both", ["--profile", profile_file(d), "--model", "tiny", "--output-len-dist", "uniform:2:40"]), log_dir=d
+    ) as (e,):
         yield e
 
 
@@ -35,21 +37,37 @@ def test_official_client_completions_and_chat_streaming_and_not(client: OpenAI) 
     assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens) == (4, 5)
     assert r.id.startswith("cmpl-") and r.object == "text_completion" and r.model == "tiny"
 
-    chunks = list(client.completions.create(model="tiny", prompt="hello there", max_tokens=4, stream=True,
-                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt="hello there",
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == " t0 t1 t2 t3"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     usage = chunks[-1].usage
     assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (3, 4)  # 11 bytes → 3 tokens
 
-    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                                          extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert chat.choices[0].message.content == " t0 t1 t2" and chat.choices[0].message.role == "assistant"
     assert chat.usage is not None and chat.usage.prompt_tokens == 3 + 4 + 1 and chat.id.startswith("chatcmpl-")
 
-    stream = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                 max_completion_tokens=3, stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"ignore_eos": True}))
+    stream = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_completion_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert stream[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == " t0 t1 t2"
     assert stream[-1].usage is not None and stream[-1].usage.completion_tokens == 3
@@ -68,7 +86,7 @@ def test_sse_wire_format(emu: EmulatorProcess) -> None:
     ("body", "status", "etype", "param"),
     [
         (b"{not json", 400, "Bad Request", "body.1"),
-        (b'[1, 2]', 400, "Bad Request", "body"),
+        (b"[1, 2]", 400, "Bad Request", "body"),
         (b'{"prompt": "x", "max_tokens": "many"}', 400, "Bad Request", "body.max_tokens"),
         (b'{"max_tokens": 3}', 400, "Bad Request", "prompt"),
         (b'{"model": "other", "prompt": "x"}', 404, "NotFoundError", "model"),
@@ -79,7 +97,9 @@ def test_sse_wire_format(emu: EmulatorProcess) -> None:
         (b'{"prompt": "x", "stream_options": {"include_usage": true}}', 400, "Bad Request", "stream_options"),
     ],
 )
-def test_bad_requests_get_vllm_status_codes_and_error_bodies(emu: EmulatorProcess, body: bytes, status: int, etype: str, param: str) -> None:
+def test_bad_requests_get_vllm_status_codes_and_error_bodies(
+    emu: EmulatorProcess, body: bytes, status: int, etype: str, param: str
+) -> None:
     r = httpx.post(emu.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
     err = r.json()["error"]
     assert r.status_code == status and err["type"] == etype and err["param"] == param and err["code"] == status
@@ -97,7 +117,9 @@ def test_the_official_client_raises_the_matching_errors(client: OpenAI) -> None:
 
 def test_no_model_is_served_and_context_overflow_is_cut_with_length(emu: EmulatorProcess) -> None:
     r = complete(emu.url, prompt=[1] * 1020, max_tokens=50, ignore_eos=True).json()
-    assert r["model"] == "tiny" and r["usage"]["completion_tokens"] == 4 and r["choices"][0]["finish_reason"] == "length"
+    assert (
+        r["model"] == "tiny" and r["usage"]["completion_tokens"] == 4 and r["choices"][0]["finish_reason"] == "length"
+    )
     r = complete(emu.url, prompt=[1] * 1020, max_tokens=50).json()  # a drawn length, but still at most 4
     assert r["usage"]["completion_tokens"] <= 4
 
@@ -109,7 +131,9 @@ def test_without_ignore_eos_lengths_follow_the_seeded_distribution_and_min_token
         lengths.append(r["usage"]["completion_tokens"])
         reasons.add(r["choices"][0]["finish_reason"])
     assert all(5 <= n <= 40 for n in lengths) and len(set(lengths)) > 1 and reasons == {"stop"}
-    same = {complete(emu.url, prompt="x", max_tokens=300, seed=1234).json()["usage"]["completion_tokens"] for _ in range(3)}
+    same = {
+        complete(emu.url, prompt="x", max_tokens=300, seed=1234).json()["usage"]["completion_tokens"] for _ in range(3)
+    }
     assert len(same) == 1  # a request seed makes the draw reproducible
     assert complete(emu.url, prompt="x", max_tokens=3, min_tokens=3).json()["choices"][0]["finish_reason"] == "length"
 
@@ -132,8 +156,10 @@ def test_load_counts_in_flight_requests_and_a_client_disconnect_aborts(emu: Emul
     before = scrape(emu.url)
     body = b'{"prompt": [1, 2], "max_tokens": 900, "ignore_eos": true, "stream": true}'
     with socket.create_connection(("127.0.0.1", emu.port)) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+        )
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
         wait_for(lambda: httpx.get(emu.url + "/load").json()["server_load"] == 1, 5, "the stream to be in flight")
         assert scrape(emu.url)["vllm:num_requests_running"] == 1
@@ -146,7 +172,9 @@ def test_load_counts_in_flight_requests_and_a_client_disconnect_aborts(emu: Emul
 def test_streamed_tokens_follow_the_step_schedule(emu: EmulatorProcess) -> None:
     """Token i arrives when its step ends: ~2.1 ms apart for one sequence, not all at once."""
     t0 = time.monotonic()
-    with httpx.stream("POST", emu.url + "/v1/completions", json={"prompt": [1], "max_tokens": 40, "ignore_eos": True, "stream": True}) as r:
+    with httpx.stream(
+        "POST", emu.url + "/v1/completions", json={"prompt": [1], "max_tokens": 40, "ignore_eos": True, "stream": True}
+    ) as r:
         stamps = [time.monotonic() for line in r.iter_lines() if line.startswith("data: {")]
     assert len(stamps) == 40
     span = stamps[-1] - stamps[0]
@@ -164,9 +192,14 @@ def test_any_asgi_server_works_through_the_queue_path() -> None:
         await inst.start()
         try:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=inst), base_url="http://emu") as c:
-                r = await c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 3, "ignore_eos": True, "stream": True})
+                r = await c.post(
+                    "/v1/completions", json={"prompt": [1, 2], "max_tokens": 3, "ignore_eos": True, "stream": True}
+                )
                 assert [e["choices"][0]["text"] for e in sse(r.content) if isinstance(e, dict)] == [" t0", " t1", " t2"]
-                r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "ignore_eos": True})
+                r = await c.post(
+                    "/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "ignore_eos": True},
+                )
                 assert r.json()["choices"][0]["message"]["content"] == " t0 t1"
                 assert (await c.get("/metrics")).text.count("vllm:generation_tokens_total{") == 1
         finally:
@@ -178,13 +211,29 @@ def test_any_asgi_server_works_through_the_queue_path() -> None:
 def test_a_prompt_ending_in_the_emulators_own_tokens_is_continued_there(client: OpenAI) -> None:
     """How a request recomputed elsewhere continues: completions by prompt, chat by vLLM's
     continue_final_message (which refuses add_generation_prompt, as vLLM does)."""
-    first = client.completions.create(model="tiny", prompt="go", max_tokens=3, extra_body={"ignore_eos": True}).choices[0].text
-    rest = client.completions.create(model="tiny", prompt="go" + first, max_tokens=2, extra_body={"ignore_eos": True}).choices[0].text
+    first = (
+        client.completions.create(model="tiny", prompt="go", max_tokens=3, extra_body={"ignore_eos": True})
+        .choices[0]
+        .text
+    )
+    rest = (
+        client.completions.create(model="tiny", prompt="go" + first, max_tokens=2, extra_body={"ignore_eos": True})
+        .choices[0]
+        .text
+    )
     assert (first, rest) == (" t0 t1 t2", " t3 t4")
     chat = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "go"}, {"role": "assistant", "content": " t0 t1"}], max_tokens=2,
-        extra_body={"ignore_eos": True, "continue_final_message": True, "add_generation_prompt": False}, stream=True)
+        model="tiny",
+        messages=[{"role": "user", "content": "go"}, {"role": "assistant", "content": " t0 t1"}],
+        max_tokens=2,
+        extra_body={"ignore_eos": True, "continue_final_message": True, "add_generation_prompt": False},
+        stream=True,
+    )
     assert "".join(ch.choices[0].delta.content or "" for ch in chat if ch.choices) == " t2 t3"
     with pytest.raises(openai.BadRequestError, match="continue_final_message"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "go"}], max_tokens=2,
-                                       extra_body={"continue_final_message": True})
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "go"}],
+            max_tokens=2,
+            extra_body={"continue_final_message": True},
+        )

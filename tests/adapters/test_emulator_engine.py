@@ -17,8 +17,13 @@ from tests.helpers import toy_profile
 
 def fast(**kw: Any) -> Any:
     """1 ms + 0.5 ms per sequence per step, 2 ms prefill base, 4-token blocks."""
-    base: dict[str, Any] = dict(decode_step_base_s=0.001, decode_step_per_seq_s=0.0005, prefill_base_s=0.002,
-                                prefill_per_token_s=0.0001, block_size=4)
+    base: dict[str, Any] = dict(
+        decode_step_base_s=0.001,
+        decode_step_per_seq_s=0.0005,
+        prefill_base_s=0.002,
+        prefill_per_token_s=0.0001,
+        block_size=4,
+    )
     return toy_profile(**{**base, **kw})
 
 
@@ -155,7 +160,10 @@ def test_priority_policy_orders_the_queue_and_picks_the_victim() -> None:
         engine = Engine(fast(), Faults(), kv_capacity_tokens=24, priority_scheduling=True)
         victims: list[str] = []
         engine.on_preempt = lambda s: victims.append(s.id)
-        bulk, urgent = Sequence("bulk", 8, 10, priority=9, arrival=1.0), Sequence("urgent", 8, 10, priority=0, arrival=2.0)
+        bulk, urgent = (
+            Sequence("bulk", 8, 10, priority=9, arrival=1.0),
+            Sequence("urgent", 8, 10, priority=0, arrival=2.0),
+        )
         await serve(engine, [bulk, urgent])
         assert victims and set(victims) == {"bulk"}
 
@@ -210,7 +218,11 @@ def test_slowdown_scales_steps_and_hang_pauses_the_engine() -> None:
         prof = fast()
         faults = Faults(FaultConfig(slowdown=3.0))
         engine = Engine(prof, faults)
-        s = Sequence("s", 4, 4, )
+        s = Sequence(
+            "s",
+            4,
+            4,
+        )
         steps = await serve(engine, [s])
         assert steps[-1].end - steps[-1].start == pytest.approx(3 * prof.step_time(1, 7), abs=1e-9)
 
@@ -237,6 +249,7 @@ def test_host_work_of_handed_over_prefills_delays_the_next_step_only() -> None:
     """Two prefill-only requests finish in one step; with 50 ms of host work each, the next step
     (a third request that was already waiting) starts 100 ms after that step's end. Alone, the
     work is done before anything else arrives and costs no one."""
+
     async def main() -> None:
         engine = Engine(fast(prefill_host_per_request_s=0.05, max_num_seqs=2), Faults())
         first, second, third = (Sequence(f"p{k}", 8, 1, prefill_only=True) for k in range(3))

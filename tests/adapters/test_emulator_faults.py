@@ -50,7 +50,9 @@ def test_fail_rate_and_status_hit_one_instance_only(emus: tuple[EmulatorProcess,
     httpx.put(first + "/admin/faults", json={"fail_rate": 1.0, "fail_status": 429}, headers=TOKEN)
     try:
         with pytest.raises(openai.RateLimitError):
-            OpenAI(base_url=first + "/v1", api_key="x", max_retries=0).completions.create(model="sibyl-model", prompt="x", max_tokens=1)
+            OpenAI(base_url=first + "/v1", api_key="x", max_retries=0).completions.create(
+                model="sibyl-model", prompt="x", max_tokens=1
+            )
         r = complete(first, prompt="x", max_tokens=1)
         assert r.status_code == 429 and r.json()["error"]["type"] == "RateLimitError"
         assert complete(second, prompt="x", max_tokens=1).status_code == 200  # instances are independent
@@ -122,9 +124,22 @@ def test_the_command_validates_and_documents_itself(tmp_path: object) -> None:
     app.command("noop")(lambda: None)  # a second command so `emulate` is a sub-command
     runner = CliRunner()
     help_text = " ".join(runner.invoke(app, ["emulate", "--help"]).output.split())
-    for needle in ("Examples", "--kv-load-failure-policy", "/admin/faults", "UTF-8 bytes / 4", "cpu-tiny-llama", "h20-qwen3-32b"):
+    for needle in (
+        "Examples",
+        "--kv-load-failure-policy",
+        "/admin/faults",
+        "UTF-8 bytes / 4",
+        "cpu-tiny-llama",
+        "h20-qwen3-32b",
+    ):
         assert needle in help_text, needle
-    for bad in (["--role", "router"], ["--scheduling-policy", "lifo"], ["--kv-load-failure-policy", "retry"],
-                ["--output-len-dist", "zipf:2"], ["--fail-rate", "2"], ["--profile", "no-such-gpu"]):
+    for bad in (
+        ["--role", "router"],
+        ["--scheduling-policy", "lifo"],
+        ["--kv-load-failure-policy", "retry"],
+        ["--output-len-dist", "zipf:2"],
+        ["--fail-rate", "2"],
+        ["--profile", "no-such-gpu"],
+    ):
         result = runner.invoke(app, ["emulate", *bad])
         assert isinstance(result.exception, ConfigError), (bad, result.output)

@@ -15,11 +15,23 @@ from tests.emulator_fixtures import complete, profile_file, scrape
 from tests.procs import wait_for
 
 REQUIRED = [
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prompt_tokens",
-    "vllm:generation_tokens", "vllm:request_success", "vllm:num_preemptions", "vllm:time_to_first_token_seconds",
-    "vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
-    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-    "vllm:prompt_tokens_by_source", "vllm:nixl_num_failed_transfers", "vllm:nixl_num_kv_expired_reqs",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:request_success",
+    "vllm:num_preemptions",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:prompt_tokens_by_source",
+    "vllm:nixl_num_failed_transfers",
+    "vllm:nixl_num_kv_expired_reqs",
 ]
 
 
@@ -28,7 +40,9 @@ def emus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmulatorPro
     d = tmp_path_factory.mktemp("emu-metrics")
     prof = profile_file(d)
     tight = ["--profile", prof, "--kv-capacity-tokens", "64", "--max-model-len", "64"]  # 4 blocks of 16
-    with running(("both", ["--profile", prof, "--model", "m1", "--output-len-dist", "fixed:3"]), ("decode", tight), log_dir=d) as pair:
+    with running(
+        ("both", ["--profile", prof, "--model", "m1", "--output-len-dist", "fixed:3"]), ("decode", tight), log_dir=d
+    ) as pair:
         yield pair[0], pair[1]
 
 
@@ -42,8 +56,10 @@ def test_metrics_parse_and_match_the_traffic(emus: tuple[EmulatorProcess, Emulat
         r = complete(e.url, prompt="twelve bytes", max_tokens=100).json()
         assert r["choices"][0]["finish_reason"] == "stop"
         sent.append((3, r["usage"]["completion_tokens"]))
-    chat = httpx.post(e.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "abcd"}], "max_tokens": 4,
-                                                            "ignore_eos": True, "stream": True}).content
+    chat = httpx.post(
+        e.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "abcd"}], "max_tokens": 4, "ignore_eos": True, "stream": True},
+    ).content
     assert chat.endswith(b"data: [DONE]\n\n")
     sent.append((3 + 4 + 1, 4))
     assert [g for _, g in sent] == [3, 5, 7, 3, 3, 4]
@@ -56,13 +72,24 @@ def test_metrics_parse_and_match_the_traffic(emus: tuple[EmulatorProcess, Emulat
             assert all(s.labels.get("model_name") == "m1" and s.labels.get("engine") == "0" for s in f.samples), f.name
     m = scrape(e.url)
     n = len(sent)
-    assert m["vllm:prompt_tokens_total"] == sum(p for p, _ in sent) == m["vllm:prompt_tokens_by_source_total{source=local_compute}"]
+    assert (
+        m["vllm:prompt_tokens_total"]
+        == sum(p for p, _ in sent)
+        == m["vllm:prompt_tokens_by_source_total{source=local_compute}"]
+    )
     assert m["vllm:generation_tokens_total"] == sum(g for _, g in sent)
     assert m["vllm:request_success_total{finished_reason=length}"] == 4
     assert m["vllm:request_success_total{finished_reason=stop}"] == 2
     assert m["vllm:request_success_total{finished_reason=error}"] == 0
-    for name in ("time_to_first_token", "e2e_request_latency", "request_queue_time", "request_prefill_time",
-                 "request_decode_time", "request_inference_time", "request_time_per_output_token"):
+    for name in (
+        "time_to_first_token",
+        "e2e_request_latency",
+        "request_queue_time",
+        "request_prefill_time",
+        "request_decode_time",
+        "request_inference_time",
+        "request_time_per_output_token",
+    ):
         assert m[f"vllm:{name}_seconds_count"] == n, name
     assert m["vllm:inter_token_latency_seconds_count"] == sum(g - 1 for _, g in sent)
     assert m["vllm:request_prompt_tokens_count"] == n and m["vllm:request_prompt_tokens_sum"] == sum(p for p, _ in sent)
@@ -71,13 +98,22 @@ def test_metrics_parse_and_match_the_traffic(emus: tuple[EmulatorProcess, Emulat
     assert m["vllm:time_to_first_token_seconds_sum"] >= n * 0.004
     assert 0.0018 < m["vllm:inter_token_latency_seconds_sum"] / m["vllm:inter_token_latency_seconds_count"] < 0.05
     assert m["vllm:e2e_request_latency_seconds_sum"] >= m["vllm:time_to_first_token_seconds_sum"]
-    assert m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0 and m["vllm:kv_cache_usage_perc"] == 0
+    assert (
+        m["vllm:num_requests_running"] == 0
+        and m["vllm:num_requests_waiting"] == 0
+        and m["vllm:kv_cache_usage_perc"] == 0
+    )
     bounds = {
-        "vllm:time_to_first_token_seconds": TTFT_BUCKETS, "vllm:inter_token_latency_seconds": ITL_BUCKETS,
+        "vllm:time_to_first_token_seconds": TTFT_BUCKETS,
+        "vllm:inter_token_latency_seconds": ITL_BUCKETS,
         "vllm:e2e_request_latency_seconds": LONG_BUCKETS,
     }
     for name, expected in bounds.items():
-        les = [float(s.labels["le"]) for s in families[name].samples if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"]
+        les = [
+            float(s.labels["le"])
+            for s in families[name].samples
+            if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"
+        ]
         assert les == [float(b) for b in expected]
 
 
@@ -104,4 +140,8 @@ def test_kv_exhaustion_preempts_and_counts(emus: tuple[EmulatorProcess, Emulator
     # recomputation is not new prompt: each request's prompt counts once
     assert m["vllm:prompt_tokens_total"] == 40
     info = httpx.get(d.url + "/admin/info").json()
-    assert info["max_model_len"] == 64 and info["total_blocks"] == 4 and info["preemptions"] == m["vllm:num_preemptions_total"]
+    assert (
+        info["max_model_len"] == 64
+        and info["total_blocks"] == 4
+        and info["preemptions"] == m["vllm:num_preemptions_total"]
+    )

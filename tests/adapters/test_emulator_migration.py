@@ -19,19 +19,38 @@ from tests.procs import wait_for
 SLOW_STEPS = PerfProfile(
     name="test-migrate",
     description="10 ms decode steps, so a migration lands mid-stream",
-    prefill_base_s=0.002, prefill_per_token_s=0.00001,
-    decode_step_base_s=0.01, decode_step_per_seq_s=0.0001,
-    kv_transfer_base_s=0.002, kv_transfer_per_token_s=0.00001,
-    kv_capacity_tokens=65536, block_size=16, max_num_seqs=64, max_model_len=4096,
+    prefill_base_s=0.002,
+    prefill_per_token_s=0.00001,
+    decode_step_base_s=0.01,
+    decode_step_per_seq_s=0.0001,
+    kv_transfer_base_s=0.002,
+    kv_transfer_per_token_s=0.00001,
+    kv_capacity_tokens=65536,
+    block_size=16,
+    max_num_seqs=64,
+    max_model_len=4096,
 )
-BODY: dict[str, Any] = {"model": "sibyl-model", "prompt": "migrate me", "max_tokens": 300, "ignore_eos": True, "stream": True}
+BODY: dict[str, Any] = {
+    "model": "sibyl-model",
+    "prompt": "migrate me",
+    "max_tokens": 300,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmulatorProcess, EmulatorProcess, EmulatorProcess]]:
+def pair(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[EmulatorProcess, EmulatorProcess, EmulatorProcess]]:
     d = tmp_path_factory.mktemp("emu-migrate")
     args = ["--profile", profile_file(d, SLOW_STEPS)]
-    tiny = ["--profile", profile_file(d, SLOW_STEPS), "--kv-capacity-tokens", "64"]  # 4 blocks: no room for a long context
+    tiny = [
+        "--profile",
+        profile_file(d, SLOW_STEPS),
+        "--kv-capacity-tokens",
+        "64",
+    ]  # 4 blocks: no room for a long context
     with running(("decode", args), ("decode", args), ("decode", tiny), log_dir=d) as procs:
         yield procs[0], procs[1], procs[2]
 
@@ -40,6 +59,7 @@ def stream_in_background(url: str, body: dict[str, Any], rid: str, out: dict[str
     def run() -> None:
         with httpx.stream("POST", url + "/v1/completions", json=body, headers={"X-Request-Id": rid}, timeout=60) as r:
             out["body"] = r.read()
+
     t = threading.Thread(target=run)
     t.start()
     return t
@@ -54,7 +74,9 @@ def test_a_running_sequence_moves_in_stages_and_its_stream_continues_on_the_targ
     rid = uuid.uuid4().hex
     first: dict[str, bytes] = {}
     t = stream_in_background(src.url, BODY, rid, first)
-    wait_for(lambda: httpx.get(src.url + "/admin/info").json()["running"] == 1, 10, "the sequence running on the source")
+    wait_for(
+        lambda: httpx.get(src.url + "/admin/info").json()["running"] == 1, 10, "the sequence running on the source"
+    )
     r = httpx.post(src.url + "/admin/migrate", json={"request_id": rid, "target": dst.url}, timeout=30)
     assert r.status_code == 200, r.text
     report = r.json()
@@ -66,9 +88,12 @@ def test_a_running_sequence_moves_in_stages_and_its_stream_continues_on_the_targ
     assert handoff == {"target": dst.url, "request_id": rid, "generated": report["generated"]}
     before = texts(events)
     assert len(before) == report["generated"]
-    resumed = httpx.post(dst.url + "/v1/completions", json={**BODY, "stream_options": {"include_usage": True},
-                                                              "kv_transfer_params": {"sibyl_resume": rid}},
-                         headers={"X-Request-Id": rid}, timeout=60)
+    resumed = httpx.post(
+        dst.url + "/v1/completions",
+        json={**BODY, "stream_options": {"include_usage": True}, "kv_transfer_params": {"sibyl_resume": rid}},
+        headers={"X-Request-Id": rid},
+        timeout=60,
+    )
     assert resumed.status_code == 200
     after_events = sse(resumed.content)
     assert after_events[-1] == "[DONE]" and after_events[-2]["usage"]["completion_tokens"] == 300
@@ -77,7 +102,9 @@ def test_a_running_sequence_moves_in_stages_and_its_stream_continues_on_the_targ
     info = httpx.get(src.url + "/admin/info").json()
     assert info["running"] == 0 and info["free_blocks"] == info["total_blocks"]  # the source freed its KV
     # the parked sequence is gone once taken: a second resume is a clear 404
-    again = httpx.post(dst.url + "/v1/completions", json={**BODY, "kv_transfer_params": {"sibyl_resume": rid, "wait_s": 0.2}})
+    again = httpx.post(
+        dst.url + "/v1/completions", json={**BODY, "kv_transfer_params": {"sibyl_resume": rid, "wait_s": 0.2}}
+    )
     assert again.status_code == 404 and "no migrated sequence" in again.json()["error"]["message"]
 
 

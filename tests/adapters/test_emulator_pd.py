@@ -27,16 +27,27 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmulatorPro
 
 def leg1(p: EmulatorProcess, prompt: Any, rid: str | None = None) -> dict[str, Any]:
     """The proxy's prefill leg (vLLM toy_proxy_server.py)."""
-    params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
-              "remote_host": None, "remote_port": None}
+    params = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
     headers = {"X-Request-Id": rid} if rid else {}
-    r = httpx.post(p.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1, "stream": False, "kv_transfer_params": params},
-                   headers=headers)
+    r = httpx.post(
+        p.url + "/v1/completions",
+        json={"prompt": prompt, "max_tokens": 1, "stream": False, "kv_transfer_params": params},
+        headers=headers,
+    )
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
 
 
-def test_two_legs_return_the_single_instance_tokens_and_move_counters_on_both(pair: tuple[EmulatorProcess, EmulatorProcess]) -> None:
+def test_two_legs_return_the_single_instance_tokens_and_move_counters_on_both(
+    pair: tuple[EmulatorProcess, EmulatorProcess],
+) -> None:
     p, d = pair
     before_p, before_d = scrape(p.url), scrape(d.url)
     prompt = list(range(300))
@@ -45,7 +56,11 @@ def test_two_legs_return_the_single_instance_tokens_and_move_counters_on_both(pa
     assert reply["choices"][0]["text"] == " t0" and reply["choices"][0]["finish_reason"] == "length"
     assert reply["id"] == "cmpl-r42" and reply["usage"]["completion_tokens"] == 1
     assert kv["do_remote_prefill"] is True and kv["do_remote_decode"] is False
-    assert kv["remote_request_id"].startswith("cmpl-r42-0-") and kv["remote_host"] == "127.0.0.1" and kv["remote_port"] == p.port
+    assert (
+        kv["remote_request_id"].startswith("cmpl-r42-0-")
+        and kv["remote_host"] == "127.0.0.1"
+        and kv["remote_port"] == p.port
+    )
     assert kv["remote_num_tokens"] == 300 and kv["transfer_mode"] == "pull" and kv["remote_blocks_expiry_time"] is None
     assert len(kv["remote_block_ids"]) == 1 and len(kv["remote_block_ids"][0]) == 19  # ceil(300 / 16)
     assert {"tp_size", "dcp_size", "pp_size", "remote_engine_id", "remote_prefill_cached_tokens"} <= kv.keys()
@@ -77,24 +92,50 @@ def test_two_legs_return_the_single_instance_tokens_and_move_counters_on_both(pa
 
 def test_chat_legs_work_too(pair: tuple[EmulatorProcess, EmulatorProcess]) -> None:
     p, d = pair
-    body = {"messages": [{"role": "user", "content": "tell me"}], "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+    body = {
+        "messages": [{"role": "user", "content": "tell me"}],
+        "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True},
+    }
     kv = httpx.post(p.url + "/v1/chat/completions", json=body).json()["kv_transfer_params"]
     assert kv["remote_request_id"].startswith("chatcmpl-")
-    r = httpx.post(d.url + "/v1/chat/completions", json={"messages": body["messages"], "max_tokens": 2, "ignore_eos": True, "kv_transfer_params": kv})
+    r = httpx.post(
+        d.url + "/v1/chat/completions",
+        json={"messages": body["messages"], "max_tokens": 2, "ignore_eos": True, "kv_transfer_params": kv},
+    )
     assert r.json()["choices"][0]["message"]["content"] == " t0 t1"
 
 
-def test_nothing_listening_fails_after_the_handshake_timeout_or_recomputes(pair: tuple[EmulatorProcess, EmulatorProcess]) -> None:
+def test_nothing_listening_fails_after_the_handshake_timeout_or_recomputes(
+    pair: tuple[EmulatorProcess, EmulatorProcess],
+) -> None:
     _, d = pair
-    dead = {"do_remote_prefill": True, "remote_engine_id": "nobody", "remote_request_id": "x", "remote_block_ids": [[1]],
-            "remote_host": "127.0.0.1", "remote_port": free_port()}
+    dead = {
+        "do_remote_prefill": True,
+        "remote_engine_id": "nobody",
+        "remote_request_id": "x",
+        "remote_block_ids": [[1]],
+        "remote_host": "127.0.0.1",
+        "remote_port": free_port(),
+    }
     before = scrape(d.url)
     t0 = time.monotonic()
     r = complete(d.url, prompt="hi", max_tokens=2, kv_transfer_params=dead)
     waited = time.monotonic() - t0
-    assert r.status_code == 500 and r.json()["error"] == {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}
+    assert r.status_code == 500 and r.json()["error"] == {
+        "message": "Internal server error",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
     assert HANDSHAKE_S * 0.9 <= waited < HANDSHAKE_S + 1.5
-    r = complete(d.url, prompt="hi", max_tokens=2, ignore_eos=True, kv_transfer_params={**dead, "kv_load_failure_policy": "recompute"})
+    r = complete(
+        d.url,
+        prompt="hi",
+        max_tokens=2,
+        ignore_eos=True,
+        kv_transfer_params={**dead, "kv_load_failure_policy": "recompute"},
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == " t0 t1"
     after = scrape(d.url)
     assert delta(after, before, "vllm:nixl_num_failed_transfers_total") == 2
@@ -109,7 +150,9 @@ def test_a_live_instance_with_another_engine_id_fails_at_once(pair: tuple[Emulat
     t0 = time.monotonic()
     r = complete(d.url, prompt="abc", max_tokens=2, kv_transfer_params={**kv, "remote_engine_id": "someone-else"})
     assert r.status_code == 500 and time.monotonic() - t0 < HANDSHAKE_S / 2
-    assert complete(d.url, prompt="abc", max_tokens=2, kv_transfer_params=kv).status_code == 200  # the real one still works
+    assert (
+        complete(d.url, prompt="abc", max_tokens=2, kv_transfer_params=kv).status_code == 200
+    )  # the real one still works
 
 
 def test_expired_blocks_and_a_dead_prefill_fail_quickly_and_decode_stays_healthy(tmp_path: Any) -> None:
@@ -138,9 +181,27 @@ def test_expired_blocks_and_a_dead_prefill_fail_quickly_and_decode_stays_healthy
 
 
 def test_decode_started_with_the_recompute_policy(tmp_path: Any) -> None:
-    args = ["--profile", profile_file(tmp_path), "--kv-handshake-timeout-s", "0.2", "--kv-load-failure-policy", "recompute"]
+    args = [
+        "--profile",
+        profile_file(tmp_path),
+        "--kv-handshake-timeout-s",
+        "0.2",
+        "--kv-load-failure-policy",
+        "recompute",
+    ]
     with running(("decode", args), log_dir=tmp_path) as (d,):
-        dead = {"do_remote_prefill": True, "remote_engine_id": "x", "remote_request_id": "y", "remote_host": "127.0.0.1", "remote_port": free_port()}
+        dead = {
+            "do_remote_prefill": True,
+            "remote_engine_id": "x",
+            "remote_request_id": "y",
+            "remote_host": "127.0.0.1",
+            "remote_port": free_port(),
+        }
         r = complete(d.url, prompt=[3] * 20, max_tokens=3, ignore_eos=True, kv_transfer_params=dead)
-        assert r.status_code == 200 and r.json()["usage"] == {"prompt_tokens": 20, "total_tokens": 23, "completion_tokens": 3, "prompt_tokens_details": None}
+        assert r.status_code == 200 and r.json()["usage"] == {
+            "prompt_tokens": 20,
+            "total_tokens": 23,
+            "completion_tokens": 3,
+            "prompt_tokens_details": None,
+        }
         assert scrape(d.url)["vllm:nixl_num_failed_transfers_total"] == 1

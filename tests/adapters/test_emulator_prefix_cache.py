@@ -30,8 +30,13 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 
 def profile(**kw: Any) -> Any:
-    base: dict[str, Any] = dict(decode_step_base_s=0.001, decode_step_per_seq_s=0.0, prefill_base_s=0.001,
-                                prefill_per_token_s=0.0001, block_size=4)
+    base: dict[str, Any] = dict(
+        decode_step_base_s=0.001,
+        decode_step_per_seq_s=0.0,
+        prefill_base_s=0.001,
+        prefill_per_token_s=0.0001,
+        block_size=4,
+    )
     return toy_profile(**{**base, **kw})
 
 
@@ -46,6 +51,7 @@ def seq(name: str, ids: list[int], max_tokens: int = 1, **kw: Any) -> Sequence:
 
 
 # --- the engine, in process ---------------------------------------------------------------------
+
 
 def test_a_shared_prefix_is_reused_and_only_the_rest_is_prefilled() -> None:
     async def main() -> None:
@@ -148,8 +154,14 @@ class Events:
         self.replay_port = free_port(avoid=frozenset({self.port}))
 
     def config(self) -> str:
-        return json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{self.port}",
-                           "replay_endpoint": f"tcp://127.0.0.1:{self.replay_port}", "topic": "kv@emu"})
+        return json.dumps(
+            {
+                "enable_kv_cache_events": True,
+                "endpoint": f"tcp://127.0.0.1:{self.port}",
+                "replay_endpoint": f"tcp://127.0.0.1:{self.replay_port}",
+                "topic": "kv@emu",
+            }
+        )
 
     def batches(self, n: int, timeout: float = 5.0) -> list[tuple[int, list[Any]]]:
         """The next `n` batches as (seq, events)."""
@@ -188,10 +200,18 @@ class Events:
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmulatorProcess, Events]]:
     d = tmp_path_factory.mktemp("emu-apc")
     ev = Events()
-    args = ["--profile", profile_file(d, SLOW_PREFILL), "--enable-prompt-tokens-details", "--kv-events-config", ev.config()]
+    args = [
+        "--profile",
+        profile_file(d, SLOW_PREFILL),
+        "--enable-prompt-tokens-details",
+        "--kv-events-config",
+        ev.config(),
+    ]
     try:
         with running(("both", args), log_dir=d) as (p,):
-            for _ in range(5):  # libzmq sends a bound SUB's subscription to a connecting PUB only once the SUB processes
+            for _ in range(
+                5
+            ):  # libzmq sends a bound SUB's subscription to a connecting PUB only once the SUB processes
                 ev.sub.poll(100)  # its commands (a poll or recv): see zeromq/pyzmq#1650
             yield p, ev
     finally:
@@ -205,19 +225,30 @@ def timed(url: str, prompt: list[int]) -> tuple[float, dict[str, Any]]:
     return time.monotonic() - t0, r.json()
 
 
-def test_a_second_request_sharing_a_prefix_is_served_from_the_cache(emu: tuple[EmulatorProcess, Events], tmp_path: Path) -> None:
+def test_a_second_request_sharing_a_prefix_is_served_from_the_cache(
+    emu: tuple[EmulatorProcess, Events], tmp_path: Path
+) -> None:
     p, ev = emu
     before = scrape(p.url)
     first = list(range(800))
     second = list(range(784)) + [5000 + i for i in range(16)]
     t1, r1 = timed(p.url, first)
     t2, r2 = timed(p.url, second)
-    assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}
+    assert r1["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": None,
+        "multimodal_tokens": None,
+    }
     assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == 784  # 49 whole blocks of 16
     assert t1 > SLOW_PREFILL.prefill_time(800) * 0.9 and t2 < t1 / 2
 
     after = scrape(p.url)
-    assert after["vllm:cache_config_info{block_size=16,enable_prefix_caching=True,kv_cache_size_tokens=65536,num_gpu_blocks=4096}"] == 1
+    assert (
+        after[
+            "vllm:cache_config_info{block_size=16,enable_prefix_caching=True,kv_cache_size_tokens=65536,num_gpu_blocks=4096}"
+        ]
+        == 1
+    )
     assert delta(after, before, "vllm:prefix_cache_queries_total") == 1600
     assert delta(after, before, "vllm:prefix_cache_hits_total") == 784
     assert delta(after, before, "vllm:prompt_tokens_by_source_total{source=local_cache_hit}") == 784
@@ -247,28 +278,50 @@ def test_a_second_request_sharing_a_prefix_is_served_from_the_cache(emu: tuple[E
 
 
 def test_prefix_caching_can_be_turned_off(tmp_path: Path) -> None:
-    with running(("both", ["--profile", profile_file(tmp_path), "--no-enable-prefix-caching"]), log_dir=tmp_path) as (p,):
+    with running(("both", ["--profile", profile_file(tmp_path), "--no-enable-prefix-caching"]), log_dir=tmp_path) as (
+        p,
+    ):
         prompt = list(range(100))
         for _ in range(2):
-            assert httpx.post(p.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1}, timeout=30).status_code == 200
+            assert (
+                httpx.post(p.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1}, timeout=30).status_code
+                == 200
+            )
         m = scrape(p.url)
         assert any("enable_prefix_caching=False" in k for k in m if k.startswith("vllm:cache_config_info"))
-        assert m["vllm:prefix_cache_hits_total"] == 0 and m["vllm:prompt_tokens_by_source_total{source=local_compute}"] == 200
+        assert (
+            m["vllm:prefix_cache_hits_total"] == 0
+            and m["vllm:prompt_tokens_by_source_total{source=local_compute}"] == 200
+        )
 
 
 def test_a_decode_instance_pulls_only_the_blocks_it_does_not_hold(tmp_path: Path) -> None:
     args = ["--profile", profile_file(tmp_path), "--enable-prompt-tokens-details"]
     with running(("prefill", args), ("decode", args), log_dir=tmp_path) as (p, d):
+
         def leg1(prompt: list[int]) -> dict[str, Any]:
-            params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
-                      "remote_host": None, "remote_port": None}
-            r = httpx.post(p.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1, "kv_transfer_params": params}, timeout=30)
+            params = {
+                "do_remote_decode": True,
+                "do_remote_prefill": False,
+                "remote_engine_id": None,
+                "remote_block_ids": None,
+                "remote_host": None,
+                "remote_port": None,
+            }
+            r = httpx.post(
+                p.url + "/v1/completions",
+                json={"prompt": prompt, "max_tokens": 1, "kv_transfer_params": params},
+                timeout=30,
+            )
             assert r.status_code == 200, r.text
             return r.json()["kv_transfer_params"]
 
         def leg2(prompt: list[int], kv: dict[str, Any]) -> dict[str, Any]:
-            r = httpx.post(d.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "ignore_eos": True, "kv_transfer_params": kv},
-                           timeout=30)
+            r = httpx.post(
+                d.url + "/v1/completions",
+                json={"prompt": prompt, "max_tokens": 2, "ignore_eos": True, "kv_transfer_params": kv},
+                timeout=30,
+            )
             assert r.status_code == 200, r.text
             return r.json()
 
@@ -299,8 +352,13 @@ def test_our_subscriber_follows_a_real_emulator_across_a_restart(tmp_path: Path)
 
     pub_port = free_port()
     replay_port = free_port(avoid=frozenset({pub_port}))
-    cfg = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{pub_port}",
-                      "replay_endpoint": f"tcp://127.0.0.1:{replay_port}"})
+    cfg = json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "endpoint": f"tcp://127.0.0.1:{pub_port}",
+            "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
+        }
+    )
     args = ["--profile", profile_file(tmp_path), "--kv-events-config", cfg]
     held: set[int] = set()
 
@@ -321,14 +379,17 @@ def test_our_subscriber_follows_a_real_emulator_across_a_restart(tmp_path: Path)
 
     async def main() -> None:
         # the emulator's endpoint is not a wildcard, so (like vLLM) it connects: this subscriber binds
-        sub = KVEventSubscriber("e0", f"tcp://127.0.0.1:{pub_port}", on_events, replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
-                                bind=True)
+        sub = KVEventSubscriber(
+            "e0", f"tcp://127.0.0.1:{pub_port}", on_events, replay_endpoint=f"tcp://127.0.0.1:{replay_port}", bind=True
+        )
         sub.start()
         try:
             for round_, prompt in enumerate((list(range(64)), list(range(100, 164)))):
                 (proc,) = await asyncio.to_thread(start_many, [("both", args)], tmp_path)
                 try:
-                    r = await asyncio.to_thread(httpx.post, proc.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1}, timeout=30)
+                    r = await asyncio.to_thread(
+                        httpx.post, proc.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1}, timeout=30
+                    )
                     assert r.status_code == 200
                     want = set(chain_keys(prompt, 16))
                     await until(lambda want=want: held == want)  # our keys, recomputed from the events' token ids

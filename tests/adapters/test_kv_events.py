@@ -37,8 +37,13 @@ def stored(tokens: list[int], parent: int | None = None) -> ours.BlockStored:
 
 
 def config(tmp: Path, name: str = "e", topic: str = "") -> KVEventsConfig:
-    return KVEventsConfig(enable_kv_cache_events=True, endpoint=f"ipc://{tmp}/{name}-pub", replay_endpoint=f"ipc://{tmp}/{name}-replay",
-                          buffer_steps=100, topic=topic)
+    return KVEventsConfig(
+        enable_kv_cache_events=True,
+        endpoint=f"ipc://{tmp}/{name}-pub",
+        replay_endpoint=f"ipc://{tmp}/{name}-replay",
+        buffer_steps=100,
+        topic=topic,
+    )
 
 
 async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -49,6 +54,7 @@ async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 # --- the wire format, decoded independently ---------------------------------------------------
+
 
 def test_a_batch_goes_out_as_three_frames_in_vllms_layout(tmp_path: Path) -> None:
     async def main() -> None:
@@ -73,9 +79,25 @@ def test_a_batch_goes_out_as_three_frames_in_vllms_layout(tmp_path: Path) -> Non
         assert s["token_ids"] == [1, 2, 3, 4, 5, 6, 7, 8] and s["block_size"] == BS
         assert s["lora_id"] is None and s["medium"] == "GPU" and s["lora_name"] is None
         assert s["extra_keys"] == [None, None] and s["group_idx"] == 0 and s["kv_cache_spec_kind"] == "full_attention"
-        assert set(s) == {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
-                          "extra_keys", "group_idx", "kv_cache_spec_kind"}  # defaults omitted, as msgspec omit_defaults does
-        assert events[1] == {"type": "BlockRemoved", "block_hashes": [first.keys[1] % 2**64], "medium": "GPU", "group_idx": 0}
+        assert set(s) == {
+            "type",
+            "block_hashes",
+            "parent_block_hash",
+            "token_ids",
+            "block_size",
+            "lora_id",
+            "medium",
+            "lora_name",
+            "extra_keys",
+            "group_idx",
+            "kv_cache_spec_kind",
+        }  # defaults omitted, as msgspec omit_defaults does
+        assert events[1] == {
+            "type": "BlockRemoved",
+            "block_hashes": [first.keys[1] % 2**64],
+            "medium": "GPU",
+            "group_idx": 0,
+        }
         assert events[3] == {"type": "AllBlocksCleared"}
         pub.publish([stored([9, 9, 9, 9])])
         assert int.from_bytes((await asyncio.wait_for(sub.recv_multipart(), 5))[1], "big") == 1
@@ -98,27 +120,44 @@ def test_a_batch_goes_out_as_three_frames_in_vllms_layout(tmp_path: Path) -> Non
 
 
 def test_the_older_all_array_event_layout_still_decodes() -> None:
-    payload = msgspec.msgpack.encode([1.0, [["BlockStored", [7, 8], None, [1, 2, 3, 4, 5, 6, 7, 8], 4, None, "GPU"],
-                                           ["BlockRemoved", [7], "GPU"], ["AllBlocksCleared"]]])
+    payload = msgspec.msgpack.encode(
+        [
+            1.0,
+            [
+                ["BlockStored", [7, 8], None, [1, 2, 3, 4, 5, 6, 7, 8], 4, None, "GPU"],
+                ["BlockRemoved", [7], "GPU"],
+                ["AllBlocksCleared"],
+            ],
+        ]
+    )
     batch = decode_batch(payload)
     assert batch.ts == 1.0 and batch.data_parallel_rank is None
     assert [type(e).__name__ for e in batch.events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
 
 
 def test_kv_events_config_reads_vllms_json() -> None:
-    c = KVEventsConfig.parse('{"enable_kv_cache_events": true, "endpoint": "tcp://*:6000", "replay_endpoint": "tcp://*:6001", "topic": "t"}')
+    c = KVEventsConfig.parse(
+        '{"enable_kv_cache_events": true, "endpoint": "tcp://*:6000", "replay_endpoint": "tcp://*:6001", "topic": "t"}'
+    )
     assert c.active and c.publisher == "zmq" and c.buffer_steps == 10_000 and c.hwm == 100_000
     assert KVEventsConfig.parse('{"enable_kv_cache_events": false}').publisher == "null"
     assert not KVEventsConfig.parse(None).active
     r2 = c.for_rank(2)
     assert r2.endpoint == "tcp://*:6002" and r2.replay_endpoint == "tcp://*:6003"
     assert KVEventsConfig(True, endpoint="ipc:///tmp/x").for_rank(1).endpoint == "ipc:///tmp/x_dp1"
-    for bad in ('{"enable_kv_cache_events": true, "bogus": 1}', '{"buffer_steps": 0}', "[1]", "{nope", '{"publisher": "kafka"}'):
+    for bad in (
+        '{"enable_kv_cache_events": true, "bogus": 1}',
+        '{"buffer_steps": 0}',
+        "[1]",
+        "{nope",
+        '{"publisher": "kafka"}',
+    ):
         with pytest.raises(ConfigError):
             KVEventsConfig.parse(bad)
 
 
 # --- the subscriber -----------------------------------------------------------------------------
+
 
 class Sink:
     def __init__(self) -> None:
@@ -172,9 +211,19 @@ def test_subscriber_translates_to_our_keys_and_resolves_removals(tmp_path: Path)
         pub.publish([b, ours.BlockRemoved((a.keys[1],))])
         await until(lambda: sub.last_seq == 1)
         assert sink.held() == {a.keys[0], b.keys[0]}
-        assert isinstance(sink.events[1], ours.BlockStored) and sink.events[1].keys == b.keys and sink.events[1].parent_key == a.keys[1]
+        assert (
+            isinstance(sink.events[1], ours.BlockStored)
+            and sink.events[1].keys == b.keys
+            and sink.events[1].parent_key == a.keys[1]
+        )
         lag = sub.lag()
-        assert lag.batches == 2 and lag.events == 3 and lag.gaps == 0 and lag.since_last_event_s is not None and lag.events_per_s > 0
+        assert (
+            lag.batches == 2
+            and lag.events == 3
+            and lag.gaps == 0
+            and lag.since_last_event_s is not None
+            and lag.events_per_s > 0
+        )
         orphan = stored([5, 5, 5, 5], parent=12345)  # its parent was never stored: cannot be chained
         pub.publish([orphan])
         await until(lambda: sub.last_seq == 2)

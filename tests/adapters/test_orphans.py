@@ -79,8 +79,14 @@ def test_a_new_console_stops_what_a_dead_one_left_running(tmp_path: Path) -> Non
 
 
 def test_the_guard_refuses_to_start_a_child_whose_parent_is_already_gone() -> None:
-    out = subprocess.run([sys.executable, "-m", "adapters.parent_watch", "1", "--", "true"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "adapters.parent_watch", "1", "--", "true"], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode != 0 and "parent 1 is gone" in out.stderr
-    ok = subprocess.run([sys.executable, "-m", "adapters.parent_watch", str(os.getpid()), "--", sys.executable, "-c", "print('ran')"],
-                        capture_output=True, text=True, timeout=30)
+    ok = subprocess.run(
+        [sys.executable, "-m", "adapters.parent_watch", str(os.getpid()), "--", sys.executable, "-c", "print('ran')"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert ok.returncode == 0 and ok.stdout.strip() == "ran"

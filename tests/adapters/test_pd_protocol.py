@@ -13,12 +13,25 @@ from adapters.vllm.pd_protocol import (
 
 
 def test_leg_bodies_follow_vllms_proxy() -> None:
-    body = {"prompt": "x", "max_tokens": 50, "max_completion_tokens": 50, "stream": True, "stream_options": {"include_usage": True}, "min_tokens": 3}
+    body = {
+        "prompt": "x",
+        "max_tokens": 50,
+        "max_completion_tokens": 50,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "min_tokens": 3,
+    }
     leg1 = prefill_leg_body(body)
     assert leg1["max_tokens"] == 1 and leg1["max_completion_tokens"] == 1 and leg1["stream"] is False
-    assert "stream_options" not in leg1 and "min_tokens" not in leg1 and leg1["kv_transfer_params"]["do_remote_decode"] is True
+    assert (
+        "stream_options" not in leg1
+        and "min_tokens" not in leg1
+        and leg1["kv_transfer_params"]["do_remote_decode"] is True
+    )
     leg2 = decode_leg_body(body, {"remote_engine_id": "e"})
-    assert leg2["max_tokens"] == 50 and leg2["min_tokens"] == 3 and leg2["kv_transfer_params"] == {"remote_engine_id": "e"}
+    assert (
+        leg2["max_tokens"] == 50 and leg2["min_tokens"] == 3 and leg2["kv_transfer_params"] == {"remote_engine_id": "e"}
+    )
 
 
 def test_counter_skips_role_and_finish_chunks_and_survives_split_events() -> None:
@@ -34,12 +47,16 @@ def test_counter_skips_role_and_finish_chunks_and_survives_split_events() -> Non
         c.feed(stream[k : k + 7])
     assert (c.tokens, c.done, c.error) == (2, True, None)
     u = SSETokenCounter()
-    u.feed(b'data: {"choices":[{"text":" a"}]}\n\ndata: {"choices":[],"usage":{"completion_tokens":9}}\n\ndata: [DONE]\n\n')
+    u.feed(
+        b'data: {"choices":[{"text":" a"}]}\n\ndata: {"choices":[],"usage":{"completion_tokens":9}}\n\ndata: [DONE]\n\n'
+    )
     assert u.output_tokens == 9 and u.tokens == 1
 
 
 def test_transcript_keeps_the_streamed_text_across_split_events_and_compaction() -> None:
-    events = b"".join(b'data: {"choices":[{"index":0,"delta":{"content":" w%d"},"finish_reason":null}]}\n\n' % i for i in range(3000))
+    events = b"".join(
+        b'data: {"choices":[{"index":0,"delta":{"content":" w%d"},"finish_reason":null}]}\n\n' % i for i in range(3000)
+    )
     t = StreamTranscript(chat=True)
     t.add(b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n')
     for k in range(0, len(events), 1000):  # passes COMPACT_BYTES several times, splitting events
@@ -57,11 +74,22 @@ def test_transcript_keeps_the_streamed_text_across_split_events_and_compaction()
 
 
 def test_continuation_appends_the_text_and_shrinks_the_token_budget() -> None:
-    comp, why = continuation_body({"prompt": ["say"], "max_tokens": 10, "min_tokens": 3, "stream": True, "kv_transfer_params": {"x": 1}}, False, " t0 t1", 2)
+    comp, why = continuation_body(
+        {"prompt": ["say"], "max_tokens": 10, "min_tokens": 3, "stream": True, "kv_transfer_params": {"x": 1}},
+        False,
+        " t0 t1",
+        2,
+    )
     assert why == "" and comp == {"prompt": "say t0 t1", "max_tokens": 8, "min_tokens": 1, "stream": True}
-    chat, _ = continuation_body({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}, True, " t0", 1)
+    chat, _ = continuation_body(
+        {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}, True, " t0", 1
+    )
     assert chat is not None and chat["messages"][-1] == {"role": "assistant", "content": " t0"}
-    assert chat["continue_final_message"] is True and chat["add_generation_prompt"] is False and chat["max_completion_tokens"] == 4
+    assert (
+        chat["continue_final_message"] is True
+        and chat["add_generation_prompt"] is False
+        and chat["max_completion_tokens"] == 4
+    )
     ids, _ = continuation_body({"prompt": [7, 8], "max_tokens": 5}, False, " t0 t1", 2, [1000000, 1000001])
     assert ids is not None and ids["prompt"] == [7, 8, 1000000, 1000001] and ids["max_tokens"] == 3
     default, _ = continuation_body({"prompt": "p"}, False, " t0 t1 t2", 3)

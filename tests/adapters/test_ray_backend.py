@@ -52,8 +52,16 @@ class RayCluster:
     def __init__(self) -> None:
         from ray.cluster_utils import Cluster
 
-        fast_node_checks = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}  # a dead node is declared in ~3 s, not ~15
-        head = {"num_cpus": 1, "include_dashboard": False, "resources": {"prefill_slot": 2}, "_system_config": fast_node_checks}
+        fast_node_checks = {
+            "health_check_period_ms": 1000,
+            "health_check_failure_threshold": 3,
+        }  # a dead node is declared in ~3 s, not ~15
+        head = {
+            "num_cpus": 1,
+            "include_dashboard": False,
+            "resources": {"prefill_slot": 2},
+            "_system_config": fast_node_checks,
+        }
         self.cluster = Cluster(initialize_head=True, head_node_args=head)
         try:
             self.worker = self.cluster.add_node(num_cpus=1, resources={"decode_slot": 8})
@@ -134,7 +142,12 @@ def events(console: Console) -> list[dict[str, Any]]:
 def complete(console: Console, n: int) -> list[str]:
     """`n` completions through the gateway; returns their texts (any failure raises)."""
     client = OpenAI(base_url=console.url + "/v1", api_key="x", max_retries=0)
-    return [client.completions.create(model="sibyl-model", prompt=f"ray {k}", max_tokens=4, extra_body={"ignore_eos": True}).choices[0].text for k in range(n)]
+    return [
+        client.completions.create(model="sibyl-model", prompt=f"ray {k}", max_tokens=4, extra_body={"ignore_eos": True})
+        .choices[0]
+        .text
+        for k in range(n)
+    ]
 
 
 def test_2p4d_through_ray_serves_openai_traffic_and_shows_nodes(console: Console, cluster: RayCluster) -> None:
@@ -147,9 +160,17 @@ def test_2p4d_through_ray_serves_openai_traffic_and_shows_nodes(console: Console
     assert all(nodes[d].endswith(cluster.worker_id[:8]) for d in ("d0", "d1", "d2", "d3")), nodes
     assert set(s["capabilities"]) >= {"scale", "role_flip", "migration", "priority"}
     client = OpenAI(base_url=console.url + "/v1", api_key="x", max_retries=0)
-    r = client.completions.create(model="sibyl-model", prompt="hello " * 20, max_tokens=6, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="sibyl-model", prompt="hello " * 20, max_tokens=6, extra_body={"ignore_eos": True}
+    )
     assert r.choices[0].text == "".join(f" t{i}" for i in range(6))
-    chunks = client.chat.completions.create(model="sibyl-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True, extra_body={"ignore_eos": True})
+    chunks = client.chat.completions.create(
+        model="sibyl-model",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == " t0 t1 t2"
     assert console.state()["requests"]["failed"] == 0
     for iid in nodes:  # each instance is a named actor of this run, running its engine
@@ -160,7 +181,11 @@ def test_scale_out_places_a_new_actor_that_gets_traffic(console: Console, cluste
     with console.control() as c:
         r = c.post("/control/scale", json={"role": "decode", "delta": 1})
     assert r.status_code == 200 and r.json()["instances"] == ["d4"], r.text
-    wait_for(lambda: (i := instance(console, "d4")) is not None and i["phase"] == "active" and i["healthy"], 60, "d4 to be active")
+    wait_for(
+        lambda: (i := instance(console, "d4")) is not None and i["phase"] == "active" and i["healthy"],
+        60,
+        "d4 to be active",
+    )
     assert instance(console, "d4")["node"].endswith(cluster.worker_id[:8])  # type: ignore[index]
     assert console.state()["cluster"] == "2P5D"
     complete(console, 10)  # round robin over five decode instances
@@ -191,7 +216,10 @@ def test_a_killed_actor_is_marked_down_with_its_reason_and_routing_moves_on(cons
     wait_for(lambda: not alive(pid), 15, "d1's engine to stop with its actor")
 
     def reason_recorded() -> bool:
-        return any(e.get("instance") == "d1" and e.get("event") in ("down", "lost") and "ray.kill" in str(e.get("detail")) for e in events(console))
+        return any(
+            e.get("instance") == "d1" and e.get("event") in ("down", "lost") and "ray.kill" in str(e.get("detail"))
+            for e in events(console)
+        )
 
     wait_for(reason_recorded, 15, "the Ray reason of d1's loss to be recorded")
     failed, on_d1 = console.state()["requests"]["failed"], decode_counts(console).get("d1", 0)
@@ -211,11 +239,15 @@ def test_stopping_the_console_stops_every_actor_and_engine(console: Console) -> 
 
 
 def test_without_an_address_a_local_ray_starts_and_stops_with_the_console(cluster: RayCluster, tmp_path: Path) -> None:
-    con = start_console(tmp_path, "--backend", "ray", "--prefill", "1", "--decode", "1", "--profile", "cpu-tiny-llama", timeout=120)
+    con = start_console(
+        tmp_path, "--backend", "ray", "--prefill", "1", "--decode", "1", "--profile", "cpu-tiny-llama", timeout=120
+    )
     try:
         s = con.state()
         assert s["cluster"] == "1P1D" and all(i["healthy"] and i["node"] for i in s["instances"])
-        assert all(i["url"].startswith("http://127.0.0.1:") for i in s["instances"])  # engines of a local Ray stay on loopback
+        assert all(
+            i["url"].startswith("http://127.0.0.1:") for i in s["instances"]
+        )  # engines of a local Ray stay on loopback
         assert not {i["node"].split()[-1] for i in s["instances"]} & {cluster.head_id[:8], cluster.worker_id[:8]}
         assert complete(con, 2) == [" t0 t1 t2 t3"] * 2
     finally:
@@ -232,7 +264,9 @@ def test_a_lost_node_is_reported_with_its_reason(cluster: RayCluster, tmp_path: 
 
     node = cluster.cluster.add_node(num_cpus=0, resources={"doomed_slot": 1})
     cluster.cluster.wait_for_nodes()
-    settings = BackendSettings(prefill=0, decode=1, profile="cpu-tiny-llama", ray=RaySettings(resources={"decode": {"doomed_slot": 1}}))
+    settings = BackendSettings(
+        prefill=0, decode=1, profile="cpu-tiny-llama", ray=RaySettings(resources={"decode": {"doomed_slot": 1}})
+    )
     backend = RayBackend(settings, tmp_path / "r-lost-node")
 
     async def scenario() -> tuple[list[Any], list[tuple[str, str]], float]:
@@ -252,7 +286,9 @@ def test_a_lost_node_is_reported_with_its_reason(cluster: RayCluster, tmp_path: 
 
     _, lost, after_s = asyncio.run(scenario())
     assert len(lost) == 1 and lost[0][0] == "d0", lost
-    assert f"its Ray node {node.node_ip_address} {node.node_id[:8]} is gone" == lost[0][1] or "node" in lost[0][1].lower(), lost
+    assert (
+        f"its Ray node {node.node_ip_address} {node.node_id[:8]} is gone" == lost[0][1] or "node" in lost[0][1].lower()
+    ), lost
     assert after_s < 30 and backend.members == {}
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
 
@@ -261,10 +297,17 @@ def test_an_engine_that_cannot_start_fails_clearly_and_leaves_nothing(cluster: R
     from adapters.backends.ray_backend import RayBackend
     from adapters.ray.actor import InstanceActor
 
-    settings = BackendSettings(prefill=1, decode=1, profile="cpu-tiny-llama", emulator={"extra_args": ["--no-such-flag"]},
-                               ray=RaySettings(resources={"decode": {"decode_slot": 1}}))
+    settings = BackendSettings(
+        prefill=1,
+        decode=1,
+        profile="cpu-tiny-llama",
+        emulator={"extra_args": ["--no-such-flag"]},
+        ray=RaySettings(resources={"decode": {"decode_slot": 1}}),
+    )
     backend = RayBackend(settings, tmp_path / "r-broken")
-    with pytest.raises(BackendError, match=r"did not start: EmulatorStartError: emulator (prefill|decode) on port \d+ exited with"):
+    with pytest.raises(
+        BackendError, match=r"did not start: EmulatorStartError: emulator (prefill|decode) on port \d+ exited with"
+    ):
         asyncio.run(backend.start())
     assert backend.members == {}
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
@@ -298,8 +341,12 @@ def test_capabilities_follow_the_engine(tmp_path: Path) -> None:
     backend = RayBackend(vllm, tmp_path)
     assert backend.capabilities == {Capability.SCALE}  # real vLLM cannot migrate; flips only with kv_both
     assert rc.request(vllm, Role.DECODE) == {"GPU": 2.0}
-    assert rc.request(BackendSettings(ray=RaySettings(num_cpus=0.5, resources={"decode": {"decode_slot": 1}})), Role.DECODE) == {"CPU": 0.5, "decode_slot": 1}
-    assert rc.request(vllm.model_copy(update={"vllm": vllm.vllm.model_copy(update={"device": "cpu"})}), Role.DECODE) == {}
+    assert rc.request(
+        BackendSettings(ray=RaySettings(num_cpus=0.5, resources={"decode": {"decode_slot": 1}})), Role.DECODE
+    ) == {"CPU": 0.5, "decode_slot": 1}
+    assert (
+        rc.request(vllm.model_copy(update={"vllm": vllm.vllm.model_copy(update={"device": "cpu"})}), Role.DECODE) == {}
+    )
 
 
 def test_a_role_no_node_can_hold_is_refused_at_once(cluster: RayCluster) -> None:

@@ -53,12 +53,14 @@ def test_a_page_without_the_series_reads_as_zero_and_a_line_without_value_is_an_
     assert parse_metrics("# HELP x\nprocess_cpu_seconds_total 5\n") == MetricsSample()
     assert parse_metrics('vllm:num_requests_running{a="b"} 3 1700000000000\n').running == 3
     with pytest.raises(ValueError, match="without a value"):
-        parse_metrics("vllm:num_requests_waiting{a=\"b\"}\n")
+        parse_metrics('vllm:num_requests_waiting{a="b"}\n')
 
 
 def test_prefix_cache_counters_are_read() -> None:
-    page = ('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 120.0\n'
-            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 48.0\n'
-            'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 999.0\n')
+    page = (
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 120.0\n'
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 48.0\n'
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 999.0\n'
+    )
     s = parse_metrics(page)
     assert (s.prefix_cache_queries_total, s.prefix_cache_hits_total) == (120.0, 48.0)

@@ -19,14 +19,41 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_table_round_trips(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "runs.db")
-    rid = store.create_run(kind="live", backend="emulator", cluster="2P4D", workload="w", seed=3, policy="sibyl", config={"a": 1})
-    store.add_requests(rid, [{"request_id": "x", "arrival": 0.5, "prompt_tokens": 10, "status": "ok", "ttft": 0.1, "slo_met": True}])
-    store.add_policy_event(rid, t=1.5, kind="routing", old="sibyl", new="least_load", params={"by": "tokens"}, source="cli")
-    store.add_instance_samples(rid, [{"t": 1.0, "instance_id": "d0", "role": "decode", "healthy": True, "running": 3, "waiting": 1, "kv_usage": 0.25, "tokens_per_s": 99.0}])
+    rid = store.create_run(
+        kind="live", backend="emulator", cluster="2P4D", workload="w", seed=3, policy="sibyl", config={"a": 1}
+    )
+    store.add_requests(
+        rid, [{"request_id": "x", "arrival": 0.5, "prompt_tokens": 10, "status": "ok", "ttft": 0.1, "slo_met": True}]
+    )
+    store.add_policy_event(
+        rid, t=1.5, kind="routing", old="sibyl", new="least_load", params={"by": "tokens"}, source="cli"
+    )
+    store.add_instance_samples(
+        rid,
+        [
+            {
+                "t": 1.0,
+                "instance_id": "d0",
+                "role": "decode",
+                "healthy": True,
+                "running": 3,
+                "waiting": 1,
+                "kv_usage": 0.25,
+                "tokens_per_s": 99.0,
+            }
+        ],
+    )
     store.add_instance_event(rid, t=2.0, instance_id="d0", event="down", detail="ClientConnectorError")
     store.finish_run(rid, "completed", {"tpot_p99": 0.05})
     run = store.get_run(rid)
-    assert (run.status, run.requests, run.config, run.summary, run.cluster, run.seed) == ("completed", 1, {"a": 1}, {"tpot_p99": 0.05}, "2P4D", 3)
+    assert (run.status, run.requests, run.config, run.summary, run.cluster, run.seed) == (
+        "completed",
+        1,
+        {"a": 1},
+        {"tpot_p99": 0.05},
+        "2P4D",
+        3,
+    )
     assert store.requests(rid)[0]["slo_met"] is True and store.requests(rid)[0]["arrival"] == 0.5
     ev = store.policy_events(rid)[0]
     assert (ev["new"], ev["params"], ev["source"]) == ("least_load", {"by": "tokens"}, "cli")
@@ -83,7 +110,12 @@ def test_recorder_flushes_in_the_background_and_on_close(tmp_path: Path) -> None
     rec = RunRecorder(store, rid, flush_interval_s=0.1)
     rec.request({"request_id": "a", "status": "ok"})
     wait_until(lambda: len(store.requests(rid)) == 1)
-    threads = [threading.Thread(target=lambda k=k: [rec.request({"request_id": f"{k}-{i}", "status": "ok"}) for i in range(500)]) for k in range(2)]
+    threads = [
+        threading.Thread(
+            target=lambda k=k: [rec.request({"request_id": f"{k}-{i}", "status": "ok"}) for i in range(500)]
+        )
+        for k in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -133,4 +165,8 @@ def test_a_record_sqlite_cannot_hold_costs_only_itself_and_the_recorder_keeps_go
     rec.close("completed")
     rows = {r["request_id"]: r for r in store.requests(rid)}
     assert set(rows) == {"huge", "fine", "later"}
-    assert rows["huge"]["max_tokens"] is None and rows["huge"]["reason"] == "bad max_tokens" and rows["fine"]["max_tokens"] == 7
+    assert (
+        rows["huge"]["max_tokens"] is None
+        and rows["huge"]["reason"] == "bad max_tokens"
+        and rows["fine"]["max_tokens"] == 7
+    )

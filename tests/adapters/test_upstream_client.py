@@ -14,7 +14,9 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
     return head, await reader.readexactly(length)
 
 

@@ -29,11 +29,23 @@ def test_core_lists_in_vllms_format() -> None:
 def test_every_thread_of_every_process_in_the_group_is_pinned() -> None:
     """A group leader with a child, each with extra threads, starts on every core and ends on one."""
     core = max(os.sched_getaffinity(0))
-    leader = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {THREADS!r}]); {THREADS}"],
-                              start_new_session=True)
+    leader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {THREADS!r}]); {THREADS}",
+        ],
+        start_new_session=True,
+    )
     try:
-        wait_for(lambda: len(group_pids(leader.pid)) == 2 and all(len(os.listdir(f"/proc/{p}/task")) >= 4 for p in group_pids(leader.pid)),
-                 30, "the group's two processes and their threads")
+        wait_for(
+            lambda: (
+                len(group_pids(leader.pid)) == 2
+                and all(len(os.listdir(f"/proc/{p}/task")) >= 4 for p in group_pids(leader.pid))
+            ),
+            30,
+            "the group's two processes and their threads",
+        )
         pids = group_pids(leader.pid)
         assert os.getpid() not in pids and leader.pid in pids
         pinned = pin_process_group(leader.pid, {core})

@@ -54,13 +54,26 @@ def fake_venv(tmp: Path, body: str) -> Path:
 
 def up_args(tmp: Path, venv: Path) -> list[str]:
     (tmp / "tiny-llama").mkdir(exist_ok=True)  # a local model directory: loaded with the hub offline
-    return ["--backend", "vllm", "--model", str(tmp / "tiny-llama"), "--prefill", "1", "--decode", "1", "--vllm-venv", str(venv)]
+    return [
+        "--backend",
+        "vllm",
+        "--model",
+        str(tmp / "tiny-llama"),
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--vllm-venv",
+        str(venv),
+    ]
 
 
 def run_up(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     base = {**os.environ, "SIBYL_HOME": str(tmp / "home"), "SIBYL_DB": str(tmp / "runs.db"), **(env or {})}
     cmd = [sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(free_port()), *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def test_up_launches_vllm_processes_routes_through_them_and_stops_them(tmp_path: Path) -> None:
@@ -71,7 +84,9 @@ def test_up_launches_vllm_processes_routes_through_them_and_stops_them(tmp_path:
         pids = [i["pid"] for i in state["instances"]]
         assert all(isinstance(p, int) and alive(p) for p in pids)
         client = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
-        out = client.completions.create(model="sibyl-model", prompt="hello", max_tokens=5, extra_body={"ignore_eos": True})
+        out = client.completions.create(
+            model="sibyl-model", prompt="hello", max_tokens=5, extra_body={"ignore_eos": True}
+        )
         assert out.usage is not None and out.usage.completion_tokens == 5
         logs = sorted((con.run_dir / "logs").glob("*.log"))
         assert [p.name.split("-")[0] for p in logs] == ["decode", "prefill"]
@@ -81,8 +96,13 @@ def test_up_launches_vllm_processes_routes_through_them_and_stops_them(tmp_path:
         assert "--served-model-name sibyl-model" in cmd and cmd.endswith("--disable-uvicorn-access-log --enforce-eager")
         kv = json.loads(cmd.split("--kv-transfer-config ")[1].split(" ")[0])
         assert kv == {"kv_buffer_device": "cpu", "kv_connector": "NixlConnector", "kv_role": "kv_producer"}
-        assert env["VLLM_TARGET_DEVICE"] == "cpu" and env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
-        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != json.loads(logs[0].read_text().splitlines()[1][7:])["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+        assert (
+            env["VLLM_TARGET_DEVICE"] == "cpu" and env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+        )
+        assert (
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+            != json.loads(logs[0].read_text().splitlines()[1][7:])["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+        )
     finally:
         assert con.stop() == 0
     assert not any(alive(p) for p in pids)
@@ -108,8 +128,14 @@ def test_sigterm_during_start_up_stops_the_instances_launched_so_far(tmp_path: P
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert not any(alive(p) for p in pids)
-    runs = subprocess.run([sys.executable, "-m", "console.cli", "runs", "list", "--json"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "SIBYL_DB": str(tmp_path / "runs.db")}, timeout=60)
+    runs = subprocess.run(
+        [sys.executable, "-m", "console.cli", "runs", "list", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SIBYL_DB": str(tmp_path / "runs.db")},
+        timeout=60,
+    )
     assert [r["status"] for r in json.loads(runs.stdout)] == ["interrupted"]
 
 

@@ -51,14 +51,35 @@ def kv_config(cmd: list[str]) -> dict[str, object]:
 
 
 def test_cpu_prefill_command_and_env() -> None:
-    spec = cpu_spec(Role.PREFILL, 8100, max_model_len=1024, max_num_seqs=8, kv_cache_gib=1, enforce_eager=True,
-                    nixl_side_channel_port=5600, cpu_bind="0")
+    spec = cpu_spec(
+        Role.PREFILL,
+        8100,
+        max_model_len=1024,
+        max_num_seqs=8,
+        kv_cache_gib=1,
+        enforce_eager=True,
+        nixl_side_channel_port=5600,
+        cpu_bind="0",
+    )
     cmd = build_command(spec, "/venv/bin/vllm")
     assert cmd == [
-        "/venv/bin/vllm", "serve", MODEL, "--host", "127.0.0.1", "--port", "8100", "--served-model-name", "tiny",
-        "--max-model-len", "1024", "--max-num-seqs", "8",
-        "--kv-transfer-config", '{"kv_buffer_device":"cpu","kv_connector":"NixlConnector","kv_role":"kv_producer"}',
-        "--enforce-eager", "--disable-uvicorn-access-log",
+        "/venv/bin/vllm",
+        "serve",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8100",
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        "8",
+        "--kv-transfer-config",
+        '{"kv_buffer_device":"cpu","kv_connector":"NixlConnector","kv_role":"kv_producer"}',
+        "--enforce-eager",
+        "--disable-uvicorn-access-log",
     ]
     assert kv_config(cmd) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu"}
     assert "--disable-uvicorn-access-log" not in build_command(spec.model_copy(update={"access_log": True}))
@@ -77,15 +98,25 @@ def test_cpu_prefill_command_and_env() -> None:
 
 
 def test_cpu_decode_with_failure_policy_extra_config_and_passthrough() -> None:
-    spec = cpu_spec(Role.DECODE, 8200, kv_load_failure_policy="recompute", kv_connector_extra_config={"kv_lease_duration": 60},
-                    nixl_side_channel_port=5601, nixl_side_channel_host="10.0.0.5", extra_args=["--block-size", "128", "--seed", "7"],
-                    extra_env={"VLLM_CPU_KVCACHE_SPACE": "3", "MY_FLAG": "x"})
+    spec = cpu_spec(
+        Role.DECODE,
+        8200,
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"kv_lease_duration": 60},
+        nixl_side_channel_port=5601,
+        nixl_side_channel_host="10.0.0.5",
+        extra_args=["--block-size", "128", "--seed", "7"],
+        extra_env={"VLLM_CPU_KVCACHE_SPACE": "3", "MY_FLAG": "x"},
+    )
     cmd = build_command(spec)
     assert cmd[:2] == ["vllm", "serve"] and cmd[-4:] == ["--block-size", "128", "--seed", "7"]
     assert "--enforce-eager" not in cmd and "--scheduling-policy" not in cmd and "--max-model-len" not in cmd
     assert kv_config(cmd) == {
-        "kv_connector": "NixlConnector", "kv_role": "kv_consumer", "kv_buffer_device": "cpu",
-        "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"kv_lease_duration": 60},
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_consumer",
+        "kv_buffer_device": "cpu",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"kv_lease_duration": 60},
     }
     env = build_env(spec)
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.0.5" and env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
@@ -94,16 +125,27 @@ def test_cpu_decode_with_failure_policy_extra_config_and_passthrough() -> None:
 
 
 def test_gpu_spec_has_no_cpu_settings() -> None:
-    spec = VllmInstanceSpec(role=Role.DECODE, port=8200, model="meta-llama/Llama-3.1-8B-Instruct", device="cuda",
-                            gpu_memory_utilization=0.85, kv_cache_gib=4, cuda_devices="1", hub_offline=False,
-                            nixl_side_channel_port=5700)
+    spec = VllmInstanceSpec(
+        role=Role.DECODE,
+        port=8200,
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        device="cuda",
+        gpu_memory_utilization=0.85,
+        kv_cache_gib=4,
+        cuda_devices="1",
+        hub_offline=False,
+        nixl_side_channel_port=5700,
+    )
     cmd = build_command(spec)
     assert cmd[cmd.index("--served-model-name") + 1] == "Llama-3.1-8B-Instruct"
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.85"
     assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(4 * 2**30)
     assert kv_config(cmd) == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}
-    assert build_env(spec) == {"CUDA_VISIBLE_DEVICES": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                               "VLLM_NIXL_SIDE_CHANNEL_PORT": "5700"}
+    assert build_env(spec) == {
+        "CUDA_VISIBLE_DEVICES": "1",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": "5700",
+    }
     assert build_env(spec, "cpu")["VLLM_TARGET_DEVICE"] == "cpu"  # the platform argument overrides
 
 
@@ -111,8 +153,11 @@ def test_nixl_progress_thread_sleeps_on_cpu_unless_told_otherwise() -> None:
     spec = cpu_spec(Role.DECODE, 8200, nixl_side_channel_port=5601)
     assert build_env(spec)["SIBYL_NIXL_PROGRESS_DELAY_US"] == "100"
     assert build_env(spec.model_copy(update={"nixl_progress_delay_us": 2000}))["SIBYL_NIXL_PROGRESS_DELAY_US"] == "2000"
-    for untouched in (spec.model_copy(update={"nixl_progress_delay_us": 0}), spec.model_copy(update={"kv_connector": None}),
-                      spec.model_copy(update={"device": "cuda"})):
+    for untouched in (
+        spec.model_copy(update={"nixl_progress_delay_us": 0}),
+        spec.model_copy(update={"kv_connector": None}),
+        spec.model_copy(update={"device": "cuda"}),
+    ):
         env = build_env(untouched)
         assert "SIBYL_NIXL_PROGRESS_DELAY_US" not in env and "PYTHONPATH" not in env
 
@@ -123,13 +168,20 @@ def test_the_shim_gives_nixl_agents_the_delay_when_the_bindings_load(tmp_path: P
     pkg = tmp_path / "nixl_cu12"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "_bindings.py").write_text("class nixlAgentConfig:\n    pthrDelay = 0\n\ndef nixlAgent(name, config):\n    return config.pthrDelay\n")
+    (pkg / "_bindings.py").write_text(
+        "class nixlAgentConfig:\n    pthrDelay = 0\n\ndef nixlAgent(name, config):\n    return config.pthrDelay\n"
+    )
     probe = "import nixl_cu12._bindings as b; c = b.nixlAgentConfig(); c.pthrDelay = 0; print(b.nixlAgent('x', c))"
     path = os.pathsep.join([str(NIXL_PROGRESS_SHIM), str(tmp_path)])
 
     def run(env: dict[str, str]) -> str:
-        return subprocess.run([sys.executable, "-c", probe], env={"PATH": os.environ["PATH"], "PYTHONPATH": path, **env},
-                              capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            [sys.executable, "-c", probe],
+            env={"PATH": os.environ["PATH"], "PYTHONPATH": path, **env},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
 
     assert run({"SIBYL_NIXL_PROGRESS_DELAY_US": "250"}) == "250"
     assert run({}) == "0"
@@ -159,8 +211,13 @@ def test_plan_gives_unique_side_channel_ports_and_one_core_each() -> None:
     ("specs", "message"),
     [
         ([cpu_spec(Role.PREFILL, 8100), cpu_spec(Role.DECODE, 8100)], "two vLLM instances on 127.0.0.1:8100"),
-        ([cpu_spec(Role.PREFILL, 8100, nixl_side_channel_port=5600), cpu_spec(Role.DECODE, 8200, nixl_side_channel_port=5600)],
-         "side-channel ports must differ"),
+        (
+            [
+                cpu_spec(Role.PREFILL, 8100, nixl_side_channel_port=5600),
+                cpu_spec(Role.DECODE, 8200, nixl_side_channel_port=5600),
+            ],
+            "side-channel ports must differ",
+        ),
     ],
 )
 def test_plan_rejects_clashing_ports(specs: list[VllmInstanceSpec], message: str) -> None:
@@ -238,8 +295,14 @@ def test_launch_failure_quotes_the_log_tail(tmp_path: Path) -> None:
 
 
 def test_launch_timeout_stops_the_process(tmp_path: Path) -> None:
-    cluster = VllmCluster([cpu_spec(Role.DECODE, free_port())], tmp_path / "logs", fake_vllm(tmp_path, SILENT),
-                          health_timeout_s=1.0, poll_interval_s=0.1, stop_grace_s=5)
+    cluster = VllmCluster(
+        [cpu_spec(Role.DECODE, free_port())],
+        tmp_path / "logs",
+        fake_vllm(tmp_path, SILENT),
+        health_timeout_s=1.0,
+        poll_interval_s=0.1,
+        stop_grace_s=5,
+    )
     with pytest.raises(VllmLaunchError, match=r"not healthy after 1 s"):
         cluster.start()
     assert not alive(cluster.instances[0].pid)
@@ -272,7 +335,9 @@ def test_interrupt_during_start_up_stops_what_was_started(tmp_path: Path) -> Non
         def _check_alive(self, inst: LaunchedInstance) -> None:
             raise KeyboardInterrupt
 
-    cluster = Interrupted([cpu_spec(Role.PREFILL, free_port())], tmp_path / "logs", fake_vllm(tmp_path, SILENT), stop_grace_s=5)
+    cluster = Interrupted(
+        [cpu_spec(Role.PREFILL, free_port())], tmp_path / "logs", fake_vllm(tmp_path, SILENT), stop_grace_s=5
+    )
     with pytest.raises(KeyboardInterrupt):
         cluster.start()
     assert cluster.instances and not alive(cluster.instances[0].pid)
@@ -299,7 +364,9 @@ def test_attach_reports_an_unhealthy_instance() -> None:
 
 
 def test_cpu_and_memory_facts_parse() -> None:
-    cpuinfo = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 fma\n\nprocessor\t: 1\nflags\t: avx512f\n"
+    cpuinfo = (
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 fma\n\nprocessor\t: 1\nflags\t: avx512f\n"
+    )
     assert cpu_facts(cpuinfo) == ("AMD EPYC", True, False)
     assert memory_gib("MemTotal:       24641536 kB\nMemFree: 1 kB\nMemAvailable:   23068672 kB\n") == (23.5, 22.0)
 
@@ -309,9 +376,18 @@ def test_what_is_missing_names_the_fix() -> None:
     missing = what_is_missing(bare)
     assert any("vllm is not importable" in m and "make vllm-cpu" in m for m in missing)
     assert any("nixl==1.5.1" in m for m in missing)
-    ready = PlatformReport(python="/x/bin/python", python_found=True, vllm_importable=True, vllm_version="0.32.0",
-                           vllm_dist_version="0.32.0+cpu", vllm_bin="/x/bin/vllm", nixl_importable=True, avx2=True,
-                           cores=2, memory_available_gib=20)
+    ready = PlatformReport(
+        python="/x/bin/python",
+        python_found=True,
+        vllm_importable=True,
+        vllm_version="0.32.0",
+        vllm_dist_version="0.32.0+cpu",
+        vllm_bin="/x/bin/vllm",
+        nixl_importable=True,
+        avx2=True,
+        cores=2,
+        memory_available_gib=20,
+    )
     assert what_is_missing(ready) == []
     assert any("one core per instance" in m for m in what_is_missing(PlatformReport(**{**ready.__dict__, "cores": 1})))
 

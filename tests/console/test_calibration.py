@@ -25,22 +25,50 @@ from core.perf import PerfProfile, get_profile, load_profile_file, save_profile_
 from tests.procs import ROOT, kill_children, start_console
 
 TRUTH = PerfProfile(
-    name="calib-truth", description="a known profile for calibration tests",
-    prefill_base_s=0.015, prefill_per_token_s=6e-5, prefill_per_token2_s=3e-8,
-    decode_step_base_s=0.005, decode_step_per_seq_s=0.0012, decode_step_per_kv_token_s=1e-6,
-    kv_transfer_base_s=0.025, kv_transfer_per_token_s=3e-5,
-    ps_context_tokens=700, kv_capacity_tokens=400_000, block_size=16, max_num_seqs=128, max_model_len=2048, cold_start_s=42.0,
+    name="calib-truth",
+    description="a known profile for calibration tests",
+    prefill_base_s=0.015,
+    prefill_per_token_s=6e-5,
+    prefill_per_token2_s=3e-8,
+    decode_step_base_s=0.005,
+    decode_step_per_seq_s=0.0012,
+    decode_step_per_kv_token_s=1e-6,
+    kv_transfer_base_s=0.025,
+    kv_transfer_per_token_s=3e-5,
+    ps_context_tokens=700,
+    kv_capacity_tokens=400_000,
+    block_size=16,
+    max_num_seqs=128,
+    max_model_len=2048,
+    cold_start_s=42.0,
 )
 CPU_LIKE = PerfProfile(
-    name="cpu-like", description="a CPU-sized profile whose fixed costs are large enough to check to 10%",
-    prefill_base_s=0.012, prefill_per_token_s=0.00036, decode_step_base_s=0.0022, decode_step_per_seq_s=0.00091,
-    kv_transfer_base_s=0.015, kv_transfer_per_token_s=0.00002, kv_capacity_tokens=524_288, block_size=128, max_num_seqs=256,
-    max_model_len=1024, cold_start_s=85.0,
+    name="cpu-like",
+    description="a CPU-sized profile whose fixed costs are large enough to check to 10%",
+    prefill_base_s=0.012,
+    prefill_per_token_s=0.00036,
+    decode_step_base_s=0.0022,
+    decode_step_per_seq_s=0.00091,
+    kv_transfer_base_s=0.015,
+    kv_transfer_per_token_s=0.00002,
+    kv_capacity_tokens=524_288,
+    block_size=128,
+    max_num_seqs=256,
+    max_model_len=1024,
+    cold_start_s=85.0,
 )
 PRIOR = "cpu-tiny-llama"
 """The priors the tests calibrate against: every timed term differs from TRUTH."""
-TIMED = ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s", "decode_step_base_s", "decode_step_per_seq_s",
-         "decode_step_per_kv_token_s", "kv_transfer_base_s", "kv_transfer_per_token_s")
+TIMED = (
+    "prefill_base_s",
+    "prefill_per_token_s",
+    "prefill_per_token2_s",
+    "decode_step_base_s",
+    "decode_step_per_seq_s",
+    "decode_step_per_kv_token_s",
+    "kv_transfer_base_s",
+    "kv_transfer_per_token_s",
+)
 LOADS = {
     # (arrival rate /s, requests, output length range): decode batches of 1-3, and of up to ~20
     "light": (3.0, 45, (20, 120)),
@@ -48,7 +76,9 @@ LOADS = {
 }
 
 
-def spread_trace(rate: float, n: int, out: tuple[int, int], prompt: tuple[int, int] | int = (30, 1500), seed: int = 3) -> list[tuple[float, int, int]]:
+def spread_trace(
+    rate: float, n: int, out: tuple[int, int], prompt: tuple[int, int] | int = (30, 1500), seed: int = 3
+) -> list[tuple[float, int, int]]:
     """(arrival s, prompt tokens, output tokens): Poisson arrivals, uniform lengths (or one prompt length)."""
     rng = random.Random(seed)
     t, rows = 0.0, []
@@ -58,8 +88,14 @@ def spread_trace(rate: float, n: int, out: tuple[int, int], prompt: tuple[int, i
     return rows
 
 
-def stepped_run(store: RunStore, truth: PerfProfile, trace: list[tuple[float, int, int]], n_decode: int = 2,
-                rtt_p: float = 0.0015, rtt_d: float = 0.0025) -> str:
+def stepped_run(
+    store: RunStore,
+    truth: PerfProfile,
+    trace: list[tuple[float, int, int]],
+    n_decode: int = 2,
+    rtt_p: float = 0.0015,
+    rtt_d: float = 0.0025,
+) -> str:
     """A live run's records as the emulator times it (adapters/emulator/engine.py, kv.py), computed step
     by step: one FIFO prefill instance whose leg is an HTTP round trip + step(1, l) + prefill(l); the
     decode instance (round robin) pulls the KV (round trips to it and to the prefill instance +
@@ -72,9 +108,21 @@ def stepped_run(store: RunStore, truth: PerfProfile, trace: list[tuple[float, in
         start = max(t, free)
         free = end = start + rtt_p + truth.step_time(1, prompt) + float(truth.prefill_time(prompt))
         ready[i % n_decode].append((end + rtt_d + rtt_p + truth.kv_transfer_time(prompt), i))
-        rows.append({"request_id": str(i), "arrival": t, "prompt_tokens": prompt, "output_tokens": out, "max_tokens": out,
-                     "prefill_instance": "p0", "decode_instance": f"d{i % n_decode}", "prefill_start": start,
-                     "prefill_end": end, "decode_start": end, "status": "ok"})
+        rows.append(
+            {
+                "request_id": str(i),
+                "arrival": t,
+                "prompt_tokens": prompt,
+                "output_tokens": out,
+                "max_tokens": out,
+                "prefill_instance": "p0",
+                "decode_instance": f"d{i % n_decode}",
+                "prefill_start": start,
+                "prefill_end": end,
+                "decode_start": end,
+                "status": "ok",
+            }
+        )
     for pending in ready:
         pending.sort()
         now, k, running = 0.0, 0, []
@@ -97,8 +145,21 @@ def stepped_run(store: RunStore, truth: PerfProfile, trace: list[tuple[float, in
         r["ttft"] = r["first_token"] - r["arrival"]
     run = store.create_run(kind="live", backend="emulator", cluster=f"1P{n_decode}D", config={"profile": truth.name})
     store.add_requests(run, rows)
-    store.add_instance_samples(run, [{"t": 0.0, "instance_id": "p0", "role": "prefill", "healthy": True, "running": 0,
-                                      "waiting": 0, "kv_usage": 0.0, "tokens_per_s": 0.0}])
+    store.add_instance_samples(
+        run,
+        [
+            {
+                "t": 0.0,
+                "instance_id": "p0",
+                "role": "prefill",
+                "healthy": True,
+                "running": 0,
+                "waiting": 0,
+                "kv_usage": 0.0,
+                "tokens_per_s": 0.0,
+            }
+        ],
+    )
     store.finish_run(run, summary={"health_rtt_s": {"p0": rtt_p, **{f"d{d}": rtt_d for d in range(n_decode)}}})
     return run
 
@@ -121,7 +182,9 @@ def test_calibrate_recovers_every_term_of_a_stepped_run(load: str) -> None:
     assert fitted.fit is not None and fitted.fit["kv_transfer_per_token_s"]["source"] == "fit"
     assert fitted.tps_curve is None and fitted.fit["tps_curve"]["source"].startswith("derived:")
     for key in ("kv_capacity_tokens", "block_size", "max_num_seqs", "max_model_len", "cold_start_s"):
-        assert fitted.fit[key]["source"].startswith("prior: ") and getattr(fitted, key) == getattr(get_profile(PRIOR), key)
+        assert fitted.fit[key]["source"].startswith("prior: ") and getattr(fitted, key) == getattr(
+            get_profile(PRIOR), key
+        )
 
 
 def test_a_run_that_cannot_identify_a_term_leaves_it_at_its_prior_and_says_why(tmp_path: Path) -> None:
@@ -139,18 +202,27 @@ def test_a_run_that_cannot_identify_a_term_leaves_it_at_its_prior_and_says_why(t
     terms = report["terms"]
     for key in ("prefill_per_token_s", "prefill_per_token2_s", "kv_transfer_per_token_s"):
         assert getattr(fitted, key) == getattr(prior, key), key
-        assert terms[key]["source"].startswith("prior: prompt tokens") and "hardly varies" in terms[key]["source"], terms[key]
+        assert terms[key]["source"].startswith("prior: prompt tokens") and "hardly varies" in terms[key]["source"], (
+            terms[key]
+        )
     assert fitted.decode_step_per_kv_token_s == prior.decode_step_per_kv_token_s
-    assert terms["decode_step_per_kv_token_s"]["source"].startswith("prior: resident KV tokens moves with"), terms["decode_step_per_kv_token_s"]
+    assert terms["decode_step_per_kv_token_s"]["source"].startswith("prior: resident KV tokens moves with"), terms[
+        "decode_step_per_kv_token_s"
+    ]
     for key in ("decode_step_base_s", "decode_step_per_seq_s", "kv_transfer_base_s"):
         assert terms[key]["source"] == "fit", (key, terms[key])
     assert terms["decode_step_base_s"]["value"] == pytest.approx(TRUTH.decode_step_base_s, rel=0.03)
 
     _register_commands()
     out = tmp_path / "fitted.json"
-    r = CliRunner().invoke(app, ["calibrate", run, "--db", str(db), "--base", PRIOR, "--out", str(out)], env={"COLUMNS": "250"})
+    r = CliRunner().invoke(
+        app, ["calibrate", run, "--db", str(db), "--base", PRIOR, "--out", str(out)], env={"COLUMNS": "250"}
+    )
     assert r.exit_code == 0, r.output
-    assert "prior: prompt tokens hardly varies in the run (all ≈ 500)" in r.output and "kv_transfer_per_token_s" in r.output
+    assert (
+        "prior: prompt tokens hardly varies in the run (all ≈ 500)" in r.output
+        and "kv_transfer_per_token_s" in r.output
+    )
     saved = load_profile_file(out)
     assert saved.fit == fitted.fit and saved.fit is not None
     assert saved.fit["kv_transfer_per_token_s"]["source"] == terms["kv_transfer_per_token_s"]["source"]
@@ -183,14 +255,35 @@ EMULATED_TOLERANCE: dict[str, tuple[str, float]] = {
 def test_calibrate_recovers_a_known_profile_from_an_emulated_cluster(tmp_path: Path, load: str) -> None:
     rate, n, out = LOADS[load]
     trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": int(t * 1000), "input_length": p, "output_length": o, "hash_ids": []}) + "\n"
-                             for t, p, o in spread_trace(rate, n, out, seed=7)))
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": int(t * 1000), "input_length": p, "output_length": o, "hash_ids": []}) + "\n"
+            for t, p, o in spread_trace(rate, n, out, seed=7)
+        )
+    )
     truth_path = tmp_path / "truth.json"
     save_profile_file(TRUTH, truth_path)
-    con = start_console(tmp_path, str(engine_only(tmp_path)), "--profile", str(truth_path), "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+    con = start_console(
+        tmp_path,
+        str(engine_only(tmp_path)),
+        "--profile",
+        str(truth_path),
+        "--prefill",
+        "1",
+        "--decode",
+        "2",
+        "--policy",
+        "round_robin",
+    )
     try:
-        rep = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(trace), "--json"], cwd=ROOT, env=con.env(),
-                             capture_output=True, text=True, timeout=120)
+        rep = subprocess.run(
+            [sys.executable, "-m", "console.cli", "replay", str(trace), "--json"],
+            cwd=ROOT,
+            env=con.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert rep.returncode == 0 and json.loads(rep.stdout)["done"] == n, rep.stderr
         con.stop()
         fitted_path = tmp_path / "fitted.json"
@@ -201,8 +294,11 @@ def test_calibrate_recovers_a_known_profile_from_an_emulated_cluster(tmp_path: P
         kill_children(con.home)
     report, fitted = json.loads(cal.stdout), load_profile_file(fitted_path)
     got = {k: (getattr(fitted, k), getattr(TRUTH, k), report["terms"][k]["source"]) for k in TIMED}
-    print(f"\n{load}: batch {report['batch_range']}", *(f"{k:28} true {t:.4g} fitted {v:.4g} ({v / t - 1:+.1%}) {src}"
-                                                        for k, (v, t, src) in got.items()), sep="\n")
+    print(
+        f"\n{load}: batch {report['batch_range']}",
+        *(f"{k:28} true {t:.4g} fitted {v:.4g} ({v / t - 1:+.1%}) {src}" for k, (v, t, src) in got.items()),
+        sep="\n",
+    )
     for key, (kind, tol) in EMULATED_TOLERANCE.items():
         value, true, source = got[key]
         assert source == "fit", (key, source, got)
@@ -217,7 +313,16 @@ def two_phase_trace(path: Path) -> None:
     for rate, n, out in ((4.0, 40, (20, 120)), (30.0, 110, (200, 500))):
         for _ in range(n):
             t += rng.expovariate(rate)
-            lines.append(json.dumps({"timestamp": int(t * 1000), "input_length": rng.randint(20, 400), "output_length": rng.randint(*out), "hash_ids": []}))
+            lines.append(
+                json.dumps(
+                    {
+                        "timestamp": int(t * 1000),
+                        "input_length": rng.randint(20, 400),
+                        "output_length": rng.randint(*out),
+                        "hash_ids": [],
+                    }
+                )
+            )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -235,9 +340,27 @@ def test_calibrate_recovers_the_emulator_profile_and_whatif_predicts_tpot(tmp_pa
     truth = CPU_LIKE
     truth_path = tmp_path / "truth.json"
     save_profile_file(truth, truth_path)
-    con = start_console(tmp_path, str(engine_only(tmp_path)), "--profile", str(truth_path), "--prefill", "2", "--decode", "2", "--policy", "round_robin")
+    con = start_console(
+        tmp_path,
+        str(engine_only(tmp_path)),
+        "--profile",
+        str(truth_path),
+        "--prefill",
+        "2",
+        "--decode",
+        "2",
+        "--policy",
+        "round_robin",
+    )
     try:
-        out = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(trace), "--json"], cwd=ROOT, env=con.env(), capture_output=True, text=True, timeout=180)
+        out = subprocess.run(
+            [sys.executable, "-m", "console.cli", "replay", str(trace), "--json"],
+            cwd=ROOT,
+            env=con.env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert out.returncode == 0 and json.loads(out.stdout)["done"] == 150, out.stderr
         con.stop()
         fitted_path = tmp_path / "fitted.json"
@@ -254,8 +377,28 @@ def test_calibrate_recovers_the_emulator_profile_and_whatif_predicts_tpot(tmp_pa
         data = json.loads(wi.stdout)
         assert data["predicted"][0]["tpot_p50"] == pytest.approx(data["recorded"]["tpot_p50"], rel=0.15)
         # the fitted profile drives the simulator directly
-        sim = subprocess.run([sys.executable, "-m", "console.cli", "sim", "--profile", str(fitted_path), "--requests", "50", "--rate", "5",
-                              "--cluster", "1P2D", "--no-db", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        sim = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "console.cli",
+                "sim",
+                "--profile",
+                str(fitted_path),
+                "--requests",
+                "50",
+                "--rate",
+                "5",
+                "--cluster",
+                "1P2D",
+                "--no-db",
+                "--json",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert sim.returncode == 0 and json.loads(sim.stdout)[0]["requests"] == 50
     finally:
         con.stop()
@@ -269,7 +412,25 @@ def test_calibrate_needs_a_live_run(tmp_path: Path) -> None:
 
     _register_commands()
     db = str(tmp_path / "runs.db")
-    r = CliRunner().invoke(app, ["sim", "--workload", "random", "--requests", "20", "--rate", "2", "--cluster", "1P1D", "--policy", "round_robin", "--db", db, "--json"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "sim",
+            "--workload",
+            "random",
+            "--requests",
+            "20",
+            "--rate",
+            "2",
+            "--cluster",
+            "1P1D",
+            "--policy",
+            "round_robin",
+            "--db",
+            db,
+            "--json",
+        ],
+    )
     run_id = json.loads(r.stdout)[0]["run_id"]
     r = CliRunner().invoke(app, ["calibrate", run_id, "--db", db])
     assert r.exit_code != 0 and "calibration needs a live run" in str(r.exception)
@@ -285,11 +446,31 @@ def test_a_regression_whose_samples_do_not_follow_the_model_keeps_every_prior() 
     rng = np.random.default_rng(3)
     batch = rng.uniform(1, 20, 60)
     tpot = 0.002 + 0.001 * batch
-    good = fit_linear(np.column_stack([np.ones(60), batch]), tpot, ["s0", "s1"], [0.01, 0.01], ["constant", "batch size"], "TPOT", "robust")
-    assert all(t.source == "fit" for t in good.terms.values()) and good.terms["s1"].value == pytest.approx(0.001, rel=1e-6)
+    good = fit_linear(
+        np.column_stack([np.ones(60), batch]),
+        tpot,
+        ["s0", "s1"],
+        [0.01, 0.01],
+        ["constant", "batch size"],
+        "TPOT",
+        "robust",
+    )
+    assert all(t.source == "fit" for t in good.terms.values()) and good.terms["s1"].value == pytest.approx(
+        0.001, rel=1e-6
+    )
     many = rng.uniform(1, 20, 20000)  # enough samples for small standard errors, but the batch explains little
     wild = (0.002 + 0.001 * many) * rng.lognormal(0, 1.2, len(many))
-    bad = fit_linear(np.column_stack([np.ones(len(many)), many]), wild, ["s0", "s1"], [0.01, 0.02], ["constant", "batch size"], "TPOT", "robust")
+    bad = fit_linear(
+        np.column_stack([np.ones(len(many)), many]),
+        wild,
+        ["s0", "s1"],
+        [0.01, 0.02],
+        ["constant", "batch size"],
+        "TPOT",
+        "robust",
+    )
     assert bad.rel_rms > MAX_REL_RMS
-    assert [t.value for t in bad.terms.values()] == [0.01, 0.02] and not any(t.source.startswith("fit") for t in bad.terms.values())
+    assert [t.value for t in bad.terms.values()] == [0.01, 0.02] and not any(
+        t.source.startswith("fit") for t in bad.terms.values()
+    )
     assert bad.terms["s1"].source.startswith("prior: the TPOT samples do not follow the model")

@@ -12,7 +12,20 @@ from console.cli import _register_commands, app
 
 _register_commands()
 runner = CliRunner()
-KEYS = {"policy", "requests", "throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "tpot_p999", "slo_attainment", "optimal_assignment_ratio", "run_id"}
+KEYS = {
+    "policy",
+    "requests",
+    "throughput_tok_s",
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_mean",
+    "tpot_p50",
+    "tpot_p99",
+    "tpot_p999",
+    "slo_attainment",
+    "optimal_assignment_ratio",
+    "run_id",
+}
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -22,8 +35,26 @@ def invoke(*args: str) -> tuple[int, str]:
 
 def test_sim_json_records_one_run_per_policy(tmp_path: Path) -> None:
     db = str(tmp_path / "runs.db")
-    code, out = invoke("sim", "--workload", "random", "--requests", "300", "--rate", "2", "--cluster", "2P8D",
-                       "--policy", "sibyl", "--policy", "least_load", "--param", "least_load.by=tokens", "--db", db, "--json")
+    code, out = invoke(
+        "sim",
+        "--workload",
+        "random",
+        "--requests",
+        "300",
+        "--rate",
+        "2",
+        "--cluster",
+        "2P8D",
+        "--policy",
+        "sibyl",
+        "--policy",
+        "least_load",
+        "--param",
+        "least_load.by=tokens",
+        "--db",
+        db,
+        "--json",
+    )
     assert code == 0, out
     rows = json.loads(out)
     assert [r["policy"] for r in rows] == ["sibyl", "least_load"]
@@ -33,7 +64,9 @@ def test_sim_json_records_one_run_per_policy(tmp_path: Path) -> None:
     code, out = invoke("runs", "list", "--db", db, "--json")
     listed = json.loads(out)
     assert {r["run_id"] for r in listed} == {r["run_id"] for r in rows}
-    assert all({"run_id", "started_at", "ended_at", "status", "backend", "policy", "requests"} <= r.keys() for r in listed)
+    assert all(
+        {"run_id", "started_at", "ended_at", "status", "backend", "policy", "requests"} <= r.keys() for r in listed
+    )
     assert all(r["status"] == "completed" and r["requests"] == 300 for r in listed)
     code, out = invoke("runs", "show", rows[0]["run_id"], "--db", db, "--json")
     shown = json.loads(out)
@@ -64,15 +97,44 @@ def test_bad_input_is_one_clear_error(tmp_path: Path, args: list[str], message: 
 
 
 def test_bench_decision_json() -> None:
-    code, out = invoke("bench", "decision", "--policy", "sibyl", "--decode-instances", "8", "--running-per-instance", "8", "--iterations", "50", "--json")
+    code, out = invoke(
+        "bench",
+        "decision",
+        "--policy",
+        "sibyl",
+        "--decode-instances",
+        "8",
+        "--running-per-instance",
+        "8",
+        "--iterations",
+        "50",
+        "--json",
+    )
     assert code == 0, out
     data = json.loads(out)
     assert data["tracked_requests"] == 8 * (8 + 4) and 0 < data["p50_us"] <= data["p99_us"]
 
 
 def test_bench_rank_times_an_admission_round_of_each_rank_policy() -> None:
-    code, out = invoke("bench", "rank", "--policy", "bf_io", "--policy", "jsq:by=requests", "--ranks", "4", "--slots", "8",
-                       "--waiting", "16", "--free-per-rank", "2", "--rounds", "10", "--json")
+    code, out = invoke(
+        "bench",
+        "rank",
+        "--policy",
+        "bf_io",
+        "--policy",
+        "jsq:by=requests",
+        "--ranks",
+        "4",
+        "--slots",
+        "8",
+        "--waiting",
+        "16",
+        "--free-per-rank",
+        "2",
+        "--rounds",
+        "10",
+        "--json",
+    )
     assert code == 0, out
     rows = json.loads(out)
     assert [r["policy"] for r in rows] == ["bf_io", "jsq:by=requests"]

@@ -12,7 +12,9 @@ from core.errors import ConfigError
 
 def test_toml_file_with_flag_overrides(tmp_path: Path) -> None:
     f = tmp_path / "console.toml"
-    f.write_text('prefill = 1\ndecode = 8\npolicy = "least_load"\nparams = { by = "tokens" }\n[slo.interactive]\nttft_s = 0.5\ntpot_s = 0.05\n')
+    f.write_text(
+        'prefill = 1\ndecode = 8\npolicy = "least_load"\nparams = { by = "tokens" }\n[slo.interactive]\nttft_s = 0.5\ntpot_s = 0.05\n'
+    )
     cfg = load_config(f, {"decode": 3, "port": None})
     assert (cfg.prefill, cfg.decode, cfg.policy, cfg.params, cfg.port) == (1, 3, "least_load", {"by": "tokens"}, 8000)
     assert cfg.slo["interactive"].ttft_s == 0.5 and cfg.slo["default"].tpot_s == 0.1
@@ -44,7 +46,10 @@ def test_bad_files_name_the_file_and_field(tmp_path: Path, text: str, message: s
 
 
 def test_attach_syntax() -> None:
-    assert parse_attach("prefill=http://a:1,http://b:2;decode=http://c:3") == {"prefill": ["http://a:1", "http://b:2"], "decode": ["http://c:3"]}
+    assert parse_attach("prefill=http://a:1,http://b:2;decode=http://c:3") == {
+        "prefill": ["http://a:1", "http://b:2"],
+        "decode": ["http://c:3"],
+    }
     with pytest.raises(ConfigError, match="role=URL"):
         parse_attach("http://a:1")
     with pytest.raises(ConfigError, match=r"\.toml, \.yaml"):

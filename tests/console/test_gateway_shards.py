@@ -93,12 +93,8 @@ class _LowestLoad(RoutingPolicyBase):
         p = int(prefill[int(request.id) % len(prefill)])
         load = np.where(view.decode_mask(), view.running_n + view.pending_n, np.iinfo(np.int64).max)
         d = int(np.argmin(load))
-        end = max(float(view.prefill_free_at[p]), view.now) + float(
-            view.prefill_time(request.prompt_tokens)
-        )
-        return Assignment(
-            view.instance_ids[p], view.instance_ids[d], projected_handoff(request, end, view)
-        )
+        end = max(float(view.prefill_free_at[p]), view.now) + float(view.prefill_time(request.prompt_tokens))
+        return Assignment(view.instance_ids[p], view.instance_ids[d], projected_handoff(request, end, view))
 
 
 def test_exchange_at_every_event_is_one_gateway_for_a_table_only_policy(trace: Trace) -> None:

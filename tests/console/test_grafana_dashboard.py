@@ -31,7 +31,21 @@ _LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\
 _OFFSETS = re.compile(r"\boffset\s+-?(?:\d+(?:ms|[smhdwy]))+|@\s*(?:start\(\)|end\(\)|[\d.]+)")
 _NUMBERS = re.compile(r"(?<![\w:.])(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?(?![\w:])")
 _IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset", "inf", "nan"}
+_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 def series_names(expr: str) -> set[str]:
@@ -42,7 +56,7 @@ def series_names(expr: str) -> set[str]:
     offset and @ modifiers, and numbers; of the identifiers left, those followed by `(` are functions or aggregations, the
     rest are keywords or series names."""
     if expr.startswith("label_values("):  # a Grafana variable query: label_values(series, label)
-        inner = expr[len("label_values("):].rsplit(",", 1)[0]
+        inner = expr[len("label_values(") :].rsplit(",", 1)[0]
         return series_names(inner)
     text = _STRINGS.sub('""', expr)
     text = _GRAFANA_VARS.sub("1", text)
@@ -53,7 +67,7 @@ def series_names(expr: str) -> set[str]:
     text = _NUMBERS.sub(" ", text)
     names = set()
     for m in _IDENT.finditer(text):
-        rest = text[m.end():].lstrip()
+        rest = text[m.end() :].lstrip()
         if rest.startswith("(") or m.group().lower() in _KEYWORDS:
             continue
         names.add(m.group())
@@ -61,15 +75,23 @@ def series_names(expr: str) -> set[str]:
 
 
 def test_series_names_strips_functions_matchers_and_variables() -> None:
-    expr = ('histogram_quantile(0.99, sum by (le, slo_class) (rate(sibyl_ttft_seconds_bucket{job=~"$gateway", '
-            'slo_class=~"$slo_class"}[$__rate_interval])))')
+    expr = (
+        'histogram_quantile(0.99, sum by (le, slo_class) (rate(sibyl_ttft_seconds_bucket{job=~"$gateway", '
+        'slo_class=~"$slo_class"}[$__rate_interval])))'
+    )
     assert series_names(expr) == {"sibyl_ttft_seconds_bucket"}
-    expr = ('1000 * (sibyl_policy_last_swap_timestamp_seconds{job=~"$gateway"} > 0) * on (job, instance, kind) '
-            'group_left (name) sibyl_policy_info{job=~"$gateway"}')
+    expr = (
+        '1000 * (sibyl_policy_last_swap_timestamp_seconds{job=~"$gateway"} > 0) * on (job, instance, kind) '
+        'group_left (name) sibyl_policy_info{job=~"$gateway"}'
+    )
     assert series_names(expr) == {"sibyl_policy_last_swap_timestamp_seconds", "sibyl_policy_info"}
-    assert series_names('sum by (instance) (rate(vllm:prefix_cache_hits_total{x="a{b}"}[5m])) / 1e3') == {"vllm:prefix_cache_hits_total"}
+    assert series_names('sum by (instance) (rate(vllm:prefix_cache_hits_total{x="a{b}"}[5m])) / 1e3') == {
+        "vllm:prefix_cache_hits_total"
+    }
     assert series_names("label_values(vllm:num_requests_running, job)") == {"vllm:num_requests_running"}
-    assert series_names('increase(sibyl_policy_swaps_total{job=~"${gateway}"}[$__range] offset 1h5m) @ end()') == {"sibyl_policy_swaps_total"}
+    assert series_names('increase(sibyl_policy_swaps_total{job=~"${gateway}"}[$__range] offset 1h5m) @ end()') == {
+        "sibyl_policy_swaps_total"
+    }
     assert series_names("sum(up) by (job) unless on (job) absent(vllm:x_count)") == {"up", "vllm:x_count"}
 
 
@@ -135,7 +157,9 @@ def test_every_series_the_dashboard_reads_is_in_a_live_scrape(console: Console) 
     c = OpenAI(base_url=console.url + "/v1", api_key="x", max_retries=0)
     for i in range(3):
         c.completions.create(model="sibyl-model", prompt=f"whole {i}", max_tokens=6, extra_body={"ignore_eos": True})
-        stream = c.completions.create(model="sibyl-model", prompt=f"streamed {i}", max_tokens=6, stream=True, extra_body={"ignore_eos": True})
+        stream = c.completions.create(
+            model="sibyl-model", prompt=f"streamed {i}", max_tokens=6, stream=True, extra_body={"ignore_eos": True}
+        )
         assert "".join(ch.choices[0].text for ch in stream if ch.choices)
     with console.control() as ctl:
         assert ctl.put("/control/policies/routing", json={"name": "least_load"}).status_code == 200
@@ -143,7 +167,12 @@ def test_every_series_the_dashboard_reads_is_in_a_live_scrape(console: Console) 
     gateway = httpx.get(console.url + "/metrics").text
     instances = [httpx.get(i["url"] + "/metrics").text for i in state["instances"]]
     present = sample_names(gateway).union(*map(sample_names, instances))
-    missing = sorted(f"{where}: {name}" for where, expr in expressions(dashboard()) for name in series_names(expr) if name not in present)
+    missing = sorted(
+        f"{where}: {name}"
+        for where, expr in expressions(dashboard())
+        for name in series_names(expr)
+        if name not in present
+    )
     assert not missing, "the dashboard reads series nobody exports:\n" + "\n".join(missing)
 
     # the swap annotation has what it joins: a swap time and the active policy's name
@@ -153,7 +182,9 @@ def test_every_series_the_dashboard_reads_is_in_a_live_scrape(console: Console) 
     assert re.search(r'^sibyl_tpot_seconds_count\{slo_class="default"\} 3\.0$', gateway, re.M)
     assert re.search(r'^sibyl_ttft_seconds_count\{slo_class="default"\} 6\.0$', gateway, re.M)
     assert re.search(r'^sibyl_whole_replies_total\{slo_class="default"\} 3\.0$', gateway, re.M)
-    assert re.search(r'^sibyl_decisions_total\{(?=[^}]*kind="routing")(?=[^}]*outcome="routed")[^}]*\} 6\.0$', gateway, re.M)
+    assert re.search(
+        r'^sibyl_decisions_total\{(?=[^}]*kind="routing")(?=[^}]*outcome="routed")[^}]*\} 6\.0$', gateway, re.M
+    )
     run = state["slo"]["run"]
     assert run["requests"] == 6 and run["tpot_unknown"] == 3
 

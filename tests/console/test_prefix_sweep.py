@@ -20,9 +20,11 @@ def _sweep() -> Any:
 def traces(tmp_path: Path) -> Path:
     """A traces folder laid out as ../shared/traces, holding the test data's slices."""
     folder = tmp_path / "traces"
-    for src, dst in (("mooncake_conversation_first500.jsonl", "mooncake_fast25/conversation_trace.jsonl"),
-                     ("mooncake_synthetic_first500.jsonl", "mooncake_fast25/synthetic_trace.jsonl"),
-                     ("azure_conv_first1000.csv", "azure_llm_2023/AzureLLMInferenceTrace_conv.csv")):
+    for src, dst in (
+        ("mooncake_conversation_first500.jsonl", "mooncake_fast25/conversation_trace.jsonl"),
+        ("mooncake_synthetic_first500.jsonl", "mooncake_fast25/synthetic_trace.jsonl"),
+        ("azure_conv_first1000.csv", "azure_llm_2023/AzureLLMInferenceTrace_conv.csv"),
+    ):
         (folder / dst).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(DATA / src, folder / dst)
     return folder

@@ -23,7 +23,14 @@ SERVEGEN_SLICE = TRACES / "servegen_deepseek_r1_slice"
 
 
 def replay(con, *args: str) -> dict:  # type: ignore[no-untyped-def, type-arg]
-    out = subprocess.run([sys.executable, "-m", "console.cli", "replay", *args, "--json"], cwd=ROOT, env=con.env(), capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "console.cli", "replay", *args, "--json"],
+        cwd=ROOT,
+        env=con.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
@@ -62,8 +69,12 @@ def test_each_replay_sends_fresh_prompts_under_its_own_ids_and_calibrates_from_i
     from console.offline.replay import prompt_ids
 
     assert prompt_ids(300, 1, 0, 5) != prompt_ids(300, 2, 0, 5) and prompt_ids(300, 1, 0, 5) == prompt_ids(300, 1, 0, 5)
-    assert prompt_ids(300, 1, 0, 5)[:16] != prompt_ids(300, 1, 0, 6)[:16] and set(prompt_ids(2000, 3, 1, 1)) <= set(range(1, 1001))
-    con = start_console(tmp_path, "--profile", FAST_PROFILE, "--prefill", "1", "--decode", "1", "--policy", "least_load")
+    assert prompt_ids(300, 1, 0, 5)[:16] != prompt_ids(300, 1, 0, 6)[:16] and set(prompt_ids(2000, 3, 1, 1)) <= set(
+        range(1, 1001)
+    )
+    con = start_console(
+        tmp_path, "--profile", FAST_PROFILE, "--prefill", "1", "--decode", "1", "--policy", "least_load"
+    )
     try:
         first = replay(con, str(DEMO), "--limit", "14", "--speed", "20")
         second = replay(con, str(DEMO), "--limit", "14", "--speed", "20", "--url", con.url + "/")
@@ -74,7 +85,11 @@ def test_each_replay_sends_fresh_prompts_under_its_own_ids_and_calibrates_from_i
         for run in runs:
             assert sorted(r["request_id"] for r in store.requests(run)) == sorted(f"{run}-0-{i}" for i in range(14))
         sent = {f"{run}-0-{i}" for run in runs for i in range(14)}
-        wait_for(lambda: sent <= {r["request_id"] for r in store.requests(con.run_id)}, 10, "the gateway's records of both replays")
+        wait_for(
+            lambda: sent <= {r["request_id"] for r in store.requests(con.run_id)},
+            10,
+            "the gateway's records of both replays",
+        )
         cal = con.cli("calibrate", first["run_id"], "--json", "--name", "mine")
         assert cal.returncode == 0, cal.stderr
         report = json.loads(cal.stdout)
@@ -93,21 +108,50 @@ def test_bad_trace_and_missing_console_are_clear_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,abc,3\n")
     env = {"SIBYL_HOME": str(tmp_path / "home"), "SIBYL_DB": str(tmp_path / "x.db"), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(bad)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "console.cli", "replay", str(bad)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "bad.csv:2: field 'ContextTokens'" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(DEMO)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "console.cli", "replay", str(DEMO)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "no local console" in out.stderr
 
 
 def test_up_replay_pauses_resumes_and_records_a_child_run(tmp_path: Path) -> None:
-    con = start_console(tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "1", "--replay", str(DEMO), "--replay-speed", "4", "--loop")
+    con = start_console(
+        tmp_path,
+        "--profile",
+        FIXED_PROFILE,
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--replay",
+        str(DEMO),
+        "--replay-speed",
+        "4",
+        "--loop",
+    )
     try:
         wait_for(lambda: (con.state()["replay"] or {}).get("sent", 0) >= 5, 15, "the replay to send")
         with con.control() as c:
             assert c.post("/control/replay/pause").json()["status"] == "paused"
             sent = con.state()["replay"]["sent"]
             time.sleep(0.6)
-            assert con.state()["replay"]["sent"] == sent and con.state()["replay"]["label"].startswith("azure_conv_sample.csv")
+            assert con.state()["replay"]["sent"] == sent and con.state()["replay"]["label"].startswith(
+                "azure_conv_sample.csv"
+            )
             assert c.post("/control/replay/resume").json()["status"] == "running"
             wait_for(lambda: con.state()["replay"]["sent"] > sent, 10, "sending to resume")
             assert c.post("/control/replay/rewind").status_code == 404

@@ -24,13 +24,22 @@ from tests.emulator_fixtures import FAST_PROFILE, profile_file, scrape
 from tests.procs import ROOT
 
 SLICE = ROOT / "tests" / "data" / "traces" / "mooncake_conversation_first500.jsonl"
-QUICK = FAST_PROFILE.model_copy(update={
-    "name": "test-prefix", "kv_capacity_tokens": 1 << 20, "prefill_base_s": 0.0005, "prefill_per_token_s": 1e-7,
-    "decode_step_base_s": 0.0005, "decode_step_per_seq_s": 0.0})
+QUICK = FAST_PROFILE.model_copy(
+    update={
+        "name": "test-prefix",
+        "kv_capacity_tokens": 1 << 20,
+        "prefill_base_s": 0.0005,
+        "prefill_per_token_s": 1e-7,
+        "decode_step_base_s": 0.0005,
+        "decode_step_per_seq_s": 0.0,
+    }
+)
 """Quick steps and room for every block of the slice (no evictions); 16-token blocks, 1,024-token context."""
 
 
-def ideal_hits(hash_ids: list[list[int]], lengths: list[int], block: int, seen: set[tuple[int, ...]] | None = None) -> int:
+def ideal_hits(
+    hash_ids: list[list[int]], lengths: list[int], block: int, seen: set[tuple[int, ...]] | None = None
+) -> int:
     """Prefix-cache hits (tokens) a single instance with room for everything gets when the rows
     arrive one after another, each hash block being one `block`-token KV block: a row reuses its
     leading full blocks whose whole hash-id prefix an earlier row sent as full blocks, at most
@@ -56,8 +65,13 @@ def collect(rep: Replayer) -> list[dict[str, Any]]:
 
 
 def test_the_replayer_sends_hash_blocks_sessions_and_reads_cached_tokens() -> None:
-    trace = Trace("t", np.zeros(4), np.array([1100, 2300, 900, 700]), np.full(4, 3),
-                  hash_ids=[[0, 1, 2], [0, 1, 2, 3, 4], [0, 7], []])
+    trace = Trace(
+        "t",
+        np.zeros(4),
+        np.array([1100, 2300, 900, 700]),
+        np.full(4, 3),
+        hash_ids=[[0, 1, 2], [0, 1, 2, 3, 4], [0, 7], []],
+    )
     seen: list[tuple[dict[str, Any], dict[str, str]]] = []
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -66,7 +80,7 @@ def test_the_replayer_sends_hash_blocks_sessions_and_reads_cached_tokens() -> No
         await resp.prepare(request)
         await resp.write(b'data: {"choices":[{"index":0,"text":" t0"}]}\n\n')
         usage = {"prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 16}}
-        await resp.write(b'data: ' + orjson.dumps({"choices": [], "usage": usage}) + b"\n\ndata: [DONE]\n\n")
+        await resp.write(b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\ndata: [DONE]\n\n")
         return resp
 
     async def main() -> list[dict[str, Any]]:
@@ -79,8 +93,15 @@ def test_the_replayer_sends_hash_blocks_sessions_and_reads_cached_tokens() -> No
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         rows: list[dict[str, Any]] = []
         try:
-            rep = Replayer.from_trace(trace, f"http://127.0.0.1:{port}", hash_block_tokens=16, prompt_seed=5,
-                                      max_concurrency=1, on_result=rows.append, id_prefix="run1")
+            rep = Replayer.from_trace(
+                trace,
+                f"http://127.0.0.1:{port}",
+                hash_block_tokens=16,
+                prompt_seed=5,
+                max_concurrency=1,
+                on_result=rows.append,
+                id_prefix="run1",
+            )
             await rep.run()
         finally:
             await runner.cleanup()
@@ -106,13 +127,24 @@ def test_an_emulator_hits_its_prefix_cache_as_the_hash_ids_predict(tmp_path: Pat
     ideal, nothing of the first replay); the first seed again hits everything it can."""
     profile = QUICK
     trace = read_trace(SLICE)
-    trace = Trace(trace.name, trace.arrivals, trace.prompt_tokens, np.ones(len(trace), dtype=np.int64), hash_ids=trace.hash_ids)
+    trace = Trace(
+        trace.name, trace.arrivals, trace.prompt_tokens, np.ones(len(trace), dtype=np.int64), hash_ids=trace.hash_ids
+    )
     assert trace.hash_ids is not None
     with running(("both", ["--profile", profile_file(tmp_path, profile)]), log_dir=tmp_path) as (p,):
+
         def replay(seed: int) -> tuple[float, float, list[int]]:
             before = scrape(p.url)
-            rep = Replayer.from_trace(trace, p.url, hash_block_tokens=16, prompt_seed=seed, speed=1e6,
-                                      max_concurrency=1, max_context=1024, id_prefix=f"s{seed}")
+            rep = Replayer.from_trace(
+                trace,
+                p.url,
+                hash_block_tokens=16,
+                prompt_seed=seed,
+                speed=1e6,
+                max_concurrency=1,
+                max_context=1024,
+                id_prefix=f"s{seed}",
+            )
             rows = collect(rep)
             assert all(r["status"] == "ok" for r in rows), rows[:3]
             after = scrape(p.url)
@@ -125,8 +157,18 @@ def test_an_emulator_hits_its_prefix_cache_as_the_hash_ids_predict(tmp_path: Pat
         assert queries == sum(lengths)
         ideal = ideal_hits(trace.hash_ids, lengths, 16)
         cap = sum(16 * ((n - 1) // 16) for n in lengths)
-        print(json.dumps({"hits": hits, "ideal": ideal, "queries": queries, "hit_rate": hits / queries,
-                          "ideal_rate": ideal / queries, "capped_all": cap}))
+        print(
+            json.dumps(
+                {
+                    "hits": hits,
+                    "ideal": ideal,
+                    "queries": queries,
+                    "hit_rate": hits / queries,
+                    "ideal_rate": ideal / queries,
+                    "capped_all": cap,
+                }
+            )
+        )
         assert ideal > 0.15 * queries  # the slice has real reuse: the system prompt and 74 later turns
         assert hits == ideal
         fresh, queries2, _ = replay(2)
@@ -139,8 +181,14 @@ def test_the_replay_command_scales_hash_blocks_and_records_its_options(tmp_path:
     env = {**os.environ, "SIBYL_HOME": str(tmp_path / "home"), "SIBYL_DB": str(tmp_path / "runs.db"), "COLUMNS": "200"}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "console.cli", "replay", *args], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "console.cli", "replay", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     out = cli("--help")
     assert out.returncode == 0 and "--hash-block-tokens" in out.stdout and "--session-min-blocks" in out.stdout
@@ -148,17 +196,36 @@ def test_the_replay_command_scales_hash_blocks_and_records_its_options(tmp_path:
     out = cli(str(azure), "--hash-block-tokens", "16", "--url", "http://127.0.0.1:9")
     assert out.returncode == 2 and "has no hash_ids" in out.stderr
     with running(("both", ["--profile", profile_file(tmp_path, QUICK)]), log_dir=tmp_path) as (p,):
-        out = cli(str(SLICE), "--limit", "30", "--speed", "1000", "--hash-block-tokens", "16", "--prompt-seed", "3",
-                  "--url", p.url, "--json")
+        out = cli(
+            str(SLICE),
+            "--limit",
+            "30",
+            "--speed",
+            "1000",
+            "--hash-block-tokens",
+            "16",
+            "--prompt-seed",
+            "3",
+            "--url",
+            p.url,
+            "--json",
+        )
         assert out.returncode == 0, out.stderr
         summary = json.loads(out.stdout)
         assert summary["done"] == 30
         hits = scrape(p.url)["vllm:prefix_cache_hits_total"]
     run = RunStore(tmp_path / "runs.db").get_run(summary["run_id"])
     assert run.config["hash_block_tokens"] == 16 and run.config["prefixes"] is True and run.config["prompt_seed"] == 3
-    assert run.config["session_min_blocks"] == 2 and run.config["sessions"] == 30  # the first 30 rows are 30 conversations
+    assert (
+        run.config["session_min_blocks"] == 2 and run.config["sessions"] == 30
+    )  # the first 30 rows are 30 conversations
     rows = RunStore(tmp_path / "runs.db").requests(summary["run_id"])
     assert sorted(r["prompt_tokens"] for r in rows) == sorted(
-        min(scaled_length(n, 16), 1024 - o) for n, o in zip(read_trace(SLICE, limit=30).prompt_tokens.tolist(),
-                                                              read_trace(SLICE, limit=30).output_tokens.tolist(), strict=True))
+        min(scaled_length(n, 16), 1024 - o)
+        for n, o in zip(
+            read_trace(SLICE, limit=30).prompt_tokens.tolist(),
+            read_trace(SLICE, limit=30).output_tokens.tolist(),
+            strict=True,
+        )
+    )
     assert hits >= 16 * 20  # at least the shared system-prompt block of most rows (they arrive in two bursts)

@@ -19,8 +19,27 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
     db = str(tmp_path_factory.mktemp("runs") / "runs.db")
-    r = runner.invoke(app, ["sim", "--workload", "random", "--requests", "400", "--rate", "3", "--cluster", "2P6D",
-                            "--policy", "round_robin", "--policy", "least_load", "--db", db, "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "sim",
+            "--workload",
+            "random",
+            "--requests",
+            "400",
+            "--rate",
+            "3",
+            "--cluster",
+            "2P6D",
+            "--policy",
+            "round_robin",
+            "--policy",
+            "least_load",
+            "--db",
+            db,
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.stdout
     return db, [row["run_id"] for row in json.loads(r.stdout)]
 
@@ -59,7 +78,9 @@ def test_csv_export_round_trips(two_runs: tuple[str, list[str]], tmp_path: Path)
 
 
 @pytest.mark.parametrize("metric", ["tpot", "ttft", "attainment"])
-def test_plot_writes_a_png_and_draws_in_the_terminal(two_runs: tuple[str, list[str]], tmp_path: Path, metric: str) -> None:
+def test_plot_writes_a_png_and_draws_in_the_terminal(
+    two_runs: tuple[str, list[str]], tmp_path: Path, metric: str
+) -> None:
     db, ids = two_runs
     png = tmp_path / f"{metric}.png"
     r = runner.invoke(app, ["runs", "plot", ids[1], "--metric", metric, "--out", str(png), "--db", db])
@@ -83,7 +104,15 @@ def test_run_metrics_leave_unmeasured_tpot_out() -> None:
     from console.offline.analysis import run_metrics
 
     def row(ttft: float, tpot: float | None, finish: float) -> dict[str, object]:
-        return {"status": "ok", "ttft": ttft, "tpot": tpot, "arrival": 0.0, "finish": finish, "output_tokens": 10, "slo_met": None}
+        return {
+            "status": "ok",
+            "ttft": ttft,
+            "tpot": tpot,
+            "arrival": 0.0,
+            "finish": finish,
+            "output_tokens": 10,
+            "slo_met": None,
+        }
 
     rows = [row(0.5, None, 1.0), row(0.5, 0.02, 2.0), row(0.5, 0.04, 3.0), row(5.0, None, 4.0)]
     m = run_metrics(rows)

@@ -27,8 +27,14 @@ def mooncake(tmp_path: Path, n: int = 40) -> Path:
         c = i % 4
         turns[c] = turns.get(c) or [0, 100 + c]
         turns[c] = [*turns[c], 1000 + i]
-        rows.append({"timestamp": (i // 4) * 3000, "input_length": 512 * len(turns[c]) - 10, "output_length": 20,
-                     "hash_ids": turns[c]})
+        rows.append(
+            {
+                "timestamp": (i // 4) * 3000,
+                "input_length": 512 * len(turns[c]) - 10,
+                "output_length": 20,
+                "hash_ids": turns[c],
+            }
+        )
     path = tmp_path / "mooncake.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -43,8 +49,9 @@ def sim(*args: str) -> list[dict[str, Any]]:
 
 def test_a_trace_with_hash_ids_reports_hit_rate_and_kv_moved_and_stores_them(tmp_path: Path) -> None:
     db = str(tmp_path / "runs.db")
-    rows = sim(str(mooncake(tmp_path)), "--cluster", "2P2D", "--policy", "least_load", "--policy", "prefix_aware",
-               "--db", db)
+    rows = sim(
+        str(mooncake(tmp_path)), "--cluster", "2P2D", "--policy", "least_load", "--policy", "prefix_aware", "--db", db
+    )
     by = {r["policy"]: r for r in rows}
     assert by["prefix_aware"]["prefix_source"] == "precise"
     # every turn re-sends its conversation, and finds it cached where the prefix-aware choice sends it

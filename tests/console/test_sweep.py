@@ -62,25 +62,48 @@ def _error(tmp_path: Path, text: str) -> str:
         ('name = "s"\nrates = 1\nmodes = ["fast"]', ["modes[0]: 'fast' is not allowed; allowed: 'ps' or 'iteration'"]),
         ('name = "s"\nrates = 1\nbogus = 1', ["bogus: unknown field; allowed fields: name, ", "policies"]),
         ('name = "s"\nrates = 1\nslo = {ttft = 1}', ["slo.ttft: unknown field; allowed fields: ttft_ms, tpot_ms"]),
-        ('name = "s"\nrates = 1\npolicies = ["least_load", "nope"]', ["policies[1]: unknown routing policy 'nope'; available: ", "sibyl"]),
-        ('name = "s"\nrates = 1\npolicies = ["sibyl:bogus=1"]', ["policies[0]: bad params for routing policy 'sibyl'", "bogus"]),
-        ('name = "s"\nrates = 1\npolicies = [{name = "sibyl", parms = {}}]', ["policies[0]: unknown key parms; a policy table has keys label, name, params"]),
-        ('name = "s"\nrates = 1\npolicies = ["least_load:by=tokens", {label = "LL", name = "least_load", params = {by = "tokens"}}]', ["least_load:by=tokens and LL are the same policy setting"]),
+        (
+            'name = "s"\nrates = 1\npolicies = ["least_load", "nope"]',
+            ["policies[1]: unknown routing policy 'nope'; available: ", "sibyl"],
+        ),
+        (
+            'name = "s"\nrates = 1\npolicies = ["sibyl:bogus=1"]',
+            ["policies[0]: bad params for routing policy 'sibyl'", "bogus"],
+        ),
+        (
+            'name = "s"\nrates = 1\npolicies = [{name = "sibyl", parms = {}}]',
+            ["policies[0]: unknown key parms; a policy table has keys label, name, params"],
+        ),
+        (
+            'name = "s"\nrates = 1\npolicies = ["least_load:by=tokens", {label = "LL", name = "least_load", params = {by = "tokens"}}]',
+            ["least_load:by=tokens and LL are the same policy setting"],
+        ),
         ('name = "s"\nrates = 1\nshapes = ["4P16D", "4X"]', ["shapes[1]: '4X': expected <prefill>P<decode>D"]),
         ('name = "s"\nrates = [1, -2]', ["rates[1]: Input should be greater than 0 (got -2)"]),
         ('name = "s"\nrates = 1\nloads = 0.9', ["either rates (req/s) or loads", "not both"]),
         ('name = "s"', ["synthetic workloads (reasoning-chat) need rates (req/s) or loads"]),
-        ('name = "s"\nrates = 1\nworkloads = ["chat"]', ["workloads[0]: unknown synthetic workload 'chat'; allowed: random, reasoning-chat, reasoning-code"]),
-        ('name = "s"\nrates = 1\nworkloads = [{trace = "t.csv", format = "parquet"}]', ["workloads[0]: format 'parquet' is not allowed; allowed: auto, mooncake"]),
+        (
+            'name = "s"\nrates = 1\nworkloads = ["chat"]',
+            ["workloads[0]: unknown synthetic workload 'chat'; allowed: random, reasoning-chat, reasoning-code"],
+        ),
+        (
+            'name = "s"\nrates = 1\nworkloads = [{trace = "t.csv", format = "parquet"}]',
+            ["workloads[0]: format 'parquet' is not allowed; allowed: auto, mooncake"],
+        ),
         ('name = "s"\nrates = 1\nqueue = "lifo"', ["queue: unknown queue policy 'lifo'; available: fcfs"]),
         ('name = "my sweep"\nrates = 1', ["name: 'my sweep': expected letters, digits"]),
         ("rates = 1", ["name: required field is missing"]),
         ('name = "s"\nrates = 1\nseeds = []', ["seeds: needs at least one value"]),
         ('name = "s"\nrates = [1', ["not valid TOML"]),
-        ('name = "s"\nrates = 1\nworkloads = [{trace = "nowhere.csv"}]', ["workloads[0]: trace ", "nowhere.csv: no such file"]),
+        (
+            'name = "s"\nrates = 1\nworkloads = [{trace = "nowhere.csv"}]',
+            ["workloads[0]: trace ", "nowhere.csv: no such file"],
+        ),
     ],
 )
-def test_bad_config_names_the_file_the_field_and_what_is_allowed(tmp_path: Path, text: str, expected: list[str]) -> None:
+def test_bad_config_names_the_file_the_field_and_what_is_allowed(
+    tmp_path: Path, text: str, expected: list[str]
+) -> None:
     message = _error(tmp_path, text)
     for part in expected:
         assert part in message, message
@@ -91,7 +114,10 @@ def test_bad_config_is_one_line_from_the_cli(tmp_path: Path) -> None:
     path = _write(tmp_path, 'name = "s"\nrates = 1\nmodes = ["fast"]')
     proc = subprocess.run(
         [sys.executable, "-m", "console.cli", "sweep", str(path), "--db", str(tmp_path / "runs.db")],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
@@ -99,7 +125,10 @@ def test_bad_config_is_one_line_from_the_cli(tmp_path: Path) -> None:
     ]
     missing = subprocess.run(
         [sys.executable, "-m", "console.cli", "sweep", str(tmp_path / "none.toml")],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert missing.returncode == 2 and "none.toml: no such file" in missing.stderr
 
@@ -144,13 +173,26 @@ def test_grid_expands_every_axis_with_stable_keys(tmp_path: Path) -> None:
     least = next(p for p in points if p.policy.name == "least_load")
     assert least.params == {"by": "tokens"} and least.coords()["policy"] == "least_load:by=tokens"
     # the same grid expands to the same keys; a label is a name only, a seed is part of the point
-    again = expand(parse_config(grid | {"policies": ["least_load:by=tokens", {"label": "o2", "name": "clairvoyant"}]}), profile)
+    again = expand(
+        parse_config(grid | {"policies": ["least_load:by=tokens", {"label": "o2", "name": "clairvoyant"}]}), profile
+    )
     assert [p.key for p in again] == [p.key for p in points]
     first = points[0]
     assert first.key != next(p for p in points if p.coords() == {**first.coords(), "seed": 2}).key
     # typed params: "256" in a spec and 256 in a table are the same setting, the same key
-    a = expand(parse_config({"name": "k", "rates": 1, "policies": ["sibyl:horizon=lifetime,lifetime_tokens=256"]}), profile)
-    b = expand(parse_config({"name": "k", "rates": 1, "policies": [{"name": "sibyl", "params": {"horizon": "lifetime", "lifetime_tokens": 256}}]}), profile)
+    a = expand(
+        parse_config({"name": "k", "rates": 1, "policies": ["sibyl:horizon=lifetime,lifetime_tokens=256"]}), profile
+    )
+    b = expand(
+        parse_config(
+            {
+                "name": "k",
+                "rates": 1,
+                "policies": [{"name": "sibyl", "params": {"horizon": "lifetime", "lifetime_tokens": 256}}],
+            }
+        ),
+        profile,
+    )
     assert [p.key for p in a] == [p.key for p in b]
     # keys do not depend on the process (no hash randomisation, no dict order)
     code = (
@@ -158,8 +200,15 @@ def test_grid_expands_every_axis_with_stable_keys(tmp_path: Path) -> None:
         f"c = parse_config({json.dumps({'name': 'k', 'rates': 1, 'policies': ['sibyl:horizon=lifetime,lifetime_tokens=256']})})\n"
         "print(expand(c, get_profile(c.profile))[0].key)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
-                         env={**os.environ, "PYTHONHASHSEED": "12345"}, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        timeout=60,
+    )
     assert out.stdout.strip() == a[0].key
 
 
@@ -173,13 +222,36 @@ def test_the_demo_config_is_the_full_routing_sweep() -> None:
     profile = resolve_profile(config)
     points = expand(config, profile)
     ours = {
-        (p.workload.name, p.mode, *p.shape, p.load, "poisson" if p.burstiness == 1.0 else "bursty", p.policy.label,
-         p.policy.name, json.dumps(p.params, sort_keys=True), p.requests, p.seed, p.profile)
+        (
+            p.workload.name,
+            p.mode,
+            *p.shape,
+            p.load,
+            "poisson" if p.burstiness == 1.0 else "bursty",
+            p.policy.label,
+            p.policy.name,
+            json.dumps(p.params, sort_keys=True),
+            p.requests,
+            p.seed,
+            p.profile,
+        )
         for p in points
     }
     theirs = {
-        (c.workload, c.mode, c.prefill, c.decode, c.load, c.arrival, case.label, case.name,
-         json.dumps(case.params_for(c.mode), sort_keys=True), 12000, 7, "h20-qwen3-32b")
+        (
+            c.workload,
+            c.mode,
+            c.prefill,
+            c.decode,
+            c.load,
+            c.arrival,
+            case.label,
+            case.name,
+            json.dumps(case.params_for(c.mode), sort_keys=True),
+            12000,
+            7,
+            "h20-qwen3-32b",
+        )
         for c in sw.cells_of(sw.GRIDS["full"])
         for case in sw.POLICIES
     }
@@ -189,8 +261,12 @@ def test_the_demo_config_is_the_full_routing_sweep() -> None:
     case = next(c for c in sw.POLICIES if c.label == "clairvoyant")
     (row,) = sw.run_cell(cell, [case], requests=150, seed=7, profile=profile)
     small = expand(config.model_copy(update={"requests": 150, "shapes": ["4P4D"]}), profile)
-    point = next(p for p in small if (p.workload.name, p.mode, p.load, p.burstiness, p.policy.label)
-                 == ("reasoning-code", "iteration", 0.9, 0.2, "clairvoyant"))
+    point = next(
+        p
+        for p in small
+        if (p.workload.name, p.mode, p.load, p.burstiness, p.policy.label)
+        == ("reasoning-code", "iteration", 0.9, 0.2, "clairvoyant")
+    )
     mine = run_point(point, profile).row
     for key in ("tpot_p99", "tpot_p999", "tpot_mean", "ttft_p99", "slo_attainment", "completed", "preemptions"):
         assert mine[key] == row[key], key
@@ -294,7 +370,12 @@ def test_a_grid_on_ray_lands_in_sqlite_and_resumes(ray_cluster: str, tmp_path: P
         point = points[conf["sweep"]["point"]]
         assert conf["sweep"]["coords"] == point.coords()
         assert (run["status"], run["kind"], run["cluster"], run["seed"], run["policy"], run["n"]) == (
-            "completed", "sim", "1P4D", point.seed, point.policy.label, 300,
+            "completed",
+            "sim",
+            "1P4D",
+            point.seed,
+            point.policy.label,
+            300,
         )
         # the same point run here gives the same summary (only the wall-clock fields differ)
         assert deterministic(json.loads(run["summary"])) == deterministic(json_safe(run_point(point, profile).row))
@@ -327,11 +408,16 @@ def test_a_grid_on_ray_lands_in_sqlite_and_resumes(ray_cluster: str, tmp_path: P
 @pytest.mark.ray
 @pytest.mark.timeout(150)
 def test_an_interrupted_sweep_keeps_what_finished_and_resumes(ray_cluster: str, tmp_path: Path) -> None:
-    config = _write(tmp_path, GRID.replace("requests = 300", "requests = 2500").replace("seeds = [1, 2]", "seeds = [1, 2, 3, 4]"))
+    config = _write(
+        tmp_path, GRID.replace("requests = 300", "requests = 2500").replace("seeds = [1, 2]", "seeds = [1, 2, 3, 4]")
+    )
     db = tmp_path / "runs.db"
     proc = subprocess.Popen(
         [sys.executable, "-m", "console.cli", "sweep", str(config), "--ray-address", ray_cluster, "--db", str(db)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 90
@@ -361,7 +447,10 @@ def test_an_interrupted_sweep_keeps_what_finished_and_resumes(ray_cluster: str, 
 @pytest.mark.timeout(120)
 def test_a_failing_point_is_stored_as_failed_and_retried(ray_cluster: str, tmp_path: Path) -> None:
     (tmp_path / "bad.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,ten,3\n")
-    config = _write(tmp_path, 'name = "bad"\nworkloads = [{trace = "bad.csv", format = "azure"}]\nrates = 1\npolicies = "least_load"')
+    config = _write(
+        tmp_path,
+        'name = "bad"\nworkloads = [{trace = "bad.csv", format = "azure"}]\nrates = 1\npolicies = "least_load"',
+    )
     db = tmp_path / "runs.db"
     args = ["sweep", str(config), "--ray-address", ray_cluster, "--db", str(db)]
     result = runner.invoke(app, args)

@@ -49,7 +49,12 @@ def test_table_shows_every_instance_with_live_values() -> None:
             table = app.query_one(InstanceTable)
             await until(pilot, lambda: table.row_count == 6)
             assert [r.key.value for r in table.ordered_rows] == ["p0", "p1", "d0", "d1", "d2", "d3"]
-            await until(pilot, lambda: app.state is not None and app.state.instances[3].running == int(table.row_texts("d1")["running"]))
+            await until(
+                pilot,
+                lambda: (
+                    app.state is not None and app.state.instances[3].running == int(table.row_texts("d1")["running"])
+                ),
+            )
             tick = fake.tick
             await until(pilot, lambda: fake.tick >= tick + 3)
             row = table.row_texts("d1")
@@ -89,11 +94,16 @@ def test_policy_swap_through_picker_reaches_the_console() -> None:
             await until(pilot, lambda: picker.query_one("#param-by", Select).value == "tokens")
             await pilot.press("ctrl+s")
             await until(pilot, lambda: not isinstance(app.screen, PolicyPicker))
-            assert fake.puts == [("routing", {"name": "least_load", "params": {"by": "tokens", "bind": "arrival"}, "source": "tui"})]
+            assert fake.puts == [
+                ("routing", {"name": "least_load", "params": {"by": "tokens", "bind": "arrival"}, "source": "tui"})
+            ]
             await until(pilot, lambda: app.query_one(SloChart).markers() != [])
             assert app.query_one(SloChart).markers()[0][1] == "routing→least_load"
             log = app.query_one(EventLog)
-            assert any("least_load(by=tokens, bind=arrival)" in str(line.text) and "source tui" in str(line.text) for line in log.lines)
+            assert any(
+                "least_load(by=tokens, bind=arrival)" in str(line.text) and "source tui" in str(line.text)
+                for line in log.lines
+            )
             await until(pilot, lambda: "least_load(by=tokens, bind=arrival)" in str(app.query_one("#header").render()))
 
     asyncio.run(body())
@@ -134,7 +144,9 @@ def test_server_refusal_and_local_checks_show_inline() -> None:
             await until(pilot, lambda: picker.query("#param-by").first(Select).value == "requests")
             # a value the local form cannot produce but the server refuses: use the API's own message
             fake.policies["routing"] = {"name": "sibyl", "params": {}}
-            picker.query_one("#param-by", Select).set_options([("requests", "requests"), ("tokens", "tokens"), ("bytes", "bytes")])
+            picker.query_one("#param-by", Select).set_options(
+                [("requests", "requests"), ("tokens", "tokens"), ("bytes", "bytes")]
+            )
             picker.query_one("#param-by", Select).value = "bytes"
             await pilot.click("#picker-apply")
             error = picker.query_one("#picker-error", Static)
@@ -223,15 +235,37 @@ def test_64_instances_keep_refreshing_while_keys_are_served() -> None:
 
 
 def test_the_instance_table_shows_each_dp_groups_ranks_and_its_straggler_factor() -> None:
-    row = {"id": "d0", "role": "decode", "healthy": True, "running": 4, "waiting": 0, "kv_usage": 0.1, "tokens_per_s": 5.0, "projected_load": 1.0}
-    before, after = instance_table_after([row], [{**row, "dp_ranks": [1000, 200, 200, 200]}, {**row, "id": "d1", "dp_ranks": None}])
+    row = {
+        "id": "d0",
+        "role": "decode",
+        "healthy": True,
+        "running": 4,
+        "waiting": 0,
+        "kv_usage": 0.1,
+        "tokens_per_s": 5.0,
+        "projected_load": 1.0,
+    }
+    before, after = instance_table_after(
+        [row], [{**row, "dp_ranks": [1000, 200, 200, 200]}, {**row, "id": "d1", "dp_ranks": None}]
+    )
     assert "ranks" not in before["columns"]  # no data-parallel group: as before
     # four ranks drawn against the busiest; max/mean = 1000 / 400
     assert after["cells"]["d0"]["ranks"] == "█▂▂▂ x2.50" and after["cells"]["d1"]["ranks"] == "-"
 
 
 def test_the_instance_table_shows_a_node_column_once_an_instance_has_a_node() -> None:
-    row = {"id": "d0", "role": "decode", "healthy": True, "running": 1, "waiting": 0, "kv_usage": 0.1, "tokens_per_s": 5.0, "projected_load": 1.0}
-    before, after = instance_table_after([row], [{**row, "node": None}, {**row, "id": "d1", "node": "10.0.0.6 3f2a9c1e"}])
+    row = {
+        "id": "d0",
+        "role": "decode",
+        "healthy": True,
+        "running": 1,
+        "waiting": 0,
+        "kv_usage": 0.1,
+        "tokens_per_s": 5.0,
+        "projected_load": 1.0,
+    }
+    before, after = instance_table_after(
+        [row], [{**row, "node": None}, {**row, "id": "d1", "node": "10.0.0.6 3f2a9c1e"}]
+    )
     assert "node" not in before["columns"]  # backends that do not place instances: as before
     assert after["cells"]["d1"]["node"] == "10.0.0.6 3f2a9c1e" and after["cells"]["d0"]["node"] == "-"

@@ -88,7 +88,10 @@ def test_command_palette_opens_the_picker() -> None:
             await until(pilot, lambda: app.state is not None)
             await pilot.press("ctrl+p")
             await pilot.press(*"swap routing")
-            await until(pilot, lambda: "Swap routing policy" in str(app.screen.query_one(CommandList).get_option_at_index(0).prompt))
+            await until(
+                pilot,
+                lambda: "Swap routing policy" in str(app.screen.query_one(CommandList).get_option_at_index(0).prompt),
+            )
             await pilot.press("enter")
             await until(pilot, lambda: isinstance(app.screen, PolicyPicker) and app.screen.policy is not None)
             await pilot.pause()  # its form finishes mounting before the app closes
@@ -106,7 +109,9 @@ def test_sorting_keeps_role_groups() -> None:
             await until(pilot, lambda: table.row_count == 6)
             table.sort_by("running", reverse=True)
             order = [str(r.key.value) for r in table.ordered_rows]
-            assert order[:2] == sorted(order[:2], key=lambda i: -int(table.row_texts(i)["running"])) and set(order[:2]) == {"p0", "p1"}
+            assert order[:2] == sorted(order[:2], key=lambda i: -int(table.row_texts(i)["running"])) and set(
+                order[:2]
+            ) == {"p0", "p1"}
             running = [int(table.row_texts(i)["running"]) for i in order[2:]]
             assert running == sorted(running, reverse=True)
             await pilot.click(InstanceTable, offset=(3, 1))  # header "instance": back to id order
@@ -137,7 +142,10 @@ def test_swap_is_logged_once_without_the_event_stream() -> None:
             assert len(swaps) == 1 and "sibyl → round_robin" in swaps[0] and "source tui" in swaps[0]
             fake.policies["routing"] = {"name": "least_load", "params": {"by": "requests"}}  # swapped elsewhere
             await until(pilot, lambda: sum(" SWAP " in str(line.text) for line in app.query_one(EventLog).lines) == 2)
-            assert [label for _, label in app.query_one(SloChart).markers()] == ["routing→round_robin", "routing→least_load"]
+            assert [label for _, label in app.query_one(SloChart).markers()] == [
+                "routing→round_robin",
+                "routing→least_load",
+            ]
 
     asyncio.run(body())
 

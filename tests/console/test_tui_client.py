@@ -76,27 +76,50 @@ class FakeConsole:
             v = self.instance_values(n, self.tick)
             if not inst["healthy"]:
                 v = {**v, "running": 0, "waiting": 0, "tokens_per_s": 0.0, "projected_load": 0.0}
-            instances.append({
-                "id": inst["id"], "role": inst["role"], "url": f"http://127.0.0.1:{9000 + n}", "healthy": inst["healthy"],
-                **v, "routed_running": v["running"], "routed_pending": 0, "failures": 0, "pid": 4000 + n,
-            })
+            instances.append(
+                {
+                    "id": inst["id"],
+                    "role": inst["role"],
+                    "url": f"http://127.0.0.1:{9000 + n}",
+                    "healthy": inst["healthy"],
+                    **v,
+                    "routed_running": v["running"],
+                    "routed_pending": 0,
+                    "failures": 0,
+                    "pid": 4000 + n,
+                }
+            )
         att = 0.97 - 0.01 * (self.tick % 5)
         stats = {
-            "requests": 120 + self.tick, "failed": 1, "attainment": att, "ttft_attainment": 0.99,
-            "tpot_attainment": att, "ttft_p50": 0.21, "ttft_p99": 0.84, "tpot_p50": 0.041,
+            "requests": 120 + self.tick,
+            "failed": 1,
+            "attainment": att,
+            "ttft_attainment": 0.99,
+            "tpot_attainment": att,
+            "ttft_p50": 0.21,
+            "ttft_p99": 0.84,
+            "tpot_p50": 0.041,
             "tpot_p99": 0.062 + 0.002 * (self.tick % 7),
         }
         n_p = sum(1 for i in self.instances if i["role"] == "prefill")
         out: dict[str, Any] = {
-            "run_id": "20250101-120000-ab12", "backend": "emulator", "cluster": f"{n_p}P{len(self.instances) - n_p}D",
-            "model": ["qwen3-32b"], "uptime_s": self.clock(), "started_at": 1735732800.0, "instances": instances,
+            "run_id": "20250101-120000-ab12",
+            "backend": "emulator",
+            "cluster": f"{n_p}P{len(self.instances) - n_p}D",
+            "model": ["qwen3-32b"],
+            "uptime_s": self.clock(),
+            "started_at": 1735732800.0,
+            "instances": instances,
             "policies": json.loads(json.dumps(self.policies)),
             "slo": {
-                "classes": {"default": {"name": "default", "ttft_s": 2.0, "tpot_s": 0.1}}, "window_s": 60.0,
-                "window": {**stats, "goodput_req_s": 2.4}, "run": {**stats, "requests": 900 + self.tick, "failed": 3},
+                "classes": {"default": {"name": "default", "ttft_s": 2.0, "tpot_s": 0.1}},
+                "window_s": 60.0,
+                "window": {**stats, "goodput_req_s": 2.4},
+                "run": {**stats, "requests": 900 + self.tick, "failed": 3},
             },
             "requests": {"in_flight": 12, "total": 900 + self.tick, "failed": 3},
-            "assignment_ratio": 0.93, "draining": False,
+            "assignment_ratio": 0.93,
+            "draining": False,
         }
         if self.capabilities:
             out["capabilities"] = dict(self.capabilities)
@@ -122,8 +145,13 @@ class FakeConsole:
         for inst in self.instances:
             if inst["id"] == instance_id:
                 inst["healthy"] = healthy
-                self.publish("instance", instance=instance_id, role=inst["role"], event="up" if healthy else "down",
-                             detail="" if healthy else "connection refused")
+                self.publish(
+                    "instance",
+                    instance=instance_id,
+                    role=inst["role"],
+                    event="up" if healthy else "down",
+                    detail="" if healthy else "connection refused",
+                )
 
     async def sse(self) -> AsyncIterator[bytes]:
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -154,8 +182,22 @@ class FakeConsole:
             old = self.policies.get(kind, {}).get("name")
             self.policies[kind] = {"name": body["name"], "params": body.get("params") or {}}
             source = str(body.get("source") or "api")
-            self.publish("policy", kind=kind, old=old, new=body["name"], params=body.get("params") or {}, source=source, t=self.clock())
-            return 200, {"kind": kind, "old": old, "new": body["name"], "params": body.get("params") or {}, "source": source}
+            self.publish(
+                "policy",
+                kind=kind,
+                old=old,
+                new=body["name"],
+                params=body.get("params") or {},
+                source=source,
+                t=self.clock(),
+            )
+            return 200, {
+                "kind": kind,
+                "old": old,
+                "new": body["name"],
+                "params": body.get("params") or {},
+                "source": source,
+            }
         if method == "POST" and path in ("/control/scale", "/control/replay/pause", "/control/replay/resume"):
             self.posts.append((path, body or {}))
             if path.endswith("pause") and self.replay is not None:
@@ -205,7 +247,9 @@ def free_port() -> int:
 async def served(fake: FakeConsole) -> AsyncIterator[str]:
     """Serve the fake on 127.0.0.1 in the current loop; yields its URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(fake.asgi(), host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(fake.asgi(), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
@@ -236,7 +280,13 @@ def test_set_policy_records_source_and_maps_422() -> None:
         fake = FakeConsole()
         c = fake.client()
         r = await c.set_policy("routing", "least_load", {"by": "tokens"})
-        assert r == {"kind": "routing", "old": "sibyl", "new": "least_load", "params": {"by": "tokens"}, "source": "tui"}
+        assert r == {
+            "kind": "routing",
+            "old": "sibyl",
+            "new": "least_load",
+            "params": {"by": "tokens"},
+            "source": "tui",
+        }
         with pytest.raises(ApiError) as e:
             await c.set_policy("routing", "least_load", {"by": "bytes"})
         assert e.value.status == 422 and "by: Input should be" in e.value.message

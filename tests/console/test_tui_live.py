@@ -75,8 +75,13 @@ async def _traffic(url: str, n: int) -> None:
 def test_dashboard_on_an_emulated_cluster(tmp_path: Path, sibyl_home: Path, emulators: list[EmulatorProcess]) -> None:
     p0, d0, d1 = emulators
     config = ConsoleConfig(
-        attach={"prefill": [p0.url], "decode": [d0.url, d1.url]}, port=0, db=tmp_path / "runs.db",
-        headless=True, poll_interval_s=0.2, drain_timeout_s=0.5, policy="sibyl",
+        attach={"prefill": [p0.url], "decode": [d0.url, d1.url]},
+        port=0,
+        db=tmp_path / "runs.db",
+        headless=True,
+        poll_interval_s=0.2,
+        drain_timeout_s=0.5,
+        policy="sibyl",
     )
     seen: dict[str, str] = {}
 
@@ -108,7 +113,10 @@ def test_dashboard_on_an_emulated_cluster(tmp_path: Path, sibyl_home: Path, emul
                 await pilot.press("ctrl+s")
                 await until(pilot, lambda: not isinstance(app.screen, PolicyPicker))
                 state = await client.state()  # checked through the control API, not the app
-                assert state.policy_entries()["routing"] == {"name": "least_load", "params": {"by": "tokens", "bind": "arrival"}}
+                assert state.policy_entries()["routing"] == {
+                    "name": "least_load",
+                    "params": {"by": "tokens", "bind": "arrival"},
+                }
 
                 d1.kill()
                 await until(pilot, lambda: table.row_texts("d1")["health"] == "DOWN")
@@ -132,8 +140,17 @@ def test_dashboard_on_an_emulated_cluster(tmp_path: Path, sibyl_home: Path, emul
 def test_dashboard_pauses_a_replay_and_scales_a_real_cluster(tmp_path: Path, sibyl_home: Path) -> None:
     demo = Path(__file__).resolve().parents[2] / "demos" / "azure_conv_sample.csv"
     config = ConsoleConfig(
-        prefill=1, decode=1, profile="cpu-tiny-llama", port=0, db=tmp_path / "runs.db", headless=True,
-        poll_interval_s=0.2, drain_timeout_s=0.5, replay=demo, replay_speed=2.0, replay_loop=True,
+        prefill=1,
+        decode=1,
+        profile="cpu-tiny-llama",
+        port=0,
+        db=tmp_path / "runs.db",
+        headless=True,
+        poll_interval_s=0.2,
+        drain_timeout_s=0.5,
+        replay=demo,
+        replay_speed=2.0,
+        replay_loop=True,
     )
 
     async def ui(live: LiveConsole) -> None:
@@ -143,13 +160,29 @@ def test_dashboard_pauses_a_replay_and_scales_a_real_cluster(tmp_path: Path, sib
             async with app.run_test(size=(160, 48)) as pilot:
                 await until(pilot, lambda: {"scale", "replay"} <= set(app.capabilities), 15)
                 await pilot.press("space")
-                await until(pilot, lambda: app.state is not None and app.state.replay is not None and app.state.replay.status == "paused", 10)
+                await until(
+                    pilot,
+                    lambda: (
+                        app.state is not None and app.state.replay is not None and app.state.replay.status == "paused"
+                    ),
+                    10,
+                )
                 replay = (await client.state()).replay
                 assert replay is not None and replay.status == "paused"
                 await pilot.press("space")
-                await until(pilot, lambda: app.state is not None and app.state.replay is not None and app.state.replay.status == "running", 10)
+                await until(
+                    pilot,
+                    lambda: (
+                        app.state is not None and app.state.replay is not None and app.state.replay.status == "running"
+                    ),
+                    10,
+                )
                 await pilot.press("plus")
-                await until(pilot, lambda: app.state is not None and len([i for i in app.state.instances if i.role == "decode"]) == 2, 30)
+                await until(
+                    pilot,
+                    lambda: app.state is not None and len([i for i in app.state.instances if i.role == "decode"]) == 2,
+                    30,
+                )
                 state = await client.state()
                 assert [i.id for i in state.instances if i.role == "decode"] == ["d0", "d1"]
         finally:

@@ -16,7 +16,10 @@ def test_hit_and_cached_columns() -> None:
         app = app_for(fake, autopoll=False)
         async with app.run_test(size=SIZE) as pilot:
             snap = fake.snapshot()
-            rows = [r.model_copy(update={"prefix_hit_rate": 0.42, "cached_share": 0.3}) if r.id == "p0" else r for r in snap.instances]
+            rows = [
+                r.model_copy(update={"prefix_hit_rate": 0.42, "cached_share": 0.3}) if r.id == "p0" else r
+                for r in snap.instances
+            ]
             app.post_message(StateArrived(snap.model_copy(update={"instances": rows})))
             table = app.query_one(InstanceTable)
             await until(pilot, lambda: table.row_texts("p0").get("hit") == "42%")

@@ -41,7 +41,15 @@ def scripted(prefill: int = 2, decode: int = 4, theme: str = "textual-dark") -> 
             clock["t"] = i * 0.5
             if i == 24:
                 fake.policies["routing"] = {"name": "least_load", "params": {"by": "tokens"}}
-                fake.publish("policy", kind="routing", old="sibyl", new="least_load", params={"by": "tokens"}, source="tui", t=clock["t"])
+                fake.publish(
+                    "policy",
+                    kind="routing",
+                    old="sibyl",
+                    new="least_load",
+                    params={"by": "tokens"},
+                    source="tui",
+                    t=clock["t"],
+                )
             if i == 40:
                 fake.set_health("d1", False)
                 fake.publish("failure", request_id="cmpl-7", reason="decode d1 unreachable", prefill="p0", decode="d1")

@@ -219,9 +219,7 @@ def test_survival_predictor_residual_life_on_a_known_distribution() -> None:
 def test_core_predict_imports_without_torch() -> None:
     root = Path(__file__).resolve().parents[2]
     code = "import core.predict, core.policies.ares, sys; print('torch' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert out.stdout.strip() == "False"
 
 
@@ -249,8 +247,7 @@ class Scripted:
         pass
 
 
-def _sim(profile: Any, prompts: list[int], outputs: list[int], moves: list[Migration] | None,
-         at: float = 2.1) -> Any:
+def _sim(profile: Any, prompts: list[int], outputs: list[int], moves: list[Migration] | None, at: float = 2.1) -> Any:
     d = Dispatcher(profile, "round_robin")
     if moves is not None:
         policy = Scripted(at, moves)
@@ -305,11 +302,17 @@ def test_migration_refused_without_kv_room_on_the_target() -> None:
     assert r.migrations == 0 and r.migrations_refused == {"no_kv_room": 1}
     assert [(e.outcome, e.detail) for e in r.migration_events] == [("refused", "no_kv_room")]
     assert r.finish == pytest.approx([6.25, 3.45]) and r.preemptions == 0
-    refused = _sim(prof, [10, 80], [50, 15], [Migration(1, "d0", "d1", "wrong source"),
-                                              Migration(0, "d0", "d0", "same"),
-                                              Migration(99, "d0", "d1", "unknown")])
-    assert refused.migrations_refused == {"wrong_source": 1, "same_instance": 1,
-                                          "unknown_request": 1}
+    refused = _sim(
+        prof,
+        [10, 80],
+        [50, 15],
+        [
+            Migration(1, "d0", "d1", "wrong source"),
+            Migration(0, "d0", "d0", "same"),
+            Migration(99, "d0", "d1", "unknown"),
+        ],
+    )
+    assert refused.migrations_refused == {"wrong_source": 1, "same_instance": 1, "unknown_request": 1}
 
 
 def test_migration_under_processor_sharing() -> None:
@@ -320,8 +323,14 @@ def test_migration_under_processor_sharing() -> None:
     d.policies[PolicyKind.RESCHEDULE] = policy
     d.runner.schedule(PolicyKind.RESCHEDULE, policy, 0.0)
     sim = ClusterSimulation(
-        arrivals=np.zeros(2), prompt_tokens=np.array([10, 10]), output_tokens=np.array([50, 40]),
-        profile=prof, n_prefill=2, n_decode=2, dispatcher=d, mode="ps",
+        arrivals=np.zeros(2),
+        prompt_tokens=np.array([10, 10]),
+        output_tokens=np.array([50, 40]),
+        profile=prof,
+        n_prefill=2,
+        n_decode=2,
+        dispatcher=d,
+        mode="ps",
     )
     r = sim.run()
     # A and B decode alone from 1.15. At 2.1 A has 9.5 tokens: it pauses at once, moves
@@ -372,15 +381,25 @@ def test_kv_is_accounted_on_both_sides_during_a_migration() -> None:
 def test_ares_in_the_simulator_moves_load_and_keeps_every_request() -> None:
     # Two decode instances; round robin puts every long request on d0 and every short one on d1.
     prof = toy_profile(
-        prefill_base_s=0.01, decode_step_base_s=0.01, decode_step_per_kv_token_s=1e-6,
-        kv_transfer_per_token_s=1e-5, kv_capacity_tokens=20_000, max_model_len=10_000,
+        prefill_base_s=0.01,
+        decode_step_base_s=0.01,
+        decode_step_per_kv_token_s=1e-6,
+        kv_transfer_per_token_s=1e-5,
+        kv_capacity_tokens=20_000,
+        max_model_len=10_000,
     )
     n = 40
     out = np.where(np.arange(n) % 2 == 0, 2000, 50)
     d = Dispatcher(prof, "round_robin", reschedule=("ares", {"period_s": 0.5}))
     sim = ClusterSimulation(
-        arrivals=np.arange(n) * 0.05, prompt_tokens=np.full(n, 200), output_tokens=out,
-        profile=prof, n_prefill=1, n_decode=2, dispatcher=d, mode="iteration",
+        arrivals=np.arange(n) * 0.05,
+        prompt_tokens=np.full(n, 200),
+        output_tokens=out,
+        profile=prof,
+        n_prefill=1,
+        n_decode=2,
+        dispatcher=d,
+        mode="iteration",
     )
     r = sim.run()
     assert r.ok.all()

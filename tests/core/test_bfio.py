@@ -201,9 +201,7 @@ def test_oracle_solves_a_hand_partition() -> None:
 
 
 @pytest.mark.parametrize(("horizon", "need"), [(0, 34), (4, 30)])
-def test_bf_io_fcfs_admission_reaches_the_milp_optimum_on_most_small_instances(
-    horizon: int, need: int
-) -> None:
+def test_bf_io_fcfs_admission_reaches_the_milp_optimum_on_most_small_instances(horizon: int, need: int) -> None:
     """40 seeded instances (G ≤ 4, ≤ 8 new requests) where FCFS placement is rarely optimal.
 
     The greedy is a heuristic for an NP-hard round (balanced multiway partitioning): measured
@@ -217,9 +215,7 @@ def test_bf_io_fcfs_admission_reaches_the_milp_optimum_on_most_small_instances(
         admitted = list(range(fillable(state, waiting)))
         best = solve_round(state, waiting, horizon, admitted=admitted)
         assert best.optimal
-        ours = assignment_cost(
-            state, waiting, BfIo(BfIoParams(horizon=horizon)).assign(state, waiting), horizon
-        )
+        ours = assignment_cost(state, waiting, BfIo(BfIoParams(horizon=horizon)).assign(state, waiting), horizon)
         fcfs = assignment_cost(state, waiting, FcfsAssign().assign(state, waiting), horizon)
         tol = 1e-6 * max(1.0, abs(best.cost))
         assert ours >= best.cost - tol and fcfs >= best.cost - tol
@@ -235,9 +231,7 @@ def test_bf_io_pool_mode_against_the_full_io_including_admission() -> None:
     for _ in range(40):
         state, waiting = _tight_instance(rng, 0)
         best = solve_round(state, waiting)
-        ours = assignment_cost(
-            state, waiting, BfIo(BfIoParams(admit="pool")).assign(state, waiting)
-        )
+        ours = assignment_cost(state, waiting, BfIo(BfIoParams(admit="pool")).assign(state, waiting))
         assert ours >= best.cost - 1e-6 * max(1.0, abs(best.cost))
         hits += ours <= best.cost + 1e-6 * max(1.0, abs(best.cost))
     assert hits >= 32  # measured 34/40 (13/40 without the exchange pass)

@@ -11,15 +11,18 @@ import pytest
 from core.calibration.host import busy_batches, computed_tokens, fit_host_work
 from tests.helpers import toy_profile
 
-PROFILE = toy_profile(prefill_base_s=0.01, prefill_per_token_s=0.001, decode_step_base_s=0.002, decode_step_per_seq_s=0.0005)
+PROFILE = toy_profile(
+    prefill_base_s=0.01, prefill_per_token_s=0.001, decode_step_base_s=0.002, decode_step_per_seq_s=0.0005
+)
 
 
 def compute(lens: list[int]) -> float:
     return 0.01 + 0.001 * sum(lens) + PROFILE.step_time(len(lens), sum(lens))
 
 
-def records(h: float, *, back_to_back: bool, batches: int = 40, seed: int = 3, stall: float = 0.0,
-            split: bool = False) -> list[dict[str, Any]]:
+def records(
+    h: float, *, back_to_back: bool, batches: int = 40, seed: int = 3, stall: float = 0.0, split: bool = False
+) -> list[dict[str, Any]]:
     """Prefill legs of one instance in batches of 1-4: each batch's requests arrive while the
     previous one runs (back to back) or after it ended (idle gaps); its end is its compute plus h
     times the previous batch's size (the previous batch's host work) after the previous end. Every
@@ -34,8 +37,16 @@ def records(h: float, *, back_to_back: bool, batches: int = 40, seed: int = 3, s
         else:
             arrive = begin = end + h * prev_n + 0.5
         end = begin + compute(lens) + rng.uniform(0, 0.002) + (stall if b % 5 == 4 else 0.0)
-        rows += [{"prefill_instance": "p0", "prefill_start": arrive, "prefill_end": end + k * (0.006 if split and b % 5 == 2 else 0.001), "prompt_tokens": n,
-                  "request_id": f"{b}-{k}"} for k, n in enumerate(lens)]
+        rows += [
+            {
+                "prefill_instance": "p0",
+                "prefill_start": arrive,
+                "prefill_end": end + k * (0.006 if split and b % 5 == 2 else 0.001),
+                "prompt_tokens": n,
+                "request_id": f"{b}-{k}",
+            }
+            for k, n in enumerate(lens)
+        ]
         prev_n = len(lens)
     return rows
 
@@ -45,8 +56,12 @@ def test_back_to_back_batches_give_the_host_work_per_request() -> None:
     term = fit.terms["prefill_host_per_request_s"]
     assert term.source == "fit" and term.value == pytest.approx(0.05, abs=0.002)
     sizes, intervals, excess, periods = busy_batches(records(0.05, back_to_back=True), PROFILE)
-    assert len(sizes) == 39 and set(periods.tolist()) == {0}  # one busy period and set(sizes.tolist()) <= {1.0, 2.0, 3.0, 4.0}
-    assert np.all(np.abs(excess - 0.05 * sizes) < 0.006)  # jitter and the legs answered 1 ms apart and np.all(intervals > excess)
+    assert len(sizes) == 39 and set(periods.tolist()) == {
+        0
+    }  # one busy period and set(sizes.tolist()) <= {1.0, 2.0, 3.0, 4.0}
+    assert np.all(
+        np.abs(excess - 0.05 * sizes) < 0.006
+    )  # jitter and the legs answered 1 ms apart and np.all(intervals > excess)
 
 
 def test_no_host_work_fits_zero_and_idle_instances_keep_the_prior() -> None:
@@ -88,5 +103,7 @@ def test_cached_prompt_tokens_are_not_counted_as_prefill_work() -> None:
     a = fit_host_work(plain, PROFILE, prior=0.0).terms["prefill_host_per_request_s"].value
     b = fit_host_work(cached, PROFILE, prior=0.0).terms["prefill_host_per_request_s"].value
     assert b == pytest.approx(a, abs=0.003)
-    ignoring = [{k: v for k, v in r.items() if k != "cached_tokens"} for r in cached]  # the same rows read as computed in full
+    ignoring = [
+        {k: v for k, v in r.items() if k != "cached_tokens"} for r in cached
+    ]  # the same rows read as computed in full
     assert fit_host_work(ignoring, PROFILE, prior=0.0).terms["prefill_host_per_request_s"].value < a - 0.005

@@ -86,7 +86,12 @@ def test_hot_swap_builds_first_records_and_keeps_bindings() -> None:
     old.close = lambda: closed.append(True)  # type: ignore[method-assign]
     ev = d.set_policy("routing", "least_load", {"by": "tokens"}, source="cli", now=3.0)
     assert (ev.kind, ev.old, ev.new, ev.params, ev.source, ev.time) == (
-        PolicyKind.ROUTING, "round_robin", "least_load", {"by": "tokens", "bind": "arrival"}, "cli", 3.0,
+        PolicyKind.ROUTING,
+        "round_robin",
+        "least_load",
+        {"by": "tokens", "bind": "arrival"},
+        "cli",
+        3.0,
     )
     assert closed == [True]
     assert d.view.table.inst[d.view.table.row["r1"]] == d.index_of(a.decode)

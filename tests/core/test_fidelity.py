@@ -11,10 +11,18 @@ def metrics(ttft50: float, ttft99: float, tpot50: float, tpot99: float) -> dict[
     return {"ttft_p50": ttft50, "ttft_p99": ttft99, "tpot_p50": tpot50, "tpot_p99": tpot99}
 
 
-REAL = {"light": [metrics(0.200, 0.300, 0.007, 0.011), metrics(0.220, 0.340, 0.009, 0.011), metrics(0.260, 0.320, 0.008, 0.011)],
-        "queueing": [metrics(1.000, 1.500, 0.020, 0.028), metrics(0.900, 1.500, 0.018, 0.028)]}
-PREDICTED = {"emulator": {"light": metrics(0.258, 0.250, 0.0066, 0.008), "queueing": metrics(0.650, 1.000, 0.019, 0.025)},
-             "simulator": {"light": metrics(0.170, 0.210, 0.0085, 0.008), "queueing": metrics(0.700, 0.760, 0.020, 0.026)}}
+REAL = {
+    "light": [
+        metrics(0.200, 0.300, 0.007, 0.011),
+        metrics(0.220, 0.340, 0.009, 0.011),
+        metrics(0.260, 0.320, 0.008, 0.011),
+    ],
+    "queueing": [metrics(1.000, 1.500, 0.020, 0.028), metrics(0.900, 1.500, 0.018, 0.028)],
+}
+PREDICTED = {
+    "emulator": {"light": metrics(0.258, 0.250, 0.0066, 0.008), "queueing": metrics(0.650, 1.000, 0.019, 0.025)},
+    "simulator": {"light": metrics(0.170, 0.210, 0.0085, 0.008), "queueing": metrics(0.700, 0.760, 0.020, 0.026)},
+}
 
 
 def test_deviations_are_from_the_real_runs_median_and_targets_also_count_their_range() -> None:
@@ -26,11 +34,19 @@ def test_deviations_are_from_the_real_runs_median_and_targets_also_count_their_r
     assert light_ttft.deviation("simulator") == pytest.approx(0.170 / 0.220 - 1)  # -22.7%
     assert light_ttft.target == 0.15 and light_ttft.meets_target("simulator") is False
     # +17.3% is past ±15%, but 258 ms lies within the real runs' own 200-260 ms
-    assert light_ttft.deviation("emulator") == pytest.approx(0.258 / 0.220 - 1) and light_ttft.meets_target("emulator") is True
+    assert (
+        light_ttft.deviation("emulator") == pytest.approx(0.258 / 0.220 - 1)
+        and light_ttft.meets_target("emulator") is True
+    )
     tpot = rows["light", "tpot", "p50"]
-    assert tpot.deviation("emulator") == pytest.approx(0.0066 / 0.008 - 1) and tpot.meets_target("emulator") is False  # -17.5%
+    assert (
+        tpot.deviation("emulator") == pytest.approx(0.0066 / 0.008 - 1) and tpot.meets_target("emulator") is False
+    )  # -17.5%
     assert tpot.meets_target("simulator") is True  # +6.3%
-    assert rows["queueing", "ttft", "p99"].target is None and rows["queueing", "ttft", "p99"].meets_target("emulator") is None
+    assert (
+        rows["queueing", "ttft", "p99"].target is None
+        and rows["queueing", "ttft", "p99"].meets_target("emulator") is None
+    )
 
 
 def test_the_gate_is_the_target_plus_the_real_runs_spread_and_fails_past_it() -> None:
@@ -40,7 +56,9 @@ def test_the_gate_is_the_target_plus_the_real_runs_spread_and_fails_past_it() ->
     assert rows["queueing", "ttft", "p50"].gate == pytest.approx(0.25 + 0.100 / 0.950)
     assert UNTARGETED == 0.5 and rows["queueing", "ttft", "p99"].gate == pytest.approx(0.5)
     # the simulator's queueing TTFT p50 (-26%) misses its target but passes the gate (35.5%)
-    assert rows["queueing", "ttft", "p50"].meets_target("simulator") is False and rows["queueing", "ttft", "p50"].within_gate("simulator")
+    assert rows["queueing", "ttft", "p50"].meets_target("simulator") is False and rows[
+        "queueing", "ttft", "p50"
+    ].within_gate("simulator")
     assert failures(list(rows.values())) == []
     worse = {**PREDICTED, "simulator": {**PREDICTED["simulator"], "queueing": metrics(0.600, 0.749, 0.020, 0.026)}}
     assert failures(build_rows(REAL, worse)) == [
@@ -51,5 +69,8 @@ def test_the_gate_is_the_target_plus_the_real_runs_spread_and_fails_past_it() ->
 
 def test_the_table_lists_every_real_run_the_deviations_and_both_bounds() -> None:
     text = table(build_rows(REAL, PREDICTED))
-    assert "| light | TTFT p50 | 200.0 / 220.0 / 260.0 | 27% | 258.0 (+17%) | 170.0 (-23%) | ±15% | yes | no | ±42% |" in text
+    assert (
+        "| light | TTFT p50 | 200.0 / 220.0 / 260.0 | 27% | 258.0 (+17%) | 170.0 (-23%) | ±15% | yes | no | ±42% |"
+        in text
+    )
     assert "| queueing | TTFT p99 | 1500.0 / 1500.0 | 0% | 1000.0 (-33%) | 760.0 (-49%) | - | - | - | ±50% |" in text

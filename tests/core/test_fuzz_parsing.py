@@ -32,7 +32,13 @@ MODEL = "sibyl-model"
 
 # -- JSON values ------------------------------------------------------------------------------
 
-json_scalars = st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -46,11 +52,20 @@ prompts = st.one_of(
     json_values,
 )
 messages = st.one_of(
-    st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]), "content": json_values}), max_size=4),
+    st.lists(
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]), "content": json_values}),
+        max_size=4,
+    ),
     json_values,
 )
-token_field = st.one_of(st.none(), st.integers(min_value=-3, max_value=2**64 - 1),  # orjson: 64-bit at most
-    st.booleans(), st.floats(allow_nan=False), st.text(max_size=5), st.lists(st.integers(min_value=-5, max_value=5), max_size=2))
+token_field = st.one_of(
+    st.none(),
+    st.integers(min_value=-3, max_value=2**64 - 1),  # orjson: 64-bit at most
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.text(max_size=5),
+    st.lists(st.integers(min_value=-5, max_value=5), max_size=2),
+)
 request_bodies = st.fixed_dictionaries(
     {},
     optional={
@@ -69,11 +84,18 @@ request_bodies = st.fixed_dictionaries(
 
 def fake_controller(**kw: Any) -> Any:
     config = SimpleNamespace(max_body_bytes=kw.get("limit", 1 << 20), slo={"default": None, "interactive": None})
+
     def no_keys(body: Any, tokenize: bool = True) -> tuple[int, ...]:
         return ()
 
-    return SimpleNamespace(served_models={MODEL}, draining=False, config=config, instances={},
-                           prefix=SimpleNamespace(known_keys=no_keys), dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False)))
+    return SimpleNamespace(
+        served_models={MODEL},
+        draining=False,
+        config=config,
+        instances={},
+        prefix=SimpleNamespace(known_keys=no_keys),
+        dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False)),
+    )
 
 
 def error_shaped(raw: bytes, status: int) -> None:
@@ -97,9 +119,15 @@ def run_read_body(messages: list[dict[str, Any]], limit: int) -> bytes:
 
 
 @FAST
-@given(chunks=st.lists(st.binary(max_size=64), min_size=1, max_size=8), limit=st.integers(min_value=0, max_value=300), gone_at=st.none() | st.integers(min_value=0, max_value=7))
+@given(
+    chunks=st.lists(st.binary(max_size=64), min_size=1, max_size=8),
+    limit=st.integers(min_value=0, max_value=300),
+    gone_at=st.none() | st.integers(min_value=0, max_value=7),
+)
 def test_read_body_joins_chunks_or_refuses_cleanly(chunks: list[bytes], limit: int, gone_at: int | None) -> None:
-    msgs: list[dict[str, Any]] = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    msgs: list[dict[str, Any]] = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)
+    ]
     if gone_at is not None and gone_at < len(msgs):
         msgs[gone_at] = {"type": "http.disconnect"}
     try:
@@ -180,7 +208,9 @@ def test_estimate_prompt_tokens_counts(ids: list[int], text: str) -> None:
 
 # what an HTTP server may hand over as a header value: visible ASCII, space, tab, obs-text
 header_values = st.binary(max_size=24).map(lambda b: bytes(c for c in b if c == 9 or 32 <= c <= 126 or c >= 128))
-header_names = st.sampled_from([b"x-request-id", b"x-sibyl-slo-class", b"x-sibyl-tenant", b"authorization", b"content-type", b"x-other"])
+header_names = st.sampled_from(
+    [b"x-request-id", b"x-sibyl-slo-class", b"x-sibyl-tenant", b"authorization", b"content-type", b"x-other"]
+)
 
 
 class Captured:
@@ -221,7 +251,9 @@ def call_proxy(body: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[list[di
 @example(body={"prompt": "x"}, headers=[(b"x-sibyl-slo-class", b"\x80")])
 @example(body={"prompt": "x"}, headers=[(b"authorization", b"Bearer \xff")])
 @example(body={"prompt": "x", "max_tokens": None, "max_completion_tokens": "many"}, headers=[])
-def test_proxy_call_answers_a_client_error_or_builds_a_sane_request(body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> None:
+def test_proxy_call_answers_a_client_error_or_builds_a_sane_request(
+    body: dict[str, Any], headers: list[tuple[bytes, bytes]]
+) -> None:
     sent, runs = call_proxy(orjson.dumps(body), headers)
     if not runs:
         assert len(sent) == 2 and sent[0]["type"] == "http.response.start"
@@ -314,7 +346,9 @@ def sse_streams(draw: Any) -> tuple[bytes, int, bool, int | None]:
             parts.append({"empty": EMPTY, "role": ROLE, "blank": "\n"}[kind])
     usage = draw(st.none() | st.integers(min_value=0, max_value=10**6))
     if usage is not None:
-        parts.append('data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":' + str(usage) + "}}\n\n")
+        parts.append(
+            'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":' + str(usage) + "}}\n\n"
+        )
     done = draw(st.booleans())
     if done:
         parts.append("data: [DONE]\n\n")
@@ -328,7 +362,9 @@ def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
 
 @FAST
 @given(stream=sse_streams(), cuts=st.lists(st.integers(min_value=0, max_value=10**6), max_size=12))
-@example(stream=(b"data: " + TOKEN.encode()[6:] + b"\n" + (TOKEN % "b").encode(), 2, False, None), cuts=[len(TOKEN) + 1])
+@example(
+    stream=(b"data: " + TOKEN.encode()[6:] + b"\n" + (TOKEN % "b").encode(), 2, False, None), cuts=[len(TOKEN) + 1]
+)
 def test_sse_counter_is_independent_of_chunking(stream: tuple[bytes, int, bool, int | None], cuts: list[int]) -> None:
     data, n, done, usage = stream
     counter = SSETokenCounter()
@@ -338,7 +374,13 @@ def test_sse_counter_is_independent_of_chunking(stream: tuple[bytes, int, bool, 
 
 
 @FAST
-@given(chunks=st.lists(st.binary(max_size=80) | st.sampled_from([b"\n\n", b"data: ", b'"choices":[]', b'"error"', b"[DONE]", b'"usage":']), max_size=20))
+@given(
+    chunks=st.lists(
+        st.binary(max_size=80)
+        | st.sampled_from([b"\n\n", b"data: ", b'"choices":[]', b'"error"', b"[DONE]", b'"usage":']),
+        max_size=20,
+    )
+)
 @example(chunks=[b'data: ["\\"choices\\":[]"]\n\n'])
 @example(chunks=[b'data: {"choices":[],"usage":5}\n\n'])
 @example(chunks=[b'data: {"choices":[],"usage":{"completion_tokens":[1]}}\n\n'])
@@ -357,7 +399,11 @@ def test_sse_counter_never_raises_on_garbage(chunks: list[bytes]) -> None:
     # and the same bytes in one piece count the same
     whole = SSETokenCounter()
     whole.feed(b"".join(chunks))
-    assert (whole.tokens, whole.done, whole.usage_completion_tokens) == (counter.tokens, counter.done, counter.usage_completion_tokens)
+    assert (whole.tokens, whole.done, whole.usage_completion_tokens) == (
+        counter.tokens,
+        counter.done,
+        counter.usage_completion_tokens,
+    )
 
 
 # -- trace readers ----------------------------------------------------------------------------
@@ -387,7 +433,10 @@ def write(tmp: str, name: str, data: bytes) -> Path:
 @example(data=b"\x00\x00", reader="azure")
 @example(data=b'{"timestamp": 0, "input_length": 1, "output_length": 1}\n\xff', reader="auto")
 @example(data=b'{"timestamp": ' + b"1" * 5000 + b', "input_length": 1, "output_length": 1}', reader="auto")
-@example(data=b'{"timestamp": 0, "input_length": 1, "output_length": 1}\n{"timestamp": ' + b"1" * 5000 + b"}", reader="mooncake")
+@example(
+    data=b'{"timestamp": 0, "input_length": 1, "output_length": 1}\n{"timestamp": ' + b"1" * 5000 + b"}",
+    reader="mooncake",
+)
 def test_trace_readers_on_random_bytes(data: bytes, reader: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         read_or_error(READERS[reader], write(tmp, "trace.txt", data))
@@ -397,7 +446,18 @@ cells = st.one_of(
     st.integers(min_value=-5, max_value=2**70).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.text(alphabet=string.printable.replace("\r", "").replace("\n", ""), max_size=12),
-    st.sampled_from(["", " ", "1e400", "9" * 25, "2023-11-16 18:15:46.6805900", "2023-02-30 00:00:00", "2023-11-16 24:00:00", '"1,2"']),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "1e400",
+            "9" * 25,
+            "2023-11-16 18:15:46.6805900",
+            "2023-02-30 00:00:00",
+            "2023-11-16 24:00:00",
+            '"1,2"',
+        ]
+    ),
 )
 
 
@@ -410,11 +470,17 @@ def row_error_names_line_and_field(err: TraceError, fields: tuple[str, ...]) -> 
 
 
 @FAST
-@given(rows=st.lists(st.tuples(cells, cells, cells), min_size=1, max_size=6), fmt=st.sampled_from(["azure", "burstgpt"]))
+@given(
+    rows=st.lists(st.tuples(cells, cells, cells), min_size=1, max_size=6), fmt=st.sampled_from(["azure", "burstgpt"])
+)
 @example(rows=[("2023-11-16 18:15:46", "99999999999999999999", "1")], fmt="azure")
 @example(rows=[("1", "99999999999999999999", "3")], fmt="burstgpt")
 def test_csv_readers_on_random_rows(rows: list[tuple[str, str, str]], fmt: str) -> None:
-    fields = ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if fmt == "azure" else ("Timestamp", "Request tokens", "Response tokens")
+    fields = (
+        ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+        if fmt == "azure"
+        else ("Timestamp", "Request tokens", "Response tokens")
+    )
     text = ",".join(fields) + "\n" + "".join(",".join(r) + "\n" for r in rows)
     with tempfile.TemporaryDirectory() as tmp:
         got = read_or_error(READERS[fmt], write(tmp, f"{fmt}.csv", text.encode()))
@@ -424,11 +490,24 @@ def test_csv_readers_on_random_rows(rows: list[tuple[str, str, str]], fmt: str) 
         assert len(got) >= 1 and (got.prompt_tokens >= 1).all()
 
 
-mooncake_values = st.one_of(json_values, st.integers(min_value=-5, max_value=2**80), st.floats(min_value=0, max_value=1e308), st.sampled_from([0, 1, 1.5, 2**63, 10**400]))
+mooncake_values = st.one_of(
+    json_values,
+    st.integers(min_value=-5, max_value=2**80),
+    st.floats(min_value=0, max_value=1e308),
+    st.sampled_from([0, 1, 1.5, 2**63, 10**400]),
+)
 
 
 @FAST
-@given(rows=st.lists(st.dictionaries(st.sampled_from(["timestamp", "input_length", "output_length", "hash_ids"]), mooncake_values, min_size=2), min_size=1, max_size=5))
+@given(
+    rows=st.lists(
+        st.dictionaries(
+            st.sampled_from(["timestamp", "input_length", "output_length", "hash_ids"]), mooncake_values, min_size=2
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
 @example(rows=[{"timestamp": 0, "input_length": 2**63, "output_length": 1}])
 @example(rows=[{"timestamp": 0, "input_length": 1e300, "output_length": 1}])
 @example(rows=[{"timestamp": 10**400, "input_length": 1, "output_length": 1}])
@@ -453,7 +532,15 @@ servegen_cells = st.one_of(
     rows=st.lists(st.lists(servegen_cells, min_size=4, max_size=7), min_size=1, max_size=4),
     dataset=st.one_of(
         json_values,
-        st.dictionaries(st.sampled_from(["0", "21600", "x"]), st.dictionaries(st.sampled_from(["input_tokens", "output_tokens"]), st.one_of(json_values, st.sampled_from(["{1: 0.5, 8: 0.5}", "{}", "{0: 1}", "{1: -1}", "[1]", "{1: 0.5"])))),
+        st.dictionaries(
+            st.sampled_from(["0", "21600", "x"]),
+            st.dictionaries(
+                st.sampled_from(["input_tokens", "output_tokens"]),
+                st.one_of(
+                    json_values, st.sampled_from(["{1: 0.5, 8: 0.5}", "{}", "{0: 1}", "{1: -1}", "[1]", "{1: 0.5"])
+                ),
+            ),
+        ),
     ),
 )
 @example(rows=[["0.000", "5.000", "1.000", "Gamma", "1.000", "1.000"]], dataset={})  # no windows: was an IndexError
@@ -470,12 +557,18 @@ def test_servegen_on_random_folders(rows: list[list[str]], dataset: Any) -> None
 
 
 def test_a_csv_field_over_the_csv_module_limit_is_a_trace_error(tmp_path: Path) -> None:
-    path = write(str(tmp_path), "big.csv", b"TIMESTAMP,ContextTokens,GeneratedTokens\n" + b'"' + b"1" * 200_000 + b'",1,1\n')
+    path = write(
+        str(tmp_path), "big.csv", b"TIMESTAMP,ContextTokens,GeneratedTokens\n" + b'"' + b"1" * 200_000 + b'",1,1\n'
+    )
     with pytest.raises(TraceError, match=r"big\.csv:2"):
         read_azure(path)
 
 
-@pytest.mark.xfail(strict=True, raises=(MemoryError, OverflowError, ValueError), reason="core/traces/servegen.py (not fixed here): a huge rate allocates rate × window gaps at once; a PMF key beyond int64 overflows; a 5000-digit number in the dataset JSON is a ValueError")
+@pytest.mark.xfail(
+    strict=True,
+    raises=(MemoryError, OverflowError, ValueError),
+    reason="core/traces/servegen.py (not fixed here): a huge rate allocates rate × window gaps at once; a PMF key beyond int64 overflows; a 5000-digit number in the dataset JSON is a ValueError",
+)
 @pytest.mark.parametrize(
     ("trace_row", "dataset"),
     [

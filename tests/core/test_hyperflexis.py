@@ -15,9 +15,16 @@ from core.policies import build
 from core.types import InstancePhase, Request, Role
 from tests.helpers import add_running, toy_profile
 
-DECODE = dict(decode_step_base_s=0.01, decode_step_per_seq_s=0.001, decode_step_per_kv_token_s=1e-7,
-              kv_capacity_tokens=100_000, prefill_base_s=0.02, prefill_per_token_s=1e-4, prefill_per_token2_s=1e-9,
-              max_model_len=32_768)
+DECODE = dict(
+    decode_step_base_s=0.01,
+    decode_step_per_seq_s=0.001,
+    decode_step_per_kv_token_s=1e-7,
+    kv_capacity_tokens=100_000,
+    prefill_base_s=0.02,
+    prefill_per_token_s=1e-4,
+    prefill_per_token2_s=1e-9,
+    max_model_len=32_768,
+)
 
 
 def test_the_fit_recovers_the_profile_exactly_without_noise_and_closely_with_it() -> None:
@@ -119,18 +126,35 @@ def test_routing_binds_late_and_reports_the_ttft_admission_test() -> None:
     assert d.bind_late(3, 0.1) == "d0"
 
 
-def sig(*, p_backlog: list[float], d_util: list[float], waits: list[float] | None = None, arrivals: float = 0.0,
-        done: float = 0.0, starting: int = 0, now: float = 0.0) -> ScalingSignals:
+def sig(
+    *,
+    p_backlog: list[float],
+    d_util: list[float],
+    waits: list[float] | None = None,
+    arrivals: float = 0.0,
+    done: float = 0.0,
+    starting: int = 0,
+    now: float = 0.0,
+) -> ScalingSignals:
     nd, npf = len(d_util), len(p_backlog)
     phases = {Role.PREFILL: {InstancePhase.ACTIVE: npf}, Role.DECODE: {InstancePhase.ACTIVE: nd}}
     if starting:
         phases[Role.DECODE][InstancePhase.STARTING] = starting
     return ScalingSignals(
-        now=now, phases=phases, decode_ids=[f"d{k}" for k in range(nd)],
-        decode_in_flight=np.zeros(nd), decode_util=np.asarray(d_util, dtype=float), decode_kv=np.zeros(nd),
-        prefill_ids=[f"p{k}" for k in range(npf)], prefill_backlog_s=np.asarray(p_backlog, dtype=float),
-        queue_len=len(waits or []), oldest_wait_s=0.0, arrival_rate=arrivals, window_s=1.0,
-        completion_rate=done, queued_wait_ratios=np.asarray(waits or [], dtype=float),
+        now=now,
+        phases=phases,
+        decode_ids=[f"d{k}" for k in range(nd)],
+        decode_in_flight=np.zeros(nd),
+        decode_util=np.asarray(d_util, dtype=float),
+        decode_kv=np.zeros(nd),
+        prefill_ids=[f"p{k}" for k in range(npf)],
+        prefill_backlog_s=np.asarray(p_backlog, dtype=float),
+        queue_len=len(waits or []),
+        oldest_wait_s=0.0,
+        arrival_rate=arrivals,
+        window_s=1.0,
+        completion_rate=done,
+        queued_wait_ratios=np.asarray(waits or [], dtype=float),
     )
 
 

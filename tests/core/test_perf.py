@@ -41,7 +41,9 @@ def test_closed_form_step_sums_match_a_loop() -> None:
 
 
 def test_a_prefill_batch_pays_the_fixed_cost_once_and_each_prompt_its_own() -> None:
-    p = toy_profile().model_copy(update={"prefill_base_s": 0.01, "prefill_per_token_s": 0.001, "prefill_per_token2_s": 1e-6})
+    p = toy_profile().model_copy(
+        update={"prefill_base_s": 0.01, "prefill_per_token_s": 0.001, "prefill_per_token2_s": 1e-6}
+    )
     assert p.prefill_batch_time([100, 200]) == pytest.approx(0.01 + 0.001 * 300 + 1e-6 * (100**2 + 200**2))
     assert p.prefill_batch_time([300]) == pytest.approx(p.prefill_time(300))
 
@@ -67,7 +69,13 @@ def test_the_shipped_cpu_profile_is_a_calibration_of_real_vllm() -> None:
     p = get_profile("cpu-tiny-llama")
     assert p == load_profile_file(CPU_TINY_LLAMA_FILE)
     assert p.fit is not None
-    for term in ("prefill_base_s", "prefill_per_token_s", "decode_step_base_s", "decode_step_per_seq_s", "kv_transfer_base_s"):
+    for term in (
+        "prefill_base_s",
+        "prefill_per_token_s",
+        "decode_step_base_s",
+        "decode_step_per_seq_s",
+        "kv_transfer_base_s",
+    ):
         assert p.fit[term]["source"].startswith(("fit", "prior: ")), term
     assert p.fit["decode_step_per_seq_s"]["source"] == "fit" and p.fit["prefill_per_token_s"]["source"] == "fit"
     assert (p.max_num_seqs, p.max_num_batched_tokens, p.max_model_len) == (128, 2048, 1024)

@@ -22,7 +22,10 @@ def route(d, n: int = 1, prompt: int = 10, now: float = 0.0) -> list[str]:
 def test_registry_lists_builtins_and_rejects_unknown_names_and_params() -> None:
     names = {s.name for s in specs(PolicyKind.ROUTING)}
     assert {"round_robin", "least_load", "req_level", "sibyl", "clairvoyant", "hyperflexis"} <= names
-    with pytest.raises(PolicyError, match="available: clairvoyant, hyperflexis, least_load, oracle, prefix_aware, prefix_pd, req_level, round_robin, session_affinity, sibyl"):
+    with pytest.raises(
+        PolicyError,
+        match="available: clairvoyant, hyperflexis, least_load, oracle, prefix_aware, prefix_pd, req_level, round_robin, session_affinity, sibyl",
+    ):
         build("routing", "nope")
     with pytest.raises(PolicyError, match="bogus.*params: prob_at_1"):
         build("routing", "sibyl", {"bogus": 1})

@@ -29,7 +29,13 @@ def _workload(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def trained() -> tuple[LearnedPredictor, object]:
     prompt, out = _workload(1500, seed=1)
     return train(
-        prompt, out, max_len=8000, hidden=(32, 32), epochs=12, max_samples=12_000, seed=0,
+        prompt,
+        out,
+        max_len=8000,
+        hidden=(32, 32),
+        epochs=12,
+        max_samples=12_000,
+        seed=0,
         patience=4,
     )
 
@@ -89,9 +95,7 @@ def test_ares_runs_with_a_learned_model(trained: tuple, tmp_path: Path) -> None:
     model, _ = trained
     path = tmp_path / "m.pt"
     model.save(path)
-    policy = registry.build(
-        PolicyKind.RESCHEDULE, "ares", {"predictor": "learned", "model_path": str(path)}
-    )
+    policy = registry.build(PolicyKind.RESCHEDULE, "ares", {"predictor": "learned", "model_path": str(path)})
     from tests.core.test_ares import _cluster, _run
 
     d = _cluster(2, max_model_len=8000)

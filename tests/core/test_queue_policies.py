@@ -78,9 +78,7 @@ def test_nothing_jumps_the_queue_while_requests_are_held() -> None:
 
 
 def test_arrivals_beyond_max_queued_are_shed() -> None:
-    d = cluster(
-        "round_robin", decode=1, queue=("fcfs", {"max_in_flight_per_instance": 1, "max_queued": 2})
-    )
+    d = cluster("round_robin", decode=1, queue=("fcfs", {"max_in_flight_per_instance": 1, "max_queued": 2}))
     d.route(req("r0"), 0.0)
     verdicts = [d.admit(req(f"r{k}"), 0.0) for k in (1, 2, 3)]
     assert verdicts == [Admission.QUEUED, Admission.QUEUED, Admission.SHED]

@@ -14,10 +14,15 @@ from core.types import PolicyKind, Request, Role
 from tests.helpers import toy_profile
 
 
-def choose(name: str, state_args: tuple[int, int, list[int], list[int], list[int] | None], prompt: int, **params: object) -> int | None:
+def choose(
+    name: str, state_args: tuple[int, int, list[int], list[int], list[int] | None], prompt: int, **params: object
+) -> int | None:
     policy = registry.build(PolicyKind.RANK, name, params)
     ranks, slots, rank_of, size, remaining = state_args
-    return policy.choose(dp_state(ranks, slots, np.array(rank_of), np.array(size), None if remaining is None else np.array(remaining)), prompt)
+    return policy.choose(
+        dp_state(ranks, slots, np.array(rank_of), np.array(size), None if remaining is None else np.array(remaining)),
+        prompt,
+    )
 
 
 def test_each_baseline_and_bf_io_pick_the_rank_their_rule_names() -> None:
@@ -59,7 +64,9 @@ def test_the_dispatcher_tracks_each_ranks_load_and_forgets_a_rank_when_the_reque
     d.add_instance("d0", Role.DECODE)
     d.add_instance("d1", Role.DECODE)
     d.set_data_parallel("d0", 2, slots=4)
-    assert d.rank_loads("d0", 0.0) == [0, 0] and d.rank_loads("d1", 0.0) is None  # a group of two ranks, and not a group
+    assert (
+        d.rank_loads("d0", 0.0) == [0, 0] and d.rank_loads("d1", 0.0) is None
+    )  # a group of two ranks, and not a group
     chosen = {}
     for k, prompt in enumerate([1000, 100, 100, 100]):
         rid = f"r{k}"
@@ -93,11 +100,22 @@ def test_the_console_reports_a_group_whose_ranks_drift_apart_once_and_again_when
     published: list[dict[str, object]] = []
     events = SimpleNamespace(publish=lambda kind, **kw: published.append({"type": kind, **kw}))
     watch = RankWatch(events, lambda: "jsq")  # type: ignore[arg-type]
-    for loads in ([100, 100, 100, 100], [400, 100, 100, 100], [500, 100, 100, 100], [130, 100, 100, 100], [110, 100, 100, 100]):
-        watch.check([InstanceRow(id="d0", role="decode", dp_ranks=loads), InstanceRow(id="d1", role="decode", dp_ranks=None)])
+    for loads in (
+        [100, 100, 100, 100],
+        [400, 100, 100, 100],
+        [500, 100, 100, 100],
+        [130, 100, 100, 100],
+        [110, 100, 100, 100],
+    ):
+        watch.check(
+            [InstanceRow(id="d0", role="decode", dp_ranks=loads), InstanceRow(id="d1", role="decode", dp_ranks=None)]
+        )
     # x2.29 is reported once (not again at x2.5); x1.24 is not yet balanced; x1.07 is
     assert [(e["factor"], e["busiest"], e["balanced"]) for e in published] == [(2.29, 0, False), (1.07, 0, True)]
     tag, text, _ = describe(published[0], Palette("g", "y", "r", "b", "d"))
     assert tag == "RANKS" and "rank 0 at x2.29" in text and "jsq" in text
-    tag, text, _ = describe({"type": "recovered", "request_id": "r1", "detail": "decode d0 failed mid-stream: resumed on d1"}, Palette("g", "y", "r", "b", "d"))
+    tag, text, _ = describe(
+        {"type": "recovered", "request_id": "r1", "detail": "decode d0 failed mid-stream: resumed on d1"},
+        Palette("g", "y", "r", "b", "d"),
+    )
     assert tag == "MOVED" and "resumed on d1" in text

@@ -19,11 +19,7 @@ from tests.helpers import add_pending, add_running, cluster, toy_profile
 
 _ids = itertools.count()
 ROOT = Path(__file__).resolve().parents[2]
-ORACLE_KW = (
-    {"true_lengths": True}
-    if "true_lengths" in inspect.signature(Dispatcher.__init__).parameters
-    else {}
-)
+ORACLE_KW = {"true_lengths": True} if "true_lengths" in inspect.signature(Dispatcher.__init__).parameters else {}
 """What a dispatcher needs to be allowed to run an oracle (the simulator says lengths are true)."""
 
 
@@ -153,9 +149,7 @@ def test_lifetime_horizon_and_tau_horizon_choose_differently() -> None:
 
 
 def test_lifetime_counts_a_pending_request_for_the_part_of_the_window_it_lives() -> None:
-    d = cluster(
-        "sibyl", {"horizon": "lifetime"}, decode=3, survival_delta=100, survival_prior_max=1000
-    )
+    d = cluster("sibyl", {"horizon": "lifetime"}, decode=3, survival_delta=100, survival_prior_max=1000)
     d.view.decode_rate.value = 10.0
     add_pending(d, "early", "d0", prompt=10, handoff=0.0)  # alive from τ − 1 s
     add_pending(d, "late", "d1", prompt=10, handoff=41.0)  # starts 40 s into the 50 s window
@@ -239,9 +233,7 @@ def test_sweep_cells_produce_rows_and_resume(tmp_path: Path) -> None:
         sw.Cell("random", "ps", 4, "1:4", 0.9, "poisson"),
         sw.Cell("reasoning-chat", "iteration", 4, "1:1", 0.8, "bursty"),
     ]
-    policies = [
-        p for p in sw.POLICIES if p.label in ("least_load", "sibyl(lifetime)", "clairvoyant")
-    ]
+    policies = [p for p in sw.POLICIES if p.label in ("least_load", "sibyl(lifetime)", "clairvoyant")]
     out = tmp_path / "sweep.jsonl"
     logs: list[str] = []
     prof = get_profile("h20-qwen3-32b")
@@ -286,7 +278,10 @@ def test_bench_decision_times_policy_settings_and_oracles() -> None:
         "sibyl",
         {"horizon": "lifetime", "unit": "requests"},
     )
-    assert parse_policy_spec("least_load(by=tokens, bind=arrival)") == ("least_load", {"by": "tokens", "bind": "arrival"})
+    assert parse_policy_spec("least_load(by=tokens, bind=arrival)") == (
+        "least_load",
+        {"by": "tokens", "bind": "arrival"},
+    )
     for bad in ("sibyl:horizon", "(by=tokens)", "x(=1)"):
         with pytest.raises(PolicyError, match="key=value|no name"):
             parse_policy_spec(bad)

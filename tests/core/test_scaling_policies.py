@@ -145,7 +145,9 @@ def test_static_never_acts_and_schedules_nothing() -> None:
     assert not d.periodic(1e9)
 
 
-def _slo(role: Role, attainment: float | None, samples: int = 20, p90: float = 0.3, target: float = 0.1) -> dict[Role, Any]:
+def _slo(
+    role: Role, attainment: float | None, samples: int = 20, p90: float = 0.3, target: float = 0.1
+) -> dict[Role, Any]:
     from core.periodic import RoleSlo
 
     return {role: RoleSlo("tpot" if role == Role.DECODE else "ttft", samples, attainment, p90, target)}

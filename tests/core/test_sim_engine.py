@@ -11,7 +11,9 @@ from core.sim.cluster import ClusterSimulation, ScheduledSwap
 from tests.helpers import toy_profile
 
 
-def simulate(profile, arrivals, prompts, outputs, *, mode="ps", policy="round_robin", n_prefill=1, n_decode=1, swaps=()):
+def simulate(
+    profile, arrivals, prompts, outputs, *, mode="ps", policy="round_robin", n_prefill=1, n_decode=1, swaps=()
+):
     d = Dispatcher(profile, policy)
     sim = ClusterSimulation(
         arrivals=np.array(arrivals, dtype=float),
@@ -43,7 +45,9 @@ def test_processor_sharing_timeline() -> None:
 
 def test_iteration_level_timeline_joins_at_step_boundaries() -> None:
     # step(B) = 0.05 + 0.05·B; prefill 0.05 + 0.1·l plus the step it runs in, step(1) = 0.1.
-    prof = toy_profile(prefill_base_s=0.05, prefill_per_token_s=0.1, decode_step_base_s=0.05, decode_step_per_seq_s=0.05)
+    prof = toy_profile(
+        prefill_base_s=0.05, prefill_per_token_s=0.1, decode_step_base_s=0.05, decode_step_per_seq_s=0.05
+    )
     r, _ = simulate(prof, [0, 0], [10, 5], [10, 6], mode="iteration")
     # A's prefill ends at 1.05 + 0.1; B (arrived as A's step began) follows: 1.15 + 0.55 + 0.1 = 1.8.
     # A decodes alone from 1.15 in 0.1 s steps: tokens at 1.25 … 1.85 (7 tokens). B's KV arrives

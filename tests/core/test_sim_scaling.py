@@ -173,7 +173,8 @@ def test_sim_cli_params_reach_the_policy_of_any_kind() -> None:
 
 def test_late_binding_runs_in_the_simulator() -> None:
     prof = toy_profile()
-    r, d = run(prof, [0.0, 0.0, 0.0, 0.0], [20] * 4, policy="least_load", n_decode=2,
-               routing_params={"bind": "prefill_end"})
+    r, d = run(
+        prof, [0.0, 0.0, 0.0, 0.0], [20] * 4, policy="least_load", n_decode=2, routing_params={"bind": "prefill_end"}
+    )
     assert r.ok.all() and (r.decode_instance >= 0).all()
     assert sorted(r.decode_instance.tolist()) == [0, 0, 1, 1]

@@ -36,7 +36,9 @@ def test_summary_by_hand() -> None:
 
 
 def test_sliding_window_forgets_old_samples_but_keeps_run_totals() -> None:
-    w = SlidingWindow(window_s=10, slo={"default": SLOClass(), "tight": SLOClass(name="tight", ttft_s=0.1, tpot_s=0.01)})
+    w = SlidingWindow(
+        window_s=10, slo={"default": SLOClass(), "tight": SLOClass(name="tight", ttft_s=0.1, tpot_s=0.01)}
+    )
     assert w.add(0.0, 0.5, 0.05, True) is True
     assert w.add(1.0, 0.5, 0.05, True, slo_class="tight") is False
     w.add(12.0, 3.0, 0.05, True)
@@ -54,9 +56,12 @@ def test_sliding_window_percentiles_stay_within_a_bin_and_memory_stays_flat() ->
     snap = w.snapshot(20.0)
     err = LogHistogram.BIN_ERROR
     assert snap["run"]["ttft_p99"] == pytest.approx(float(np.percentile(ttfts, 99, method="inverted_cdf")), rel=err)
-    assert snap["window"]["ttft_p50"] == pytest.approx(float(np.percentile(ttfts[10_000:], 50, method="inverted_cdf")), rel=err)
+    assert snap["window"]["ttft_p50"] == pytest.approx(
+        float(np.percentile(ttfts[10_000:], 50, method="inverted_cdf")), rel=err
+    )
     assert snap["window"]["requests"] == 10_000 and snap["window"]["attainment"] == pytest.approx(
-        float(np.mean(ttfts[10_000:] <= 2.0)))
+        float(np.mean(ttfts[10_000:] <= 2.0))
+    )
     assert w._run_ttft.counts.nbytes == LogHistogram.BINS * 8  # no list grows with the run
 
 

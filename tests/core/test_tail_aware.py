@@ -289,9 +289,7 @@ def test_delta_margin_prevents_a_preemption_in_a_run() -> None:
     # One seat. v (t=0, prompt 600) runs; r (prompt 10, boost ≈ 0.84 s) arrives at 0.77 s, so
     # Φ_r sits just below Φ_v (by less than δ = 0.1 s). Without MemGuard leases only δ protects v.
     def run(delta: float) -> tuple[SimRequest, SimRequest, float]:
-        inst = InstanceSim(
-            PROF, tail(delta_s=delta, memguard=False), InstanceParams(max_num_seqs=1)
-        )
+        inst = InstanceSim(PROF, tail(delta_s=delta, memguard=False), InstanceParams(max_num_seqs=1))
         v = inst.submit(0, 0.0, 600, 200)
         r = inst.submit(1, 0.77, 10, 2)
         margin = math.nan
@@ -504,17 +502,13 @@ def test_gateway_queue_starving_request_is_never_overtaken_after_b_max() -> None
         q.push(req(f"s{i}", 0.01 * (i + 1), 50), 0.0)
     order = [r.id for r in q.items()]
     b_max = q.max_boost_s
-    overtook = {
-        f"s{i}" for i in range(30) if 0.01 * (i + 1) - b_max < q.phi(req("long", 0.0, 8000))
-    }
+    overtook = {f"s{i}" for i in range(30) if 0.01 * (i + 1) - b_max < q.phi(req("long", 0.0, 8000))}
     assert order.index("long") == len(overtook) and set(order[: len(overtook)]) == overtook
     assert 0 < len(overtook) < 30
 
 
 def test_gateway_gamma_adapts_from_completions_and_rekeys() -> None:
-    q = _q(
-        adapt_gamma=True, u_init=0.01, min_samples=20, update_every=20, update_min_interval_s=0.0
-    )
+    q = _q(adapt_gamma=True, u_init=0.01, min_samples=20, update_every=20, update_min_interval_s=0.0)
     q.push(req("early-long", 0.0, 4000), 0.0)
     q.push(req("late-short", 2.0, 50), 0.0)
     assert [r.id for r in q.items()] == ["late-short", "early-long"]  # LAS-like: big boosts
@@ -523,9 +517,7 @@ def test_gateway_gamma_adapts_from_completions_and_rekeys() -> None:
         q.observe_completion(req(f"done{i}", float(i)), 5.0, 50)
     assert q.gamma > g0
     assert [r.id for r in q.items()] == ["early-long", "late-short"]  # re-keyed with the new γ
-    q2 = _q(
-        adapt_gamma=True, min_samples=20, update_every=20, update_min_interval_s=0, window_s=1e4
-    )
+    q2 = _q(adapt_gamma=True, min_samples=20, update_every=20, update_min_interval_s=0, window_s=1e4)
     g1 = q2.gamma
     for i in range(20):  # a wide tail → γ down (LAS-ward)
         q2.observe_completion(req(f"done{i}", float(i)), 1.0 + 30.0 * i, 50)

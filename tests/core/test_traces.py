@@ -374,9 +374,7 @@ def test_servegen_slice_single_client_file_range_and_errors() -> None:
         (MOONCAKE_SYN, MOONCAKE_SYN_SLICE, 500),
     ],
 )
-def test_committed_slices_are_the_head_of_the_full_traces(
-    full: Path, sliced: Path, rows: int
-) -> None:
+def test_committed_slices_are_the_head_of_the_full_traces(full: Path, sliced: Path, rows: int) -> None:
     with full.open("rb") as fh:
         head = b"".join(fh.readline() for _ in range(rows + (full.suffix == ".csv")))
     assert sliced.read_bytes() == head
@@ -468,10 +466,7 @@ def test_servegen_real_ten_minutes_fast_deterministic_and_at_the_csv_rate() -> N
     assert len(rates) == 73
     start = 43_200.0  # three busy midday windows: aggregate counts vs the CSV rates
     busy = read_trace(SERVEGEN, seed=1, servegen_start_s=start, servegen_duration_s=1_800)
-    expected = sum(
-        float(r[(r[:, 0] >= start) & (r[:, 0] < start + 1_800), 1].sum()) * 600
-        for r in rates.values()
-    )
+    expected = sum(float(r[(r[:, 0] >= start) & (r[:, 0] < start + 1_800), 1].sum()) * 600 for r in rates.values())
     assert expected > 10_000
     assert len(busy) == pytest.approx(expected, rel=0.08)
 
@@ -481,9 +476,7 @@ def test_servegen_real_lengths_come_from_the_window_pmf() -> None:
     rates = _servegen_rates(SERVEGEN)
     start = 30_000.0  # inside the "21600" six-hour window
     client = max(rates, key=lambda c: float(rates[c][rates[c][:, 0] == start, 1].sum()))
-    trace = read_trace(
-        SERVEGEN, servegen_clients=[str(client)], servegen_start_s=start, servegen_duration_s=600
-    )
+    trace = read_trace(SERVEGEN, servegen_clients=[str(client)], servegen_start_s=start, servegen_duration_s=600)
     assert len(trace) > 50
     inputs = _pmf(SERVEGEN, client, "21600", "input_tokens")
     outputs = _pmf(SERVEGEN, client, "21600", "output_tokens")
@@ -572,9 +565,7 @@ def test_servegen_bad_rows_name_file_line_and_field(tmp_path: Path) -> None:
     bad = json.loads(good_ds)
     bad["0"]["output_tokens"] = "{100: 0.5, 200: oops}"
     (folder / "chunk-0-dataset.json").write_text(json.dumps(bad, indent=2))
-    with pytest.raises(
-        TraceError, match=r"chunk-0-dataset\.json:\d+: window '0' field 'output_tokens'"
-    ):
+    with pytest.raises(TraceError, match=r"chunk-0-dataset\.json:\d+: window '0' field 'output_tokens'"):
         read_trace(folder, "servegen")
 
 
@@ -640,16 +631,13 @@ def test_azure_bad_row(tmp_path: Path) -> None:
     with pytest.raises(TraceError) as info:
         read_trace(path)
     assert str(info.value).startswith(
-        "AzureLLMInferenceTrace_conv.csv:17: field 'ContextTokens': "
-        "expected a positive integer, got 'abc'"
+        "AzureLLMInferenceTrace_conv.csv:17: field 'ContextTokens': expected a positive integer, got 'abc'"
     )
     rows[-1] = "yesterday,1,44"
     path = _write(tmp_path, "az.csv", "\n".join(rows) + "\n")
     with pytest.raises(TraceError, match=r"az\.csv:17: field 'TIMESTAMP': .*'yesterday'"):
         read_trace(path, "azure")
-    path = _write(
-        tmp_path, "az2.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:10,5\n"
-    )
+    path = _write(tmp_path, "az2.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:10,5\n")
     with pytest.raises(TraceError, match=r"az2\.csv:2: field 'GeneratedTokens': missing"):
         read_trace(path)
 
@@ -669,17 +657,13 @@ def test_mooncake_fixture_and_resorting(tmp_path: Path) -> None:
 
 def test_mooncake_bad_rows(tmp_path: Path) -> None:
     good = '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [0]}\n'
-    path = _write(
-        tmp_path, "m.jsonl", good + '{"timestamp": 5, "input_length": 10, "output_length": "x"}\n'
-    )
+    path = _write(tmp_path, "m.jsonl", good + '{"timestamp": 5, "input_length": 10, "output_length": "x"}\n')
     with pytest.raises(TraceError, match=r"m\.jsonl:2: field 'output_length': .*'x'"):
         read_trace(path)
     path = _write(tmp_path, "m.jsonl", good + good + '{"timestamp": 5, "output_length": 3}\n')
     with pytest.raises(TraceError, match=r"m\.jsonl:3: field 'input_length': missing"):
         read_trace(path)
-    path = _write(
-        tmp_path, "m.jsonl", good + '{"timestamp": -1, "input_length": 1, "output_length": 3}\n'
-    )
+    path = _write(tmp_path, "m.jsonl", good + '{"timestamp": -1, "input_length": 1, "output_length": 3}\n')
     with pytest.raises(TraceError, match=r"m\.jsonl:2: field 'timestamp'"):
         read_trace(path, "mooncake")
     path = _write(tmp_path, "m.jsonl", good + '{"timestamp": 1, "input_length": 1,\n')
@@ -784,9 +768,7 @@ def test_requests_and_summary() -> None:
     trace = _hand_trace()
     reqs = list(trace.requests("q"))
     assert len(reqs) == 6 and all(isinstance(r, Request) for r in reqs)
-    assert reqs[5] == Request(
-        id="q5", arrival=9.0, prompt_tokens=60, max_tokens=100, slo_class="b", priority=5
-    )
+    assert reqs[5] == Request(id="q5", arrival=9.0, prompt_tokens=60, max_tokens=100, slo_class="b", priority=5)
     assert isinstance(reqs[0].prompt_tokens, int) and isinstance(reqs[0].arrival, float)
     plain = Trace("p", np.array([0.0, 1.0]), np.array([3, 4]), np.array([5, 6]))
     assert [(r.id, r.slo_class, r.priority) for r in plain.requests()] == [
@@ -852,9 +834,7 @@ def test_random_workload_is_uniform_and_synthetic_trace_is_seeded() -> None:
     slower = synthetic_trace("reasoning-chat", requests=5_000, rate=2.0, seed=4, burstiness=0.5)
     c = synthetic_trace("reasoning-chat", requests=5_000, rate=10.0, seed=5)
     assert a.name == "synthetic:reasoning-chat" and "rate=10" in a.source and "seed=4" in a.source
-    assert np.array_equal(a.arrivals, b.arrivals) and np.array_equal(
-        a.output_tokens, b.output_tokens
-    )
+    assert np.array_equal(a.arrivals, b.arrivals) and np.array_equal(a.output_tokens, b.output_tokens)
     assert np.array_equal(a.output_tokens, slower.output_tokens)  # lengths independent of arrivals
     assert not np.array_equal(a.output_tokens, c.output_tokens)
     assert a.arrivals[0] == 0.0 and a.mean_rate() == pytest.approx(10.0, rel=0.05)

@@ -25,15 +25,21 @@ def test_the_breaker_opens_after_consecutive_failures_half_opens_and_closes() ->
 
 def test_an_instance_that_fails_every_request_is_routed_around_then_used_again(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'prefill = 1\ndecode = 2\nprofile = "{FIXED_PROFILE}"\npolicy = "round_robin"\n'
-                   'breaker_failures = 3\nbreaker_cooloff_s = 1.0\n')
+    cfg.write_text(
+        f'prefill = 1\ndecode = 2\nprofile = "{FIXED_PROFILE}"\npolicy = "round_robin"\n'
+        "breaker_failures = 3\nbreaker_cooloff_s = 1.0\n"
+    )
     con = start_console(tmp_path, str(cfg))
     try:
         urls = {i["id"]: i["url"] for i in con.state()["instances"]}
-        httpx.put(urls["d0"] + "/admin/faults", json={"fail_rate": 1.0, "fail_status": 500}, timeout=5)  # /health stays 200
+        httpx.put(
+            urls["d0"] + "/admin/faults", json={"fail_rate": 1.0, "fail_status": 500}, timeout=5
+        )  # /health stays 200
 
         def send() -> int:
-            return httpx.post(con.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30).status_code
+            return httpx.post(
+                con.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30
+            ).status_code
 
         statuses = [send() for _ in range(6)]  # round robin: every other one lands on d0 until it opens
         # each request d0 gets fails there twice (its KV leg, then once more without the KV, in case
@@ -43,7 +49,9 @@ def test_an_instance_that_fails_every_request_is_routed_around_then_used_again(t
         assert state["d0"]["breaker"] == "open" and state["d0"]["healthy"]  # probes pass; requests do not
         assert [send() for _ in range(4)] == [200] * 4  # routed around it
         httpx.put(urls["d0"] + "/admin/faults", json={"fail_rate": 0.0}, timeout=5)
-        wait_for(lambda: {i["id"]: i for i in con.state()["instances"]}["d0"]["breaker"] == "half_open", 10, "the cool-off")
+        wait_for(
+            lambda: {i["id"]: i for i in con.state()["instances"]}["d0"]["breaker"] == "half_open", 10, "the cool-off"
+        )
         assert [send() for _ in range(4)] == [200] * 4
         assert {i["id"]: i for i in con.state()["instances"]}["d0"]["breaker"] == "closed"
         con.stop()

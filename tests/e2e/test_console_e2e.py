@@ -50,11 +50,21 @@ def test_openai_client_through_a_2p4d_cluster(console: Console) -> None:
     c = OpenAI(base_url=console.url + "/v1", api_key="x")
     r = c.completions.create(model="sibyl-model", prompt="hello " * 40, max_tokens=12, extra_body={"ignore_eos": True})
     assert r.choices[0].text == "".join(f" t{i}" for i in range(12)) and r.usage and r.usage.completion_tokens == 12
-    stream = c.completions.create(model="sibyl-model", prompt="hello", max_tokens=7, stream=True, extra_body={"ignore_eos": True})
+    stream = c.completions.create(
+        model="sibyl-model", prompt="hello", max_tokens=7, stream=True, extra_body={"ignore_eos": True}
+    )
     assert "".join(ch.choices[0].text for ch in stream if ch.choices) == "".join(f" t{i}" for i in range(7))
-    chat = c.chat.completions.create(model="sibyl-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3, extra_body={"ignore_eos": True})
+    chat = c.chat.completions.create(
+        model="sibyl-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert chat.choices[0].message.content == " t0 t1 t2"
-    chunks = c.chat.completions.create(model="sibyl-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True, extra_body={"ignore_eos": True})
+    chunks = c.chat.completions.create(
+        model="sibyl-model",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == " t0 t1 t2"
     assert [m.id for m in c.models.list().data] == ["sibyl-model"]
     after = console.state()
@@ -65,7 +75,11 @@ def test_openai_client_through_a_2p4d_cluster(console: Console) -> None:
 
 
 def test_client_errors_are_openai_style(console: Console) -> None:
-    post = lambda body, **kw: httpx.post(console.url + "/v1/completions", content=body, headers={"content-type": "application/json"}, **kw)  # noqa: E731
+    def post(body: bytes, **kw: Any) -> httpx.Response:
+        return httpx.post(
+            console.url + "/v1/completions", content=body, headers={"content-type": "application/json"}, **kw
+        )
+
     r = post(b"{broken")
     assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
     r = post(json.dumps({"model": "gpt-5", "prompt": "x"}).encode())
@@ -120,7 +134,9 @@ def test_policy_swap_under_load_drops_nothing_and_is_recorded(console: Console) 
     def client(k: int) -> None:
         for i in range(6):
             try:
-                r = c.completions.create(model="sibyl-model", prompt=f"load {k} {i}", max_tokens=30, extra_body={"ignore_eos": True})
+                r = c.completions.create(
+                    model="sibyl-model", prompt=f"load {k} {i}", max_tokens=30, extra_body={"ignore_eos": True}
+                )
                 done.append(r.usage.completion_tokens if r.usage else 0)
             except Exception as e:  # noqa: BLE001 - every failure counts against the test
                 errors.append(e)
@@ -142,8 +158,14 @@ def test_policy_swap_under_load_drops_nothing_and_is_recorded(console: Console) 
     assert {d: after.get(d, 0) - before.get(d, 0) for d in after} == {"d0": 2, "d1": 2, "d2": 2, "d3": 2}
     status = json.loads(console.cli("status", "--json").stdout)
     assert status["policies"]["routing"]["name"] == "round_robin"
-    assert {"id", "role", "url", "healthy", "running", "waiting", "kv_usage", "tokens_per_s"} <= status["instances"][0].keys()
-    wait_for(lambda: any(e["source"] == "cli" for e in RunStore(console.db).policy_events(console.run_id)), 5, "the swap to be stored")
+    assert {"id", "role", "url", "healthy", "running", "waiting", "kv_usage", "tokens_per_s"} <= status["instances"][
+        0
+    ].keys()
+    wait_for(
+        lambda: any(e["source"] == "cli" for e in RunStore(console.db).policy_events(console.run_id)),
+        5,
+        "the swap to be stored",
+    )
     events = RunStore(console.db).policy_events(console.run_id)
     assert [(e["new"], e["source"]) for e in events][-1] == ("round_robin", "cli")
 
@@ -158,7 +180,9 @@ even if admitting the six streams takes seconds on a loaded machine."""
     [True, pytest.param(False, marks=pytest.mark.slow)],  # "off" (the streams fail) runs in make test-slow
     ids=["failure-migration", "off"],
 )
-def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(tmp_path: Path, failure_migration: bool) -> None:
+def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(
+    tmp_path: Path, failure_migration: bool
+) -> None:
     """d0 is SIGKILLed while completions (a text and a token-id prompt) and chat streams decode on
     it and d1. With failure migration (the default) d0's streams continue on d1 from prompt +
     streamed text (a token-id prompt + the text as d1 tokenizes it) and every client reads each of
@@ -188,13 +212,26 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(t
             try:
                 opts = {"stream_options": {"include_usage": True}}
                 if kinds[k] == "chat":
-                    s = c.chat.completions.create(model="sibyl-model", messages=[{"role": "user", "content": f"s{k}"}], max_tokens=STREAM_TOKENS,
-                                                  stream=True, extra_body={"ignore_eos": True}, **opts)
+                    s = c.chat.completions.create(
+                        model="sibyl-model",
+                        messages=[{"role": "user", "content": f"s{k}"}],
+                        max_tokens=STREAM_TOKENS,
+                        stream=True,
+                        extra_body={"ignore_eos": True},
+                        **opts,
+                    )
                     chunks = counted(k, s)
                     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
                 else:
                     prompt: str | list[int] = f"s{k}" if kinds[k] == "text" else [5, 6, 7, k]
-                    s = c.completions.create(model="sibyl-model", prompt=prompt, max_tokens=STREAM_TOKENS, stream=True, extra_body={"ignore_eos": True}, **opts)
+                    s = c.completions.create(
+                        model="sibyl-model",
+                        prompt=prompt,
+                        max_tokens=STREAM_TOKENS,
+                        stream=True,
+                        extra_body={"ignore_eos": True},
+                        **opts,
+                    )
                     chunks = counted(k, s)
                     text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
                 usage[k] = next(ch.usage.completion_tokens for ch in chunks if ch.usage)
@@ -205,20 +242,34 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(t
         threads = [threading.Thread(target=stream, args=(k,)) for k in range(len(kinds))]
         for k, t in enumerate(threads):
             t.start()
-            wait_for(lambda k=k: con.state()["requests"]["in_flight"] == k + 1, 10, f"stream {k} admitted")  # arrival order = k
-        wait_for(lambda: all(i["running"] == 3 for i in con.state()["instances"] if i["role"] == "decode"), 10, "three streams on each decode instance")
+            wait_for(
+                lambda k=k: con.state()["requests"]["in_flight"] == k + 1, 10, f"stream {k} admitted"
+            )  # arrival order = k
+        wait_for(
+            lambda: all(i["running"] == 3 for i in con.state()["instances"] if i["role"] == "decode"),
+            10,
+            "three streams on each decode instance",
+        )
         wait_for(lambda: all(n > 0 for n in read.values()), 10, "every client reading its stream")
-        assert all(n < STREAM_TOKENS // 2 for n in read.values()), f"a stream is too far along to be killed mid-stream: {read}"
+        assert all(n < STREAM_TOKENS // 2 for n in read.values()), (
+            f"a stream is too far along to be killed mid-stream: {read}"
+        )
         os.killpg(d0["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
-        wait_for(lambda: not next(i for i in con.state()["instances"] if i["id"] == "d0")["healthy"], 5, "d0 to be marked down")
+        wait_for(
+            lambda: not next(i for i in con.state()["instances"] if i["id"] == "d0")["healthy"],
+            5,
+            "d0 to be marked down",
+        )
         assert time.monotonic() - killed_at < 2.0
         for t in threads:
             t.join(60)
         assert len(results) == 6
         if failure_migration:
             assert results == {k: "ok" for k in range(6)}, results
-            assert usage == {k: STREAM_TOKENS for k in range(6)}, usage  # the resumed streams' usage counts every token once
+            assert usage == {k: STREAM_TOKENS for k in range(6)}, (
+                usage
+            )  # the resumed streams' usage counts every token once
         else:
             assert sorted(results.values()).count("ok") == 3  # d1's streams are untouched
         # requests now avoid d0
@@ -237,10 +288,18 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(t
         hit = [r for r in rows if r["reason"] and "d0 failed mid-stream" in r["reason"]]
         assert len(hit) == 3  # a text, a token-id and a chat stream
         if failure_migration:
-            assert all(r["status"] == "ok" and r["decode_instance"] == "d1" and "resumed on d1" in r["reason"]
-                       and r["output_tokens"] == STREAM_TOKENS for r in hit)
+            assert all(
+                r["status"] == "ok"
+                and r["decode_instance"] == "d1"
+                and "resumed on d1" in r["reason"]
+                and r["output_tokens"] == STREAM_TOKENS
+                for r in hit
+            )
         else:
-            assert all(r["status"] == "failed" and r["decode_instance"] == "d0" and "failure migration is off" in r["reason"] for r in hit)
+            assert all(
+                r["status"] == "failed" and r["decode_instance"] == "d0" and "failure migration is off" in r["reason"]
+                for r in hit
+            )
         events = [(e["instance_id"], e["event"]) for e in store.instance_events(con.run_id)]
         assert ("d0", "down") in events and ("d0", "up") in events
     finally:
@@ -286,7 +345,9 @@ def test_prefill_retry_no_capacity_503_and_the_event_stream(tmp_path: Path) -> N
             for _ in range(4):
                 assert c.completions.create(model="sibyl-model", prompt="retry", max_tokens=2).choices[0].text
             con.cli("policy", "set", "routing", "least_load")
-            policy = next(json.loads(line[6:]) for line in lines if line.startswith("data: ") and '"type":"policy"' in line)
+            policy = next(
+                json.loads(line[6:]) for line in lines if line.startswith("data: ") and '"type":"policy"' in line
+            )
             assert (policy["new"], policy["source"]) == ("least_load", "cli")
         # the only decode instance reports unhealthy: requests get a clear 503
         httpx.put(urls["d0"] + "/admin/faults", json={"unhealthy": True})
@@ -298,7 +359,11 @@ def test_prefill_retry_no_capacity_503_and_the_event_stream(tmp_path: Path) -> N
         served = [r for r in rows if r["status"] == "ok"]
         assert len(served) == 4 and all(r["prefill_instance"] == "p1" for r in served)
         rejected = [r for r in rows if r["status"] != "ok"]  # the 503 is recorded too, with why
-        assert len(rejected) == 1 and rejected[0]["decode_instance"] is None and "no healthy decode instance" in rejected[0]["reason"]
+        assert (
+            len(rejected) == 1
+            and rejected[0]["decode_instance"] is None
+            and "no healthy decode instance" in rejected[0]["reason"]
+        )
     finally:
         con.stop()
         kill_children(con.home)
@@ -314,7 +379,9 @@ def test_sim_backend_serves_with_the_simulators_timing(tmp_path: Path) -> None:
         c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
         stamps = []
         t0 = time.monotonic()
-        for ch in c.completions.create(model="sibyl-model", prompt=[1] * 100, max_tokens=30, stream=True, extra_body={"ignore_eos": True}):
+        for ch in c.completions.create(
+            model="sibyl-model", prompt=[1] * 100, max_tokens=30, stream=True, extra_body={"ignore_eos": True}
+        ):
             if ch.choices and ch.choices[0].text:
                 stamps.append(time.monotonic() - t0)
         prof = get_profile("h20-qwen3-32b")
@@ -332,7 +399,11 @@ def test_attach_to_running_instances_with_slo_classes_and_cli_errors(tmp_path: P
         con = start_console(tmp_path, "--backend", "vllm", "--attach", f"prefill={p.url};decode={d.url}")
         try:
             assert con.state()["cluster"] == "1P1D" and con.state()["backend"] == "vllm-attached"
-            r = httpx.post(con.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, "ignore_eos": True}, headers={"X-Sibyl-SLO-Class": "default"})
+            r = httpx.post(
+                con.url + "/v1/completions",
+                json={"prompt": "x", "max_tokens": 3, "ignore_eos": True},
+                headers={"X-Sibyl-SLO-Class": "default"},
+            )
             assert r.status_code == 200 and r.json()["choices"][0]["text"] == " t0 t1 t2"
             bad = con.cli("policy", "set", "routing", "nope")
             assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "available:" in bad.stderr
@@ -357,10 +428,14 @@ def test_scale_out_and_in_while_serving(tmp_path: Path) -> None:
             c.completions.create(model="sibyl-model", prompt="s", max_tokens=2)
         assert decode_counts(con) == {"d0": 2, "d1": 2}  # the new instance takes its share at once
         with con.control() as ctl:
-            assert ctl.post("/control/scale", json={"role": "prefill", "delta": -1}).status_code == 409  # the last one stays
+            assert (
+                ctl.post("/control/scale", json={"role": "prefill", "delta": -1}).status_code == 409
+            )  # the last one stays
             assert ctl.post("/control/scale", json={"role": "gpu", "delta": 1}).status_code == 422
             pid = next(i["pid"] for i in con.state()["instances"] if i["id"] == "d1")
-            assert ctl.post("/control/scale", json={"role": "decode", "delta": -1, "source": "tui"}).json()["instances"] == ["d1"]
+            assert ctl.post("/control/scale", json={"role": "decode", "delta": -1, "source": "tui"}).json()[
+                "instances"
+            ] == ["d1"]
         wait_for(lambda: all(i["id"] != "d1" for i in con.state()["instances"]), 10, "d1 to be retired")
         wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "d1's process to stop")
         for _ in range(2):
@@ -371,7 +446,11 @@ def test_scale_out_and_in_while_serving(tmp_path: Path) -> None:
         steps = [(i, ev) for i, ev, _ in events if i == "d1"]
         assert steps == [("d1", "starting"), ("d1", "added"), ("d1", "draining"), ("d1", "removed")]
         detail = {ev: d for i, ev, d in events if i == "d1"}
-        assert "operator via cli" in detail["added"] and detail["draining"].endswith("[tui]") and detail["removed"].startswith("drained")
+        assert (
+            "operator via cli" in detail["added"]
+            and detail["draining"].endswith("[tui]")
+            and detail["removed"].startswith("drained")
+        )
     finally:
         con.stop()
         kill_children(con.home)
@@ -383,8 +462,11 @@ def test_client_disconnect_mid_stream_stops_the_relay_and_is_recorded(console: C
     body = json.dumps({"prompt": "bye", "max_tokens": 900, "ignore_eos": True, "stream": True}).encode()
     host, port = console.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Id: gone-1\r\n"
-                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Id: gone-1\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         received = b""
         while b"data: " not in received:  # the stream started
             chunk = s.recv(4096)
@@ -392,7 +474,9 @@ def test_client_disconnect_mid_stream_stops_the_relay_and_is_recorded(console: C
             received += chunk
     # ~900 tokens take ~3 s on this profile; the relay must stop long before that
     wait_for(lambda: console.state()["requests"]["in_flight"] == 0, 2.5, "the relay to stop")
-    wait_for(lambda: any(r["request_id"] == "gone-1" for r in RunStore(console.db).requests(console.run_id)), 5, "the record")
+    wait_for(
+        lambda: any(r["request_id"] == "gone-1" for r in RunStore(console.db).requests(console.run_id)), 5, "the record"
+    )
     row = next(r for r in RunStore(console.db).requests(console.run_id) if r["request_id"] == "gone-1")
     assert row["status"] == "failed" and row["reason"].startswith("client disconnected mid-stream")
 
@@ -415,17 +499,31 @@ def test_a_prefill_instance_lost_before_its_kv_is_pulled_is_recomputed_on_the_de
     try:
         urls = {i["id"]: i["url"] for i in con.state()["instances"]}
         httpx.put(urls["p0"] + "/admin/faults", json={"kv_pull_hang": True}).raise_for_status()
-        local_before = _counter(httpx.get(urls["d0"] + "/metrics").text, "vllm:prompt_tokens_by_source_total", source="local_compute")
+        local_before = _counter(
+            httpx.get(urls["d0"] + "/metrics").text, "vllm:prompt_tokens_by_source_total", source="local_compute"
+        )
         c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
         results: dict[str, str] = {}
 
         def call(stream: bool) -> None:
             try:
                 if stream:
-                    s = c.completions.create(model="sibyl-model", prompt="lost kv", max_tokens=8, stream=True, extra_body={"ignore_eos": True})
+                    s = c.completions.create(
+                        model="sibyl-model",
+                        prompt="lost kv",
+                        max_tokens=8,
+                        stream=True,
+                        extra_body={"ignore_eos": True},
+                    )
                     results["stream"] = "".join(ch.choices[0].text for ch in s if ch.choices)
                 else:
-                    results["whole"] = c.completions.create(model="sibyl-model", prompt="lost kv", max_tokens=8, extra_body={"ignore_eos": True}).choices[0].text
+                    results["whole"] = (
+                        c.completions.create(
+                            model="sibyl-model", prompt="lost kv", max_tokens=8, extra_body={"ignore_eos": True}
+                        )
+                        .choices[0]
+                        .text
+                    )
             except Exception as e:  # noqa: BLE001
                 results["stream" if stream else "whole"] = f"error:{type(e).__name__}: {e}"
 
@@ -440,7 +538,9 @@ def test_a_prefill_instance_lost_before_its_kv_is_pulled_is_recomputed_on_the_de
             t.join(30)
         whole = "".join(f" t{k}" for k in range(8))
         assert results == {"stream": whole, "whole": whole}, results
-        local_after = _counter(httpx.get(urls["d0"] + "/metrics").text, "vllm:prompt_tokens_by_source_total", source="local_compute")
+        local_after = _counter(
+            httpx.get(urls["d0"] + "/metrics").text, "vllm:prompt_tokens_by_source_total", source="local_compute"
+        )
         assert local_after - local_before >= 2  # both prompts were computed on d0 itself
         assert httpx.get(urls["d0"] + "/load").json()["server_load"] == 0  # the dropped legs left nothing behind
         con.stop()
@@ -464,8 +564,12 @@ def test_a_decode_instance_that_refuses_the_connection_is_replaced_before_anythi
         os.killpg(d0["pid"], signal.SIGKILL)
         wait_for(lambda: not alive(d0["pid"]), 5, "d0 to die")
         c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
-        texts = [c.completions.create(model="sibyl-model", prompt=f"r{k}", max_tokens=3, extra_body={"ignore_eos": True}).choices[0].text
-                 for k in range(2)]
+        texts = [
+            c.completions.create(model="sibyl-model", prompt=f"r{k}", max_tokens=3, extra_body={"ignore_eos": True})
+            .choices[0]
+            .text
+            for k in range(2)
+        ]
         assert texts == [" t0 t1 t2"] * 2
         failures = {i["id"]: i["failures"] for i in con.state()["instances"] if i["role"] == "decode"}
         con.stop()

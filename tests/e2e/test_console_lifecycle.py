@@ -49,7 +49,14 @@ class Cluster:
         return {**os.environ, "SIBYL_HOME": str(self.home), "SIBYL_DB": str(self.db)}
 
     def cli(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "console.cli", *args], cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "console.cli", *args],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def processes(self) -> list[int]:
         return [p for p in (self.term.proc.pid, self.server_pid, *self.instance_pids) if alive(p)]
@@ -64,7 +71,9 @@ class Cluster:
 
 def _config(tmp: Path) -> Path:
     path = tmp / "console.toml"
-    path.write_text(f'prefill = 1\ndecode = 1\nprofile = "{FIXED_PROFILE}"\ndrain_timeout_s = {DRAIN_S}\npolicy = "least_load"\n')
+    path.write_text(
+        f'prefill = 1\ndecode = 1\nprofile = "{FIXED_PROFILE}"\ndrain_timeout_s = {DRAIN_S}\npolicy = "least_load"\n'
+    )
     return path
 
 
@@ -72,14 +81,20 @@ def _config(tmp: Path) -> Path:
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     home, db = tmp_path / "home", tmp_path / "runs.db"
     env = {**os.environ, "SIBYL_HOME": str(home), "SIBYL_DB": str(db)}
-    term = Terminal([sys.executable, "-m", "console.cli", "up", str(_config(tmp_path)), "--port", str(free_port())], env=env, cwd=ROOT)
+    term = Terminal(
+        [sys.executable, "-m", "console.cli", "up", str(_config(tmp_path)), "--port", str(free_port())],
+        env=env,
+        cwd=ROOT,
+    )
     c = Cluster(term, home, db)
     try:
         wait_for(lambda: (home / "console.json").exists(), 60, "the console server to announce itself")
         data = json.loads((home / "console.json").read_text())
         c.url, c.run_id, c.server_pid = data["url"], data["run_id"], int(data["pid"])
         c.token = Path(data["token_file"]).read_text().strip()
-        c.instance_pids = [int(json.loads(p.read_text())["pid"]) for p in (home / "runs" / c.run_id / "pids").glob("*.json")]
+        c.instance_pids = [
+            int(json.loads(p.read_text())["pid"]) for p in (home / "runs" / c.run_id / "pids").glob("*.json")
+        ]
         assert len(c.instance_pids) == 2, c.instance_pids
         term.wait_for_text("instances", 30)  # the dashboard drew its first frame
         term.wait_for_text("d0", 30)  # and the state it polled from the server
@@ -197,7 +212,9 @@ def test_sigterm_while_the_dashboard_is_frozen_stops_within_the_bound(cluster: C
     pids = cluster.processes()
     os.kill(cluster.server_pid if target == "server" else cluster.term.proc.pid, signal.SIGTERM)
     server_and_instances = [p for p in pids if p != cluster.term.proc.pid]
-    took = _wait_gone(server_and_instances, STOP_BOUND_S, f"the server and its instances to stop after SIGTERM to the {target}")
+    took = _wait_gone(
+        server_and_instances, STOP_BOUND_S, f"the server and its instances to stop after SIGTERM to the {target}"
+    )
     assert took < STOP_BOUND_S
     assert cluster.run_status() == "completed"
     cluster.term.thaw()  # once its terminal reads again, the dashboard sees its server gone and exits

@@ -30,8 +30,18 @@ PROFILE = FIXED_PROFILE
 """A fixed profile: the thresholds below are set in its terms (the shipped cpu-tiny-llama is refreshed by calibration)."""
 # Scale out when the decode instances average ≥ 6.4 requests in flight (of the profile's 256
 # slots), back in after 2 s below 2.56; decisions every 0.5 s. The same params drive the simulator.
-THRESHOLD = {"role": "decode", "period_s": 0.5, "util_high": 0.025, "util_low": 0.01, "kv_high": 0.99, "kv_low": 0.98,
-             "cooldown_s": 1.0, "scale_in_after_s": 2.0, "min_instances": 1, "max_instances": 2}
+THRESHOLD = {
+    "role": "decode",
+    "period_s": 0.5,
+    "util_high": 0.025,
+    "util_low": 0.01,
+    "kv_high": 0.99,
+    "kv_low": 0.98,
+    "cooldown_s": 1.0,
+    "scale_in_after_s": 2.0,
+    "min_instances": 1,
+    "max_instances": 2,
+}
 RATE, SECONDS, OUTPUT = 5.0, 6.0, 200
 """Open-loop load: 30 requests of 200 tokens at 5/s keep ≈ 8 in flight on one decode instance."""
 
@@ -52,8 +62,9 @@ def open_loop(url: str, n: int, rate: float, max_tokens: int, errors: list[str])
 
     def one(k: int) -> None:
         try:
-            stream = client.completions.create(model="sibyl-model", prompt=[7] * 8, max_tokens=max_tokens, stream=True,
-                                               extra_body={"ignore_eos": True})
+            stream = client.completions.create(
+                model="sibyl-model", prompt=[7] * 8, max_tokens=max_tokens, stream=True, extra_body={"ignore_eos": True}
+            )
             tokens = sum(1 for ch in stream if ch.choices and ch.choices[0].text)
             if tokens != max_tokens:
                 errors.append(f"request {k}: {tokens} tokens")
@@ -73,8 +84,11 @@ def open_loop(url: str, n: int, rate: float, max_tokens: int, errors: list[str])
 @pytest.mark.slow  # waits out the policy's load windows both ways: ~12 s (make test-slow)
 def test_threshold_scales_out_under_load_then_drains_back_with_no_failed_request(tmp_path: Path) -> None:
     params = ", ".join(f"{k} = {json.dumps(v)}" for k, v in THRESHOLD.items())
-    cfg = write_config(tmp_path, f'prefill = 1\ndecode = 1\nprofile = "{PROFILE}"\npolicy = "least_load"\n'
-                                 f'[scaling]\nname = "threshold"\nparams = {{ {params} }}\n')
+    cfg = write_config(
+        tmp_path,
+        f'prefill = 1\ndecode = 1\nprofile = "{PROFILE}"\npolicy = "least_load"\n'
+        f'[scaling]\nname = "threshold"\nparams = {{ {params} }}\n',
+    )
     con = start_console(tmp_path, str(cfg))
     try:
         errors: list[str] = []
@@ -121,8 +135,16 @@ def test_the_same_threshold_policy_in_the_simulator_scales_at_the_same_load() ->
     def simulate(rate: float) -> list[tuple[float, str, str]]:
         n = int(rate * SECONDS)
         d = Dispatcher(prof, "least_load", scaling=("threshold", THRESHOLD))
-        sim = ClusterSimulation(arrivals=np.arange(n) / rate, prompt_tokens=np.full(n, 8), output_tokens=np.full(n, OUTPUT),
-                         profile=prof, n_prefill=1, n_decode=1, dispatcher=d, mode="iteration")
+        sim = ClusterSimulation(
+            arrivals=np.arange(n) / rate,
+            prompt_tokens=np.full(n, 8),
+            output_tokens=np.full(n, OUTPUT),
+            profile=prof,
+            n_prefill=1,
+            n_decode=1,
+            dispatcher=d,
+            mode="iteration",
+        )
         r = sim.run()
         assert r.ok.all()
         return [(e.time, e.action, e.phase) for e in r.scale_events]
@@ -147,7 +169,12 @@ def test_a_role_flip_changes_where_requests_go(tmp_path: Path) -> None:
         assert {i["id"]: i["role"] for i in state["instances"]} == {"p0": "prefill", "d0": "decode", "d1": "prefill"}
         assert state["cluster"] == "2P1D"
         # concurrent arrivals: prefill goes to the instance that frees up first, now p0 or d1
-        threads = [threading.Thread(target=c.completions.create, kwargs={"model": "sibyl-model", "prompt": "after", "max_tokens": 2}) for _ in range(6)]
+        threads = [
+            threading.Thread(
+                target=c.completions.create, kwargs={"model": "sibyl-model", "prompt": "after", "max_tokens": 2}
+            )
+            for _ in range(6)
+        ]
         for th in threads:
             th.start()
         for th in threads:
@@ -157,7 +184,9 @@ def test_a_role_flip_changes_where_requests_go(tmp_path: Path) -> None:
         con.stop()
         rows = RunStore(con.db).requests(con.run_id)
         before, after = rows[:4], rows[4:]
-        assert {r["decode_instance"] for r in before} == {"d0", "d1"} and {r["prefill_instance"] for r in before} == {"p0"}
+        assert {r["decode_instance"] for r in before} == {"d0", "d1"} and {r["prefill_instance"] for r in before} == {
+            "p0"
+        }
         assert {r["decode_instance"] for r in after} == {"d0"}
         assert "d1" in {r["prefill_instance"] for r in after}
         assert ("flipped", "decode -> prefill: operator via cli [cli]") in instance_steps(con, "d1")
@@ -173,15 +202,33 @@ def test_priority_queue_releases_urgent_requests_first_and_sheds_past_its_bound(
     admission would answer the held ones 503 past their 2 s wait bound: its bounded wait is
     raised to 30 s so the queue policy's order shows.)"""
     cfg = write_config(tmp_path, "[admission]\nextra_wait_s = 30\n")
-    con = start_console(tmp_path, str(cfg), "--profile", PROFILE, "--prefill", "1", "--decode", "1", "--queue", "priority",
-                        "--param", "priority.max_in_flight_per_instance=1", "--param", "priority.max_queued=4")
+    con = start_console(
+        tmp_path,
+        str(cfg),
+        "--profile",
+        PROFILE,
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--queue",
+        "priority",
+        "--param",
+        "priority.max_in_flight_per_instance=1",
+        "--param",
+        "priority.max_queued=4",
+    )
     try:
         body = {"model": "sibyl-model", "prompt": [1] * 8, "ignore_eos": True}
         results: dict[str, int] = {}
 
         def send(name: str, priority: int, max_tokens: int) -> None:
-            r = httpx.post(con.url + "/v1/completions", json={**body, "max_tokens": max_tokens, "priority": priority},
-                           headers={"X-Request-Id": name}, timeout=60)
+            r = httpx.post(
+                con.url + "/v1/completions",
+                json={**body, "max_tokens": max_tokens, "priority": priority},
+                headers={"X-Request-Id": name},
+                timeout=60,
+            )
             results[name] = r.status_code
 
         threads = [threading.Thread(target=send, args=("long", 5, 1000))]  # ≈ 3 s of decode
@@ -220,7 +267,10 @@ def test_what_a_backend_cannot_do_is_refused_with_the_reason(tmp_path: Path) -> 
             with con.control() as ctl:
                 r = ctl.put("/control/policies/scaling", json={"name": "threshold"})
                 assert r.status_code == 422
-                assert "cannot do" in r.json()["error"]["message"] and "no scale capability" in r.json()["error"]["message"]
+                assert (
+                    "cannot do" in r.json()["error"]["message"]
+                    and "no scale capability" in r.json()["error"]["message"]
+                )
                 r = ctl.put("/control/policies/routing", json={"name": "clairvoyant"})
                 assert r.status_code == 422 and "runs only in the simulator" in r.json()["error"]["message"]
                 r = ctl.post("/control/flip", json={"instance": "d0", "role": "prefill"})
@@ -229,7 +279,9 @@ def test_what_a_backend_cannot_do_is_refused_with_the_reason(tmp_path: Path) -> 
                 r = ctl.put("/control/policies/reschedule", json={"name": "current_load"})
                 assert r.status_code == 422 and "moves running requests" in r.json()["error"]["message"]
                 r = ctl.post("/control/migrate", json={"request_id": "any", "target": "d0"})
-                assert r.status_code == 409 and "does not support moving a running request" in r.json()["error"]["message"]
+                assert (
+                    r.status_code == 409 and "does not support moving a running request" in r.json()["error"]["message"]
+                )
                 # no data-parallel decode instance: a rank policy has nothing to choose
                 r = ctl.put("/control/policies/rank", json={"name": "bf_io"})
                 assert r.status_code == 422 and "chooses data-parallel ranks" in r.json()["error"]["message"]
@@ -242,12 +294,28 @@ def test_what_a_backend_cannot_do_is_refused_with_the_reason(tmp_path: Path) -> 
 
 
 def test_a_request_queued_past_its_ttl_gets_a_prompt_503_with_retry_after(tmp_path: Path) -> None:
-    con = start_console(tmp_path, "--profile", PROFILE, "--prefill", "1", "--decode", "1", "--queue", "fcfs",
-                        "--param", "fcfs.max_in_flight_per_instance=1", "--param", "fcfs.ttl_s=1")
+    con = start_console(
+        tmp_path,
+        "--profile",
+        PROFILE,
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--queue",
+        "fcfs",
+        "--param",
+        "fcfs.max_in_flight_per_instance=1",
+        "--param",
+        "fcfs.ttl_s=1",
+    )
     try:
         body = {"model": "sibyl-model", "prompt": [1] * 8, "ignore_eos": True}
-        long = threading.Thread(target=httpx.post, args=(con.url + "/v1/completions",),
-                                kwargs={"json": {**body, "max_tokens": 1000}, "timeout": 60})
+        long = threading.Thread(
+            target=httpx.post,
+            args=(con.url + "/v1/completions",),
+            kwargs={"json": {**body, "max_tokens": 1000}, "timeout": 60},
+        )
         long.start()
         wait_for(lambda: con.state()["requests"]["in_flight"] == 1, 10, "the long request to run")
         started = time.monotonic()
@@ -264,13 +332,26 @@ def test_a_request_queued_past_its_ttl_gets_a_prompt_503_with_retry_after(tmp_pa
 
 def test_a_policy_that_binds_late_chooses_the_decode_instance_at_prefill_end(tmp_path: Path) -> None:
     """least_load with bind=prefill_end: routed with no decode instance, bound when leg 1 returns."""
-    con = start_console(tmp_path, "--profile", PROFILE, "--prefill", "1", "--decode", "2", "--policy", "least_load",
-                        "--param", "bind=prefill_end")
+    con = start_console(
+        tmp_path,
+        "--profile",
+        PROFILE,
+        "--prefill",
+        "1",
+        "--decode",
+        "2",
+        "--policy",
+        "least_load",
+        "--param",
+        "bind=prefill_end",
+    )
     try:
         assert con.state()["policies"]["routing"]["params"]["bind"] == "prefill_end"
         c = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0)
         for _ in range(4):
-            out = c.completions.create(model="sibyl-model", prompt=[3] * 8, max_tokens=3, extra_body={"ignore_eos": True})
+            out = c.completions.create(
+                model="sibyl-model", prompt=[3] * 8, max_tokens=3, extra_body={"ignore_eos": True}
+            )
             assert out.usage is not None and out.usage.completion_tokens == 3
         con.stop()
         rows = RunStore(con.db).requests(con.run_id)
@@ -283,15 +364,20 @@ def test_a_policy_that_binds_late_chooses_the_decode_instance_at_prefill_end(tmp
 
 
 @pytest.mark.slow  # builds prompt-heavy load until the policy flips: ~11 s (make test-slow)
-def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_with_no_failed_request(tmp_path: Path) -> None:
+def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_with_no_failed_request(
+    tmp_path: Path,
+) -> None:
     """Long prompts at 5/s keep one prefill instance busy (≈ 0.3 s each on the fixed profile) while
     two decode instances idle: HyperFlexis' scaler takes a decode instance for prefill by a flip
     (drained first), with its reason, and no client request fails."""
     scaling = {"period_s": 0.5, "low_ticks": 40, "max_instances": 3}
     params = ", ".join(f"{k} = {json.dumps(v)}" for k, v in scaling.items())
-    cfg = write_config(tmp_path, f'prefill = 1\ndecode = 2\nprofile = "{PROFILE}"\npolicy = "hyperflexis"\n'
-                                 f'[queue]\nname = "hyperflexis"\n[scaling]\nname = "hyperflexis"\nparams = {{ {params} }}\n'
-                                 '[admission]\nenabled = false\n')  # the backlog the scaler reacts to is the point: do not shed it
+    cfg = write_config(
+        tmp_path,
+        f'prefill = 1\ndecode = 2\nprofile = "{PROFILE}"\npolicy = "hyperflexis"\n'
+        f'[queue]\nname = "hyperflexis"\n[scaling]\nname = "hyperflexis"\nparams = {{ {params} }}\n'
+        "[admission]\nenabled = false\n",
+    )  # the backlog the scaler reacts to is the point: do not shed it
     con = start_console(tmp_path, str(cfg))
     try:
         client = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
@@ -299,8 +385,9 @@ def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_
 
         def one(k: int) -> None:
             try:
-                out = client.completions.create(model="sibyl-model", prompt=f"{k} " + "p" * 3200, max_tokens=8,
-                                             extra_body={"ignore_eos": True})  # distinct from the first token: no prefix to reuse
+                out = client.completions.create(
+                    model="sibyl-model", prompt=f"{k} " + "p" * 3200, max_tokens=8, extra_body={"ignore_eos": True}
+                )  # distinct from the first token: no prefix to reuse
                 if out.usage is None or out.usage.completion_tokens != 8:
                     errors.append(f"request {k}: short")
             except Exception as e:  # noqa: BLE001
@@ -338,16 +425,39 @@ def test_tail_aware_releases_held_requests_in_phi_order_and_the_config_asks_vllm
     from console.live.config import ConsoleConfig
 
     assert ConsoleConfig(queue={"name": "tail_aware"}).vllm.scheduling_policy == "priority"
-    assert ConsoleConfig(queue={"name": "tail_aware"}, vllm={"scheduling_policy": "fcfs"}).vllm.scheduling_policy == "fcfs"
+    assert (
+        ConsoleConfig(queue={"name": "tail_aware"}, vllm={"scheduling_policy": "fcfs"}).vllm.scheduling_policy == "fcfs"
+    )
     assert ConsoleConfig().vllm.scheduling_policy == "fcfs"
     cfg = write_config(tmp_path, "[admission]\nextra_wait_s = 30\n")  # held past the 2 s wait bound: not answered 503
-    con = start_console(tmp_path, str(cfg), "--profile", PROFILE, "--prefill", "1", "--decode", "1", "--queue", "tail_aware",
-                        "--param", "tail_aware.max_in_flight_per_instance=1", "--param", "tail_aware.tau_s=0.01")
+    con = start_console(
+        tmp_path,
+        str(cfg),
+        "--profile",
+        PROFILE,
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--queue",
+        "tail_aware",
+        "--param",
+        "tail_aware.max_in_flight_per_instance=1",
+        "--param",
+        "tail_aware.tau_s=0.01",
+    )
     try:
+
         def post(prompt: list[int], max_tokens: int, rid: str) -> threading.Thread:
-            th = threading.Thread(target=httpx.post, args=(con.url + "/v1/completions",), kwargs={
-                "json": {"model": "sibyl-model", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True},
-                "headers": {"X-Request-Id": rid}, "timeout": 60})
+            th = threading.Thread(
+                target=httpx.post,
+                args=(con.url + "/v1/completions",),
+                kwargs={
+                    "json": {"model": "sibyl-model", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True},
+                    "headers": {"X-Request-Id": rid},
+                    "timeout": 60,
+                },
+            )
             th.start()
             return th
 
@@ -374,7 +484,7 @@ def test_bf_io_chooses_the_rank_of_every_request_on_data_parallel_decode_groups(
     the group's own balancer (no header), is swapped to bf_io live, and then every stream carries
     X-data-parallel-rank: the emulators hold each request on the rank the gateway chose, the
     dashboard's per-rank loads match, and the choices are in the run store."""
-    cfg = write_config(tmp_path, "policy = \"round_robin\"\n[emulator]\ndata_parallel_size = 4\n")
+    cfg = write_config(tmp_path, 'policy = "round_robin"\n[emulator]\ndata_parallel_size = 4\n')
     con = start_console(tmp_path, str(cfg), "--profile", PROFILE, "--prefill", "1", "--decode", "2")
     try:
         assert con.state()["policies"]["rank"]["name"] == "engine"
@@ -385,7 +495,9 @@ def test_bf_io_chooses_the_rank_of_every_request_on_data_parallel_decode_groups(
         prompts = ["x" * (4 * n) for n in (500, 50, 60, 70, 300, 80, 90, 100)]
 
         def stream(prompt: str) -> None:
-            s = c.completions.create(model="sibyl-model", prompt=prompt, max_tokens=500, stream=True, extra_body={"ignore_eos": True})
+            s = c.completions.create(
+                model="sibyl-model", prompt=prompt, max_tokens=500, stream=True, extra_body={"ignore_eos": True}
+            )
             texts.append("".join(ch.choices[0].text for ch in s if ch.choices))
 
         threads = [threading.Thread(target=stream, args=(p,)) for p in prompts]
@@ -395,7 +507,9 @@ def test_bf_io_chooses_the_rank_of_every_request_on_data_parallel_decode_groups(
         decode_urls = [i["url"] for i in con.state()["instances"] if i["role"] == "decode"]
 
         def emulated_ranks() -> list[list[int]]:
-            return [[r["running"] for r in httpx.get(u + "/admin/info", timeout=5).json()["ranks"]] for u in decode_urls]
+            return [
+                [r["running"] for r in httpx.get(u + "/admin/info", timeout=5).json()["ranks"]] for u in decode_urls
+            ]
 
         wait_for(lambda: [sum(g) for g in emulated_ranks()] == [4, 4], 30, "four streams decoding on each group")
         state = con.state()

@@ -55,7 +55,11 @@ class Cluster:
     def pulled(self, iid: str) -> float:
         """KV pulls the decode instance `iid` finished (vllm:nixl_xfer_time_seconds_count)."""
         text = httpx.get(self.urls[iid] + "/metrics", timeout=5).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:nixl_xfer_time_seconds_count"))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:nixl_xfer_time_seconds_count")
+        )
 
     def kill(self, iid: str) -> None:
         proc = self.restarted.pop(iid, None)
@@ -91,7 +95,7 @@ class Cluster:
 
         def flushed() -> bool:
             nonlocal rows
-            rows = store.requests(self.console.run_id)[self.seen:]
+            rows = store.requests(self.console.run_id)[self.seen :]
             return len(rows) >= 12
 
         wait_for(flushed, 10, "the case's rows to be stored")
@@ -150,7 +154,9 @@ def call(url: str, k: int, stream: bool, api: str, out: dict[int, str], salt: in
                             out[k] = f"stream error: {event['error']}"
                             return
                         for ch in event.get("choices") or []:
-                            parts.append((ch.get("delta") or {}).get("content") or "" if api == "chat" else ch.get("text") or "")
+                            parts.append(
+                                (ch.get("delta") or {}).get("content") or "" if api == "chat" else ch.get("text") or ""
+                            )
                 text = "".join(parts)
         out[k] = "ok" if text == EXPECTED else f"text: {text[:120]!r}... ({text.count(' t')} tokens)"
     except httpx.HTTPError as e:
@@ -160,7 +166,9 @@ def call(url: str, k: int, stream: bool, api: str, out: dict[int, str], salt: in
 def send_twelve(c: Cluster) -> tuple[list[threading.Thread], dict[int, str]]:
     """The twelve requests in order (each admitted before the next is sent): d0 gets the even ones."""
     with c.console.control() as ctl:
-        ctl.put("/control/policies/routing", json={"name": "round_robin", "params": {}, "source": "test"}).raise_for_status()
+        ctl.put(
+            "/control/policies/routing", json={"name": "round_robin", "params": {}, "source": "test"}
+        ).raise_for_status()
     out: dict[int, str] = {}
     threads = []
     for k in range(12):
@@ -168,7 +176,9 @@ def send_twelve(c: Cluster) -> tuple[list[threading.Thread], dict[int, str]]:
         t = threading.Thread(target=call, args=(c.console.url, k, stream, api, out, c.seen + 1000))
         t.start()
         threads.append(t)
-        wait_for(lambda k=k: c.console.state()["requests"]["in_flight"] >= k + 1 or len(out) > 0, 10, f"request {k} admitted")
+        wait_for(
+            lambda k=k: c.console.state()["requests"]["in_flight"] >= k + 1 or len(out) > 0, 10, f"request {k} admitted"
+        )
     return threads, out
 
 
@@ -180,7 +190,9 @@ def finish(c: Cluster, threads: list[threading.Thread], out: dict[int, str]) -> 
     shapes = {k: f"{'stream' if SHAPES[k // 2][0] else 'whole'}/{SHAPES[k // 2][1]}" for k in range(12)}
     assert out == {k: "ok" for k in range(12)}, {shapes[k]: v for k, v in out.items() if v != "ok"}
     rows = c.rows()
-    assert all(r["status"] == "ok" and r["output_tokens"] == TOKENS for r in rows), [(r["status"], r["reason"]) for r in rows]
+    assert all(r["status"] == "ok" and r["output_tokens"] == TOKENS for r in rows), [
+        (r["status"], r["reason"]) for r in rows
+    ]
     return rows
 
 
@@ -231,7 +243,9 @@ def prefill_before_pull(c: Cluster) -> None:
 
 def generated(c: Cluster, iid: str) -> float:
     text = httpx.get(c.urls[iid] + "/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total")
+    )
 
 
 def prefill_after_pull(c: Cluster) -> None:

@@ -37,7 +37,13 @@ from schemathesis.specs.openapi.checks import (
 from tests.procs import FAST_PROFILE, Console, kill_children, start_console
 
 ARGS = ["--profile", FAST_PROFILE, "--prefill", "1", "--decode", "1"]
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance, ignored_auth]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    ignored_auth,
+]
 SCALE_OUT_BUDGET = 2
 MAX_TOKENS_IN_TEST = 8
 """Generated max_tokens are capped here (the schema's own bound is the context length) to keep
@@ -82,7 +88,11 @@ class Fuzzer:
 
     def _bound_scale(self, case: Any) -> None:
         body = case.body
-        if not isinstance(body, dict) or type(body.get("delta")) is not int or body.get("role") not in ("prefill", "decode"):
+        if (
+            not isinstance(body, dict)
+            or type(body.get("delta")) is not int
+            or body.get("role") not in ("prefill", "decode")
+        ):
             return
         delta = body["delta"]
         if 0 < delta <= 16:
@@ -94,14 +104,20 @@ class Fuzzer:
         op = case.operation
         if op.path == "/control/scale":
             self._bound_scale(case)
-        if op.path == "/control/policies/{kind}" and isinstance(case.body, dict) and case.body.get("name") == "threshold":
+        if (
+            op.path == "/control/policies/{kind}"
+            and isinstance(case.body, dict)
+            and case.body.get("name") == "threshold"
+        ):
             case.body["name"] = "static"  # an acting scaling policy would start instances on its own
         kwargs = {"base_url": self.con.url, "timeout": 30}
         try:
             response = case.call(**kwargs)  # the bearer token comes from the schema's auth config
         except requests.ConnectionError:
             code = self.con.proc.poll()
-            raise AssertionError(f"the console is gone (exit {code}) at {case.as_curl_command()}:\n{self.con.log.read_text(errors='replace')[-3000:]}") from None
+            raise AssertionError(
+                f"the console is gone (exit {code}) at {case.as_curl_command()}:\n{self.con.log.read_text(errors='replace')[-3000:]}"
+            ) from None
         case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs)
         status = response.status_code
         self.statuses.setdefault(op.label, set()).add(status)
@@ -119,7 +135,14 @@ def fuzz(fuzzer: Fuzzer, schema: Any, path: str, method: str, mode: GenerationMo
     op = schema[path][method]
     strategy = op.as_strategy(generation_mode=mode)
 
-    @settings(max_examples=n, deadline=None, database=None, derandomize=derandomize, phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        derandomize=derandomize,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def run(case: Any) -> None:
         fuzzer.exercise(case)
@@ -128,8 +151,19 @@ def fuzz(fuzzer: Fuzzer, schema: Any, path: str, method: str, mode: GenerationMo
 
 
 HOT = [("/v1/completions", "POST"), ("/v1/chat/completions", "POST")]
-READS = [("/v1/models", "GET"), ("/health", "GET"), ("/control/state", "GET"), ("/control/policies", "GET"), ("/control/run", "GET")]
-WRITES = [("/control/replay/{action}", "POST"), ("/control/flip", "POST"), ("/control/scale", "POST"), ("/control/policies/{kind}", "PUT")]
+READS = [
+    ("/v1/models", "GET"),
+    ("/health", "GET"),
+    ("/control/state", "GET"),
+    ("/control/policies", "GET"),
+    ("/control/run", "GET"),
+]
+WRITES = [
+    ("/control/replay/{action}", "POST"),
+    ("/control/flip", "POST"),
+    ("/control/scale", "POST"),
+    ("/control/policies/{kind}", "PUT"),
+]
 
 
 def run_campaign(con: Console, examples: Callable[[str, GenerationMode], int], derandomize: bool) -> Fuzzer:
@@ -154,16 +188,41 @@ def run_campaign(con: Console, examples: Callable[[str, GenerationMode], int], d
 def test_the_console_serves_its_openapi_schema(console: Console) -> None:
     doc = httpx.get(console.url + "/openapi.json", timeout=10).json()
     assert doc["openapi"].startswith("3.1")
-    wanted = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/control/state", "/control/policies",
-              "/control/policies/{kind}", "/control/scale", "/control/flip", "/control/run", "/control/replay/{action}"}
+    wanted = {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/health",
+        "/control/state",
+        "/control/policies",
+        "/control/policies/{kind}",
+        "/control/scale",
+        "/control/flip",
+        "/control/run",
+        "/control/replay/{action}",
+    }
     assert wanted <= set(doc["paths"])
-    assert doc["components"]["securitySchemes"]["bearerAuth"] == {**doc["components"]["securitySchemes"]["bearerAuth"], "type": "http", "scheme": "bearer"}
-    assert all(op.get("security") == [{"bearerAuth": []}] for p, item in doc["paths"].items() if p.startswith("/control/") for op in item.values())
+    assert doc["components"]["securitySchemes"]["bearerAuth"] == {
+        **doc["components"]["securitySchemes"]["bearerAuth"],
+        "type": "http",
+        "scheme": "bearer",
+    }
+    assert all(
+        op.get("security") == [{"bearerAuth": []}]
+        for p, item in doc["paths"].items()
+        if p.startswith("/control/")
+        for op in item.values()
+    )
     completion = doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert completion["properties"]["model"]["enum"] == ["sibyl-model"] and completion["required"] == ["prompt"]
     scale = doc["paths"]["/control/scale"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert (scale["properties"]["delta"]["minimum"], scale["properties"]["delta"]["maximum"]) == (-16, 16)
-    names = {v["properties"]["name"]["const"] for v in doc["paths"]["/control/policies/{kind}"]["put"]["requestBody"]["content"]["application/json"]["schema"]["oneOf"]}
+    names = {
+        v["properties"]["name"]["const"]
+        for v in doc["paths"]["/control/policies/{kind}"]["put"]["requestBody"]["content"]["application/json"][
+            "schema"
+        ]["oneOf"]
+    }
     assert {"sibyl", "least_load", "fcfs", "threshold"} <= names
     schemathesis.openapi.from_dict(doc)  # schemathesis accepts it
 
@@ -177,19 +236,38 @@ def test_bad_requests_get_well_formed_errors_not_500s(console: Console) -> None:
         ("POST", "/v1/completions", {"prompt": "x", "max_tokens": True}, {}, 400),
         ("GET", "/v1/completions", b"", {}, 405),
         ("DELETE", "/control/state", b"", {"Authorization": f"Bearer {console.token}"}, 405),
-        ("POST", "/control/scale", {"role": "decode", "delta": 10**6}, {"Authorization": f"Bearer {console.token}"}, 422),
+        (
+            "POST",
+            "/control/scale",
+            {"role": "decode", "delta": 10**6},
+            {"Authorization": f"Bearer {console.token}"},
+            422,
+        ),
     ]
     for method, path, body, headers, status in cases:
         content = body if isinstance(body, bytes) else orjson.dumps(body)
-        r = httpx.request(method, url + path, content=content, headers={"content-type": "application/json", **headers}, timeout=30)
+        r = httpx.request(
+            method, url + path, content=content, headers={"content-type": "application/json", **headers}, timeout=30
+        )
         assert r.status_code == status, (method, path, body, r.status_code, r.text)
         error_shaped(r.content, status)
     # a non-UTF-8 request id or tenant header is taken byte for byte (it was a 500)
-    r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers={b"x-request-id": b"r\xe9q", b"x-sibyl-tenant": b"caf\xc3"}, timeout=30)
+    r = httpx.post(
+        url + "/v1/completions",
+        json={"prompt": "x", "max_tokens": 2},
+        headers={b"x-request-id": b"r\xe9q", b"x-sibyl-tenant": b"caf\xc3"},
+        timeout=30,
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
+
     # one X-Request-Id in flight twice: 409 for the latecomers, not 500s and a corrupted request table
     def post(_: int) -> httpx.Response:
-        return httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 100, "ignore_eos": True}, headers={"x-request-id": "twice"}, timeout=30)
+        return httpx.post(
+            url + "/v1/completions",
+            json={"prompt": "x", "max_tokens": 100, "ignore_eos": True},
+            headers={"x-request-id": "twice"},
+            timeout=30,
+        )
 
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(post, range(4)))
@@ -204,11 +282,25 @@ def test_bad_requests_get_well_formed_errors_not_500s(console: Console) -> None:
 
 
 def test_control_api_refuses_without_the_token(console: Console) -> None:
-    for method, path in [("GET", "/control/state"), ("GET", "/control/policies"), ("GET", "/control/run"), ("PUT", "/control/policies/routing"),
-                         ("POST", "/control/scale"), ("POST", "/control/flip"), ("POST", "/control/replay/pause")]:
-        bad: list[dict[bytes, bytes]] = [{}, {b"authorization": b"Bearer nope"}, {b"authorization": f"Basic {console.token}".encode()}, {b"authorization": b"Bearer \xe9"}]
+    for method, path in [
+        ("GET", "/control/state"),
+        ("GET", "/control/policies"),
+        ("GET", "/control/run"),
+        ("PUT", "/control/policies/routing"),
+        ("POST", "/control/scale"),
+        ("POST", "/control/flip"),
+        ("POST", "/control/replay/pause"),
+    ]:
+        bad: list[dict[bytes, bytes]] = [
+            {},
+            {b"authorization": b"Bearer nope"},
+            {b"authorization": f"Basic {console.token}".encode()},
+            {b"authorization": b"Bearer \xe9"},
+        ]
         for headers in bad:
-            r = httpx.request(method, console.url + path, json={"role": "decode", "delta": 1}, headers=headers, timeout=10)
+            r = httpx.request(
+                method, console.url + path, json={"role": "decode", "delta": 1}, headers=headers, timeout=10
+            )
             assert r.status_code == 401, (method, path, headers, r.status_code)
             error_shaped(r.content, 401)
     assert len(console.state()["instances"]) == 2  # nothing was scaled
@@ -222,7 +314,9 @@ def test_schemathesis_fuzz_of_every_endpoint(console: Console) -> None:
 
     fuzzer = run_campaign(console, examples, derandomize=True)  # the same cases every run (CI)
     # the fuzzing reached past validation: real completions and real refusals
-    assert 200 in fuzzer.statuses["POST /v1/completions"] and 200 in fuzzer.statuses["POST /v1/chat/completions"], fuzzer.statuses
+    assert 200 in fuzzer.statuses["POST /v1/completions"] and 200 in fuzzer.statuses["POST /v1/chat/completions"], (
+        fuzzer.statuses
+    )
     assert any(s >= 400 for s in fuzzer.statuses["POST /v1/completions"])
     assert fuzzer.statuses["POST /control/replay/{action}"] <= {404, 401}
     assert fuzzer.added <= SCALE_OUT_BUDGET

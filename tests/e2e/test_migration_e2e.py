@@ -20,17 +20,27 @@ TOKENS = 1000
 """About 3 s of decoding on FIXED_PROFILE: time to move it mid-stream."""
 
 
-def test_a_stream_follows_its_request_to_another_decode_instance_without_a_lost_or_repeated_token(tmp_path: Path) -> None:
-    con = start_console(tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "2", "--policy", "round_robin")
+def test_a_stream_follows_its_request_to_another_decode_instance_without_a_lost_or_repeated_token(
+    tmp_path: Path,
+) -> None:
+    con = start_console(
+        tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "2", "--policy", "round_robin"
+    )
     try:
         client = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
         rid = uuid.uuid4().hex
         got: dict[str, object] = {}
 
         def stream() -> None:
-            s = client.completions.create(model="sibyl-model", prompt="move me", max_tokens=TOKENS, stream=True,
-                                          extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": rid},
-                                          stream_options={"include_usage": True})
+            s = client.completions.create(
+                model="sibyl-model",
+                prompt="move me",
+                max_tokens=TOKENS,
+                stream=True,
+                extra_body={"ignore_eos": True},
+                extra_headers={"X-Request-Id": rid},
+                stream_options={"include_usage": True},
+            )
             chunks = list(s)
             got["texts"] = [c.choices[0].text for c in chunks if c.choices]
             got["usage"] = chunks[-1].usage
@@ -49,7 +59,9 @@ def test_a_stream_follows_its_request_to_another_decode_instance_without_a_lost_
             moved = ctl.post("/control/migrate", json={"request_id": rid, "target": target})
         assert moved.status_code == 200, moved.text
         report = moved.json()
-        assert (report["source"], report["target"]) == (source, target) and report["stages"] >= 1 and report["tokens"] > 0
+        assert (
+            (report["source"], report["target"]) == (source, target) and report["stages"] >= 1 and report["tokens"] > 0
+        )
         t.join(60)
         assert got["texts"] == [f" t{k}" for k in range(TOKENS)]  # every token once, in order
         assert got["usage"] is not None and got["usage"].completion_tokens == TOKENS  # type: ignore[attr-defined]
@@ -61,7 +73,11 @@ def test_a_stream_follows_its_request_to_another_decode_instance_without_a_lost_
         [row] = [r for r in store.requests(con.run_id) if r["request_id"] == rid]
         assert row["status"] == "ok" and row["decode_instance"] == target and row["output_tokens"] == TOKENS
         [event] = [e for e in store.instance_events(con.run_id) if e["event"] == "migrated"]
-        assert event["instance_id"] == source and f"{rid} → {target}" in event["detail"] and "decode steps" in event["detail"]
+        assert (
+            event["instance_id"] == source
+            and f"{rid} → {target}" in event["detail"]
+            and "decode steps" in event["detail"]
+        )
         print(f"[migration] {event['detail']}")
     finally:
         con.stop()
@@ -75,10 +91,21 @@ def test_migrating_a_non_streaming_request_or_onto_a_prefill_instance_is_refused
         assert unknown.returncode != 0 and "'nope' is not decoding" in unknown.stderr
         client = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
         rid = uuid.uuid4().hex
-        t = threading.Thread(target=lambda: client.completions.create(
-            model="sibyl-model", prompt="whole", max_tokens=TOKENS, extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": rid}))
+        t = threading.Thread(
+            target=lambda: client.completions.create(
+                model="sibyl-model",
+                prompt="whole",
+                max_tokens=TOKENS,
+                extra_body={"ignore_eos": True},
+                extra_headers={"X-Request-Id": rid},
+            )
+        )
         t.start()
-        wait_for(lambda: any(i["running"] > 0 for i in con.state()["instances"] if i["role"] == "decode"), 10, "the request decoding")
+        wait_for(
+            lambda: any(i["running"] > 0 for i in con.state()["instances"] if i["role"] == "decode"),
+            10,
+            "the request decoding",
+        )
         with con.control() as ctl:
             whole = ctl.post("/control/migrate", json={"request_id": rid, "target": "p0"})
             assert whole.status_code == 409 and "not streaming" in whole.json()["error"]["message"]
@@ -92,24 +119,38 @@ def test_a_reschedule_policy_moves_streams_onto_an_added_instance_and_no_client_
     """Four long streams decode on d0; d1 joins empty; `current_load` (every 0.5 s) moves streams
     to d1 through the backend's migration, each recorded with its stall, and every client reads
     every token once."""
-    con = start_console(tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "1", "--policy", "round_robin")
+    con = start_console(
+        tmp_path, "--profile", FIXED_PROFILE, "--prefill", "1", "--decode", "1", "--policy", "round_robin"
+    )
     try:
         client = OpenAI(base_url=con.url + "/v1", api_key="x", max_retries=0, timeout=60)
         texts: dict[int, list[str]] = {}
 
         def stream(k: int) -> None:
-            s = client.completions.create(model="sibyl-model", prompt=f"drift {k}", max_tokens=TOKENS, stream=True,
-                                          extra_body={"ignore_eos": True})
+            s = client.completions.create(
+                model="sibyl-model",
+                prompt=f"drift {k}",
+                max_tokens=TOKENS,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             texts[k] = [c.choices[0].text for c in s if c.choices]
 
         threads = [threading.Thread(target=stream, args=(k,)) for k in range(4)]
         for th in threads:
             th.start()
-        wait_for(lambda: next(i for i in con.state()["instances"] if i["id"] == "d0")["running"] == 4, 10, "four streams on d0")
+        wait_for(
+            lambda: next(i for i in con.state()["instances"] if i["id"] == "d0")["running"] == 4,
+            10,
+            "four streams on d0",
+        )
         assert con.cli("scale", "decode", "1").returncode == 0
         wait_for(lambda: any(i["id"] == "d1" and i["healthy"] for i in con.state()["instances"]), 30, "d1 to join")
         with con.control() as ctl:
-            r = ctl.put("/control/policies/reschedule", json={"name": "current_load", "params": {"period_s": 0.5, "cooldown_s": 60}})
+            r = ctl.put(
+                "/control/policies/reschedule",
+                json={"name": "current_load", "params": {"period_s": 0.5, "cooldown_s": 60}},
+            )
             assert r.status_code == 200, r.text
         for th in threads:
             th.join(60)

@@ -40,7 +40,12 @@ class Reply:
 
 async def burst(url: str, n: int, timeout: float) -> list[Reply]:
     async def one(client: httpx.AsyncClient, k: int) -> Reply:
-        body = {"model": "sibyl-model", "prompt": [5 + (k + j) % 500 for j in range(PROMPT)], "max_tokens": OUTPUT, "ignore_eos": True}
+        body = {
+            "model": "sibyl-model",
+            "prompt": [5 + (k + j) % 500 for j in range(PROMPT)],
+            "max_tokens": OUTPUT,
+            "ignore_eos": True,
+        }
         t0 = time.monotonic()
         try:
             r = await client.post(url + "/v1/completions", json=body)

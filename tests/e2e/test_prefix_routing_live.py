@@ -41,7 +41,11 @@ def cleanup() -> Iterator[list[Console]]:
 
 
 def _complete(url: str, prompt: list[int]) -> None:
-    r = httpx.post(url + "/v1/completions", json={"model": "sibyl-model", "prompt": prompt, "max_tokens": 2, "ignore_eos": True}, timeout=60)
+    r = httpx.post(
+        url + "/v1/completions",
+        json={"model": "sibyl-model", "prompt": prompt, "max_tokens": 2, "ignore_eos": True},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
 
 
@@ -52,7 +56,9 @@ def _events_followed(con: Console, n: int) -> bool:
 
 
 @pytest.mark.parametrize("source", ["approximate", "precise"])
-def test_a_request_goes_where_its_prefix_is_cached_and_hits_there(tmp_path: Path, cleanup: list[Console], source: str) -> None:
+def test_a_request_goes_where_its_prefix_is_cached_and_hits_there(
+    tmp_path: Path, cleanup: list[Console], source: str
+) -> None:
     con = _console(tmp_path, source, "prefix_aware", prefill=2, decode=1)
     cleanup.append(con)
     state = con.state()
@@ -81,7 +87,9 @@ def test_a_request_goes_where_its_prefix_is_cached_and_hits_there(tmp_path: Path
     assert con.state()["prefix"]["keyed_share"] == 1.0
 
 
-def test_prefix_pd_serves_a_request_on_the_decode_instance_that_holds_its_prompt(tmp_path: Path, cleanup: list[Console]) -> None:
+def test_prefix_pd_serves_a_request_on_the_decode_instance_that_holds_its_prompt(
+    tmp_path: Path, cleanup: list[Console]
+) -> None:
     con = _console(tmp_path, "precise", "prefix_pd", prefill=1, decode=1)
     cleanup.append(con)
     urls = {i["role"]: i["url"] for i in con.state()["instances"]}
@@ -90,6 +98,7 @@ def test_prefix_pd_serves_a_request_on_the_decode_instance_that_holds_its_prompt
     seq = con.state()["prefix"]["events"][d_id]["last_seq"]
     prompt = list(range(5000, 5000 + 7 * BLOCK))
     _complete(con.url, prompt)  # P computes it, D pulls and caches the 7 blocks
+
     def heard() -> bool:
         last = con.state()["prefix"]["events"][d_id]["last_seq"]
         return last is not None and (seq is None or last > seq)
@@ -112,7 +121,11 @@ def test_text_prompts_are_keyed_through_the_engines_tokenizer(tmp_path: Path, cl
     queries = {p: _metric(u, "vllm:prefix_cache_queries_total") for p, u in prefill_urls.items()}
     before = {p: _metric(u, "vllm:prefix_cache_hits_total") for p, u in prefill_urls.items()}
     for tail in (" first", " second"):
-        r = httpx.post(con.url + "/v1/completions", json={"model": "sibyl-model", "prompt": shared + tail, "max_tokens": 2}, timeout=60)
+        r = httpx.post(
+            con.url + "/v1/completions",
+            json={"model": "sibyl-model", "prompt": shared + tail, "max_tokens": 2},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
     first = next(p for p, u in prefill_urls.items() if _metric(u, "vllm:prefix_cache_queries_total") > queries[p])
     hits = {p: _metric(u, "vllm:prefix_cache_hits_total") - before[p] for p, u in prefill_urls.items()}

@@ -16,11 +16,22 @@ from tests.procs import FIXED_PROFILE, kill_children, start_console
 
 def test_secret_flags_and_variables_are_hidden_and_nothing_else() -> None:
     assert redact_args(["--admin-token", "abc", "--max-num-batched-tokens", "8192", "--api-key=zz", "-x", "1"]) == [
-        "--admin-token", "***", "--max-num-batched-tokens", "8192", "--api-key=***", "-x", "1"]
+        "--admin-token",
+        "***",
+        "--max-num-batched-tokens",
+        "8192",
+        "--api-key=***",
+        "-x",
+        "1",
+    ]
     assert redact_env({"HF_TOKEN": "hf_x", "VLLM_CPU_KVCACHE_SPACE": "1", "MAX_TOKENS": "3"}) == {
-        "HF_TOKEN": "***", "VLLM_CPU_KVCACHE_SPACE": "1", "MAX_TOKENS": "3"}
-    assert redact_config({"a": {"password": "p", "max_num_batched_tokens": 8}, "vllm": {"extra_env": {"HF_TOKEN": "s"}}}) == {
-        "a": {"password": "***", "max_num_batched_tokens": 8}, "vllm": {"extra_env": {"HF_TOKEN": "***"}}}
+        "HF_TOKEN": "***",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "MAX_TOKENS": "3",
+    }
+    assert redact_config(
+        {"a": {"password": "p", "max_num_batched_tokens": 8}, "vllm": {"extra_env": {"HF_TOKEN": "s"}}}
+    ) == {"a": {"password": "***", "max_num_batched_tokens": 8}, "vllm": {"extra_env": {"HF_TOKEN": "***"}}}
 
 
 def test_loopback_addresses() -> None:
@@ -30,12 +41,17 @@ def test_loopback_addresses() -> None:
 
 def test_tokens_never_reach_the_run_store_and_the_token_file_is_private(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'prefill = 1\ndecode = 1\nprofile = "{FIXED_PROFILE}"\n[emulator]\nextra_args = ["--admin-token", "s3cret-admin"]\n')
+    cfg.write_text(
+        f'prefill = 1\ndecode = 1\nprofile = "{FIXED_PROFILE}"\n[emulator]\nextra_args = ["--admin-token", "s3cret-admin"]\n'
+    )
     con = start_console(tmp_path, str(cfg))
     try:
         url = con.state()["instances"][1]["url"]
         assert httpx.get(url + "/admin/info", timeout=5).status_code == 401  # the token is in force
-        assert httpx.get(url + "/admin/info", headers={"Authorization": "Bearer s3cret-admin"}, timeout=5).status_code == 200
+        assert (
+            httpx.get(url + "/admin/info", headers={"Authorization": "Bearer s3cret-admin"}, timeout=5).status_code
+            == 200
+        )
         con.stop()
         run = RunStore(con.db).get_run(con.run_id)
         assert json.dumps(run.config).count("s3cret") == 0 and "***" in json.dumps(run.config)

@@ -22,7 +22,14 @@ from adapters.store import RunStore
 from tests.e2e.test_control_plane_e2e import instance_steps_live
 from tests.procs import FIXED_PROFILE, kill_children, start_console, wait_for
 
-THRESHOLD = {"role": "decode", "period_s": 0.5, "cooldown_s": 2.0, "scale_in_after_s": 3.0, "max_instances": 2, "slo_min_samples": 4}
+THRESHOLD = {
+    "role": "decode",
+    "period_s": 0.5,
+    "cooldown_s": 2.0,
+    "scale_in_after_s": 3.0,
+    "max_instances": 2,
+    "slo_min_samples": 4,
+}
 """Default thresholds (utilisation 0.9/0.3, KV 0.8/0.3, queue 5, SLO attainment 90%), quicker cadence."""
 RATE, SECONDS, OUTPUT = 4.0, 8.0, 40
 
@@ -31,8 +38,10 @@ RATE, SECONDS, OUTPUT = 4.0, 8.0, 40
 def test_a_missed_tpot_slo_adds_a_decode_instance_which_drains_away_after(tmp_path: Path) -> None:
     params = ", ".join(f"{k} = {json.dumps(v)}" for k, v in THRESHOLD.items())
     cfg = tmp_path / "console.toml"
-    cfg.write_text(f'prefill = 1\ndecode = 1\nprofile = "{FIXED_PROFILE}"\npolicy = "least_load"\n'
-                   f'[scaling]\nname = "threshold"\nparams = {{ {params} }}\n')
+    cfg.write_text(
+        f'prefill = 1\ndecode = 1\nprofile = "{FIXED_PROFILE}"\npolicy = "least_load"\n'
+        f'[scaling]\nname = "threshold"\nparams = {{ {params} }}\n'
+    )
     con = start_console(tmp_path, str(cfg))
     try:
         d0 = next(i for i in con.state()["instances"] if i["id"] == "d0")
@@ -42,7 +51,9 @@ def test_a_missed_tpot_slo_adds_a_decode_instance_which_drains_away_after(tmp_pa
 
         def one(k: int) -> None:
             try:
-                s = client.completions.create(model="sibyl-model", prompt=[9, k], max_tokens=OUTPUT, stream=True, extra_body={"ignore_eos": True})
+                s = client.completions.create(
+                    model="sibyl-model", prompt=[9, k], max_tokens=OUTPUT, stream=True, extra_body={"ignore_eos": True}
+                )
                 n = sum(1 for ch in s if ch.choices and ch.choices[0].text)
                 if n != OUTPUT:
                     errors.append(f"request {k}: {n} tokens")
@@ -55,15 +66,23 @@ def test_a_missed_tpot_slo_adds_a_decode_instance_which_drains_away_after(tmp_pa
             time.sleep(max(0.0, t0 + k / RATE - time.monotonic()))
             threads.append(threading.Thread(target=one, args=(k,)))
             threads[-1].start()
-        wait_for(lambda: any(i["id"] == "d1" and i["phase"] == "active" for i in con.state()["instances"]), 40, "the policy to add d1")
+        wait_for(
+            lambda: any(i["id"] == "d1" and i["phase"] == "active" for i in con.state()["instances"]),
+            40,
+            "the policy to add d1",
+        )
         for th in threads:
             th.join(120)
         assert errors == []
         wait_for(lambda: any(ev == "removed" for ev, _ in instance_steps_live(con, "d1")), 90, "d1 to be drained away")
         con.stop()
-        events = [(e["event"], e["detail"]) for e in RunStore(con.db).instance_events(con.run_id) if e["instance_id"] == "d1"]
+        events = [
+            (e["event"], e["detail"]) for e in RunStore(con.db).instance_events(con.run_id) if e["instance_id"] == "d1"
+        ]
         assert [ev for ev, _ in events] == ["starting", "added", "draining", "removed"], events
-        assert "TPOT attainment" in events[0][1] and "utilisation" in events[0][1], events[0][1]  # the reason quotes the SLO and the numbers
+        assert "TPOT attainment" in events[0][1] and "utilisation" in events[0][1], events[0][
+            1
+        ]  # the reason quotes the SLO and the numbers
         rows = RunStore(con.db).requests(con.run_id)
         assert len(rows) == RATE * SECONDS and all(r["status"] == "ok" for r in rows)
     finally:

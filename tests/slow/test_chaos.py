@@ -16,9 +16,27 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_short_chaos_replay_passes_every_audit_check() -> None:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.chaos", "--trace", str(ROOT / "demos" / "azure_conv_sample.csv"),
-                          "--limit", "160", "--speed", "4", "--every", "1.5",
-                          "--seed", "11"], cwd=ROOT, capture_output=True, text=True, timeout=540)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.chaos",
+            "--trace",
+            str(ROOT / "demos" / "azure_conv_sample.csv"),
+            "--limit",
+            "160",
+            "--speed",
+            "4",
+            "--every",
+            "1.5",
+            "--seed",
+            "11",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     print(out.stdout)
     assert "| every trace request once in the console's run | pass |" in out.stdout, out.stdout + out.stderr[-2000:]
     assert out.returncode == 0 and "FAIL" not in out.stdout

@@ -16,11 +16,23 @@ def test_count_aware_policies_beat_round_robin_at_64_decode_instances() -> None:
     prof = get_profile("h20-qwen3-32b")
     rate = 0.95 * 64 * prof.total_tps(53) / 5657
     trace = synthetic_trace("reasoning-chat", requests=6000, rate=rate, seed=1, burstiness=0.5)
-    policies: list[tuple[str, dict[str, object]]] = [("sibyl", {"unit": "requests"}), ("least_load", {}), ("round_robin", {})]
+    policies: list[tuple[str, dict[str, object]]] = [
+        ("sibyl", {"unit": "requests"}),
+        ("least_load", {}),
+        ("round_robin", {}),
+    ]
     plan = SimPlan(
-        arrivals=trace.arrivals, prompt_tokens=trace.prompt_tokens, output_tokens=trace.output_tokens,
-        workload="reasoning-chat", profile=prof, n_prefill=16, n_decode=64, mode="ps",
-        policies=policies, slo=SLOClass(), shadow=False,
+        arrivals=trace.arrivals,
+        prompt_tokens=trace.prompt_tokens,
+        output_tokens=trace.output_tokens,
+        workload="reasoning-chat",
+        profile=prof,
+        n_prefill=16,
+        n_decode=64,
+        mode="ps",
+        policies=policies,
+        slo=SLOClass(),
+        shadow=False,
     )
     p99 = {name: run_one(plan, name, params)[0]["tpot_p99"] for name, params in policies}
     assert p99["sibyl"] < p99["round_robin"] and p99["least_load"] < p99["round_robin"]

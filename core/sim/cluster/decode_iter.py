@@ -230,10 +230,7 @@ class IterationDecodeInstance:
     def progress(self, now: float) -> tuple[list[int], list[float]]:
         n = self._steps_done(now)
         reqs = list(self.running) + list(self.waiting)
-        gen = [
-            float(self.seqs[r].generated + (n if i < len(self.running) else 0))
-            for i, r in enumerate(reqs)
-        ]
+        gen = [float(self.seqs[r].generated + (n if i < len(self.running) else 0)) for i, r in enumerate(reqs)]
         return reqs, gen
 
     # --- migration -----------------------------------------------------------------------------

@@ -95,9 +95,7 @@ class ClusterSimulation:
         self.mode = mode
         self.dispatcher = dispatcher
         self.swaps = sorted(swaps, key=lambda s: s.time)
-        self._make: Callable[[PerfProfile], DecodeModel] = (
-            PSDecodeModel if mode == "ps" else IterationDecodeInstance
-        )
+        self._make: Callable[[PerfProfile], DecodeModel] = PSDecodeModel if mode == "ps" else IterationDecodeInstance
         # Per dispatcher instance index: prefill queue and busy flag, decode model, event version,
         # and its positions in prefill_ids / decode_ids (-1 while it never served that role).
         self.prefill_ids: list[str] = []
@@ -146,9 +144,7 @@ class ClusterSimulation:
         self._arr_l: list[float] = self.arrival.tolist()
         self._prompt_l: list[int] = self.prompt.tolist()
         self._out_l: list[int] = self.out.tolist()
-        self._prio_l: list[int] | None = (
-            None if priorities is None else np.asarray(priorities, dtype=np.int64).tolist()
-        )
+        self._prio_l: list[int] | None = None if priorities is None else np.asarray(priorities, dtype=np.int64).tolist()
         self._tenant_l: list[str] | None = None if tenants is None else list(tenants)
         self._slo_l: list[str] | None = None if slo_classes is None else list(slo_classes)
 
@@ -242,7 +238,13 @@ class ClusterSimulation:
     # --- request handlers ---------------------------------------------------------------------
     def _request(self, i: int) -> Request:
         cache = self.cache
-        if cache is None and self._prio_l is None and self._tenant_l is None and self._slo_l is None and self._session_l is None:
+        if (
+            cache is None
+            and self._prio_l is None
+            and self._tenant_l is None
+            and self._slo_l is None
+            and self._session_l is None
+        ):
             return Request(i, self._arr_l[i], self._prompt_l[i], self._out_l[i])
         return Request(
             i,
@@ -340,10 +342,7 @@ class ClusterSimulation:
                 batch.append(nxt)
                 lens.append(c)
         begin = max(now, self._host_free[x])  # the previous batch's host work comes first
-        if len(batch) == 1:
-            end = begin + p.prefill_time(lens[0])
-        else:
-            end = begin + p.prefill_batch_time(lens)
+        end = begin + (p.prefill_time(lens[0]) if len(batch) == 1 else p.prefill_batch_time(lens))
         if self.mode == "iteration":  # the engine step the batch runs in, which samples its first tokens
             end += p.step_time(len(batch), float(tokens))
         self._host_free[x] = end + p.prefill_host_per_request_s * len(batch)
@@ -446,9 +445,7 @@ class ClusterSimulation:
         if self._dirty and d.needs_progress:
             self._sync_progress(now)
         resched = d.reschedule
-        if getattr(resched, "needs_progress", False) and d.runner.due.get(
-            PolicyKind.RESCHEDULE, _INF
-        ) <= now:
+        if getattr(resched, "needs_progress", False) and d.runner.due.get(PolicyKind.RESCHEDULE, _INF) <= now:
             # The reschedule policy weighs every running request's tokens: observe them all.
             self._dirty.update(x for x, dec in enumerate(self.decoders) if dec is not None)
             self._sync_progress(now)
@@ -477,9 +474,7 @@ class ClusterSimulation:
         return accepted
 
     # --- main loop ----------------------------------------------------------------------------
-    def run(
-        self, on_progress: Callable[[int, int], None] | None = None, every: int = 2000
-    ) -> ClusterSimResult:
+    def run(self, on_progress: Callable[[int, int], None] | None = None, every: int = 2000) -> ClusterSimResult:
         n = len(self.arrival)
         heap = self._heap
         swaps = deque(self.swaps)
@@ -562,5 +557,9 @@ class ClusterSimulation:
             migrated_tokens=self.migrator.tokens_moved,
             migration_events=list(self.migrator.events),
             request_migrations=self.migrator.per_request.copy(),
-            **(SimCache.no_results(self.prompt, self.t_dstart, self.r_prefill) if self.cache is None else self.cache.results()),
+            **(
+                SimCache.no_results(self.prompt, self.t_dstart, self.r_prefill)
+                if self.cache is None
+                else self.cache.results()
+            ),
         )

@@ -125,16 +125,21 @@ class MigrationExecutor:
         ids = self._ids()
         self.events.append(
             MigrationEvent(
-                now, f.request, ids[f.source], ids[f.target], outcome, detail, f.tokens,
-                f.transfer_s, f.reason,
+                now,
+                f.request,
+                ids[f.source],
+                ids[f.target],
+                outcome,
+                detail,
+                f.tokens,
+                f.transfer_s,
+                f.reason,
             )
         )
 
     def _refuse(self, now: float, m: Migration, rid: int, why: str) -> tuple[bool, list[Effect]]:
         self.refused[why] = self.refused.get(why, 0) + 1
-        self.events.append(
-            MigrationEvent(now, rid, str(m.source), str(m.target), "refused", why, 0, 0.0, m.reason)
-        )
+        self.events.append(MigrationEvent(now, rid, str(m.source), str(m.target), "refused", why, 0, 0.0, m.reason))
         return False, []
 
     # --- the steps -----------------------------------------------------------------------------

@@ -43,9 +43,7 @@ class ScaleEvent:
 class ScaleExecutor:
     """Carries out ScaleActions in a cluster simulation and records every step."""
 
-    def __init__(
-        self, dispatcher: SimDispatcher, profile: PerfProfile, idle: Callable[[int], bool]
-    ) -> None:
+    def __init__(self, dispatcher: SimDispatcher, profile: PerfProfile, idle: Callable[[int], bool]) -> None:
         """`idle(x)`: nothing routed to instance x (dispatcher index) is left in the engine."""
         self.dispatcher = dispatcher
         self.profile = profile
@@ -60,11 +58,7 @@ class ScaleExecutor:
 
     def _new_id(self, role: Role) -> str:
         prefix = {Role.PREFILL: "p", Role.DECODE: "d", Role.BOTH: "b"}[role]
-        used = [
-            int(i[1:])
-            for i in self.dispatcher.view.instance_ids
-            if i[:1] == prefix and i[1:].isdigit()
-        ]
+        used = [int(i[1:]) for i in self.dispatcher.view.instance_ids if i[:1] == prefix and i[1:].isdigit()]
         return f"{prefix}{max(used, default=-1) + 1}"
 
     def execute(self, a: ScaleAction, now: float) -> list[Effect]:
@@ -89,9 +83,7 @@ class ScaleExecutor:
         iid = d.view.instance_ids[x]
         d.set_phase(iid, InstancePhase.ACTIVE)
         role = d.role_of(iid)
-        self.events.append(
-            ScaleEvent(now, "add", iid, role, InstancePhase.ACTIVE.value, "cold start done")
-        )
+        self.events.append(ScaleEvent(now, "add", iid, role, InstancePhase.ACTIVE.value, "cold start done"))
 
     def check(self, now: float) -> list[Effect]:
         """Finish the drains whose instance has nothing left."""

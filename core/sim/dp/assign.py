@@ -176,14 +176,10 @@ class BfIo:
         if p.admit == "fcfs":
             forced, pool = list(range(n)), []
         else:
-            window = (
-                len(waiting) if p.pool_window == 0 else min(len(waiting), max(p.pool_window, n))
-            )
+            window = len(waiting) if p.pool_window == 0 else min(len(waiting), max(p.pool_window, n))
             assert waiting.waited is not None
             overdue = (
-                np.flatnonzero(waiting.waited[:window] >= p.max_wait_steps)[:n].tolist()
-                if p.max_wait_steps > 0
-                else []
+                np.flatnonzero(waiting.waited[:window] >= p.max_wait_steps)[:n].tolist() if p.max_wait_steps > 0 else []
             )
             taken = set(overdue)
             forced, pool = overdue, [i for i in range(window) if i not in taken]
@@ -237,9 +233,7 @@ def _lpt_h0(loads: list[int], free: list[int], sizes: np.ndarray, admitted: list
     return out
 
 
-def _pool_h0(
-    loads: list[int], free: list[int], sizes: np.ndarray, pool: list[int], n: int
-) -> Pairs:
+def _pool_h0(loads: list[int], free: list[int], sizes: np.ndarray, pool: list[int], n: int) -> Pairs:
     """Choose n requests from `pool` and their ranks, each step minimising the IO increment.
 
     Placing s on rank g costs G·max(0, L_g + s − M) − s (M = max load): the least loaded rank is
@@ -312,9 +306,7 @@ def _refine_h0(
             # (a) admitted a (rank g) ↔ waiting c: rank g becomes L_g − s_a + s_c.
             new_g = loads[rank][:, None] - size[:, None] + waiting_size[None, :]
             rest_max = np.where(rank == m, second, top)[:, None]
-            delta = g_count * (np.maximum(rest_max, new_g) - top) - (
-                waiting_size[None, :] - size[:, None]
-            )
+            delta = g_count * (np.maximum(rest_max, new_g) - top) - (waiting_size[None, :] - size[:, None])
             delta[~swappable] = np.inf
             k = int(np.argmin(delta))
             a, c = divmod(k, len(waiting_idx))

@@ -233,11 +233,7 @@ def simulate_dp(
             kept.append(loads_b.astype(np.int64))
         reveal()
         decide()
-        if (
-            progress is not None
-            and step % 64 == 0
-            and time.monotonic() - wall_mark >= progress_every_s
-        ):
+        if progress is not None and step % 64 == 0 and time.monotonic() - wall_mark >= progress_every_s:
             wall_mark = time.monotonic()
             progress(finished, n_req, step)
 

@@ -41,9 +41,7 @@ class DPGroup:
 
     def __post_init__(self) -> None:
         if self.ranks < 1 or self.slots < 1:
-            raise ValueError(
-                f"a DP group needs ranks >= 1 and slots >= 1, got {self.ranks}, {self.slots}"
-            )
+            raise ValueError(f"a DP group needs ranks >= 1 and slots >= 1, got {self.ranks}, {self.slots}")
         if self.overhead_s < 0 or self.t_tok_s < 0:
             raise ValueError("step-time constants must be non-negative")
 
@@ -166,9 +164,7 @@ class DPState:
         return free
 
     @classmethod
-    def from_loads(
-        cls, loads: Sequence[int] | np.ndarray, running: Sequence[int] | np.ndarray, slots: int
-    ) -> DPState:
+    def from_loads(cls, loads: Sequence[int] | np.ndarray, running: Sequence[int] | np.ndarray, slots: int) -> DPState:
         """A snapshot from per-rank counters only (enough for fcfs, jsq and bf_io with H = 0)."""
         running_arr = np.asarray(running, dtype=np.int64)
         return cls(np.asarray(loads), running_arr, np.full(len(running_arr), slots, dtype=np.int64))
@@ -216,11 +212,7 @@ class Waiting:
     def __post_init__(self) -> None:
         sizes = _ints(self.sizes, "sizes")
         object.__setattr__(self, "sizes", sizes)
-        waited = (
-            np.zeros(len(sizes), dtype=np.int64)
-            if self.waited is None
-            else _ints(self.waited, "waited")
-        )
+        waited = np.zeros(len(sizes), dtype=np.int64) if self.waited is None else _ints(self.waited, "waited")
         if len(waited) != len(sizes):
             raise ValueError("waited needs one entry per waiting request")
         object.__setattr__(self, "waited", waited)
@@ -303,6 +295,4 @@ def check_assignment(state: DPState, waiting: Waiting, pairs: Sequence[tuple[int
     if np.any(used > state.free):
         raise ValueError("an assignment overfills a rank")
     if len(pairs) != fillable(state, waiting):
-        raise ValueError(
-            f"admitted {len(pairs)} requests, the round must admit {fillable(state, waiting)}"
-        )
+        raise ValueError(f"admitted {len(pairs)} requests, the round must admit {fillable(state, waiting)}")

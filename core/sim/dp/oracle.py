@@ -110,8 +110,7 @@ def _solve_highspy(m: _Milp, time_limit_s: float) -> tuple[np.ndarray, bool]:
     lp.a_matrix_.index_ = np.array([c for r in m.rows for c in r[0]], dtype=np.int32)
     lp.a_matrix_.value_ = np.array([v for r in m.rows for v in r[1]], dtype=np.float64)
     lp.integrality_ = [
-        highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous
-        for flag in m.integer
+        highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous for flag in m.integer
     ]
     h.passModel(lp)
     h.run()
@@ -157,9 +156,7 @@ def solve_round(
     if admitted is not None and len(cand) != n:
         raise ValueError(f"admitted has {len(cand)} requests, the round must admit {n}")
     if n == 0:
-        return OracleResult(
-            [], assignment_cost(state, waiting, [], horizon, decay), True, "trivial", 0.0
-        )
+        return OracleResult([], assignment_cost(state, waiting, [], horizon, decay), True, "trivial", 0.0)
     if len(cand) * int((state.free > 0).sum()) > MAX_BINARIES:
         raise ValueError("instance too large for the exact oracle (it is meant for small checks)")
     model, cols = _build(state, waiting, cand, admitted is not None, horizon, decay)
@@ -172,9 +169,7 @@ def solve_round(
         solver = "scipy"
     runtime = time.perf_counter() - t0
     pairs = sorted((i, g) for c, (i, g) in enumerate(cols) if x[c] > 0.5)
-    return OracleResult(
-        pairs, assignment_cost(state, waiting, pairs, horizon, decay), optimal, solver, runtime
-    )
+    return OracleResult(pairs, assignment_cost(state, waiting, pairs, horizon, decay), optimal, solver, runtime)
 
 
 class OracleParams(DPParams):

@@ -56,9 +56,7 @@ from core.sim.instance.model import (
 class InstanceSim:
     """One instance: submit requests (any order of arrival times), then `run()` or `step()`."""
 
-    def __init__(
-        self, profile: PerfProfile, ordering: Ordering, params: InstanceParams | None = None
-    ) -> None:
+    def __init__(self, profile: PerfProfile, ordering: Ordering, params: InstanceParams | None = None) -> None:
         p = params or InstanceParams()
         self.profile = profile
         self.params = p

@@ -65,12 +65,8 @@ class GammaAdaParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    bin_tokens: int = Field(
-        256, ge=1, description="MemGuard bin size k in tokens (paper default 256; spec §2.6)"
-    )
-    adapt_gamma: bool = Field(
-        True, description="adapt γ online from E2E tails (γ-Ada, spec §2.7); False keeps u_init"
-    )
+    bin_tokens: int = Field(256, ge=1, description="MemGuard bin size k in tokens (paper default 256; spec §2.6)")
+    adapt_gamma: bool = Field(True, description="adapt γ online from E2E tails (γ-Ada, spec §2.7); False keeps u_init")
     gamma_numerator: float = Field(
         LN5,
         gt=0,
@@ -85,9 +81,7 @@ class GammaAdaParams(BaseModel):
     min_samples: int = Field(200, ge=2, description="E2E samples needed for a γ update")
     beta: float = Field(0.2, gt=0, le=1, description="EMA weight of a new γ estimate")
     epsilon_s: float = Field(0.01, gt=0, description="floor on t99 − t95 (seconds)")
-    u_min: float = Field(
-        0.01, gt=0, description="lower clip of u_k = γ·τ·k (0.01 ≈ LAS-like, Fig. 3)"
-    )
+    u_min: float = Field(0.01, gt=0, description="lower clip of u_k = γ·τ·k (0.01 ≈ LAS-like, Fig. 3)")
     u_max: float = Field(100.0, gt=0, description="upper clip of u_k = γ·τ·k (> 5 ≈ FCFS)")
     u_init: float = Field(1.0, gt=0, description="initial u_k = γ·τ·k before the first update")
 

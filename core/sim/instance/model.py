@@ -121,9 +121,7 @@ class InstanceParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    token_budget: int = Field(
-        2048, ge=1, description="tokens per step over all requests (max_num_batched_tokens)"
-    )
+    token_budget: int = Field(2048, ge=1, description="tokens per step over all requests (max_num_batched_tokens)")
     chunk_size: int = Field(
         1024,
         ge=1,
@@ -135,9 +133,7 @@ class InstanceParams(BaseModel):
     kv_capacity_tokens: int | None = Field(
         None, ge=1, description="KV capacity in tokens; None = the profile's kv_capacity_tokens"
     )
-    block_size: int | None = Field(
-        None, ge=1, description="tokens per KV block; None = the profile's block_size"
-    )
+    block_size: int | None = Field(None, ge=1, description="tokens per KV block; None = the profile's block_size")
     reserve_full_isl: bool = Field(
         True,
         description=(

@@ -69,12 +69,8 @@ class SjfParams(_LengthParams):
     """SJF (LTR+): shortest (predicted) output first with LTR's starvation guard (spec §3)."""
 
     starvation_guard: bool = Field(True, description="LTR quantum control on idle steps")
-    starv_steps: int = Field(
-        100, ge=1, description="consecutive unscheduled steps before promotion (LTR `starv`)"
-    )
-    period_steps: int = Field(
-        50, ge=1, description="scheduled steps a promoted request keeps top priority (`period`)"
-    )
+    starv_steps: int = Field(100, ge=1, description="consecutive unscheduled steps before promotion (LTR `starv`)")
+    period_steps: int = Field(50, ge=1, description="scheduled steps a promoted request keeps top priority (`period`)")
 
 
 class SrptParams(_LengthParams):
@@ -91,22 +87,14 @@ class SrptParams(_LengthParams):
 class TailAwareParams(GammaAdaParams):
     """UniBoost (spec §2.5–2.9): Φ = a − b_γ(τ·ŵ), MemGuard, δ hysteresis, γ-Ada."""
 
-    delta_s: float = Field(
-        0.1, ge=0, description="hysteresis δ (s): victim needs Φ_v > Φ_r + δ (Eq. 7; paper 0.1)"
-    )
-    memguard: bool = Field(
-        True, description="geometric bins + leases (spec §2.6); False = UniBoost-base, exact w̃"
-    )
+    delta_s: float = Field(0.1, ge=0, description="hysteresis δ (s): victim needs Φ_v > Φ_r + δ (Eq. 7; paper 0.1)")
+    memguard: bool = Field(True, description="geometric bins + leases (spec §2.6); False = UniBoost-base, exact w̃")
     signal: Literal["unified", "phase"] = Field(
         "unified",
         description="w̃ = max(tokens processed, prompt) (§3.2/A.5) or Algorithm 1's phase signal",
     )
-    tau_s: float | None = Field(
-        None, gt=0, description="engine seconds per token τ; None = online EMA over busy steps"
-    )
-    tau_ema_alpha: float = Field(
-        0.01, gt=0, le=1, description="EMA weight per busy step of the online τ estimate"
-    )
+    tau_s: float | None = Field(None, gt=0, description="engine seconds per token τ; None = online EMA over busy steps")
+    tau_ema_alpha: float = Field(0.01, gt=0, le=1, description="EMA weight per busy step of the online τ estimate")
     rekey_interval_s: float = Field(
         5.0, gt=0, description="seconds between τ refreshes / γ updates that re-key every Φ"
     )
@@ -188,9 +176,7 @@ class _Lengths(_Base):
         if r.pred == 0:
             p = self.lp
             r.pred = (
-                r.output
-                if p.lengths == "perfect"
-                else predicted_length(r.rid, r.output, p.predictor_sigma, p.seed)
+                r.output if p.lengths == "perfect" else predicted_length(r.rid, r.output, p.predictor_sigma, p.seed)
             )
 
 

@@ -36,7 +36,9 @@ class ListLog:
     def instance_event(self, *, t: float, instance_id: str, event: str, detail: str) -> None:
         self.instance_events.append({"t": t, "instance_id": instance_id, "event": event, "detail": detail})
 
-    def policy_event(self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str) -> None:
+    def policy_event(
+        self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
+    ) -> None:
         self.policy_events.append({"t": t, "kind": kind, "old": old, "new": new, "params": params, "source": source})
 
 
@@ -94,8 +96,12 @@ def dispatcher(insts: list[Instance], routing: str = "round_robin", **kw: Any) -
     return d
 
 
-def live_request(rid: str = "r1", *, arrival: float = 100.0, prompt: int = 10, max_tokens: int = 4, stream: bool = True) -> LiveRequest:
-    return LiveRequest(Request(rid, arrival, prompt, max_tokens), "/v1/completions", {"prompt": "hi", "stream": stream}, b"")
+def live_request(
+    rid: str = "r1", *, arrival: float = 100.0, prompt: int = 10, max_tokens: int = 4, stream: bool = True
+) -> LiveRequest:
+    return LiveRequest(
+        Request(rid, arrival, prompt, max_tokens), "/v1/completions", {"prompt": "hi", "stream": stream}, b""
+    )
 
 
 class Host:

@@ -15,7 +15,9 @@ from tests.console.live.fakes import dispatcher, instances, live_request
 
 
 def held_with(queue: tuple[str, dict[str, object]]) -> HeldRequests:
-    return HeldRequests(dispatcher(instances(1, 1), queue=queue), get_profile(ConsoleConfig().profile), poll_interval_s=0.5)
+    return HeldRequests(
+        dispatcher(instances(1, 1), queue=queue), get_profile(ConsoleConfig().profile), poll_interval_s=0.5
+    )
 
 
 def test_held_requests_go_when_the_cluster_has_room() -> None:

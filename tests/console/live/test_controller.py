@@ -16,16 +16,37 @@ from core.types import InstancePhase, Role
 from tests.console.live.fakes import FakeBackend, instances, live_request
 from tests.console.live.test_state import LEGACY_ROW_KEYS
 
-LEGACY_KEYS = ["run_id", "backend", "cluster", "model", "uptime_s", "started_at", "instances", "policies", "slo", "requests", "queue",
-               "assignment_ratio", "draining", "replay", "capabilities"]
+LEGACY_KEYS = [
+    "run_id",
+    "backend",
+    "cluster",
+    "model",
+    "uptime_s",
+    "started_at",
+    "instances",
+    "policies",
+    "slo",
+    "requests",
+    "queue",
+    "assignment_ratio",
+    "draining",
+    "replay",
+    "capabilities",
+]
 """The keys of `/control/state` before the state was typed, in their order."""
 
 
 def controller(tmp_path: Path) -> Controller:
     store = RunStore(tmp_path / "runs.db")
     run_id = store.create_run(kind="live", backend="fake", cluster="1P2D", workload="", policy="round_robin", config={})
-    return Controller(ConsoleConfig(policy="round_robin"), instances(1, 2), store=store, run_id=run_id, run_dir=tmp_path / run_id,
-                      backend=FakeBackend())  # type: ignore[arg-type]
+    return Controller(
+        ConsoleConfig(policy="round_robin"),
+        instances(1, 2),
+        store=store,
+        run_id=run_id,
+        run_dir=tmp_path / run_id,
+        backend=FakeBackend(),
+    )  # type: ignore[arg-type]
 
 
 def test_the_state_has_the_keys_clients_read(tmp_path: Path) -> None:
@@ -38,12 +59,26 @@ def test_the_state_has_the_keys_clients_read(tmp_path: Path) -> None:
     rows = {r["id"]: r for r in state["instances"]}
     assert list(rows) == ["p0", "d0", "d1", "d2"]
     added = ["prefix_hit_rate", "cached_share"]  # added after the typed state: the instance's prefix cache
-    assert list(rows["d0"]) == [*LEGACY_ROW_KEYS[:11], *added, *LEGACY_ROW_KEYS[11:]] and list(rows["d0"]["scraped"]) == ["prompt_tokens_total", "generation_tokens_total",
-                                                                                    "success_total", "preemptions_total", "failed_transfers_total"]
+    assert list(rows["d0"]) == [*LEGACY_ROW_KEYS[:11], *added, *LEGACY_ROW_KEYS[11:]] and list(
+        rows["d0"]["scraped"]
+    ) == [
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "success_total",
+        "preemptions_total",
+        "failed_transfers_total",
+    ]
     assert "breaker" not in rows["d2"] and rows["d2"]["phase"] == "starting" and rows["d2"]["scraped"] == {}
     assert list(state["slo"]) == ["classes", "window_s", "window", "run"] and "goodput_req_s" not in state["slo"]["run"]
     assert state["slo"]["classes"]["default"] == {"name": "default", "ttft_s": 2.0, "tpot_s": 0.1}
-    assert list(state["queue"]) == ["depth", "by_class", "max_queued", "max_in_flight_per_instance", "ttl_s", "admission"]  # admission: added (SLO admission)
+    assert list(state["queue"]) == [
+        "depth",
+        "by_class",
+        "max_queued",
+        "max_in_flight_per_instance",
+        "ttl_s",
+        "admission",
+    ]  # admission: added (SLO admission)
     assert list(state["policies"]) == ["routing", "queue", "reschedule", "scaling", "rank"]
     c.recorder.close(status="completed")
 

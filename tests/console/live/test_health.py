@@ -32,8 +32,13 @@ class Log:
 def make(failures: int = 2, cooloff_s: float = 5.0) -> tuple[InstanceHealth, Log, list[str]]:
     insts = instances(1, 2)
     log, released, kicked = Log(), [], []
-    health = InstanceHealth(ConsoleConfig(breaker_failures=failures, breaker_cooloff_s=cooloff_s), {i.id: i for i in insts},
-                            dispatcher(insts), log, lambda: released.append("release"))
+    health = InstanceHealth(
+        ConsoleConfig(breaker_failures=failures, breaker_cooloff_s=cooloff_s),
+        {i.id: i for i in insts},
+        dispatcher(insts),
+        log,
+        lambda: released.append("release"),
+    )
     health.kick = lambda: kicked.append("kick")
     return health, log, kicked
 
@@ -88,7 +93,10 @@ def test_the_backend_seeing_an_instance_die_marks_it_down_once() -> None:
     async def body() -> None:
         health, log, _ = make()
         health.instance_lost("d1", "actor died")
-        assert not health.instances["d1"].healthy and health.instances["d1"].consecutive_failures >= health.config.down_after_failures
+        assert (
+            not health.instances["d1"].healthy
+            and health.instances["d1"].consecutive_failures >= health.config.down_after_failures
+        )
         health.instance_lost("d1", "node gone")  # already down: recorded only
         health.instance_lost("nope", "?")
         assert log.events == [("d1", "down"), ("d1", "lost")]

@@ -67,7 +67,14 @@ def test_only_a_decoding_stream_can_be_migrated_to_another_active_decode_instanc
         finally:
             live.drop_resume()
             await host.instances["d1"].close()
-        assert report == {"request_id": "r1", "source": "d0", "target": "d1", "reason": "balance", "stage": "done", "by": "tui"}
+        assert report == {
+            "request_id": "r1",
+            "source": "d0",
+            "target": "d1",
+            "reason": "balance",
+            "stage": "done",
+            "by": "tui",
+        }
         assert live.migrating_to == "d1" and host.fake.calls == [("migrate", "r1", "d0", "d1")]
 
     asyncio.run(body())

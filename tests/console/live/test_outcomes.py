@@ -34,7 +34,11 @@ def test_a_finished_request_is_counted_scored_and_stored() -> None:
     assert (out.in_flight, out.failed, out.live, out.idle.is_set()) == (0, 0, {}, True)
     row = log.requests[0]
     assert row["arrival"] == 10.0 and abs(row["ttft"] - 0.5) < 1e-9 and abs(row["tpot"] - 0.075) < 1e-9
-    assert abs(row["prefill_start"] - 10.1) < 1e-9 and (row["queued"], row["status"], row["slo_met"]) == (None, "ok", True)
+    assert abs(row["prefill_start"] - 10.1) < 1e-9 and (row["queued"], row["status"], row["slo_met"]) == (
+        None,
+        "ok",
+        True,
+    )
     assert abs(row["finish"] - 10.8) < 1e-9 and abs(row["e2e"] - 0.8) < 1e-9
     assert out.slo.snapshot(101.0)["run"]["requests"] == 1
     assert list(out.metrics.ttft.collect())[0].samples  # observed
@@ -56,7 +60,11 @@ def test_a_failure_is_published_and_counted_a_recovery_is_published() -> None:
     out.left(saved)
     out.record(saved)
     assert out.failed == 1 and [e["type"] for e in seen] == ["failure", "recovered"]
-    assert log.requests[0]["status"] == "failed" and log.requests[0]["ttft"] is None and log.requests[0]["slo_met"] is False
+    assert (
+        log.requests[0]["status"] == "failed"
+        and log.requests[0]["ttft"] is None
+        and log.requests[0]["slo_met"] is False
+    )
 
 
 def test_instance_and_policy_events_reach_the_log_and_the_bus() -> None:
@@ -66,9 +74,14 @@ def test_instance_and_policy_events_reach_the_log_and_the_bus() -> None:
     out.policy_swapped(3.0, "routing", "sibyl", "least_load", {"by": "tokens"}, "cli")
     out.sample(inst, 95.0)
     assert log.instance_events[0]["detail"] == "connection refused [probe]"
-    assert log.policy_events == [{"t": 3.0, "kind": "routing", "old": "sibyl", "new": "least_load", "params": {"by": "tokens"}, "source": "cli"}]
+    assert log.policy_events == [
+        {"t": 3.0, "kind": "routing", "old": "sibyl", "new": "least_load", "params": {"by": "tokens"}, "source": "cli"}
+    ]
     assert log.samples[0]["t"] == 5.0 and log.samples[0]["instance_id"] == "d0"
-    assert [(e["type"], e.get("event"), e.get("new")) for e in out.events.history] == [("instance", "down", None), ("policy", None, "least_load")]
+    assert [(e["type"], e.get("event"), e.get("new")) for e in out.events.history] == [
+        ("instance", "down", None),
+        ("policy", None, "least_load"),
+    ]
     summary = out.summary(101.0, [inst])
     assert summary["requests_total"] == 0 and summary["health_rtt_s"] == {}
 
@@ -85,7 +98,12 @@ def finished(live: LiveRequest, *, first: float | None, tokens: int = 5, stream:
 
 
 def samples(out: Outcomes, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    return {tuple(sorted(s.labels.items())): s.value for m in out.metrics.registry.collect() for s in m.samples if s.name == name}
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for m in out.metrics.registry.collect()
+        for s in m.samples
+        if s.name == name
+    }
 
 
 def test_a_whole_reply_has_no_tpot_and_its_ttft_ends_at_its_prefill_leg() -> None:
@@ -119,13 +137,15 @@ def test_a_streamed_reply_observes_every_latency_of_its_class() -> None:
     assert samples(out, "sibyl_pd_handoff_seconds_sum") == {(("slo_class", "default"),): pytest.approx(0.2)}
     assert samples(out, "sibyl_queue_wait_seconds_sum") == {(("slo_class", "default"),): pytest.approx(0.1)}
     assert samples(out, "sibyl_e2e_seconds_sum") == {(("slo_class", "default"),): pytest.approx(1.0)}
-    assert samples(out, "sibyl_slo_requests_total") == {(("result", r), ("slo_class", "default")): float(r == "missed")
-                                                         for r in ("met", "missed", "failed")}
+    assert samples(out, "sibyl_slo_requests_total") == {
+        (("result", r), ("slo_class", "default")): float(r == "missed") for r in ("met", "missed", "failed")
+    }
 
 
 def test_decisions_are_read_from_the_request_life() -> None:
     loop = asyncio.new_event_loop()
     try:
+
         def held(outcome: str) -> LiveRequest:
             live = live_request(outcome)
             live.enter(Step.QUEUED, 100.0)
@@ -151,7 +171,12 @@ def test_decisions_are_read_from_the_request_life() -> None:
     none.reason = "no capacity: no healthy prefill instance; try again when instances recover"
     assert decisions(none) == [("routing", "no_capacity")]
     retried = live_request("retried")
-    retried.prefill_instance, retried.tried_prefill, retried.decode_instance, retried.tried_decode = "p1", ["p0"], "d1", ["d0"]
+    retried.prefill_instance, retried.tried_prefill, retried.decode_instance, retried.tried_decode = (
+        "p1",
+        ["p0"],
+        "d1",
+        ["d0"],
+    )
     assert decisions(retried) == [("routing", "routed"), ("routing", "prefill_retried"), ("routing", "failed_over")]
     out, _ = outcomes()
     out.policy_active("routing", "least_load", {})
@@ -159,8 +184,10 @@ def test_decisions_are_read_from_the_request_life() -> None:
     failed.ok, failed.tried_prefill = False, ["p9"]
     out.record(failed)
     counts = samples(out, "sibyl_decisions_total")
-    assert counts == {(("kind", "routing"), ("outcome", "routed"), ("policy", "least_load")): 1.0,
-                      (("kind", "routing"), ("outcome", "prefill_retried"), ("policy", "least_load")): 1.0}
+    assert counts == {
+        (("kind", "routing"), ("outcome", "routed"), ("policy", "least_load")): 1.0,
+        (("kind", "routing"), ("outcome", "prefill_retried"), ("policy", "least_load")): 1.0,
+    }
     assert samples(out, "sibyl_slo_requests_total")[(("result", "failed"), ("slo_class", "default"))] == 1.0
 
 

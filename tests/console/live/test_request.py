@@ -55,7 +55,9 @@ class FakeHost:
     def lost_signal(self, instance_id: str) -> asyncio.Future[None]:
         return asyncio.get_running_loop().create_future()
 
-    def migration_done(self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int, first_after: float) -> None:
+    def migration_done(
+        self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int, first_after: float
+    ) -> None:
         self.calls.append(("migrated", live.id))
 
 
@@ -132,6 +134,9 @@ def test_an_unreachable_prefill_instance_is_tried_once_more_elsewhere_then_a_502
                 await inst.close()
         assert sent.status == 502 and host.done == [live]
         assert sorted(live.tried_prefill) == ["p0", "p1"]
-        assert [c for c in host.calls if c[0] == "failed"] == [("failed", live.tried_prefill[0]), ("failed", live.tried_prefill[1])]
+        assert [c for c in host.calls if c[0] == "failed"] == [
+            ("failed", live.tried_prefill[0]),
+            ("failed", live.tried_prefill[1]),
+        ]
 
     asyncio.run(body())

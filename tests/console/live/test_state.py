@@ -8,15 +8,51 @@ from typing import Any
 from console.live.state import ConsoleState, InstanceRow, ScrapedCounters, json_schema
 from tests.console.test_tui_client import FakeConsole
 
-LEGACY_ROW_KEYS = ["id", "role", "phase", "breaker", "url", "healthy", "managed", "running", "waiting", "kv_usage", "tokens_per_s",
-                   "projected_load", "routed_running", "routed_pending", "failures", "pid", "node", "dp_ranks", "scraped"]
+LEGACY_ROW_KEYS = [
+    "id",
+    "role",
+    "phase",
+    "breaker",
+    "url",
+    "healthy",
+    "managed",
+    "running",
+    "waiting",
+    "kv_usage",
+    "tokens_per_s",
+    "projected_load",
+    "routed_running",
+    "routed_pending",
+    "failures",
+    "pid",
+    "node",
+    "dp_ranks",
+    "scraped",
+]
 """The keys of an instance in `/control/state` before the state was typed, in their order."""
 
 
 def test_a_starting_row_has_the_keys_it_always_had_and_no_breaker() -> None:
-    row = InstanceRow(id="d2", role="decode", phase="starting", url="", healthy=False, managed=True, running=0, waiting=0, kv_usage=0.0,
-                      tokens_per_s=0.0, projected_load=None, routed_running=0, routed_pending=0, failures=0, pid=None, node=None,
-                      dp_ranks=None, scraped=ScrapedCounters())
+    row = InstanceRow(
+        id="d2",
+        role="decode",
+        phase="starting",
+        url="",
+        healthy=False,
+        managed=True,
+        running=0,
+        waiting=0,
+        kv_usage=0.0,
+        tokens_per_s=0.0,
+        projected_load=None,
+        routed_running=0,
+        routed_pending=0,
+        failures=0,
+        pid=None,
+        node=None,
+        dp_ranks=None,
+        scraped=ScrapedCounters(),
+    )
     dumped = ConsoleState(instances=[row]).to_json()["instances"][0]
     assert list(dumped) == [k for k in LEGACY_ROW_KEYS if k != "breaker"]
     assert dumped["scraped"] == {}
@@ -35,7 +71,12 @@ def test_fields_a_console_leaves_out_take_the_dashboards_fallbacks() -> None:
     state = ConsoleState.model_validate({"instances": [{"id": "d0", "role": "decode", "running": 2, "waiting": 1}]})
     row = state.instances[0]
     assert (row.phase, row.breaker, row.healthy, row.kv_usage, row.load) == ("active", "closed", False, None, 3.0)
-    assert state.queue is None and state.replay is None and state.capabilities == {} and state.slo.window.attainment is None
+    assert (
+        state.queue is None
+        and state.replay is None
+        and state.capabilities == {}
+        and state.slo.window.attainment is None
+    )
 
 
 def test_every_field_of_the_schema_is_documented_and_refers_to_components() -> None:

@@ -73,7 +73,5 @@ _CHILD = (
 def test_keys_do_not_depend_on_pythonhashseed(seed: str) -> None:
     here = [chain_keys(TOKENS, 16), chain_keys(TOKENS, 16, extra=("lora-x", 7)), extra_int("salt")]
     env = {**os.environ, "PYTHONHASHSEED": seed}
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == here

@@ -18,7 +18,9 @@ def test_keys_equal_the_replayed_prompts_keys_over_the_hash_blocks(hash_block_to
     for row in range(60):
         ids = [rng.randrange(12) for _ in range(rng.randrange(0, 6))]
         n = rng.randrange(1, 7 * hash_block_tokens)
-        want = chain_keys(hash_prompt(ids, n, seed=(11, 0), row=row, block_tokens=hash_block_tokens).tolist(), block_size)
+        want = chain_keys(
+            hash_prompt(ids, n, seed=(11, 0), row=row, block_tokens=hash_block_tokens).tolist(), block_size
+        )
         got = tk.keys(ids, n, row)
         assert len(got) == len(want) == n // block_size
         shared = min(len(ids) * hash_block_tokens, n) // block_size

@@ -19,10 +19,20 @@ KEYS = tuple(chain_keys(list(range(640)), BS))  # 40 blocks
 """A 640-token prompt's keys; prompts below use prefixes of it."""
 
 
-def cluster(policy: str, params: dict[str, Any] | None = None, *, prefill: int = 3, decode: int = 3,
-            held: dict[str, int] | None = None, decode_only: bool = True, **kw: Any) -> Dispatcher:
+def cluster(
+    policy: str,
+    params: dict[str, Any] | None = None,
+    *,
+    prefill: int = 3,
+    decode: int = 3,
+    held: dict[str, int] | None = None,
+    decode_only: bool = True,
+    **kw: Any,
+) -> Dispatcher:
     """A dispatcher whose prefix view is an index in which instance i holds held[i] leading blocks."""
-    prof = toy_profile(prefill_base_s=0.0, prefill_per_token_s=0.001, kv_transfer_per_token_s=0.0001, max_model_len=4096)
+    prof = toy_profile(
+        prefill_base_s=0.0, prefill_per_token_s=0.001, kv_transfer_per_token_s=0.0001, max_model_len=4096
+    )
     d = Dispatcher(prof, policy, params, **kw)
     for i in range(prefill):
         d.add_instance(f"p{i}", Role.PREFILL)
@@ -60,7 +70,9 @@ def queue(d: Dispatcher, **seconds: float) -> None:
         ({"p2": 39}, {"p2": 0.5}, None, "p2"),
     ],
 )
-def test_prefix_aware_prefill_choice(held: dict[str, int], queued: dict[str, float], balance: float | None, want: str) -> None:
+def test_prefix_aware_prefill_choice(
+    held: dict[str, int], queued: dict[str, float], balance: float | None, want: str
+) -> None:
     d = cluster("prefix_aware", {"balance_s": balance, "decode": "least_load"}, held=held)
     queue(d, **queued)
     assert d.route(request(), 0.0).prefill in want.split("|")
@@ -120,10 +132,14 @@ def test_prefix_pd_prefers_the_decode_instance_missing_the_fewest_blocks() -> No
 def test_prefix_pd_keeps_the_decode_policys_choice_outside_the_slack() -> None:
     from tests.helpers import add_running
 
-    d = cluster("prefix_pd", {"decode": "least_load", "decode_only_min_share": 2.0, "decode_slack": 0.5}, held={"d2": 20})
+    d = cluster(
+        "prefix_pd", {"decode": "least_load", "decode_only_min_share": 2.0, "decode_slack": 0.5}, held={"d2": 20}
+    )
     add_running(d, "busy", "d2", prompt=10, generated=1, rate=1.0, now=0.0)
     assert d.route(request(), 0.0).decode in ("d0", "d1")
-    d2 = cluster("prefix_pd", {"decode": "least_load", "decode_only_min_share": 2.0, "decode_slack": 1.0}, held={"d2": 20})
+    d2 = cluster(
+        "prefix_pd", {"decode": "least_load", "decode_only_min_share": 2.0, "decode_slack": 1.0}, held={"d2": 20}
+    )
     add_running(d2, "busy", "d2", prompt=10, generated=1, rate=1.0, now=0.0)
     assert d2.route(request(), 0.0).decode == "d2"
 
@@ -184,7 +200,12 @@ def test_hot_swap_to_and_from_the_prefix_policies() -> None:
         a = d.route(request(f"r{i}", session="s"), float(i))
         assert a.decode is not None
     assert [e.new for e in d.policy_events if e.kind == "routing"][-5:] == [
-        "prefix_aware", "session_affinity", "prefix_pd", "least_load", "prefix_aware"]
+        "prefix_aware",
+        "session_affinity",
+        "prefix_pd",
+        "least_load",
+        "prefix_aware",
+    ]
 
 
 def test_approximate_source_remembers_routes_for_its_ttl() -> None:

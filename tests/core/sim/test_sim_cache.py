@@ -22,7 +22,9 @@ XFER = 0.0001
 
 
 def profile(**kw: Any) -> PerfProfile:
-    base: dict[str, Any] = dict(prefill_base_s=0.0, prefill_per_token_s=MS, kv_transfer_per_token_s=XFER, max_model_len=8192)
+    base: dict[str, Any] = dict(
+        prefill_base_s=0.0, prefill_per_token_s=MS, kv_transfer_per_token_s=XFER, max_model_len=8192
+    )
     base.update(kw)
     return toy_profile(**base)
 
@@ -43,9 +45,14 @@ def simulate(
     prof = prof or profile()
     d = Dispatcher(prof, policy, params, true_lengths=True)
     sim = ClusterSimulation(
-        arrivals=np.array([r[0] for r in rows]), prompt_tokens=np.array([r[2] for r in rows]),
-        output_tokens=np.full(len(rows), 2), profile=prof, n_prefill=n_prefill, n_decode=n_decode,
-        dispatcher=d, mode=mode,  # type: ignore[arg-type]
+        arrivals=np.array([r[0] for r in rows]),
+        prompt_tokens=np.array([r[2] for r in rows]),
+        output_tokens=np.full(len(rows), 2),
+        profile=prof,
+        n_prefill=n_prefill,
+        n_decode=n_decode,
+        dispatcher=d,
+        mode=mode,  # type: ignore[arg-type]
         hash_ids=[r[1] for r in rows] if hash_ids else None,
         cache=cache or CacheParams(hash_block_tokens=16),
     )
@@ -165,8 +172,9 @@ def test_runs_are_deterministic(policy: str, mode: str) -> None:
         convs[c] = convs.get(c, []) + [1000 * c + i, 1000 * c + i + 500]
         t += float(rng.exponential(0.05))
         rows.append((t, list(convs[c]), len(convs[c]) * 16 - 3))
-    kw: dict[str, Any] = dict(policy=policy, n_prefill=2, n_decode=2, mode=mode,
-                              cache=CacheParams(hash_block_tokens=16, capacity_blocks=96))
+    kw: dict[str, Any] = dict(
+        policy=policy, n_prefill=2, n_decode=2, mode=mode, cache=CacheParams(hash_block_tokens=16, capacity_blocks=96)
+    )
     a, b = simulate(rows, **kw), simulate(rows, **kw)
     for field in ("prefill_instance", "decode_instance", "cached_tokens", "kv_transferred_tokens"):
         assert np.array_equal(getattr(a, field), getattr(b, field))
@@ -180,12 +188,22 @@ def test_hot_swaps_to_and_from_prefix_policies_in_a_run() -> None:
     prof = profile()
     rows = [(float(i), [1, 2, 3, 10 + i], 64) for i in range(12)]
     d = Dispatcher(prof, "least_load", true_lengths=True)
-    swaps = [ScheduledSwap(3.5, "prefix_pd", {"decode_only_min_share": 0.7, "decode": "least_load"}),
-             ScheduledSwap(7.5, "least_load"), ScheduledSwap(9.5, "oracle")]
+    swaps = [
+        ScheduledSwap(3.5, "prefix_pd", {"decode_only_min_share": 0.7, "decode": "least_load"}),
+        ScheduledSwap(7.5, "least_load"),
+        ScheduledSwap(9.5, "oracle"),
+    ]
     sim = ClusterSimulation(
-        arrivals=np.array([r[0] for r in rows]), prompt_tokens=np.array([r[2] for r in rows]),
-        output_tokens=np.full(len(rows), 2), profile=prof, n_prefill=2, n_decode=2, dispatcher=d,
-        hash_ids=[r[1] for r in rows], cache=CacheParams(hash_block_tokens=16), swaps=swaps,
+        arrivals=np.array([r[0] for r in rows]),
+        prompt_tokens=np.array([r[2] for r in rows]),
+        output_tokens=np.full(len(rows), 2),
+        profile=prof,
+        n_prefill=2,
+        n_decode=2,
+        dispatcher=d,
+        hash_ids=[r[1] for r in rows],
+        cache=CacheParams(hash_block_tokens=16),
+        swaps=swaps,
     )
     r = sim.run()
     assert r.ok.all()

@@ -27,8 +27,10 @@ def test_the_same_hash_id_gives_the_same_block_in_any_row_and_any_call() -> None
 
 
 def test_the_same_tokens_in_another_process() -> None:
-    code = ("from core.traces.prompts import hash_prompt; "
-            "print(hash_prompt([0, 5, 123456789], 1100, seed=(42, 0), row=3, block_tokens=512).tolist())")
+    code = (
+        "from core.traces.prompts import hash_prompt; "
+        "print(hash_prompt([0, 5, 123456789], 1100, seed=(42, 0), row=3, block_tokens=512).tolist())"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -40,8 +40,13 @@ def test_the_latest_row_with_the_longest_match_decides() -> None:
 
 
 def test_the_trace_carries_sessions_through_windows() -> None:
-    t = Trace("t", np.array([0.0, 1.0, 2.0, 3.0]), np.array([1000, 1000, 1500, 700]), np.full(4, 5),
-              hash_ids=[[0, 1], [0, 2], [0, 1, 3], [0, 4]])
+    t = Trace(
+        "t",
+        np.array([0.0, 1.0, 2.0, 3.0]),
+        np.array([1000, 1000, 1500, 700]),
+        np.full(4, 5),
+        hash_ids=[[0, 1], [0, 2], [0, 1, 3], [0, 4]],
+    )
     s = t.with_sessions()
     assert s.session is not None and s.session.tolist() == [0, 1, 0, 3]
     w = s.window(start=1.0)

@@ -18,6 +18,10 @@ from aiohttp import web
 from adapters.emulator.process import running
 from adapters.store import RunStore
 from console.offline.replay import Replayer
+from core.dispatch import Dispatcher
+from core.perf import PerfProfile
+from core.sim.cluster import ClusterSimulation
+from core.sim.cluster.cache import CacheParams
 from core.traces import Trace, read_trace
 from core.traces.prompts import scaled_length
 from tests.emulator_fixtures import FAST_PROFILE, profile_file, scrape
@@ -54,6 +58,27 @@ def ideal_hits(
             k += 1
         hits += block * min(k, (n - 1) // block)
         seen.update(chains)
+    return hits
+
+
+def simulated_hits(trace: Trace, lengths: list[int], profile: PerfProfile) -> int:
+    """Prefix-cache hits of the cluster simulator's prefill instance on the same rows, one at a time
+    (replay seed 1, each hash block as 16 tokens), as the emulator was sent them."""
+    n = len(lengths)
+    dispatcher = Dispatcher(profile, "round_robin", None, true_lengths=True)
+    sim = ClusterSimulation(
+        arrivals=np.arange(n, dtype=np.float64) * 60.0,
+        prompt_tokens=np.array(lengths),
+        output_tokens=np.ones(n, dtype=np.int64),
+        profile=profile,
+        n_prefill=1,
+        n_decode=1,
+        dispatcher=dispatcher,
+        hash_ids=trace.hash_ids,
+        cache=CacheParams(hash_block_tokens=16, prompt_seed=1),
+    )
+    queries, hits = sim.run().cache_lookups["p0"]
+    assert queries == sum(lengths)
     return hits
 
 
@@ -171,6 +196,7 @@ def test_an_emulator_hits_its_prefix_cache_as_the_hash_ids_predict(tmp_path: Pat
         )
         assert ideal > 0.15 * queries  # the slice has real reuse: the system prompt and 74 later turns
         assert hits == ideal
+        assert simulated_hits(trace, lengths, profile) == hits  # the simulator's cache agrees to the token
         fresh, queries2, _ = replay(2)
         assert queries2 == queries and fresh == ideal  # nothing of replay 1 was reused
         again, _, _ = replay(1)

@@ -18,10 +18,10 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[test]'
 	touch $@ $(VENV)/.installed
 
-## up: bring the main job up on the embedded default (emulated 2P4D cluster, gateway on :8000) with prefix-sharing demo traffic
+## up: bring the main job up on the embedded default (emulated cluster, 4P4D for the demo, gateway on :8000) with prefix-sharing demo traffic
 up: $(VENV)/.installed
-	$(SIBYL) up --replay demos/mooncake_conv_sample.jsonl --replay-hash-block-tokens 32 --replay-speed 0.3 --loop \
-		--policy prefix_aware $(UP_ARGS)
+	$(SIBYL) up --prefill 4 --decode 4 --replay demos/mooncake_conv_sample.jsonl --replay-hash-block-tokens 32 \
+		--replay-speed 0.3 --loop --policy prefix_aware $(UP_ARGS)
 
 ## demo-sim: the offline simulation of SIBYL's setting on a small scale
 demo-sim: $(VENV)/.installed

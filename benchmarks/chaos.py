@@ -179,7 +179,8 @@ def audit(store: RunStore, console_run: str, replay_run: str, limit: int) -> lis
         (
             "instances that came back were used again",
             not unused,
-            f"{len(back)} came back, {len(judged)} with ≥ {MIN_LATER} requests still to come; unused after: {unused or 'none'}",
+            f"{len(back)} came back, {len(judged)} with ≥ {MIN_LATER} "
+            f"requests still to come; unused after: {unused or 'none'}",
         )
     )
     return checks
@@ -267,12 +268,12 @@ def main() -> int:
         reasons = failure_reasons(store, console_run)
     faults = Counter(x["action"] for x in chaos.log)
     print(
-        f"# chaos replay: {a.limit} requests of {a.trace.name} at speed {a.speed:g}, {a.prefill}P{a.decode}D {a.profile}, seed {a.seed}, "
-        f"{time.monotonic() - started:.0f} s"
+        f"# chaos replay: {a.limit} requests of {a.trace.name} at speed {a.speed:g}, "
+        f"{a.prefill}P{a.decode}D {a.profile}, seed {a.seed}, {time.monotonic() - started:.0f} s"
     )
     print(
-        f"faults: {len(chaos.log)} ({', '.join(f'{k} {v}' for k, v in sorted(faults.items()))}); replay: {replay.get('done')} done, "
-        f"{replay.get('failed')} failed\n"
+        f"faults: {len(chaos.log)} ({', '.join(f'{k} {v}' for k, v in sorted(faults.items()))}); "
+        f"replay: {replay.get('done')} done, {replay.get('failed')} failed\n"
     )
     print("| check | result | figures |\n|---|---|---|")
     for name, ok, figures in checks:

@@ -156,7 +156,8 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(
-        f"dashboard at {result['instances']} instances under {args.clients} closed-loop streaming clients, {args.window_s:g} s windows"
+        f"dashboard at {result['instances']} instances under {args.clients} "
+        f"closed-loop streaming clients, {args.window_s:g} s windows"
     )
     for line in md_header(
         [

@@ -23,7 +23,8 @@ releases 500 tokens at one instant: the hardest case. --max-num-seqs 0 keeps the
 slots (256 for h20-qwen3-32b: 256 run, the rest queue as in vLLM). With --instances N the streams
 are spread round-robin over N instances of one process.
 Target (issue): >= 500 concurrent streams in one process with p99 error <= 5 ms.
-Usage: python -m benchmarks.emulator_concurrency [--concurrency 500] [--tokens 64] [--profile h20-qwen3-32b] [--instances 1]
+Usage: python -m benchmarks.emulator_concurrency [--concurrency 500] [--tokens 64]
+       [--profile h20-qwen3-32b] [--instances 1]
 """
 
 from __future__ import annotations
@@ -193,10 +194,12 @@ def measure(args: argparse.Namespace, host: str, ports: list[int], pid: int | No
     p50, p99 = np.percentile(err, [50, 99])
     where = f"{len(ports)} instances of one process" if len(ports) > 1 else "one instance"
     print(
-        f"emulator, profile {args.profile}, {where}: {args.concurrency} concurrent streams x {args.tokens} tokens, prompt {args.prompt} tokens"
+        f"emulator, profile {args.profile}, {where}: "
+        f"{args.concurrency} concurrent streams x {args.tokens} tokens, prompt {args.prompt} tokens"
     )
     print(
-        f"{'requests':>9} {'tokens':>8} {'wall s':>7} {'tok/s':>7} {'steps':>6} {'err p50 ms':>10} {'err p99 ms':>10} {'err max ms':>10} {'err min ms':>10} {'failed':>6}"
+        f"{'requests':>9} {'tokens':>8} {'wall s':>7} {'tok/s':>7} {'steps':>6} {'err p50 ms':>10} "
+        f"{'err p99 ms':>10} {'err max ms':>10} {'err min ms':>10} {'failed':>6}"
     )
     print(
         f"{args.concurrency:>9} {len(err):>8} {wall:>7.2f} {len(err) / wall:>7.0f} {sum(map(len, logs)):>6} "
@@ -207,13 +210,13 @@ def measure(args: argparse.Namespace, host: str, ports: list[int], pid: int | No
         f"p50 {np.percentile(app, 50):.2f} p99 {np.percentile(app, 99):.2f} ms"
     )
     print(
-        f"step durations vs profile: max |diff| {max(s[1] for s in schedules) * 1e6:.3f} us; "
-        f"schedule slips: {sum(s[2] for s in schedules)}; error vs the emulator's own deadlines p99 {np.percentile(own, 99):.2f} ms"
+        f"step durations vs profile: max |diff| {max(s[1] for s in schedules) * 1e6:.3f} us; schedule slips: "
+        f"{sum(s[2] for s in schedules)}; error vs the emulator's own deadlines p99 {np.percentile(own, 99):.2f} ms"
     )
     if len(busy):
         print(
-            f"server, {len(busy)} steps with >= {per // 2} tokens: wake-up lateness p50 {np.median(wake):.2f} max {wake.max():.2f} ms; "
-            f"writing the step's tokens p50 {np.median(write):.2f} max {write.max():.2f} ms"
+            f"server, {len(busy)} steps with >= {per // 2} tokens: wake-up lateness p50 {np.median(wake):.2f} max "
+            f"{wake.max():.2f} ms; writing the step's tokens p50 {np.median(write):.2f} max {write.max():.2f} ms"
             + (f"; server CPU {cpu:.1f} s ({100 * cpu / wall:.0f} % of a core)" if pid else "")
         )
     print(f"target p99 <= 5 ms with no failures: {'met' if p99 <= 5 and failed == 0 else 'NOT met'}")
@@ -240,7 +243,8 @@ def main() -> None:
         "--read-interval-ms",
         type=float,
         default=0.0,
-        help="let the client read in batches this far apart, out of the server's way (arrival is the kernel's timestamp either way)",
+        help="let the client read in batches this far apart, "
+        "out of the server's way (arrival is the kernel's timestamp either way)",
     )
     ap.add_argument(
         "--url", help="measure an emulator already running at this base URL (same profile, enough --max-num-seqs)"

@@ -10,9 +10,9 @@ which feed its survival and decode-rate estimators.
 
 How it is simulated: the core simulator (core.sim.cluster.ClusterSimulation: cluster model,
 arrival process, decode models) is reused unchanged. It drives a `ShardedDispatcher`, which offers
-the dispatcher calls the simulator makes (core.sim.cluster.SimDispatcher) and hands every event of a request to the real Dispatcher of the
-shard that owns it. Each shard's routing policy is wrapped (`ShardRouting`) so that every decision
-reads the shard's own view merged with the others' rows as of the last exchange. The exchange
+the dispatcher calls the simulator makes (core.sim.cluster.SimDispatcher) and hands every event of a request
+to the real Dispatcher of the shard that owns it. Each shard's routing policy is wrapped (`ShardRouting`) so that
+every decision reads the shard's own view merged with the others' rows as of the last exchange. The exchange
 runs at the first dispatcher call at or after each multiple of Δ. A dispatcher's state changes
 only when it is called, so that is its state as of the boundary. Δ = 0 exchanges before every call.
 

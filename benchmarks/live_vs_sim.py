@@ -167,15 +167,18 @@ def main() -> None:
             live = live_p99(args, profile_file, p, Path(tmp) / f"run{k}")
             rows.append((p, live, sim))
             print(
-                f"{p}: live P99 TPOT {live['p99'] * 1000:.1f} ms ({live['ok']} ok), sim {sim['tpot_p99'] * 1000:.1f} ms",
+                f"{p}: live P99 TPOT {live['p99'] * 1000:.1f} ms ({live['ok']} ok), "
+                f"sim {sim['tpot_p99'] * 1000:.1f} ms",
                 file=sys.stderr,
             )
     ref_live, ref_sim = rows[0][1]["p99"], rows[0][2]["tpot_p99"]
     print(
-        f"{args.trace.name}, first {args.limit} requests at {args.rate:g} req/s, {args.prefill}P{args.decode}D, {profile.name}"
+        f"{args.trace.name}, first {args.limit} requests at {args.rate:g} req/s, "
+        f"{args.prefill}P{args.decode}D, {profile.name}"
     )
     print(
-        f"| policy | live P99 TPOT ms | sim P99 TPOT ms | live vs {policies[0]} | sim vs {policies[0]} | live mean ms | sim mean ms |"
+        "| policy | live P99 TPOT ms | sim P99 TPOT ms | live vs "
+        f"{policies[0]} | sim vs {policies[0]} | live mean ms | sim mean ms |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for p, live, sim in rows:

@@ -98,7 +98,8 @@ def main() -> None:
     a = ap.parse_args()
     profiles = a.profile or ["cpu-tiny-llama", "h20-qwen3-32b"]
     print(
-        "| profile | migrations | KV transfer base (ms) | step (ms) | stall p50 (ms) | p90 (ms) | stall p50 (steps) | p90 (steps) | under 2 steps |"
+        "| profile | migrations | KV transfer base (ms) | step (ms) | stall p50 (ms) "
+        "| p90 (ms) | stall p50 (steps) | p90 (steps) | under 2 steps |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for profile in profiles:
@@ -110,8 +111,9 @@ def main() -> None:
         ms, st, step = (np.array(x) for x in zip(*rows, strict=True))
         base = get_profile(profile).kv_transfer_base_s * 1000
         print(
-            f"| {profile} | {len(rows)} | {base:.1f} | {np.median(step):.1f} | {np.median(ms):.1f} | {np.percentile(ms, 90):.1f} | "
-            f"{np.median(st):.2f} | {np.percentile(st, 90):.2f} | {int((st < 2).sum())}/{len(st)} |"
+            f"| {profile} | {len(rows)} | {base:.1f} | {np.median(step):.1f} | "
+            f"{np.median(ms):.1f} | {np.percentile(ms, 90):.1f} | {np.median(st):.2f} "
+            f"| {np.percentile(st, 90):.2f} | {int((st < 2).sum())}/{len(st)} |"
         )
 
 

@@ -17,7 +17,16 @@ slots. For every request the client records what it got and when:
   (from sending, so it includes the client's own queueing under a burst) and as the console
   measures it (from the gateway's arrival, the `console` column: the run store's slo_met).
 
+With --tenants, two tenants share the cluster (each with its API key, SLO admission on): `flood`
+sends --flood times capacity and `steady` --steady times capacity, evenly spaced, for --duration
+seconds, once without per-tenant limits, once with `flood` held to --flood-in-flight requests in
+flight and (with --flood-tpm) once to that many tokens per minute (prompt + max_tokens, unused output
+refunded; the bucket holds a minute's worth, so it binds only after a minute's burst); a row per tenant.
+--hold S sets `[admission] extra_wait_s = S`: requests that cannot start at once are held up to S s
+past their TTFT target and released fairly between the tenants.
+
 Usage: python -m benchmarks.overload [--burst 600] [--rates 2,3] [--duration 20] [--modes off,on]
+       [--tenants] [--flood 3] [--steady 0.5] [--flood-in-flight 8] [--flood-tpm 0] [--hold 0]
        [--profile h20-qwen3-32b] [--timeout 90] [--json FILE]
 """
 
@@ -39,6 +48,7 @@ import numpy as np
 from adapters.ports import free_port
 from adapters.store import RunStore
 from benchmarks.harness import console_env, start_console, stop
+from console.live.tenants import keys_file_line
 from core.admission import SloAdmission, tpot_slots
 from core.perf import get_profile
 from core.slo import SLOClass
@@ -72,7 +82,10 @@ def capacity(profile_name: str, prompt: int, output: int) -> float:
     return min(prefill_rate, decode_rate)
 
 
-async def one(client: httpx.AsyncClient, url: str, prompt: int, output: int, k: int, timeout: float) -> Outcome:
+async def one(
+    client: httpx.AsyncClient, url: str, prompt: int, output: int, k: int, timeout: float, key: str | None = None
+) -> Outcome:
+    headers = {"Authorization": f"Bearer {key}"} if key else None
     body = {
         "model": "sibyl-model",
         "prompt": [7 + (k + j) % 900 for j in range(prompt)],
@@ -84,7 +97,7 @@ async def one(client: httpx.AsyncClient, url: str, prompt: int, output: int, k: 
     out = Outcome(0, timeout)
     try:
         async with asyncio.timeout(timeout):
-            async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
                 if r.status_code != 200:
                     await r.aread()
                     out.status, out.wait_s = r.status_code, time.monotonic() - t0
@@ -114,7 +127,9 @@ async def one(client: httpx.AsyncClient, url: str, prompt: int, output: int, k: 
     return out
 
 
-async def load(url: str, n: int, spacing_s: float, prompt: int, output: int, timeout: float) -> list[Outcome]:
+async def load(
+    url: str, n: int, spacing_s: float, prompt: int, output: int, timeout: float, key: str | None = None, k0: int = 0
+) -> list[Outcome]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
         tasks = []
@@ -122,7 +137,7 @@ async def load(url: str, n: int, spacing_s: float, prompt: int, output: int, tim
         for k in range(n):
             if spacing_s:
                 await asyncio.sleep(max(0.0, start + k * spacing_s - time.monotonic()))
-            tasks.append(asyncio.create_task(one(client, url, prompt, output, k, timeout)))
+            tasks.append(asyncio.create_task(one(client, url, prompt, output, k0 + k, timeout, key)))
         return list(await asyncio.gather(*tasks))
 
 
@@ -185,21 +200,72 @@ def run_one(mode: str, loads: list[tuple[str, int, float]], a: argparse.Namespac
     return rows
 
 
+FLOOD_KEY, STEADY_KEY = "sk-bench-flood-" + secrets.token_hex(8), "sk-bench-steady-" + secrets.token_hex(8)
+
+
+def run_tenants(cap: float, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Two tenants at --flood and --steady times capacity, without and with each limit on `flood`."""
+    flood_rate, steady_rate = a.flood * cap, a.steady * cap
+    cases: list[tuple[str, dict[str, int]]] = [("none", {})]
+    if a.flood_in_flight:
+        cases.append((f"{a.flood_in_flight} in fl", {"max_in_flight": a.flood_in_flight}))
+    if a.flood_tpm:
+        cases.append((f"tpm {a.flood_tpm // 1000}k", {"tokens_per_minute": a.flood_tpm}))
+    rows = []
+    for limits, limited in cases:
+        with TemporaryDirectory() as tmp:
+            home = Path(tmp)
+            keys = home / "tenants.toml"
+            keys.write_text(keys_file_line("flood", FLOOD_KEY, **limited) + "\n" + keys_file_line("steady", STEADY_KEY))
+            cfg = home / "console.toml"
+            cfg.write_text(f"[admission]\nextra_wait_s = {a.hold}\n")
+            port = free_port()
+            console = start_console(
+                port,
+                [str(cfg), "--prefill", "1", "--decode", "1", "--profile", a.profile, "--tenants", str(keys)],
+                console_env(home, secrets.token_urlsafe(16)),
+            )
+            url = f"http://127.0.0.1:{port}"
+            try:
+                run_id = json.loads((home / "console.json").read_text())["run_id"]
+
+                async def both(url: str) -> tuple[list[Outcome], list[Outcome]]:
+                    n_f, n_s = int(flood_rate * a.duration), int(steady_rate * a.duration)
+                    f, s = await asyncio.gather(
+                        load(url, n_f, 1 / flood_rate, a.prompt, a.output, a.timeout, FLOOD_KEY),
+                        load(url, n_s, 1 / steady_rate, a.prompt, a.output, a.timeout, STEADY_KEY, k0=10**6),
+                    )
+                    return f, s
+
+                flood, steady = asyncio.run(both(url))
+            finally:
+                stop(console)
+            stored = RunStore(home / "runs.db").requests(run_id)
+        for tenant, rate, outs in (("flood", a.flood, flood), ("steady", a.steady, steady)):
+            mine = [r for r in stored if r["tenant"] == tenant]
+            row = summarize(f"{tenant} {rate:g}x", limits, outs, a.timeout, mine)
+            row["limited"] = sum((r["reason"] or "").startswith("tenant ") for r in mine)
+            rows.append(row)
+            print(f"{_line(row)} {row['limited']:>7}", flush=True)
+    return rows
+
+
 def _f(x: Any, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
 HEADER = (
-    f"{'load':<16} {'admission':<9} {'n':>4} {'answered':>8} {'shed':>5} {'expired':>7} {'timeout':>7} {'other':>5} {'ra':>3} "
-    f"{'wait p50':>8} {'p99':>6} {'max':>6} {'rej max':>7} {'attain':>7} {'console':>7} {'TTFT p50':>8}"
+    f"{'load':<16} {'admission':<9} {'n':>4} {'answered':>8} {'shed':>5} {'expired':>7} {'timeout':>7} {'other':>5} "
+    f"{'ra':>3} {'wait p50':>8} {'p99':>6} {'max':>6} {'rej max':>7} {'attain':>7} {'console':>7} {'TTFT p50':>8}"
 )
 
 
 def _line(r: dict[str, Any]) -> str:
     return (
-        f"{r['load']:<16} {r['admission']:<9} {r['requests']:>4} {r['answered']:>8} {r['shed']:>5} {r['expired']:>7} {r['timeout']:>7} "
-        f"{r['other']:>5} {r['no_retry_after']:>3} {_f(r['wait_p50_s']):>8} {_f(r['wait_p99_s']):>6} {_f(r['wait_max_s']):>6} {_f(r['reject_wait_max_s'], '.2f'):>7} "
-        f"{_f(r['attainment'], '.0%'):>7} {_f(r['console_attainment'], '.0%'):>7} {_f(r['ttft_p50_s']):>8}"
+        f"{r['load']:<16} {r['admission']:<9} {r['requests']:>4} {r['answered']:>8} {r['shed']:>5} {r['expired']:>7} "
+        f"{r['timeout']:>7} {r['other']:>5} {r['no_retry_after']:>3} {_f(r['wait_p50_s']):>8} {_f(r['wait_p99_s']):>6} "
+        f"{_f(r['wait_max_s']):>6} {_f(r['reject_wait_max_s'], '.2f'):>7} {_f(r['attainment'], '.0%'):>7} "
+        f"{_f(r['console_attainment'], '.0%'):>7} {_f(r['ttft_p50_s']):>8}"
     )
 
 
@@ -213,6 +279,22 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--output", type=int, default=200)
     ap.add_argument("--timeout", type=float, default=90.0, help="the client's timeout per request")
+    ap.add_argument("--tenants", action="store_true", help="also run the two-tenant case (one flooding)")
+    ap.add_argument("--flood", type=float, default=3.0, help="the flooding tenant's load, times capacity")
+    ap.add_argument("--steady", type=float, default=0.5, help="the other tenant's load, times capacity")
+    ap.add_argument("--flood-in-flight", type=int, default=8, help="the flooding tenant's max_in_flight (0: no case)")
+    ap.add_argument(
+        "--flood-tpm",
+        type=int,
+        default=0,
+        help="the flooding tenant's tokens_per_minute (0: no case; a minute's burst)",
+    )
+    ap.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        help="tenants case: [admission] extra_wait_s (0, the default: nothing is held, so nothing is released fairly)",
+    )
     ap.add_argument("--json", type=Path, help="also write the rows here")
     a = ap.parse_args()
     cap = capacity(a.profile, a.prompt, a.output)
@@ -226,8 +308,15 @@ def main() -> None:
         f"1P1D {a.profile}: capacity {cap:.1f} requests/s ({a.prompt}-token prompts, {a.output} tokens); "
         f"SLO TTFT {SLO.ttft_s:g} s, TPOT {SLO.tpot_s * 1000:g} ms; client timeout {a.timeout:g} s"
     )
-    print(HEADER, flush=True)
-    rows = [r for mode in a.modes.split(",") for r in run_one(mode, loads, a)]
+    if loads:
+        print(HEADER, flush=True)
+    rows = [r for mode in a.modes.split(",") if loads for r in run_one(mode, loads, a)]
+    if a.tenants:
+        print(
+            f"two tenants, SLO admission on (extra_wait_s {a.hold:g}); `admission`: the flooding tenant's limit\n"
+            f"{HEADER} {'limited':>7}"
+        )
+        rows += run_tenants(cap, a)
     if a.json:
         a.json.write_text(json.dumps(rows, indent=2))
 

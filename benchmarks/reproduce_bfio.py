@@ -210,8 +210,9 @@ def print_results(runs: dict[str, tuple[DPSimResult, float]]) -> None:
     for label, (r, wall) in runs.items():
         print(
             f"{label:<28} {r.avg_imbalance / 1e4:>9.2f} {r.avg_imbalance_barrier / 1e4:>9.2f} "
-            f"{r.throughput_tok_s / 1e4:>8.3f} {r.mean_tpot_s * 1e2:>7.3f} {r.energy_j / 1e3:>7.1f} "
-            f"{r.energy_j / max(r.window_tokens, 1):>6.3f} {r.idle_fraction * 100:>6.1f} {f'{r.mean_wait_steps:.1f}/{r.max_wait_steps}':>11} "
+            f"{r.throughput_tok_s / 1e4:>8.3f} {r.mean_tpot_s * 1e2:>7.3f} "
+            f"{r.energy_j / 1e3:>7.1f} {r.energy_j / max(r.window_tokens, 1):>6.3f} "
+            f"{r.idle_fraction * 100:>6.1f} {f'{r.mean_wait_steps:.1f}/{r.max_wait_steps}':>11} "
             f"{r.decision_s / max(r.decisions, 1) * 1e3:>8.3f} {wall:>6.0f}"
         )
     print(

@@ -175,7 +175,8 @@ def main() -> None:
         f"profile {profile.name}, cold start {a.cold_start} {profile.cold_start_s:g} s, {a.seeds} seed(s)\n"
     )
     print(
-        "| rate (req/s) | setup | SLO attainment | × RR | mean E2E (s) | vs RR | cost (instance-s) | vs RR | adds | flips |"
+        "| rate (req/s) | setup | SLO attainment | × RR | mean E2E (s) "
+        "| vs RR | cost (instance-s) | vs RR | adds | flips |"
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for rate in rates:

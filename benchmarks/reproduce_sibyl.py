@@ -75,7 +75,8 @@ def main() -> None:
             label = name + ("(unit=requests)" if params.get("unit") == "requests" else "")
             rows[label], _ = run_one(plan, name, params)
         print(
-            f"\n== {workload}: {args.requests} requests at {rate:.2f} req/s (load {args.load}, burstiness {args.burstiness}), 64 decode"
+            f"\n== {workload}: {args.requests} requests at {rate:.2f} req/s (load {args.load}, "
+            f"burstiness {args.burstiness}), 64 decode"
         )
         print(
             f"{'policy':<24} {'TPOT mean ms':>12} {'p99 ms':>8} {'p99.9 ms':>9} {'TTFT p99 s':>10} {'opt.assign':>10}"
@@ -95,7 +96,8 @@ def main() -> None:
             print(f"  {metric:<22} {pct(s[key], ils[key]):>8} | {p_ils:<6} {pct(s[key], rr[key]):>8} | {p_rr:<6}")
         req = rows["sibyl(unit=requests)"]
         print(
-            f"  sibyl(unit=requests) P99 TPOT: {pct(req['tpot_p99'], ils['tpot_p99'])} vs ILS, {pct(req['tpot_p99'], rr['tpot_p99'])} vs RR"
+            f"  sibyl(unit=requests) P99 TPOT: {pct(req['tpot_p99'], ils['tpot_p99'])} vs ILS, "
+            f"{pct(req['tpot_p99'], rr['tpot_p99'])} vs RR"
         )
         ratios = paper["ratio"]
         print(

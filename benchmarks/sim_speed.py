@@ -71,7 +71,8 @@ def main() -> None:
     for r in rows:
         if r["policy"] != "round_robin" and r["mode"] in base:
             print(
-                f"{r['mode']}: {r['policy']} costs {float(r['wall_s']) / float(base[r['mode']]):.2f}x round robin's wall time"
+                f"{r['mode']}: {r['policy']} costs "
+                f"{float(r['wall_s']) / float(base[r['mode']]):.2f}x round robin's wall time"
             )
 
 

@@ -22,6 +22,7 @@ MODULES = (
     "up",
     "down",
     "status",
+    "tenants",
     "tui",
     "replay",
     "sim",

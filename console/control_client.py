@@ -65,5 +65,9 @@ class ControlClient:
         )
         return result
 
+    def reload_tenants(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/control/tenants/reload")
+        return result
+
     def close(self) -> None:
         self._http.close()

@@ -1,1 +1,2 @@
-"""The pure domain of sibyl-console: types, performance models, estimators, dispatcher, policies, SLOs, traces, simulator."""
+"""The pure domain of sibyl-console: types, performance models, estimators, dispatcher, policies,
+SLOs, traces, simulator."""

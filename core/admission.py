@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.policies.base import QueuePolicy
+from core.tenants import FairShare
 from core.types import Admission, Request, Role
 
 if TYPE_CHECKING:
@@ -32,6 +33,9 @@ class AdmissionControl:
         """Held request id → when it was queued, oldest first."""
         self.arrivals = 0
         """Requests seen by admit (routed, queued or shed)."""
+        self.fair: FairShare | None = None
+        """Release between tenants by their shares (console/live/tenants.py sets it when /v1 takes keys);
+        None: in the queue policy's order."""
 
     def __len__(self) -> int:
         return len(self.held_since)
@@ -51,13 +55,38 @@ class AdmissionControl:
         """Pop up to `room` held requests in the policy's order."""
         out: list[Request] = []
         while room > 0 and self.held_since:
-            r = queue.pop(now)
+            r = queue.pop(now) if self.fair is None else self._pop_fair(queue)
             if r is None:
                 break
             self.held_since.pop(r.id, None)
             out.append(r)
             room -= 1
         return out
+
+    def head(self, queue: QueuePolicy) -> Request | None:
+        """The held request `release` lets go next."""
+        items = queue.items()
+        if not items:
+            return None
+        return items[0] if self.fair is None else self.fair.pick(items)
+
+    def ahead_of(self, queue: QueuePolicy, r: Request) -> float:
+        """How many held requests go before `r` if it were held now: all of them in the queue policy's
+        order; with a fair share, its tenant's own and what the others release meanwhile."""
+        if self.fair is None or not self.held_since:
+            return float(len(self.held_since))
+        held: dict[str, int] = {}
+        for h in queue.items():
+            held[h.tenant] = held.get(h.tenant, 0) + 1
+        return self.fair.ahead(held, r.tenant)
+
+    def _pop_fair(self, queue: QueuePolicy) -> Request | None:
+        assert self.fair is not None
+        r = self.fair.pick(queue.items())
+        if r is not None:
+            queue.remove(r.id)
+            self.fair.served(r)
+        return r
 
     def expire(self, queue: QueuePolicy, now: float) -> list[Request]:
         """Remove and return the requests queued `ttl_s` ago or earlier, oldest first."""
@@ -119,14 +148,17 @@ class SloAdmission(BaseModel):
     decode_slots: int | None = Field(
         None,
         ge=1,
-        description="requests in flight per decode instance; none: vLLM's max_num_seqs (the profile's), cut to the most "
-        "whose decode step stays within headroom × the tightest TPOT target",
+        description="requests in flight per decode instance; none: vLLM's max_num_seqs (the profile's), cut to the "
+        "most whose decode step stays within headroom × the tightest TPOT target",
     )
     headroom: float = Field(
         0.8,
         gt=0,
         le=1,
-        description="route what an engine is expected to start within this share of its TTFT target (the rest covers what the model does not see: batching, the gateway's own load)",
+        description=(
+            "route what an engine is expected to start within this share of its TTFT target "
+            "(the rest covers what the model does not see: batching, the gateway's own load)"
+        ),
     )
     extra_wait_s: float = Field(
         0.0,
@@ -140,7 +172,10 @@ class SloAdmission(BaseModel):
     waiting_high: int = Field(
         8,
         ge=1,
-        description="a decode instance whose engine reports this many waiting requests (out of slots or KV) takes no new request",
+        description=(
+            "a decode instance whose engine reports this many waiting "
+            "requests (out of slots or KV) takes no new request"
+        ),
     )
 
 
@@ -246,17 +281,18 @@ class SloGate:
         )
         return n * self.decode_slots / per_request
 
-    def predicted_start(self, r: Request, v: ClusterView, now: float, held: int) -> float:
-        """Seconds after its arrival `r` is expected to start if held behind `held` requests."""
+    def predicted_start(self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0) -> float:
+        """Seconds after its arrival `r` is expected to start if held behind `held` requests (`share` of
+        the held prefill work: less than all when held requests are released fairly between tenants)."""
         b = self.backlogs(v, now)
-        prefill = (float(b.sum()) + self.held_work_s) / max(len(b), 1)
+        prefill = (float(b.sum()) + share * self.held_work_s) / max(len(b), 1)
         room = self.decode_room(v) - held
         decode_wait = 0.0 if room > 0 else (1 - room) / self._completion_rate(v)
         return now - r.arrival + max(prefill, decode_wait) + self.service_s(r.prompt_tokens)
 
-    def refusal(self, r: Request, v: ClusterView, now: float, held: int) -> str | None:
+    def refusal(self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0) -> str | None:
         """Why `r` cannot be held (expected to start after its wait bound), or None."""
-        start = self.predicted_start(r, v, now, held)
+        start = self.predicted_start(r, v, now, held, share)
         if start <= self._budget(r):
             return None
         self.refused[Role.DECODE if self.decode_room(v) - held <= 0 else Role.PREFILL] += 1
@@ -276,7 +312,8 @@ class SloGate:
         """`r` cannot be routed now: hold it if it is expected to start within its wait bound,
         else refuse it (SHED, with why); a full queue sheds too (why None)."""
         if len(queue) < queue.params.max_queued:
-            why = self.refusal(r, v, now, len(adm))
+            ahead = adm.ahead_of(queue, r)
+            why = self.refusal(r, v, now, ahead, ahead / len(adm) if adm else 1.0)
             if why is not None:
                 adm.arrivals += 1
                 self.shed += 1
@@ -297,7 +334,7 @@ class SloGate:
         out: list[Request] = []
         if room <= 0 or not len(backlogs):
             return out
-        for r in queue.items():
+        while (r := adm.head(queue)) is not None:
             k = int(np.argmin(backlogs))
             if room <= 0 or (backlogs[k] > 0 and backlogs[k] + self.service_s(r.prompt_tokens) > self.target_s(r)):
                 break

@@ -95,7 +95,8 @@ def build_rows(real: dict[str, list[dict[str, Any]]], predicted: dict[str, dict[
 def failures(rows: list[Row]) -> list[str]:
     """What lies outside the gate, one line each (empty: the stage passes)."""
     return [
-        f"{r.load} {r.metric.upper()} {r.stat}: {src} {r.predicted[src] * 1000:.1f} ms vs real {r.reference * 1000:.1f} ms "
+        f"{r.load} {r.metric.upper()} {r.stat}: "
+        f"{src} {r.predicted[src] * 1000:.1f} ms vs real {r.reference * 1000:.1f} ms "
         f"({r.deviation(src):+.0%}, gate ±{r.gate:.0%}: {'the target' if r.target is not None else 'no target'} "
         f"{r.gate - r.spread:.0%} + the real runs' spread {r.spread:.0%})"
         for r in rows

@@ -66,8 +66,9 @@ class PerfProfile(BaseModel):
     prefill_host_per_request_s: float = Field(
         0.0,
         ge=0,
-        description="host work a prefill instance does per request outside its engine steps (its API server, serving the KV "
-        "read on CPU hosts): after a batch of n requests the next one waits n times this; hidden by idle time alone",
+        description="host work a prefill instance does per request outside its engine steps "
+        "(its API server, serving the KV read on CPU hosts): after a batch of n "
+        "requests the next one waits n times this; hidden by idle time alone",
     )
     kv_transfer_base_s: float = Field(0.0, ge=0)
     kv_transfer_per_token_s: float = Field(0.0, ge=0)
@@ -77,7 +78,9 @@ class PerfProfile(BaseModel):
     max_num_batched_tokens: int = Field(
         8192,
         gt=0,
-        description="token budget of one engine step (vLLM's chunked prefill): 8192 is its large-GPU default, 2048 on CPU",
+        description=(
+            "token budget of one engine step (vLLM's chunked prefill): 8192 is its large-GPU default, 2048 on CPU"
+        ),
     )
     max_model_len: int = Field(gt=0)
     cold_start_s: float = Field(

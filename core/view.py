@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.cache.index import PrefixLookup
+from core.decisions import Explain
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
 from core.perf import PerfProfile
 from core.request_table import RUNNING, RequestTable
@@ -77,6 +78,8 @@ class ClusterView:
     decode_only: bool = False
     """Whether a request may be served by a decode instance alone (Assignment.prefill None): the
     simulator models it; a live console sets it when its backend forwards such requests."""
+    explain: Explain | None = None
+    """Set by the dispatcher while a sampled decision is taken: policies `note` what they saw into it."""
     _masks: dict[Role, np.ndarray] = field(default_factory=dict)
     _n_routable: dict[Role, int] = field(default_factory=dict)
     _cached: tuple[Request, float, np.ndarray] | None = None

@@ -3,7 +3,9 @@
 #   1. the CPU vLLM venv (scripts/vllm_cpu_env.sh; cached in ~/.cache, so later runs skip it)
 #   2. a tiny random-weight Llama and its tokenizer, built locally (no hub)
 #   3. pytest -m vllm tests/vllm with this repo's .venv: `up --backend vllm` 1P1D, the OpenAI client,
-#      `vllm bench serve`, a policy swap, metrics, the emulator-fidelity table, a killed prefill
+#      `vllm bench serve`, a policy swap, metrics, the emulator-fidelity table, KV events and prefix routing
+#      (local tokenizer = /tokenize, the precise index against the engine's own hits, prefix_aware placement on
+#      a second prefill instance, the Mooncake slice's hit rates and TTFT gate), a killed prefill
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

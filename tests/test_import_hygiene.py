@@ -118,6 +118,6 @@ def test_no_module_outside_tests_is_much_over_500_lines() -> None:
         str(p.relative_to(root)): n
         for top in ("core", "adapters", "console", "benchmarks")
         for p in (root / top).rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > 600
+        if (n := len(p.read_text().splitlines())) > 550
     }
     assert long == {}, "split these modules (the house aims at ~500 lines)"

@@ -33,6 +33,8 @@ def emulator_args(settings: BackendSettings) -> list[str]:
         args += ["--kv-capacity-tokens", str(e.kv_capacity_tokens)]
     if e.output_len_dist:
         args += ["--output-len-dist", e.output_len_dist]
+    if e.otlp_traces_endpoint:
+        args += ["--otlp-traces-endpoint", e.otlp_traces_endpoint, "--otlp-traces-protocol", e.otlp_traces_protocol]
     return args + list(e.extra_args)
 
 

@@ -1,4 +1,5 @@
-"""The `ray` backend: each instance is a Ray actor that runs its engine (emulator or `vllm serve`) on the node Ray placed it on.
+"""The `ray` backend: each instance is a Ray actor that runs its engine (emulator or `vllm serve`)
+on the node Ray placed it on.
 
 The console polls, routes to and scales these instances like any other backend's; what Ray adds
 is placement across nodes (by the custom resources or GPUs each role requests) and a watcher that
@@ -259,7 +260,8 @@ class RayBackend(BackendBase):
             placement: Placement = ray.get(ref, timeout=timeout)
         except GetTimeoutError:
             raise BackendError(
-                f"{iid} was not placed and healthy within {timeout:.0f} s (are the resources it requests free on some node?)"
+                f"{iid} was not placed and healthy within {timeout:.0f} "
+                "s (are the resources it requests free on some node?)"
             ) from None
         except RayActorError as e:
             raise BackendError(f"{iid}: its Ray actor died while starting: {cluster.death_reason(e)}") from None

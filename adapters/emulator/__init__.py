@@ -4,12 +4,14 @@
 stand-ins. Each instance is independent (own engine, metrics registry, KV table, faults); several
 run in one process on consecutive ports with `--instances N`.
 
-Modules: engine (continuous batching scheduler), sequence (what it schedules), protocol (request validation, response / SSE /
-error shapes), tokens (token counting and generated text), kv (held-KV leases and the pull side
-channel), prefix_cache (the block pool: capacity, LRU, prefix hits, over core.cache), kv_publisher
-(its KV events in vLLM's ZMQ format), metrics (vLLM's Prometheus series), faults and admin (fault injection, /admin/),
-asgi (raw-ASGI plumbing and the token writers), app (the per-instance ASGI app), server (uvicorn),
-process (start/stop emulator processes), cli (the Typer command), settings.
+Modules: engine (continuous batching scheduler), sequence (what it schedules), protocol (request
+validation, response / SSE / error shapes), tokens (token counting and generated text), kv (held-KV
+leases and the pull side channel), kv_legs (an instance's prefill and decode sides of the handoff),
+prefix_cache (the block pool: capacity, LRU, prefix hits, over core.cache), kv_publisher (its KV
+events in vLLM's ZMQ format), metrics (vLLM's Prometheus series), faults and admin (fault injection,
+/admin/), asgi (raw-ASGI plumbing and the token writers), app (the per-instance ASGI app), info_api
+(its read-only endpoints), server (uvicorn), process (start/stop emulator processes), cli (the Typer
+command), settings.
 
 Behaviour in brief:
 * Tokens: token-id prompts count as their length, text as ceil(UTF-8 bytes / 4), chat as its

@@ -114,7 +114,7 @@ class AdminApi:
             "total_blocks": e.total_blocks,
             "free_blocks": e.free_blocks,
             "held_blocks": e.held_blocks,
-            "held_requests": len(inst.holder.table),
+            "held_requests": len(inst.pd.holder.table),
             "running": len(e.running),
             "waiting": e.waiting,
             "preemptions": e.preemptions,

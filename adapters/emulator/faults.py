@@ -29,7 +29,10 @@ class FaultConfig(BaseModel):
     hang: bool = Field(False, description="accept requests but answer none (the engine pauses) until cleared")
     kv_pull_hang: bool = Field(
         False,
-        description="the KV side channel takes pulls but answers none until cleared (a peer whose network died: vLLM's NIXL read to it never completes)",
+        description=(
+            "the KV side channel takes pulls but answers none until cleared (a "
+            "peer whose network died: vLLM's NIXL read to it never completes)"
+        ),
     )
     unhealthy: bool = Field(False, description="/health answers 503")
     exit_after_requests: int | None = Field(
@@ -41,7 +44,10 @@ class FaultConfig(BaseModel):
     exit_after_tokens: int | None = Field(
         None,
         ge=1,
-        description="exit once this many more output tokens were generated (counted from when it is set): a crash mid-answer at an exact point",
+        description=(
+            "exit once this many more output tokens were generated (counted "
+            "from when it is set): a crash mid-answer at an exact point"
+        ),
     )
 
 

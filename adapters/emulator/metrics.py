@@ -140,11 +140,13 @@ class EngineMetrics:
         self.cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self.ext_queries = counter(
             "vllm:external_prefix_cache_queries",
-            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+            "External prefix cache queries from KV connector cross-instance cache sharing, "
+            "in terms of number of queried tokens.",
         )
         self.ext_hits = counter(
             "vllm:external_prefix_cache_hits",
-            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+            "External prefix cache hits from KV connector cross-instance cache sharing, "
+            "in terms of number of cached tokens.",
         )
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self._success = Counter(

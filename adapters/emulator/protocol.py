@@ -118,7 +118,8 @@ def parse_request(
         pos = getattr(e, "pos", 0)
         raise ApiError(
             400,
-            f"1 validation error:\n  {{'type': 'json_invalid', 'loc': ('body', {pos}), 'msg': 'JSON decode error', 'input': {{}}, 'ctx': {{'error': {e.msg!r}}}}}",
+            f"1 validation error:\n  {{'type': 'json_invalid', 'loc': ('body', {pos}), "
+            f"'msg': 'JSON decode error', 'input': {{}}, 'ctx': {{'error': {e.msg!r}}}}}",
             f"body.{pos}",
             VALIDATION,
         ) from None

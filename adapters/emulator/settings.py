@@ -47,6 +47,9 @@ class InstanceSettings:
     """vLLM's --kv-events-config: publish the block pool's events over ZMQ."""
     enable_prompt_tokens_details: bool = False
     """Report usage.prompt_tokens_details (cached tokens), as vLLM's --enable-prompt-tokens-details."""
+    otlp_traces_endpoint: str | None = None
+    """vLLM's --otlp-traces-endpoint: each request ends with an `llm_request` span (adapters/emulator/tracing.py)."""
+    otlp_traces_protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
 
     @property
     def kv_tokens(self) -> int:

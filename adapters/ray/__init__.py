@@ -1,1 +1,2 @@
-"""Ray support for the `ray` backend: the actor behind each instance and the cluster plumbing (Ray is imported lazily)."""
+"""Ray support for the `ray` backend: the actor behind each instance and the cluster plumbing
+(Ray is imported lazily)."""

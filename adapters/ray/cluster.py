@@ -1,4 +1,5 @@
-"""Ray cluster plumbing for the ray backend: join or start Ray, what each instance requests, where it may go, why it died.
+"""Ray cluster plumbing for the ray backend: join or start Ray, what each instance requests, where it may go,
+why it died.
 
 Everything here blocks (Ray's client calls do): the backend runs it in a worker thread.
 """
@@ -80,7 +81,8 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
             pass
     except OSError as e:
         raise BackendError(
-            f"no Ray cluster answers at {address} ({e.strerror or type(e).__name__}); start one there with `ray start --head` or leave --ray-address out for a local Ray"
+            f"no Ray cluster answers at {address} ({e.strerror or type(e).__name__}); "
+            "start one there with `ray start --head` or leave --ray-address out for a local Ray"
         ) from None
 
 

@@ -6,7 +6,10 @@ import logging
 import threading
 from typing import Any
 
+import orjson
+
 from adapters.store.store import RunStore
+from core.decisions import Record
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +26,7 @@ class RunRecorder:
         self._samples: list[dict[str, Any]] = []
         self._policy: list[dict[str, Any]] = []
         self._instance: list[dict[str, Any]] = []
+        self._decisions: list[tuple[list[Record], float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"recorder-{run_id}", daemon=True)
         self._thread.start()
@@ -46,10 +50,17 @@ class RunRecorder:
         with self._lock:
             self._instance.append({"t": t, "instance_id": instance_id, "event": event, "detail": detail})
 
+    def decisions(self, records: list[Record], t0: float = 0.0) -> None:
+        """Decision records; stored with their time minus `t0` (turned into rows by the flusher thread)."""
+        with self._lock:
+            self._decisions.append((records, t0))
+
     def flush(self) -> None:
         with self._lock:
-            batch = (self._requests, self._samples, self._policy, self._instance)
+            requests, samples, policy, instance = self._requests, self._samples, self._policy, self._instance
             self._requests, self._samples, self._policy, self._instance = [], [], [], []
+            pending, self._decisions = self._decisions, []
+        batch = (requests, samples, policy, instance, self._rows(pending))
         if any(batch):
             try:
                 self.store.write_batch(self.run_id, *batch)
@@ -57,11 +68,22 @@ class RunRecorder:
                 log.exception("run store: a batch of run %s failed; writing its records one by one", self.run_id)
                 self._write_one_by_one(batch)
 
+    def _rows(self, pending: list[tuple[list[Record], float]]) -> list[dict[str, Any]]:
+        """Decision records made into rows here, off the event loop; one that fails is logged and left out."""
+        rows = []
+        for records, t0 in pending:
+            for r in records:
+                try:
+                    rows.append(decision_row(r, t0))
+                except Exception:
+                    log.exception("run store: a decision record of run %s could not be made", self.run_id)
+        return rows
+
     def _write_one_by_one(self, batch: tuple[list[dict[str, Any]], ...]) -> None:
         lost = 0
         for kind, rows in enumerate(batch):
             for row in rows:
-                parts: list[list[dict[str, Any]]] = [[], [], [], []]
+                parts: list[list[dict[str, Any]]] = [[], [], [], [], []]
                 parts[kind] = [row]
                 try:
                     self.store.write_batch(self.run_id, *parts)
@@ -84,3 +106,21 @@ class RunRecorder:
         self.flush()
         if status is not None:
             self.store.finish_run(self.run_id, status=status, summary=summary)
+
+
+def decision_row(r: Record, t0: float = 0.0) -> dict[str, Any]:
+    """A decision record as a row of the `decisions` table (its time minus `t0`); the candidates are
+    kept as the hot path left them (core.decisions.Record.payload), one JSON encoding."""
+    kind, stage, policy, t, chosen, scorer, score_name, info = r.head
+    return {
+        "request_id": r.request_id,
+        "t": t - t0,
+        "kind": kind,
+        "stage": stage,
+        "policy": policy,
+        "scorer": scorer,
+        "chosen": chosen,
+        "score_name": score_name,
+        "candidates": orjson.dumps(r.payload(), option=orjson.OPT_SERIALIZE_NUMPY).decode(),
+        "info": orjson.dumps(info).decode(),
+    }

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 8
 """1: first release. 2: requests.queued (when the gateway queue held a request). 3: runs.sweep
 (the `sweep` a run belongs to). 4: requests.dp_rank (the data-parallel rank it decoded on).
 5: requests.ttft_source (what a request's TTFT was measured to: its first streamed token, or the
 end of its prefill leg for a whole reply whose TPOT is unknown). 6: requests.cached_tokens (prompt tokens the
-engine found in its prefix cache)."""
+engine found in its prefix cache). 7: the decisions table (decision records, created as a new table).
+8: requests.tenant (the tenant it was charged to)."""
 
 MIGRATIONS: dict[int, list[str]] = {
     2: ["ALTER TABLE requests ADD COLUMN queued FLOAT"],
@@ -17,6 +18,8 @@ MIGRATIONS: dict[int, list[str]] = {
     4: ["ALTER TABLE requests ADD COLUMN dp_rank INTEGER"],
     5: ["ALTER TABLE requests ADD COLUMN ttft_source VARCHAR"],
     6: ["ALTER TABLE requests ADD COLUMN cached_tokens INTEGER"],
+    7: [],  # the decisions table: new, so create_all makes it (at any older version too)
+    8: ["ALTER TABLE requests ADD COLUMN tenant VARCHAR"],
 }
 """Statements that bring a store of version N-1 to N (tables created afresh need none)."""
 
@@ -74,9 +77,9 @@ class RequestRecord(SQLModel, table=True):
     )
     ttft_source: str | None = Field(
         default=None,
-        description="first_token: TTFT ends at the first streamed token; prefill_end: a whole (non-streamed) reply, TTFT ends "
-        "when its prefill leg returned (no KV hand-off, no decode step) and TPOT is unknown; None: no TTFT, or a row "
-        "written before schema 5, by the simulator or by a replay (their TTFT is the first token)",
+        description="first_token: TTFT ends at the first streamed token; prefill_end: a whole (non-streamed) reply, "
+        "TTFT ends when its prefill leg returned (no KV hand-off, no decode step) and TPOT is unknown; None: no "
+        "TTFT, or a row written before schema 5, by the simulator or by a replay (their TTFT is the first token)",
     )
     e2e: float | None = None
     cached_tokens: int | None = Field(
@@ -87,6 +90,11 @@ class RequestRecord(SQLModel, table=True):
     status: str = "ok"
     reason: str | None = None
     slo_met: bool | None = None
+    tenant: str | None = Field(
+        default=None,
+        description="the tenant it was charged to: its API key's tenant, or default when /v1 takes no keys "
+        "(None: written before schema 8, or by the simulator)",
+    )
 
 
 class PolicyEventRecord(SQLModel, table=True):
@@ -129,5 +137,29 @@ class InstanceEvent(SQLModel, table=True):
     detail: str = ""
 
 
+class DecisionRecord(SQLModel, table=True):
+    """One decision as the policy saw it (core/decisions.py): candidates with features and scores."""
+
+    __tablename__ = "decisions"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    request_id: str | None = Field(default=None, index=True, description="the request it was about (None: scaling)")
+    t: float = Field(description="seconds since the run started")
+    kind: str = Field(description="route | bind | handoff | rank | release | retry | scale | reschedule")
+    stage: str = Field(description="what was chosen: prefill | decode | rank | queue | scaling | reschedule")
+    policy: str
+    scorer: str = Field(default="", description="whose scores these are when not `policy`'s (a composed router)")
+    chosen: str | None = None
+    score_name: str = Field(default="", description="what the scores measure, lower is better; empty: none")
+    candidates: str = Field(
+        default="{}",
+        description="JSON: the candidates column-wise ({names, scores, eligible, features}), or the maker and "
+        "arguments of core.decisions that rebuild them (read through RunStore.decisions)",
+    )
+    info: str = Field(default="{}", description="JSON: decision-wide facts (tau, reason, still_best)")
+
+
+DECISION_COLUMNS = [c for c in DecisionRecord.model_fields if c not in ("id", "run_id")]
 REQUEST_COLUMNS = [c for c in RequestRecord.model_fields if c not in ("id", "run_id")]
 SAMPLE_COLUMNS = [c for c in InstanceSample.model_fields if c not in ("id", "run_id")]

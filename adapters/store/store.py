@@ -21,16 +21,19 @@ from adapters.errors import AdapterError
 from adapters.pids import pid_alive
 from adapters.store.paths import default_db_path
 from adapters.store.schema import (
+    DECISION_COLUMNS,
     MIGRATIONS,
     REQUEST_COLUMNS,
     SAMPLE_COLUMNS,
     SCHEMA_VERSION,
+    DecisionRecord,
     InstanceEvent,
     InstanceSample,
     PolicyEventRecord,
     RequestRecord,
     Run,
 )
+from core.decisions import from_payload
 
 
 class StoreError(AdapterError):
@@ -109,7 +112,8 @@ class RunStore:
                 version = conn.execute(text("PRAGMA user_version")).scalar() or 0
                 if version > SCHEMA_VERSION:
                     raise StoreError(
-                        f"{self.path}: schema version {version} is newer than this sibyl-console ({SCHEMA_VERSION}); upgrade"
+                        f"{self.path}: schema version {version} is newer "
+                        f"than this sibyl-console ({SCHEMA_VERSION}); upgrade"
                     )
                 if version and conn.execute(text("SELECT name FROM sqlite_master WHERE name = 'requests'")).first():
                     for v in range(version + 1, SCHEMA_VERSION + 1):
@@ -211,6 +215,13 @@ class RunStore:
         with self._lock, self.engine.begin() as conn:
             conn.execute(insert(InstanceEvent), [row])
 
+    def add_decisions(self, run_id: str, rows: list[dict[str, Any]]) -> None:
+        """Decision records as `decision_row` makes them."""
+        if not rows:
+            return
+        with self._lock, self.engine.begin() as conn:
+            self._bulk(conn, "decisions", DECISION_COLUMNS, run_id, rows)
+
     def write_batch(
         self,
         run_id: str,
@@ -218,9 +229,12 @@ class RunStore:
         samples: list[dict[str, Any]],
         policy_events: list[dict[str, Any]],
         instance_events: list[dict[str, Any]],
+        decisions: list[dict[str, Any]] | None = None,
     ) -> None:
         """Everything a recorder buffered, in one transaction."""
         with self._lock, self.engine.begin() as conn:
+            if decisions:
+                self._bulk(conn, "decisions", DECISION_COLUMNS, run_id, decisions)
             if requests:
                 self._bulk(conn, "requests", REQUEST_COLUMNS, run_id, requests)
             if samples:
@@ -317,6 +331,28 @@ class RunStore:
 
     def instance_events(self, run_id: str) -> list[dict[str, Any]]:
         return self._rows(InstanceEvent, run_id, InstanceEvent.id)
+
+    def decisions(self, run_id: str, request_id: str | None = None) -> list[dict[str, Any]]:
+        """A run's decision records (one request's, with `request_id`), oldest first, JSON decoded."""
+        table = DecisionRecord.__table__  # type: ignore[attr-defined]
+        q = select(table).where(table.c.run_id == run_id)
+        if request_id is not None:
+            q = q.where(table.c.request_id == request_id)
+        with self._lock, self.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(q.order_by(table.c.id))]
+        out = []
+        for r in rows:
+            info = json.loads(r["info"] or "{}")
+            head = (r["kind"], r["stage"], r["policy"], r["t"], r["chosen"], r["scorer"], r["score_name"], info)
+            d = from_payload(head, r["request_id"], json.loads(r["candidates"] or "{}"))
+            out.append({**r, "info": info, "margin": d.margin, "ties": d.ties, "candidates": d.candidates()})
+        return out
+
+    def decision_count(self, run_id: str) -> int:
+        """How many decision records a run has."""
+        col = DecisionRecord.__table__.c.run_id  # type: ignore[attr-defined]
+        with self._lock, self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).where(col == run_id)).scalar() or 0)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -194,7 +194,8 @@ class KVEventsConfig:
         return cls(**raw)
 
     def for_rank(self, rank: int) -> KVEventsConfig:
-        """The config of instance/rank `rank`: tcp ports offset by it, inproc/ipc names suffixed (as vLLM does per DP rank)."""
+        """The config of instance/rank `rank`: tcp ports offset by it, inproc/ipc names suffixed (as vLLM does per
+        DP rank)."""
         if rank == 0:
             return self
         return KVEventsConfig(

@@ -102,6 +102,10 @@ class VllmInstanceSpec(BaseModel):
     """Publish KV events (`--kv-events-config`, ZMQ PUB bound on this port); None: off."""
     kv_events_replay_port: int | None = None
     """The replay socket (ZMQ ROUTER) for missed event batches, with kv_events_port."""
+    otlp_traces_endpoint: str | None = None
+    """`--otlp-traces-endpoint`: vLLM exports an `llm_request` span per request, a child of its traceparent."""
+    otlp_traces_protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    """Its OTEL_EXPORTER_OTLP_TRACES_PROTOCOL (vLLM's own default is grpc)."""
     extra_args: list[str] = Field(default_factory=list)
     """Passed through to `vllm serve` after everything else."""
     extra_env: dict[str, str] = Field(default_factory=dict)
@@ -173,6 +177,8 @@ def build_command(spec: VllmInstanceSpec, vllm_bin: str | Path = "vllm") -> list
         cmd.append("--enforce-eager")
     if not spec.access_log:
         cmd.append("--disable-uvicorn-access-log")
+    if spec.otlp_traces_endpoint is not None:
+        cmd += ["--otlp-traces-endpoint", spec.otlp_traces_endpoint]
     return cmd + list(spec.extra_args)
 
 
@@ -215,6 +221,9 @@ def build_env(spec: VllmInstanceSpec, platform: Device | None = None) -> dict[st
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(NIXL_PROGRESS_SHIM), os.environ.get("PYTHONPATH", "")) if p
             )
+    if spec.otlp_traces_endpoint is not None:
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = spec.otlp_traces_protocol
+        env["OTEL_SERVICE_NAME"] = spec.name  # its spans' service.name: prefill-PORT, decode-PORT
     env.update(spec.extra_env)
     return env
 

@@ -245,6 +245,7 @@ def what_is_missing(report: PlatformReport) -> list[str]:
             missing.append(f"only {report.cores} core(s): a P/D pair wants one core per instance (2 or more)")
         if report.memory_available_gib and report.memory_available_gib < 7:
             missing.append(
-                f"only {report.memory_available_gib:.1f} GiB memory available: a CPU P/D pair of the tiny model needs ~6 GiB"
+                f"only {report.memory_available_gib:.1f} GiB memory available: "
+                "a CPU P/D pair of the tiny model needs ~6 GiB"
             )
     return missing

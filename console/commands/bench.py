@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from console.offline.benchmarking import (
+    add_prefix_caches,
     decision_latency,
     loaded_dispatcher,
     rank_decision_latency,
@@ -45,6 +46,18 @@ def decision(
     pending_per_instance: Annotated[int, typer.Option(min=0)] = 4,
     iterations: Annotated[int, typer.Option(min=10)] = 3000,
     profile: Annotated[str, typer.Option()] = "h20-qwen3-32b",
+    prefix_tokens: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="requests carry the block keys of prompts this long, and every prefill instance's cache is "
+            "known from KV events (each holding those prompts to a different depth): the prefix scorer's "
+            "lookup is timed too (0: no prefix keys)",
+        ),
+    ] = 0,
+    prefix_blocks: Annotated[
+        int, typer.Option(min=1, help="cached blocks per prefill instance, with --prefix-tokens")
+    ] = 100_000,
     as_json: Annotated[
         bool, typer.Option("--json", help="print JSON (one object, or a list for several policies)")
     ] = False,
@@ -54,6 +67,7 @@ def decision(
     Example: sibyl-console bench decision --policy sibyl --decode-instances 64 \\
         --running-per-instance 64 --pending-per-instance 4 --json
     Compare settings of one policy: --policy sibyl --policy sibyl:horizon=lifetime
+    With the prefix scorer: --policy prefix_aware --prefill-instances 64 --prefix-tokens 32768
     """
     prof = get_profile(profile)
     assigned = parse_param_assignments(param)
@@ -73,14 +87,28 @@ def decision(
             running_per_instance=running_per_instance,
             pending_per_instance=pending_per_instance,
         )
+        prompts = add_prefix_caches(d, prefix_tokens, prefix_blocks) if prefix_tokens else None
         rows.append(
-            {"policy": spec, "params": params, "decode_instances": decode_instances, **decision_latency(d, iterations)}
+            {
+                "policy": spec,
+                "params": params,
+                "decode_instances": decode_instances,
+                "prefill_instances": prefill_instances,
+                "prefix_tokens": prefix_tokens,
+                **decision_latency(d, iterations, prefix_prompts=prompts),
+            }
         )
     if as_json:
         typer.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return
     _print_latencies(
-        f"routing decision latency: {decode_instances} decode × {running_per_instance} running + {pending_per_instance} pending",
+        f"routing decision latency: {prefill_instances} prefill, {decode_instances} decode × "
+        f"{running_per_instance} running + {pending_per_instance} pending"
+        + (
+            f"; prefix lookup of {prefix_tokens}-token prompts, {prefix_blocks} blocks cached per prefill"
+            if prefix_tokens
+            else ""
+        ),
         "tracked",
         "tracked_requests",
         rows,

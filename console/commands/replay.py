@@ -83,31 +83,33 @@ def replay(
     prompt_seed: Annotated[
         int | None,
         typer.Option(
-            help="seed of the prompts' token ids (default: fresh each replay, so no server's prefix cache serves a repeat)"
+            help="seed of the prompts' token ids (default: fresh each replay, "
+            "so no server's prefix cache serves a repeat)"
         ),
     ] = None,
     prefixes: Annotated[
         bool,
         typer.Option(
             "--prefixes/--no-prefixes",
-            help="keep the trace's prefix structure (Mooncake hash_ids: rows sharing leading hash ids share that prompt prefix; "
-            "sessions sent as X-Session-ID); --no-prefixes sends every row fresh ids",
+            help="keep the trace's prefix structure (Mooncake hash_ids: rows sharing leading hash ids share "
+            "that prompt prefix; sessions sent as X-Session-ID); --no-prefixes sends every row fresh ids",
         ),
     ] = True,
     hash_block_tokens: Annotated[
         int,
         typer.Option(
             min=1,
-            help="tokens per hash block (the trace's native 512); smaller scales prompts down, e.g. 16 for a tiny model: "
-            "each 512-token block becomes 16 tokens and every prompt length is scaled by 16/512",
+            help="tokens per hash block (the trace's native 512); smaller scales prompts down, e.g. 16 for a "
+            "tiny model: each 512-token block becomes 16 tokens and every prompt length is scaled by 16/512",
         ),
     ] = NATIVE_BLOCK_TOKENS,
     session_min_blocks: Annotated[
         int,
         typer.Option(
             min=1,
-            help="a row continues the session of the latest earlier row sharing its longest hash-id prefix when that prefix has "
-            "at least N blocks (2 skips the system-prompt block every Mooncake conversation row starts with)",
+            help="a row continues the session of the latest earlier row sharing its "
+            "longest hash-id prefix when that prefix has at least N blocks (2 skips "
+            "the system-prompt block every Mooncake conversation row starts with)",
         ),
     ] = DEFAULT_MIN_SHARED_BLOCKS,
     db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
@@ -204,7 +206,11 @@ def replay(
             task = progress.add_task("replay", total=len(t), line="")
             while not runner.done():
                 s = rep.stats.snapshot()
-                line = f"sent {s['sent']} done {s['done']} failed {s['failed']}  TTFT p50/p99 {_fmt(s['ttft_p50'])}/{_fmt(s['ttft_p99'])} ms  TPOT p50/p99 {_fmt(s['tpot_p50'])}/{_fmt(s['tpot_p99'])} ms"
+                line = (
+                    f"sent {s['sent']} done {s['done']} failed {s['failed']}  TTFT p50/p99 "
+                    f"{_fmt(s['ttft_p50'])}/{_fmt(s['ttft_p99'])} ms  TPOT p50/p99 "
+                    f"{_fmt(s['tpot_p50'])}/{_fmt(s['tpot_p99'])} ms"
+                )
                 progress.update(task, completed=s["done"] + s["failed"], line=line)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(runner), 0.5)

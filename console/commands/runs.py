@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from adapters.store import RunInfo, RunStore, StoreError
+from console.commands.runs_why import runs_why
 
 runs_app = typer.Typer(help="Runs recorded in the run store (SQLite).", no_args_is_help=True)
 DbOpt = Annotated[Path | None, typer.Option("--db", help="run store (default: user data dir; env SIBYL_DB)")]
@@ -103,6 +104,7 @@ def run_details(store: RunStore, run_id: str) -> dict[str, Any]:
         "failure_reasons": dict(reasons.most_common(10)),
         "requests_per_prefill": dict(sorted(per_prefill.items())),
         "requests_per_decode": dict(sorted(per_decode.items())),
+        "per_tenant": per_tenant(reqs),
         "cached_share": run_metrics(reqs)["cached_share"],
         "cached_reported": sum(r.get("cached_tokens") is not None for r in reqs),
         "policy_events": store.policy_events(info.run_id),
@@ -121,7 +123,8 @@ def runs_show(
         return
     con = Console()
     con.print(
-        f"[bold]{d['run_id']}[/]  {d['kind']}  {d['status']}  started {_when(d['started_at'])}  ended {_when(d['ended_at'])}"
+        f"[bold]{d['run_id']}[/]  {d['kind']}  {d['status']}  started "
+        f"{_when(d['started_at'])}  ended {_when(d['ended_at'])}"
     )
     con.print(f"backend {d['backend']}  cluster {d['cluster']}  workload {d['workload'] or '-'}  seed {d['seed']}")
     con.print(f"requests {d['requests']}  outcomes {d['outcomes']}")
@@ -145,13 +148,65 @@ def runs_show(
     con.print(t)
     if d.get("cached_share") is not None:
         con.print(
-            f"prefix cache: {d['cached_share']:.1%} of prompt tokens served from a cache ({d['cached_reported']} requests report it)"
+            f"prefix cache: {d['cached_share']:.1%} of prompt tokens served "
+            f"from a cache ({d['cached_reported']} requests report it)"
+        )
+    for line in quality_lines((d["summary"] or {}).get("decision_quality")):
+        con.print(line)
+    for name, row in (d.get("per_tenant") or {}).items():
+        att = "-" if row["attainment"] is None else f"{row['attainment']:.1%}"
+        con.print(
+            f"tenant {name}: {row['requests']} requests, {row['ok']} ok, {row['limited']} refused by its limits, "
+            f"SLO attainment of the answered {att}"
         )
     if d["requests_per_decode"]:
         con.print("per decode instance: " + ", ".join(f"{k}={v}" for k, v in d["requests_per_decode"].items()))
     for e in d["instance_events"]:
         con.print(f"  t={e['t']:.2f}s {e['instance_id']} {e['event']} {e['detail']}")
     con.print(f"config: {json.dumps(d['config'])}")
+
+
+def per_tenant(reqs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Requests by the tenant they were charged to (rows of schema 8 on; none for older runs)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in reqs:
+        if r.get("tenant") is None:
+            continue
+        row = out.setdefault(r["tenant"], {"requests": 0, "ok": 0, "met": 0, "limited": 0})
+        row["requests"] += 1
+        row["ok"] += r["status"] == "ok"
+        row["met"] += r["status"] == "ok" and bool(r["slo_met"])
+        row["limited"] += (r["reason"] or "").startswith("tenant ")
+    for row in out.values():
+        row["attainment"] = row["met"] / row["ok"] if row["ok"] else None
+    return out
+
+
+def quality_lines(q: dict[str, Any] | None) -> list[str]:
+    """Decision quality as `runs show` prints it (a live run's summary keeps it)."""
+    if not q:
+        return []
+    out = []
+    if q.get("decode_scored"):
+        out.append(
+            f"decision quality: {q['decode_still_best']:.1%} of {q['decode_scored']} decode choices were still the "
+            "least loaded instance when decoding began"
+        )
+    if q.get("prefix_decisions"):
+        share = q.get("prefix_hit_share")
+        out.append(
+            f"prefix hits: {q['prefix_achieved_tokens']} of {q['prefix_achievable_tokens']} "
+            f"achievable cached tokens achieved ({'-' if share is None else f'{share:.1%}'}) "
+            f"over {q['prefix_decisions']} requests with prefix keys"
+        )
+    rec = q.get("records")
+    if rec:
+        out.append(
+            f"decision records: {rec['records']} for {rec['requests_sampled']} requests (sample_rate "
+            f"{rec['sample_rate']}, at most {rec['max_per_s']}/s; left out {rec['skipped_by_rate']} by "
+            f"the rate, {rec['skipped_by_bound']} over the bound); `runs why RUN REQUEST_ID` shows them"
+        )
+    return out
 
 
 def _summary_value(v: Any) -> str:
@@ -366,6 +421,9 @@ def runs_whatif(
     for key in ("ttft_p50", "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "throughput_tok_s"):
         t.add_row(key, _fmt_metric(key, recorded.get(key)), *[_fmt_metric(key, p.get(key)) for p in predicted])
     Console().print(t)
+
+
+runs_app.command("why")(runs_why)
 
 
 def register(app: typer.Typer) -> None:

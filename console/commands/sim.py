@@ -89,7 +89,7 @@ def _policy_list(
     `key=value` goes to every routing policy.
     """
     assigned = parse_param_assignments(params)
-    names = policies or ["sibyl", "least_load", "round_robin"]
+    names = policies or ["prefix_aware", "sibyl", "least_load", "round_robin"]
     other_names = dict(others or {})
     unknown = set(assigned) - set(names) - set(other_names.values()) - {""}
     if unknown:
@@ -207,7 +207,12 @@ def sim(
     cluster: Annotated[str, typer.Option(help="instances as <P>P<D>D")] = "4P16D",
     profile: Annotated[str, typer.Option(help="performance profile name or .json path")] = "h20-qwen3-32b",
     mode: Annotated[str, typer.Option(help="decode model: ps (processor sharing) | iteration")] = "ps",
-    policy: Annotated[list[str], typer.Option("--policy", help="routing policy to run (repeat)")] = [],  # noqa: B006
+    policy: Annotated[
+        list[str],
+        typer.Option(
+            "--policy", help="routing policy to run (repeat; default prefix_aware, sibyl, least_load, round_robin)"
+        ),
+    ] = [],  # noqa: B006
     param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
     queue: Annotated[str, typer.Option("--queue", help="queue (admission) policy: fcfs | priority")] = "fcfs",
     scaling: Annotated[

@@ -75,16 +75,43 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         )
         if a:
             held += (
-                f"; SLO admission: {a['decode_slots']} decode slots per instance, ~{a['prefill_s_per_request']:g} s prefill "
-                f"per request, wait bound {a['wait_bound_s']:g} s (TTFT + {a['extra_wait_s']:g} s); shed {a['shed']}, expired {a['expired']}"
+                f"; SLO admission: {a['decode_slots']} decode slots per instance, "
+                f"~{a['prefill_s_per_request']:g} s prefill per request, wait bound {a['wait_bound_s']:g} "
+                f"s (TTFT + {a['extra_wait_s']:g} s); shed {a['shed']}, expired {a['expired']}"
             )
         else:
             held += f"; SLO admission off ({q.max_in_flight_per_instance} in flight per decode instance)"
         con.print(held)
+    if s.tenants is not None and s.tenants.required:
+        con.print(_tenant_table(s))
     con.print(
-        f"SLO last {s.slo.window_s:.0f}s: attainment {_pct(w.attainment)}  TTFT p50/p99 {_ms(w.ttft_p50)}/{_ms(w.ttft_p99)} ms  "
-        f"TPOT p50/p99 {_ms(w.tpot_p50)}/{_ms(w.tpot_p99)} ms   run: attainment {_pct(r.attainment)}"
+        f"SLO last {s.slo.window_s:.0f}s: attainment {_pct(w.attainment)}  TTFT "
+        f"p50/p99 {_ms(w.ttft_p50)}/{_ms(w.ttft_p99)} ms  TPOT p50/p99 "
+        f"{_ms(w.tpot_p50)}/{_ms(w.tpot_p99)} ms   run: attainment {_pct(r.attainment)}"
     )
+
+
+def _tenant_table(s: ConsoleState) -> Table:
+    """One row per tenant: in flight / its limit, tokens left / per minute, requests by outcome."""
+    ts = s.tenants
+    assert ts is not None
+    title = f"tenants ({ts.keys_file}; {ts.unauthorized} refused with 401)"
+    if ts.last_error:
+        title += f"\n[red]last reload failed, previous table in force:[/] {ts.last_error}"
+    t = Table(title=title)
+    for col in ("tenant", "in flight", "tokens/min", "met", "missed", "failed", "limited", "attain"):
+        t.add_column(col)
+    for name, r in ts.tenants.items():
+        n = r.requests
+        done = n.get("met", 0) + n.get("missed", 0) + n.get("failed", 0)
+        t.add_row(
+            name,
+            f"{r.in_flight}/{'-' if r.max_in_flight is None else r.max_in_flight}",
+            "-" if r.tokens_per_minute is None else f"{r.tokens_available}/{r.tokens_per_minute}",
+            *(str(n.get(k, 0)) for k in ("met", "missed", "failed", "limited")),
+            _pct(n.get("met", 0) / done if done else None),
+        )
+    return t
 
 
 @policy_app.command("list")
@@ -205,7 +232,8 @@ def migrate(
     typer.echo(
         json.dumps(r)
         if as_json
-        else f"{r['request_id']}: {r['source']} → {r['target']} in {r['stages']} stages, {r['tokens']} KV tokens, frozen {r['frozen_ms']:.1f} ms"
+        else f"{r['request_id']}: {r['source']} → {r['target']} in {r['stages']} stages, "
+        f"{r['tokens']} KV tokens, frozen {r['frozen_ms']:.1f} ms"
     )
 
 

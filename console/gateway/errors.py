@@ -27,3 +27,18 @@ def error_body(status: int, message: str, param: str | None = None) -> bytes:
 def sse_error(status: int, message: str) -> bytes:
     """An error event for a stream that already started (the status line is already 200)."""
     return b"data: " + error_body(status, message) + b"\n\ndata: [DONE]\n\n"
+
+
+def unauthorized_body(authorization: str | None) -> bytes:
+    """401 for /v1 without a valid tenant key, in OpenAI's own shape (type invalid_request_error; code
+    invalid_api_key for a wrong key, null for a missing one); the key is never echoed."""
+    if authorization:
+        message = "Incorrect API key provided. The gateway's tenants' keys file lists the keys it accepts."
+        code: str | None = "invalid_api_key"
+    else:
+        message, code = (
+            "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer "
+            "auth (i.e. Authorization: Bearer YOUR_KEY).",
+            None,
+        )
+    return orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}})

@@ -16,6 +16,7 @@ import copy
 from typing import Any
 
 from console.gateway.control import MAX_SCALE_DELTA
+from console.gateway.inspector import inspector_paths
 from console.live.state import json_schema
 from core.types import PolicyKind
 
@@ -39,8 +40,11 @@ _HOT_ERRORS = {
     "400": _error_response("malformed body, missing prompt/messages or a bad max_tokens"),
     "404": _error_response("unknown model"),
     "409": _error_response("a request with this X-Request-Id is already in flight"),
+    "401": _error_response("with a tenants' keys file: a missing or unknown API key (OpenAI's shape)"),
     "413": _error_response("body larger than max_body_bytes"),
-    "429": _error_response("the gateway queue is full (Retry-After)"),
+    "429": _error_response(
+        "the gateway queue is full, or the tenant is over its max_in_flight or tokens_per_minute (Retry-After)"
+    ),
     "499": _error_response("the client left while queued"),
     "502": _error_response("an instance failed or could not be reached"),
     "503": _error_response("no capacity, queued too long, or the console is shutting down (Retry-After)"),
@@ -225,7 +229,8 @@ def build_openapi(
                                     },
                                 },
                             },
-                        )
+                        ),
+                        "401": _HOT_ERRORS["401"],
                     },
                 }
             },
@@ -238,6 +243,7 @@ def build_openapi(
                     },
                 }
             },
+            **inspector_paths(bearer),
             "/control/state": {
                 "get": {
                     "operationId": "getState",
@@ -252,7 +258,9 @@ def build_openapi(
                 "get": {
                     "operationId": "events",
                     "security": bearer,
-                    "description": "server-sent events: past events, the state, then live events (never ends by itself)",
+                    "description": (
+                        "server-sent events: past events, the state, then live events (never ends by itself)"
+                    ),
                     "responses": {
                         "200": {
                             "description": "event stream",
@@ -363,7 +371,8 @@ def build_openapi(
                         "400": _error_response("malformed body"),
                         "401": _UNAUTHORIZED,
                         "409": _error_response(
-                            "unknown instance, same role, the last active instance of its role, or a backend that cannot flip"
+                            "unknown instance, same role, the last active instance of its role, "
+                            "or a backend that cannot flip"
                         ),
                     },
                 }
@@ -402,6 +411,31 @@ def build_openapi(
                     },
                 }
             },
+            "/control/prefix/match": {
+                "post": {
+                    "operationId": "prefixMatch",
+                    "security": bearer,
+                    "description": "Where a prompt's blocks are cached as routing sees it: a completions or chat body "
+                    "in (token ids, text or messages, tokenized as for routing); out its block count in the engines' "
+                    "block size and, per instance holding its first block, how many leading blocks the index says "
+                    "it holds.",
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    "responses": {
+                        "200": _json_response(
+                            "the prompt's blocks and where they are held",
+                            {
+                                "type": "object",
+                                "required": ["source", "block_size", "blocks", "match", "indexed_blocks"],
+                            },
+                        ),
+                        "400": _error_response("not JSON, or neither a prompt nor messages"),
+                        "401": _UNAUTHORIZED,
+                    },
+                }
+            },
             "/control/run": {
                 "get": {
                     "operationId": "getRun",
@@ -412,12 +446,31 @@ def build_openapi(
                     },
                 }
             },
+            "/control/tenants/reload": {
+                "post": {
+                    "operationId": "reloadTenants",
+                    "security": bearer,
+                    "description": "Read the tenants' keys file again (it is also re-read when it changes); a file "
+                    "that does not load leaves the table in force.",
+                    "responses": {
+                        "200": _json_response(
+                            "the new table is in force", {"type": "object", "required": ["ok", "error", "tenants"]}
+                        ),
+                        "401": _UNAUTHORIZED,
+                        "409": _error_response("this console has no keys file"),
+                        "422": _error_response(
+                            "the file did not load (the message names the file, line and field); the old table stays"
+                        ),
+                    },
+                }
+            },
             "/control/shutdown": {
                 "post": {
                     "operationId": "shutdown",
                     "security": bearer,
-                    "description": "Stop the console as SIGTERM does: drain in-flight requests (up to drain_timeout_s), "
-                    "stop the instances it launched, close the run. A second stop request skips the drain.",
+                    "description": "Stop the console as SIGTERM does: drain in-flight requests "
+                    "(up to drain_timeout_s), stop the instances it launched, close the run. "
+                    "A second stop request skips the drain.",
                     "responses": {
                         "202": _json_response(
                             "the stop has started",

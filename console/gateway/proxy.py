@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from adapters.vllm.forward import forward_headers
-from console.gateway.errors import error_body
+from console.gateway.errors import error_body, unauthorized_body
 from console.live.channel import JSON_HEADERS, ClientChannel, respond
 from console.live.controller import Controller
 from console.live.request import LiveRequest
@@ -85,13 +85,17 @@ class Proxy:
                 send, 503, error_body(503, "the console is shutting down"), [*JSON_HEADERS, (b"retry-after", b"5")]
             )
             return
+        # header values are bytes, not necessarily UTF-8: latin-1 maps every byte (as Starlette does)
+        headers = {k: v.decode("latin-1") for k, v in scope.get("headers") or []}
+        tenant = c.tenants.authenticate(headers.get(b"authorization"))
+        if tenant is None:  # before the body is read: an unknown client costs nothing more
+            await respond(send, 401, unauthorized_body(headers.get(b"authorization")))
+            return
         try:
             body = self._parse(await read_body(receive, c.config.max_body_bytes))
         except ClientError as e:
             await respond(send, e.status, error_body(e.status, e.message, e.param))
             return
-        # header values are bytes, not necessarily UTF-8: latin-1 maps every byte (as Starlette does)
-        headers = {k: v.decode("latin-1") for k, v in scope.get("headers") or []}
         rid = headers.get(b"x-request-id") or os.urandom(16).hex()
         if rid in self.in_flight:
             await respond(
@@ -101,10 +105,13 @@ class Proxy:
         slo_class = headers.get(b"x-sibyl-slo-class") or str(body.pop("slo_class", "default"))
         if slo_class not in c.config.slo:
             slo_class = "default"
-        tenant = headers.get(b"x-sibyl-tenant") or str(body.get("user") or "")
+        if not c.tenants.keyed:  # an open /v1: the client names its tenant for the queue's fair share
+            tenant = headers.get(b"x-sibyl-tenant") or str(body.get("user") or "")
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         raw_priority = body.get("priority")
-        priority = raw_priority if type(raw_priority) is int else 0  # not a bool
+        priority = c.tenants.priority(tenant, raw_priority if type(raw_priority) is int else 0)  # not a bool
+        if type(raw_priority) is int and priority != raw_priority:
+            body["priority"] = priority  # the engines see the tenant's band too
         arrival = time.monotonic()
         keys = c.prefix.known_keys(body, tokenize=c.dispatcher.routing.reads_prefix)
         if keys is None:  # a text or chat prompt for a policy that reads the cache: the engine tokenizes it
@@ -124,11 +131,14 @@ class Proxy:
         fwd = [("X-Request-Id", rid)]
         if session:
             fwd.append(("X-Session-ID", session))
-        if b"authorization" in headers:
+        if b"authorization" in headers and not c.tenants.keyed:  # a tenant's key stays in the gateway
             fwd.append(("Authorization", headers[b"authorization"]))
         self.in_flight.add(rid)
         try:
-            await LiveRequest(req, scope["path"], body, forward_headers(fwd)).run(c, ClientChannel(send, receive))
+            live = LiveRequest(req, scope["path"], body, forward_headers(fwd))
+            if c.tracing is not None:  # the client's traceparent, if any, is the root span's parent
+                live.trace = c.tracing.start(headers, rid, arrival)
+            await live.run(c, ClientChannel(send, receive))
         finally:
             self.in_flight.discard(rid)
 

@@ -61,8 +61,8 @@ class HeldRequests:
             if live is not None and live.released is not None and not live.released.done():
                 if gate is not None and now - req.arrival < ttl:
                     why = (
-                        f"held {now - req.arrival:.1f} s while the cluster was saturated: it could no longer start within its "
-                        f"class's wait bound ({gate.wait_bound_s(req):g} s: TTFT target + bounded wait)"
+                        f"held {now - req.arrival:.1f} s while the cluster was saturated: it could no longer start "
+                        f"within its class's wait bound ({gate.wait_bound_s(req):g} s: TTFT target + bounded wait)"
                     )
                 else:
                     why = f"queued longer than the queue policy's ttl_s={ttl:g} s while every instance was saturated"

@@ -12,7 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters.backends import BackendSettings, EmulatorSettings, VllmSettings
 from adapters.backends import registry as backends
 from adapters.backends.settings import RaySettings, check_attach
+from adapters.tracing import missing, traces_url
 from core.admission import SloAdmission
+from core.cache.tracker import APPROXIMATE_TTL_S
+from core.decision_log import DecisionSettings
 from core.errors import ConfigError, PolicyError
 from core.policies import registry
 from core.slo import SLOClass
@@ -29,17 +32,83 @@ class PrefixSettings(BaseModel):
         "for ttl_s; precise: each instance's KV events (the emulator and vLLM publish them with --kv-events-config)",
     )
     block_size: int | None = Field(None, gt=0, description="the engines' KV block size (default: the profile's)")
-    ttl_s: float = Field(300.0, gt=0, description="approximate: how long a routed prefix counts as cached")
-    tokenize: Literal["instance", "off"] = Field(
-        "instance",
-        description="text and chat prompts: instance = ask a prefill instance's /tokenize (the engine's own "
-        "tokenizer and chat template); off = only token-id prompts get prefix keys",
+    ttl_s: float = Field(
+        APPROXIMATE_TTL_S,
+        gt=0,
+        description="approximate: how long a routed prefix counts as cached at most (each instance's KV capacity "
+        "bounds it too); longer than a conversation's pause between turns",
+    )
+    tokenize: Literal["auto", "local", "instance", "off"] = Field(
+        "auto",
+        description="text and chat prompts: local = the model's tokenizer and chat template in the gateway "
+        "(`tokenizer`); instance = ask a prefill instance's /tokenize; auto = local when a tokenizer is known, "
+        "/tokenize for what it cannot do exactly and when none is; off = only token-id prompts get prefix keys",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="the model's tokenizer: a model directory or a tokenizer.json (with tokenizer_config.json or "
+        "chat_template.jinja beside it); default: the model directory `--backend vllm` launches",
     )
     decode_only: bool = Field(
         True,
         description="let a policy that decides so (prefix_pd) serve a request on a decode instance alone when it "
         "already holds most of the prompt",
     )
+
+
+class TenantSettings(BaseModel):
+    """`[tenants]`: API keys and per-tenant limits for /v1 (console/live/tenants.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file: Path | None = Field(
+        None,
+        description="keys file ([tenants.NAME] tables: key_sha256, max_in_flight, tokens_per_minute, priority, "
+        "weight); re-read when it changes; none: /v1 is open and every request is the default tenant's",
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _absolute(cls, v: Path | None) -> Path | None:
+        return None if v is None else v.expanduser().absolute()  # the server process may start elsewhere
+
+
+class TracingSettings(BaseModel):
+    """`[tracing]`: OpenTelemetry spans of each request's phases (console/live/tracing.py; the `tracing` extra)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool | None = Field(
+        None, description="export spans (default: on when an endpoint is set); off costs nothing on the hot path"
+    )
+    endpoint: str | None = Field(
+        None,
+        description="the OTLP receiver: http://HOST:4318 (/v1/traces is added) for OTLP/HTTP, HOST:4317 for gRPC",
+    )
+    protocol: Literal["http/protobuf", "grpc"] = Field(
+        "http/protobuf", description="OTLP transport (grpc needs opentelemetry-exporter-otlp-proto-grpc)"
+    )
+    service_name: str = Field("sibyl-console", min_length=1, description="the gateway's service.name")
+    sample_ratio: float = Field(
+        1.0, ge=0.0, le=1.0, description="share of new traces recorded; a client's traceparent decides its own"
+    )
+    instances: bool = Field(
+        True,
+        description="started instances export to the same endpoint and join the trace (vLLM --otlp-traces-endpoint; "
+        "the emulator emits vLLM's llm_request span)",
+    )
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> TracingSettings:
+        if self.enabled is None:
+            self.enabled = self.endpoint is not None
+        if self.enabled and not self.endpoint:
+            raise ValueError("tracing is enabled without an endpoint (set [tracing] endpoint or --otlp-endpoint)")
+        if self.endpoint:
+            traces_url(self.endpoint, self.protocol)  # a malformed OTLP/HTTP URL is refused here, not at export
+        if self.enabled and (need := missing(self.protocol)) is not None:
+            raise ValueError(f"tracing needs the OpenTelemetry packages: {need}")
+        return self
 
 
 class PolicyChoice(BaseModel):
@@ -64,7 +133,10 @@ class ConsoleConfig(BaseModel):
     profile: str = Field("h20-qwen3-32b", description="performance profile (emulator/sim timing, estimator priors)")
     model: str | None = Field(None, description="model path for --backend vllm")
     served_model_name: str = Field("sibyl-model", description="model name clients use")
-    policy: str = Field("sibyl", description="routing policy at start")
+    policy: str = Field(
+        "prefix_aware",
+        description="routing policy at start (prefix_aware, decoding by sibyl: benchmarks/README.md, prefix sweep)",
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="routing policy params")
     queue: PolicyChoice = Field(
         default_factory=lambda: PolicyChoice(name="fcfs"),
@@ -90,7 +162,9 @@ class ConsoleConfig(BaseModel):
     slo: dict[str, SLOClass] = Field(default_factory=lambda: {"default": SLOClass()})
     admission: SloAdmission = Field(
         default_factory=SloAdmission,
-        description="admission that protects the SLO: hold while saturated, 429/503 with Retry-After past a class's wait bound",
+        description=(
+            "admission that protects the SLO: hold while saturated, 429/503 with Retry-After past a class's wait bound"
+        ),
     )
     poll_interval_s: float = Field(0.5, gt=0, le=1.0, description="instance /health + /metrics poll period")
     connect_timeout_s: float = Field(
@@ -129,6 +203,15 @@ class ConsoleConfig(BaseModel):
     instance_base_port: int = Field(0, ge=0, le=65535, description="first port for started instances (0: free ports)")
     prefix: PrefixSettings = Field(
         default_factory=PrefixSettings, description="how routing knows what each instance caches"
+    )
+    decisions: DecisionSettings = Field(
+        default_factory=DecisionSettings, description="which decisions leave a record (runs why, the request inspector)"
+    )
+    tenants: TenantSettings = Field(
+        default_factory=TenantSettings, description="API keys and per-tenant limits for /v1 (none: open, one tenant)"
+    )
+    tracing: TracingSettings = Field(
+        default_factory=TracingSettings, description="OpenTelemetry spans of each request's phases (off by default)"
     )
     emulator: EmulatorSettings = Field(default_factory=EmulatorSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
@@ -184,6 +267,19 @@ class ConsoleConfig(BaseModel):
             self.emulator = self.emulator.model_copy(update={"kv_events": True})
         if self.prefix.source == "precise" and self.backend == "vllm" and not self.vllm.kv_events:
             self.vllm = self.vllm.model_copy(update={"kv_events": True})
+        return self
+
+    @model_validator(mode="after")
+    def _trace_instances(self) -> ConsoleConfig:
+        """With [tracing] instances on, started instances export their own spans to the same receiver."""
+        t = self.tracing
+        if not (t.enabled and t.instances and t.endpoint):
+            return self
+        update = {"otlp_traces_endpoint": traces_url(t.endpoint, t.protocol), "otlp_traces_protocol": t.protocol}
+        if self.emulator.otlp_traces_endpoint is None:
+            self.emulator = self.emulator.model_copy(update=update)
+        if self.vllm.otlp_traces_endpoint is None:
+            self.vllm = self.vllm.model_copy(update=update)
         return self
 
     def backend_settings(self) -> BackendSettings:

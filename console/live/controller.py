@@ -15,18 +15,21 @@ from adapters.backends import Backend, Capability
 from adapters.store import RunRecorder, RunStore
 from adapters.vllm.instances import Instance
 from adapters.vllm.poller import Poller
+from console.live import tracing
 from console.live.admission import HeldRequests
 from console.live.config import ConsoleConfig
+from console.live.decisions import QualityCollector, RecentRequests, decision_log, quality
 from console.live.events import EventBus
 from console.live.health import InstanceHealth, RankWatch
 from console.live.metrics import GatewayMetrics
 from console.live.operations import Operations
 from console.live.outcomes import Outcomes
 from console.live.policies import POLICY_NEEDS, catalog, check_capability
-from console.live.prefix import PrefixIndex
+from console.live.prefix import PrefixIndex, default_tokenizer
 from console.live.request import LiveRequest
 from console.live.scaler import Scaler
 from console.live.state import ConsoleState, InstanceRow, QueueState, ScrapedCounters
+from console.live.tenants import Tenants
 from core.dispatch import Dispatcher
 from core.errors import PolicyError
 from core.perf import get_profile
@@ -78,7 +81,12 @@ class Controller:
             check_capability(backend, kind, self.dispatcher.policies[kind].name)
         if config.admission.enabled:
             self.dispatcher.use_slo_admission(config.admission)
-        self.prefix = PrefixIndex(config.prefix, self.dispatcher, self.profile.block_size)
+        self.prefix = PrefixIndex(
+            config.prefix,
+            self.dispatcher,
+            self.profile.block_size,
+            default_tokenizer(config.backend, config.model, config.vllm.extra_args),
+        )
         """Request prefix keys and the cache index's source (approximate, or KV events per instance)."""
         self.engine_priorities = Capability.PRIORITY in backend.capabilities
         """Whether the instances order their queues by `priority` (a queue policy may then set it)."""
@@ -88,11 +96,23 @@ class Controller:
         self.recorder = RunRecorder(store, run_id)
         self.t0 = time.monotonic()
         self.started_wall = time.time()
-        self.outcomes = Outcomes(self.recorder, config.slo, self.t0)
+        self.recent = RecentRequests(self.recorder)
+        """The run's rows pass through it; it keeps the last finished requests for the request inspector."""
+        self.outcomes = Outcomes(self.recent, config.slo, self.t0)
+        log = decision_log(config.decisions, lambda recs: self.recorder.decisions(recs, self.t0))
+        self.dispatcher.use_decisions(log)
+        self.outcomes.metrics.registry.register(QualityCollector(self.dispatcher))
         self.held = HeldRequests(self.dispatcher, self.profile, config.poll_interval_s)
         self.outcomes.metrics.queue_depth.set_function(lambda: len(self.held))
         self.outcomes.metrics.watch_instances(lambda: list(self.instances.values()))
+        self.tenants = Tenants(config.tenants.file, self.dispatcher)
+        """API keys and per-tenant limits for /v1 (one open `default` tenant without a keys file)."""
+        self.tenants.register_metrics(self.outcomes.metrics.registry)
+        self.tenants.on_reload = lambda result: self.events.publish("tenants", **result)
+        self.outcomes.tenant_of = self.tenants.label
         self.health = InstanceHealth(config, self.instances, self.dispatcher, self.outcomes, self.held.release)
+        self.tracing = tracing.build(config.tracing)
+        """OpenTelemetry spans of each request's phases (None: [tracing] off, opentelemetry not even imported)."""
         for inst in instances:
             self.dispatcher.add_instance(inst.id, inst.role)
             self.health.track_data_parallel(inst)
@@ -217,6 +237,8 @@ class Controller:
         await self.operations.stop()
         for inst in self.instances.values():
             await inst.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # exports the last spans (a blocking HTTP call)
         self.recorder.close(status=status, summary=self.summary())
 
     # --- time ----------------------------------------------------------------------------------
@@ -252,7 +274,10 @@ class Controller:
             self.dispatcher.on_fail(live.request.id, finish)
         self.outcomes.left(live)
         self.held.release()
-        self.outcomes.record(live)
+        self.tenants.finished(live, self.outcomes.record(live))
+
+    def admit_tenant(self, live: LiveRequest) -> None:
+        self.tenants.admit(live)
 
     def hold(self, live: LiveRequest) -> None:
         self.held.hold(live)
@@ -313,6 +338,7 @@ class Controller:
             self.held.release()  # the prefill backlog drains with time, not only on events
             now = time.monotonic()
             self.health.tick(now)
+            self.tenants.poll(now)
             if now < self.dispatcher.next_periodic_at():
                 continue
             decisions = self.dispatcher.periodic(now)
@@ -405,6 +431,7 @@ class Controller:
                 "replay": {**self.replay.snapshot(), "label": self.replay_label} if self.replay is not None else None,
                 "prefix": self.prefix.snapshot(),
                 "capabilities": caps,
+                "tenants": self.tenants.snapshot(),
             }
         )
 
@@ -443,4 +470,5 @@ class Controller:
         )
 
     def summary(self) -> dict[str, Any]:
-        return self.outcomes.summary(time.monotonic(), self.instances.values())
+        out = self.outcomes.summary(time.monotonic(), self.instances.values())
+        return {**out, "decision_quality": quality(self.dispatcher)}

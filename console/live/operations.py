@@ -56,7 +56,8 @@ class Operations:
 
     # --- periodic policies -----------------------------------------------------------------------
     def carry_out(self, decisions: PeriodicDecisions, scaling_policy: str, reschedule_policy: str) -> None:
-        """The periodic policies' decisions: scaling actions, then migrations (refused with why when the backend cannot)."""
+        """The periodic policies' decisions: scaling actions, then migrations (refused with why when the backend
+        cannot)."""
         for action in decisions.scale:
             with contextlib.suppress(SibylError):  # a refusal is recorded as an event by the scaler
                 self.scaler.execute(action, source=f"policy:{scaling_policy}")
@@ -131,7 +132,10 @@ class Operations:
         if live.first_token_at is not None and tokens_before > 1 and last_before > live.first_token_at:
             step = (last_before - live.first_token_at) / (tokens_before - 1)
             steps = f" ({stall / step:.1f} of its decode steps of {step * 1000:.1f} ms)"
-        detail = f"request {live.id} → {target} after {tokens_before} tokens: the client waited {stall * 1000:.1f} ms between tokens{steps}"
+        detail = (
+            f"request {live.id} → {target} after {tokens_before} tokens: "
+            f"the client waited {stall * 1000:.1f} ms between tokens{steps}"
+        )
         self.c.metrics.migration_stall.observe(stall)
         self.c.instance_event(src, Role.DECODE, "migrated", detail)
         self.c.events.publish(

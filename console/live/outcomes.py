@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
     from console.live.request import LiveRequest
     from core.slo import SLOClass
-    from core.types import Role
+    from core.types import Request, Role
 
 SLO_WINDOW_S = 60.0
 """The sliding window of the live SLO view (the dashboard's "last 60 s")."""
@@ -86,6 +86,8 @@ def decisions(live: LiveRequest) -> list[tuple[str, str]]:
             return [*out, ("queue", "abandoned")]
         if not released.cancelled() and released.exception() is not None:
             return [*out, ("queue", "expired")]
+    elif reason.startswith("tenant "):  # refused by its tenant's own limits (console/live/tenants.py counts those)
+        return []
     elif live.prefill_instance is None and not live.ok and not no_capacity and not reason.startswith("internal error"):
         return [("queue", "shed")]
     if live.prefill_instance is not None:
@@ -145,6 +147,8 @@ class Outcomes:
         self.metrics.in_flight.set_function(lambda: self.in_flight)  # read at scrape time, not per request
         self.active: dict[str, str] = {}
         """The active policy's name of each kind (decisions are counted under it)."""
+        self.tenant_of: Callable[[Request], str] = lambda _: "default"
+        """The tenant a request is charged to (the controller's tenants say)."""
 
     def rel(self, t: float | None) -> float | None:
         """A monotonic time as seconds since the console started (None stays None)."""
@@ -165,8 +169,9 @@ class Outcomes:
         if self.in_flight == 0:
             self.idle.set()
 
-    def record(self, live: LiveRequest) -> None:
-        """The outcome of `live`: SLO window, event on failure or recovery, metrics, the stored row."""
+    def record(self, live: LiveRequest) -> bool:
+        """The outcome of `live`: SLO window, event on failure or recovery, metrics, the stored row.
+        Returns whether it met its SLO."""
         req = live.request
         finish = live.times[live.step]
         lat = latencies(live)
@@ -185,6 +190,7 @@ class Outcomes:
         self.observe(live, lat, met)
         self.metrics.count_request(live.prefill_instance or "-", live.decode_instance or "-", live.ok)
         self.log.request(self.request_row(live, lat, met))
+        return met
 
     def observe(self, live: LiveRequest, lat: Latencies, met: bool) -> None:
         """The request's latencies into its SLO class's histograms, and its decisions into their counters."""
@@ -237,6 +243,7 @@ class Outcomes:
             "status": "ok" if live.ok else "failed",
             "reason": live.reason,
             "slo_met": met,
+            "tenant": self.tenant_of(req),
         }
 
     # --- instances and policies ------------------------------------------------------------------

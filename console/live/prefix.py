@@ -2,8 +2,11 @@
 
 A request's prefix keys are our own hash chain (core.cache.keys) over the token ids the engine will
 see, in the engine's block size. Token-id prompts (what `replay` sends) are hashed as they are; text
-and chat prompts are tokenized by the instance itself (`POST /tokenize`, which applies the chat
-template exactly as the engine will) unless `[prefix] tokenize = "off"`. The index behind routing is
+and chat prompts are tokenized in the gateway with the model's tokenizer and chat template
+(adapters/tokenizer.py) when `[prefix] tokenizer` names them or `--backend vllm` launches a local
+model directory, else (and for what the local path declines) by a prefill instance's `POST
+/tokenize`, which applies the chat template exactly as the engine will; `[prefix] tokenize` picks
+(auto, local, instance, off). The index behind routing is
 *approximate* (what the router sent where, for a TTL, bounded by each instance's KV capacity) or
 *precise* (each instance's own KV events, read by one subscriber per instance: adapters/vllm/kv_events).
 """
@@ -14,10 +17,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from adapters.tokenizer import LocalTokenizer
 from adapters.vllm.instances import Instance
 from adapters.vllm.kv_events import KVEventSubscriber
 from console.live.config import PrefixSettings
@@ -41,8 +46,15 @@ def token_ids(body: dict[str, Any]) -> list[int] | None:
     return None
 
 
-async def engine_token_ids(body: dict[str, Any], instances: Sequence[Instance]) -> list[int] | None:
-    """Tokenize a text or chat prompt on the first healthy instance, as the engine will."""
+NO_TOKENIZE_STATUSES = frozenset({404, 405, 501})
+"""Answers that say an instance has no /tokenize at all (an OpenAI server that is not vLLM): it is not asked again."""
+
+
+async def engine_token_ids(
+    body: dict[str, Any], instances: Sequence[Instance], without: set[str] | None = None
+) -> list[int] | None:
+    """Tokenize a text or chat prompt on the first healthy instance, as the engine will; an instance
+    that answers it has no /tokenize is added to `without` and skipped from then on."""
     if "messages" in body:
         payload: dict[str, Any] = {"messages": body["messages"]}
     elif isinstance(body.get("prompt"), str):
@@ -50,7 +62,7 @@ async def engine_token_ids(body: dict[str, Any], instances: Sequence[Instance]) 
     else:
         return None
     for inst in instances:
-        if not inst.healthy or inst.session is None:
+        if not inst.healthy or inst.session is None or (without is not None and inst.id in without):
             continue
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
             async with inst.session.post(
@@ -60,14 +72,52 @@ async def engine_token_ids(body: dict[str, Any], instances: Sequence[Instance]) 
                     tokens = (await r.json()).get("tokens")
                     if isinstance(tokens, list):
                         return [int(t) for t in tokens]
+                elif r.status in NO_TOKENIZE_STATUSES and without is not None:
+                    log.warning(
+                        "%s has no /tokenize (HTTP %d): text and chat prompts are routed without prefix keys "
+                        "unless another prefill instance or a local tokenizer ([prefix] tokenizer) keys them",
+                        inst.id,
+                        r.status,
+                    )
+                    without.add(inst.id)
+                    continue
         return None
+    return None
+
+
+def default_tokenizer(backend: str, model: str | None, vllm_args: Sequence[str]) -> str | None:
+    """The tokenizer `--backend vllm` loads from a local model directory, unless its arguments give
+    vLLM another tokenizer or chat template (then only an instance's /tokenize is exact)."""
+    if backend != "vllm" or not model or any(a.split("=")[0] in ("--tokenizer", "--chat-template") for a in vllm_args):
+        return None
+    folder = Path(model).expanduser()
+    return str(folder) if (folder / "tokenizer.json").is_file() else None
+
+
+def load_tokenizer(settings: PrefixSettings, default: str | None) -> LocalTokenizer | None:
+    """The local tokenizer `[prefix]` asks for: `tokenizer` (an error if it does not load), else the
+    default (a warning if it does not load: /tokenize still works)."""
+    if settings.tokenize not in ("auto", "local") or settings.source == "off":
+        return None
+    if settings.tokenizer:
+        try:
+            return LocalTokenizer.load(settings.tokenizer)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"[prefix] tokenizer {settings.tokenizer!r} does not load: {e}") from e
+    if default:
+        try:
+            return LocalTokenizer.load(default)
+        except (OSError, ValueError) as e:
+            log.warning("the model's tokenizer at %s does not load (%s): text prompts go to /tokenize", default, e)
     return None
 
 
 class PrefixIndex:
     """Sets the dispatcher's cache source, computes request keys, and runs the KV-event subscribers."""
 
-    def __init__(self, settings: PrefixSettings, dispatcher: Dispatcher, block_size: int) -> None:
+    def __init__(
+        self, settings: PrefixSettings, dispatcher: Dispatcher, block_size: int, tokenizer: str | None = None
+    ) -> None:
         self.settings = settings
         self.dispatcher = dispatcher
         self.block_size = settings.block_size or block_size
@@ -77,6 +127,13 @@ class PrefixIndex:
         """Requests that got prefix keys / did not (no ids and no tokenizer)."""
         self.tokenize_s = 0.0
         """Time spent in /tokenize calls (the gateway's added latency for text and chat prompts)."""
+        self.local = load_tokenizer(settings, tokenizer)
+        """The model's tokenizer in the gateway (None: text and chat prompts go to /tokenize, or nowhere)."""
+        self.no_tokenize: set[str] = set()
+        """Instances that answered they have no /tokenize (never asked again)."""
+        self.local_s = 0.0
+        self.local_n = 0
+        """Time spent tokenizing locally, and how many prompts were."""
         s = settings
         if s.source == "approximate":
             dispatcher.use_prefix_routes(self.block_size, ttl_s=s.ttl_s, decode_only=s.decode_only)
@@ -87,32 +144,60 @@ class PrefixIndex:
         """The prefix keys of a request body without any I/O: empty when the cache is off or the
         prompt has no ids; None when a text or chat prompt must go through `tokenized_keys` (only
         when `tokenize`: the active routing policy reads the cache). Token-id prompts are hashed
-        here (microseconds), so the hot path awaits nothing for them."""
+        here (microseconds), and text and chat prompts the local tokenizer takes are tokenized here
+        too, so the hot path awaits nothing for them."""
         if self.settings.source == "off":
             return ()
         ids = token_ids(body)
         if ids is None:
-            if (
-                tokenize
-                and self.settings.tokenize == "instance"
-                and ("messages" in body or isinstance(body.get("prompt"), str))
-            ):
-                return None
-            self.unkeyed += 1
-            return ()
+            mode = self.settings.tokenize
+            if not tokenize or mode == "off" or not ("messages" in body or isinstance(body.get("prompt"), (str, list))):
+                self.unkeyed += 1
+                return ()
+            if self.local is not None:
+                t = time.perf_counter()
+                ids = self.local.token_ids(body)
+                self.local_s += time.perf_counter() - t
+                self.local_n += 1
+            if ids is None:
+                if mode in ("auto", "instance") and ("messages" in body or isinstance(body.get("prompt"), str)):
+                    return None
+                self.unkeyed += 1
+                return ()
         self.keyed += 1
         return tuple(chain_keys(ids, self.block_size))
 
     async def tokenized_keys(self, body: dict[str, Any], instances: Iterable[Instance]) -> tuple[int, ...]:
         """The prefix keys of a text or chat prompt, tokenized by a prefill instance's /tokenize."""
         t = time.perf_counter()
-        ids = await engine_token_ids(body, [i for i in instances if i.role != Role.DECODE])
+        ids = await engine_token_ids(body, [i for i in instances if i.role != Role.DECODE], self.no_tokenize)
         self.tokenize_s += time.perf_counter() - t
         if not ids:
             self.unkeyed += 1
             return ()
         self.keyed += 1
         return tuple(chain_keys(ids, self.block_size))
+
+    async def lookup(self, body: dict[str, Any], instances: Iterable[Instance]) -> dict[str, Any]:
+        """Where a request body's blocks are cached as routing sees it (POST /control/prefix/match):
+        its keys as the gateway computes them (not counted in the keyed share) and, per instance
+        holding its first block, how many leading blocks it holds."""
+        counters = (self.keyed, self.unkeyed, self.tokenize_s, self.local_s, self.local_n)
+        try:
+            keys = self.known_keys(body)
+            if keys is None:
+                keys = await self.tokenized_keys(body, instances)
+        finally:
+            self.keyed, self.unkeyed, self.tokenize_s, self.local_s, self.local_n = counters
+        index = self.dispatcher.prefix.index
+        held = index.match(keys, time.monotonic()) if index is not None and keys else {}
+        return {
+            "source": self.settings.source,
+            "block_size": self.block_size,
+            "blocks": len(keys),
+            "match": {str(i): n for i, n in held.items()},
+            "indexed_blocks": {str(i): index.num_blocks(i) for i in index.instances} if index is not None else {},
+        }
 
     # --- precise: KV events -------------------------------------------------------------------
     def follow(self, inst: Instance) -> None:
@@ -170,5 +255,7 @@ class PrefixIndex:
             "block_size": self.block_size,
             "keyed_share": self.keyed / total if total else None,
             "tokenize_ms_mean": 1e3 * self.tokenize_s / total if total else None,
+            "tokenizer": self.local.source if self.local is not None else None,
+            "local_tokenize_ms_mean": 1e3 * self.local_s / self.local_n if self.local_n else None,
             "events": lags,
         }

@@ -12,18 +12,17 @@ instance, which recomputes them and continues (as Dynamo's request migration doe
 The gateway handler parses the HTTP request, builds a LiveRequest and calls `run` with a channel
 to its client; from then on this object asks its host's dispatcher for every decision (at
 arrival, after a queue wait, at prefill end for policies that bind late), drives the two P/D legs
-through adapters.vllm.forward, relays the decode stream to the client, and hands its outcome to
-its host once. Nothing else builds or mutates the outcome. The host is anything with the members
-of `RequestHost` (the running console's controller, or a fake in a test).
+through adapters.vllm.forward, relays the decode stream to the client (console/live/relay.py, which
+also follows migrations and fails over), and hands its outcome to its host once. Nothing else
+builds or mutates the outcome. The host is anything with the members of `RequestHost` (the running
+console's controller, or a fake in a test).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -36,23 +35,18 @@ from adapters.vllm.forward import (
     decode_leg,
     open_decode,
     prefill_leg,
-    relay_stream,
-    tokenize,
 )
 from adapters.vllm.pd_protocol import (
     SSETokenCounter,
-    StreamTranscript,
-    add_streamed_usage,
     completion_tokens,
-    continuation_body,
     decode_leg_body,
     prefill_leg_body,
-    prompt_is_token_ids,
     resume_leg_body,
 )
-from console.gateway.errors import sse_error
-from console.live.channel import JSON_HEADERS, ClientChannel, Rejected, recording, usage_fixer
+from console.live.channel import JSON_HEADERS, ClientChannel, Rejected
+from console.live.relay import relay
 from console.live.request_host import RequestHost, Step, cached_tokens
+from console.live.tracing import NO_TRACE, Trace
 from core.errors import NoCapacityError
 from core.types import Admission, Request
 
@@ -60,8 +54,6 @@ if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
 
 log = logging.getLogger(__name__)
-PROGRESS_EVERY_S = 0.05
-"""How often a streaming request's token count is passed to the dispatcher (at most)."""
 PREFILL_ATTEMPTS = 2
 """A prefill leg that fails (instance unreachable or 5xx) is sent once more, to another instance."""
 
@@ -93,6 +85,7 @@ class LiveRequest:
         "tried_decode",
         "dp_rank",
         "cached_tokens",
+        "trace",
     )
 
     def __init__(self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes) -> None:
@@ -131,6 +124,7 @@ class LiveRequest:
         --enable-prompt-tokens-details; None: not reported, or no prefill leg)."""
         self.dp_rank: int | None = None
         """The data-parallel rank its decode leg asked for (a decode instance that is a DP group)."""
+        self.trace: Trace = NO_TRACE  # its spans when [tracing] is on (console/live/tracing.py, set by the gateway)
 
     @property
     def id(self) -> str:
@@ -178,10 +172,12 @@ class LiveRequest:
             if self.recovered is not None:
                 self.reason = self.recovered if self.reason is None else f"{self.recovered}; then {self.reason}"
             self.enter(Step.FINISHED if self.ok else Step.FAILED)
+            self.trace.finish(self)
             c.request_done(self)
 
     async def _admit(self, c: RequestHost, client: ClientChannel) -> None:
-        """The queue policy's decision, then the routing policy's."""
+        """The tenant's limits, the queue policy's decision, then the routing policy's."""
+        c.admit_tenant(self)
         d = c.dispatcher
         decision = d.admit(self.request, self.request.arrival)
         if decision == Admission.SHED:
@@ -211,6 +207,7 @@ class LiveRequest:
             raise Rejected(503, f"no capacity: {e}; try again when instances recover", c.retry_after_s()) from None
         self.prefill_instance = assignment.prefill
         self.decode_instance = assignment.decode
+        self.trace.routed(self, d, now)
         if c.engine_priorities:
             prio = d.queue.engine_priority(self.request)
             if prio is not None:
@@ -231,9 +228,11 @@ class LiveRequest:
             inst = c.instances[self.prefill_instance or ""]
             now = self.enter(Step.PREFILL)
             d.on_prefill_start(rid, now)
+            headers = self.trace.prefill_leg(inst.id, self.forward_headers, now)
             try:
-                reply = await prefill_leg(inst, self.path, payload, self.forward_headers)
+                reply = await prefill_leg(inst, self.path, payload, headers)
             except UpstreamFailure as e:
+                self.trace.prefill_done(e)
                 if not e.instance_fault:
                     raise
                 c.upstream_failed(inst.id)
@@ -248,6 +247,7 @@ class LiveRequest:
                 self.prefill_instance = retry
                 continue
             end = time.monotonic()
+            self.trace.prefill_done()
             d.on_prefill_end(rid, end, end - now)
             inst.routed += 1
             c.upstream_ok(inst.id)
@@ -264,12 +264,14 @@ class LiveRequest:
         d = c.dispatcher
         rid = self.request.id
         if self.decode_instance is None:
+            bind_at = time.monotonic()
             try:
-                self.decode_instance = d.bind_late(rid, time.monotonic())
+                self.decode_instance = d.bind_late(rid, bind_at)
             except NoCapacityError as e:
                 raise Rejected(
                     503, f"no capacity at prefill end: {e}; try again when instances recover", c.retry_after_s()
                 ) from None
+            self.trace.bound_late(self.decode_instance, bind_at)
         self.enter(Step.DECODE_BOUND)
         dec = c.instances[self.decode_instance]
         kv = reply.get("kv_transfer_params")
@@ -282,7 +284,7 @@ class LiveRequest:
             if e.delivered:
                 # the leg reached the instance before it died: it may have pulled the KV (which
                 # frees it on the prefill instance), so the next one computes the prompt itself
-                target = self._fail_over(
+                target = self.fail_over(
                     c, e.instance_id, 0, f"decode {e.instance_id} failed before anything reached the client: {e}"
                 )
                 if target is None:
@@ -354,7 +356,7 @@ class LiveRequest:
     async def _decode_leg(self, c: RequestHost, client: ClientChannel, dec: Instance, payload: bytes) -> None:
         """One decode leg to `dec`, its answer relayed to the client."""
         try:
-            async with decode_leg(dec, self.path, payload, self._leg_headers(c, dec)) as r:
+            async with decode_leg(dec, self.path, payload, self.leg_headers(c, dec)) as r:
                 dec.routed += 1
                 if not self.stream:
                     try:
@@ -371,21 +373,22 @@ class LiveRequest:
                 if not client.started:
                     await client.start_stream(self.id)
                     client.watch()
-                await self._relay(c, client, r, dec.id)
+                await relay(self, c, client, r, dec.id)
         except UpstreamFailure as e:
             if e.instance_fault:
                 c.upstream_failed(dec.id)
+            self.trace.decode_failed(dec.id, e)
             raise
         except StreamBroken as e:  # a whole (non-streamed) reply broke off: nothing reached the client
             c.upstream_failed(dec.id)
-            target = self._fail_over(c, dec.id, 0, f"decode {dec.id} failed before its reply was complete: {e}")
+            target = self.fail_over(c, dec.id, 0, f"decode {dec.id} failed before its reply was complete: {e}")
             if target is None:
                 raise UpstreamFailure(
                     dec.id, 503, self.reason or str(e)
                 ) from None  # not 502: the KV is gone, no plain retry
             await self._decode_leg(c, client, target, orjson.dumps(decode_leg_body(self.body, None)))
 
-    def _fail_over(self, c: RequestHost, failed: str, streamed: int, why: str) -> Instance | None:
+    def fail_over(self, c: RequestHost, failed: str, streamed: int, why: str) -> Instance | None:
         """Rebind this request to another decode instance after `failed` died under it; None (and
         the reason set) when the attempts are used up or no decode instance is left."""
         self.tried_decode.append(failed)
@@ -397,26 +400,27 @@ class LiveRequest:
         if target is None:
             self.reason = f"{why}; no other decode instance to continue it"
             return None
+        self.trace.failed_over(failed, target, streamed, why)
         note = f"{why}: resumed on {target} after {streamed} tokens by recomputing prompt + streamed tokens"
         self.recovered = note if self.recovered is None else f"{self.recovered}; {note}"
         log.warning("request %s: %s", self.id, note)
         self.decode_instance = target
         return c.instances[target]
 
-    def _leg_headers(self, c: RequestHost, dec: Instance) -> bytes:
+    def leg_headers(self, c: RequestHost, dec: Instance) -> bytes:
         """The decode leg's extra headers: the client's, plus the rank the rank policy chose when
-        `dec` is a data-parallel group (vLLM's X-data-parallel-rank)."""
-        if dec.dp_size <= 1:
-            return self.forward_headers
-        self.dp_rank = c.dispatcher.choose_rank(self.request.id, time.monotonic())
-        if self.dp_rank is None:
-            return self.forward_headers
-        return self.forward_headers + b"X-data-parallel-rank: %d\r\n" % self.dp_rank
+        `dec` is a data-parallel group (vLLM's X-data-parallel-rank), plus the leg's traceparent when tracing."""
+        headers = self.forward_headers
+        if dec.dp_size > 1:
+            self.dp_rank = c.dispatcher.choose_rank(self.request.id, time.monotonic())
+            if self.dp_rank is not None:
+                headers += b"X-data-parallel-rank: %d\r\n" % self.dp_rank
+        return self.trace.decode_leg(dec.id, headers)
 
     def open_resume(self, target: Instance) -> None:
         """Open the stream that continues this request on `target` before its migration's last stage,
         so the target decodes the moment the KV lands (the console's operations call this, then migrate)."""
-        self.resume_leg = asyncio.ensure_future(self._open_resume(target))
+        self.resume_leg = asyncio.ensure_future(self.resume_stream(target))
 
     def drop_resume(self) -> None:
         """The migration was given up: close the stream opened on the target."""
@@ -427,124 +431,7 @@ class LiveRequest:
                 lambda f: f.result().release() if not f.cancelled() and f.exception() is None else None
             )
 
-    async def _open_resume(self, target: Instance) -> Response:
-        return await open_decode(
-            target, self.path, orjson.dumps(resume_leg_body(self.body, self.id)), self.forward_headers
-        )
-
-    async def _relay(self, c: RequestHost, client: ClientChannel, r: Any, decode_id: str) -> None:
-        """Relay the decode stream to the client; follow the request when its instance migrates it."""
-        progress = c.dispatcher.on_progress
-        rid = self.request.id
-        next_report = 0.0
-
-        def on_tokens(n: int) -> None:
-            # The dispatcher learns this request's progress at most every PROGRESS_EVERY_S: its
-            # decode-rate estimate needs no more, and a busy stream sends tens of tokens a second.
-            nonlocal next_report
-            now = time.monotonic()
-            if self.first_token_at is None:
-                self.first_token_at = now
-            if self.handed_over is not None:
-                c.migration_done(self, *self.handed_over, now)
-                self.handed_over = None
-            self.last_token_at = now
-            if now >= next_report:
-                next_report = now + PROGRESS_EVERY_S
-                progress(rid, n, now)
-
-        counter = None
-        last = b""
-        relayed: Callable[[bytes], Awaitable[None]] = client.write
-        transcript = (
-            StreamTranscript(self.path.endswith("chat/completions")) if c.config.failure_migration_attempts else None
-        )
-        if transcript is not None:
-            relayed = recording(relayed, transcript.add)
-        write = relayed
-
-        async with contextlib.AsyncExitStack() as legs:
-            while True:
-                try:
-                    counter, handoff, last = await relay_stream(r, write, on_tokens, client.gone, counter)
-                except StreamBroken as e:
-                    c.upstream_failed(decode_id)
-                    resumed = await self._resume_elsewhere(c, decode_id, e, transcript)
-                    if resumed is None:
-                        self.output_tokens = e.counter.tokens
-                        await client.end(sse_error(502, self.reason or str(e)))
-                        return
-                    r, decode_id = resumed
-                    legs.callback(r.release)
-                    counter = e.counter
-                    counter.offset = counter.tokens
-                    write = usage_fixer(relayed, counter.offset)  # one fixer, with every token streamed so far
-                    continue
-                if handoff is None:
-                    break
-                target, self.migrating_to = self.migrating_to, None
-                if target is None or target not in c.instances:
-                    self.reason = (
-                        f"decode {decode_id} handed the request over unasked ({handoff[:200].decode(errors='replace')})"
-                    )
-                    await client.end(sse_error(502, self.reason))
-                    return
-                opened, self.resume_leg = self.resume_leg, None
-                if opened is None:
-                    opened = asyncio.ensure_future(self._open_resume(c.instances[target]))
-                try:
-                    r = await opened
-                    legs.callback(r.release)
-                except UpstreamFailure as e:
-                    self.output_tokens = counter.tokens
-                    self.reason = f"migrated from {decode_id} to {target}, but {target} could not continue it: {e}"
-                    await client.end(sse_error(502, self.reason))
-                    return
-                self.handed_over = (decode_id, target, self.last_token_at or time.monotonic(), counter.tokens)
-                c.dispatcher.on_migrated(rid, target, time.monotonic())
-                decode_id = self.decode_instance = target
-        self.output_tokens = counter.output_tokens
-        if client.gone.is_set():
-            self.reason = f"client disconnected mid-stream after {counter.tokens} tokens"
-            return
-        if counter.done and counter.error is None:
-            self.ok = True
-            c.upstream_ok(decode_id)
-        else:
-            self.reason = f"decode {decode_id} stream ended early: {counter.error or 'no [DONE]'}"
-        await client.end(add_streamed_usage(last, counter.offset) if counter.offset and last else last)
-
-    async def _resume_elsewhere(
-        self, c: RequestHost, failed: str, broken: StreamBroken, transcript: StreamTranscript | None
-    ) -> tuple[Response, str] | None:
-        """Failure migration: continue a stream whose decode instance died on another one, from
-        the prompt plus the text already relayed; None (reason set) when it cannot be."""
-        streamed = broken.counter.tokens
-        why = f"decode {failed} failed mid-stream after {streamed} tokens: {broken}"
-        if transcript is None:
-            self.reason = f"{why} (failure migration is off)"
-            return None
-        text = transcript.text()
-        by_ids = not transcript.chat and prompt_is_token_ids(self.body)
-        body, refusal = continuation_body(self.body, transcript.chat, text, streamed, [] if by_ids else None)
-        if body is None or transcript.resumable is not None:
-            self.reason = f"{why}; not resumed: {transcript.resumable or refusal}"
-            return None
-        while (target := self._fail_over(c, failed, streamed, why)) is not None:
-            try:
-                if by_ids:  # a token-id prompt continues with the streamed text as the target tokenizes it
-                    body, _ = continuation_body(
-                        self.body,
-                        False,
-                        text,
-                        streamed,
-                        await tokenize(target, text, self.forward_headers) if text else [],
-                    )
-                return await open_decode(target, self.path, orjson.dumps(body), self._leg_headers(c, target)), target.id
-            except UpstreamFailure as e:
-                if not e.instance_fault:
-                    self.reason = f"{why}; {target.id} refused the continuation: {e}"
-                    return None
-                c.upstream_failed(target.id)
-                failed, why = target.id, f"{why}; then {target.id} could not continue it: {e}"
-        return None
+    async def resume_stream(self, target: Instance) -> Response:
+        """Open the stream that continues this request on `target`, where its migration lands it."""
+        headers = self.trace.decode_leg(target.id, self.forward_headers, "migration")
+        return await open_decode(target, self.path, orjson.dumps(resume_leg_body(self.body, self.id)), headers)

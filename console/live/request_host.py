@@ -63,6 +63,9 @@ class RequestHost(Protocol):
     def request_done(self, live: LiveRequest) -> None:
         """`live` left with its outcome (called exactly once)."""
 
+    def admit_tenant(self, live: LiveRequest) -> None:
+        """Charge `live` to its tenant's limits; raises console.live.channel.Rejected (429) when over them."""
+
     def hold(self, live: LiveRequest) -> None:
         """The queue policy holds `live` until its `released` future is resolved."""
 

@@ -98,14 +98,19 @@ class SloStats(_Model):
     failed: int | None = Field(None, description="requests that failed")
     attainment: float | None = Field(
         None,
-        description="share of requests that met their SLO (TTFT and TPOT; a request without a measured TPOT on TTFT alone), 0..1",
+        description=(
+            "share of requests that met their SLO (TTFT and TPOT; "
+            "a request without a measured TPOT on TTFT alone), 0..1"
+        ),
     )
     ttft_attainment: float | None = Field(
         None, description="share that met their TTFT target, of those with a measured TTFT or failed"
     )
     tpot_attainment: float | None = Field(
         None,
-        description="share that met their TPOT target, of those with a measured TPOT or failed (whole replies are left out)",
+        description=(
+            "share that met their TPOT target, of those with a measured TPOT or failed (whole replies are left out)"
+        ),
     )
     tpot_unknown: int | None = Field(
         None, description="requests that succeeded without a measured TPOT (whole, non-streamed replies)"
@@ -148,8 +153,42 @@ class QueueState(_Model):
     ttl_s: float | None = Field(None, description="how long a request may be held before it is rejected (503)")
     admission: dict[str, float | int] | None = Field(
         None,
-        description="SLO admission's limits in force (decode slots, wait bound, ...) and its shed/expired counts; none when off",
+        description=(
+            "SLO admission's limits in force (decode slots, wait bound, ...) and its shed/expired counts; none when off"
+        ),
     )
+
+
+class TenantRow(_Model):
+    """One tenant of /v1: its limits in force and what it has done since the console started."""
+
+    in_flight: int = Field(0, description="its requests in the gateway now")
+    max_in_flight: int | None = Field(None, description="its limit on requests in flight (none: no limit)")
+    tokens_per_minute: int | None = Field(
+        None, description="prompt + max_tokens it may start per minute (none: no limit)"
+    )
+    tokens_available: int | None = Field(None, description="tokens left in its per-minute bucket now")
+    priority: int = Field(0, description="the earliest priority band its requests go in")
+    weight: float = Field(1.0, description="its share when held requests are released between tenants")
+    requests: dict[str, int] = Field(
+        default_factory=dict,
+        description="its requests by outcome: met, missed (their SLO), failed, limited (refused by its own limits)",
+    )
+    prompt_tokens: int = Field(0, description="prompt tokens of its requests that reached an instance")
+    output_tokens: int = Field(0, description="tokens generated for it")
+
+
+class TenantsState(_Model):
+    """API keys and per-tenant limits of /v1."""
+
+    keys_file: str | None = Field(None, description="the keys file (none: /v1 is open, one `default` tenant)")
+    required: bool = Field(False, description="whether /v1 requires a tenant's API key")
+    loaded_at: float | None = Field(None, description="when the table in force was loaded, Unix seconds")
+    last_error: str | None = Field(
+        None, description="why the last reload failed (the previous table stayed in force); none after a good one"
+    )
+    unauthorized: int = Field(0, description="requests refused with 401 (missing or unknown key)")
+    tenants: dict[str, TenantRow] = Field(default_factory=dict, description="each tenant by name")
 
 
 class ReplayProgress(_Model):
@@ -194,12 +233,14 @@ class ConsoleState(_Model):
     prefix: dict[str, Any] | None = Field(
         None,
         description="the prefix-cache index routing reads: source (off, approximate, precise), block size, the share "
-        "of requests that had prefix keys, the mean /tokenize time, and per instance its KV-event subscription's lag",
+        "of requests that had prefix keys, the mean /tokenize time, the local tokenizer and its mean time per prompt, "
+        "and per instance its KV-event subscription's lag",
     )
     capabilities: dict[str, bool] = Field(
         default_factory=dict,
         description="what the backend can do beyond the basics (scale, role_flip, migration...) and replay",
     )
+    tenants: TenantsState | None = Field(None, description="API keys, per-tenant limits and counters of /v1")
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object served: the keys the console set, nothing added."""

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from core.cache.events import BlockStored
+from core.cache.keys import BlockKey
 from core.dispatch import Dispatcher
 from core.perf import PerfProfile
 from core.request_table import PENDING, RUNNING
@@ -53,13 +55,54 @@ def loaded_dispatcher(
     return d
 
 
-def decision_latency(d: Dispatcher, iterations: int = 3000, warmup: int = 200, seed: int = 1) -> dict[str, float]:
-    """Time `route()` for new requests on a fixed state (each one is forgotten right after)."""
+def add_prefix_caches(
+    d: Dispatcher,
+    prompt_tokens: int,
+    blocks_per_instance: int,
+    probes: int = 8,
+    block_size: int = 16,
+    seed: int = 0,
+) -> list[tuple[BlockKey, ...]]:
+    """Give `d` a precise prefix index (KV events) in which every prefill instance holds
+    `blocks_per_instance` blocks: the leading blocks of `probes` prompts of `prompt_tokens` tokens,
+    at a random depth per instance and prompt (as many different match depths as prefill
+    instances: the lookup's worst case), the rest blocks of other prompts. Returns the prompts'
+    block keys, for the requests to carry."""
+    rng = np.random.default_rng(seed)
+    n = prompt_tokens // block_size
+
+    def keys(count: int) -> list[BlockKey]:
+        return [int(k) for k in rng.integers(-(2**62), 2**62, size=count, dtype=np.int64)]
+
+    prompts = [tuple(keys(n)) for _ in range(probes)]
+    d.use_prefix_events(block_size)
+    for i in np.flatnonzero(d.view.serves_prefill):
+        held = [p[: int(depth)] for p, depth in zip(prompts, rng.integers(1, n + 1, size=probes), strict=True)]
+        filler = keys(max(blocks_per_instance - sum(map(len, held)), 0))
+        events = [BlockStored(tuple(b), None, (), block_size) for b in (*held, filler) if b]
+        d.apply_kv_events(d.view.instance_ids[i], events)
+    return prompts
+
+
+def decision_latency(
+    d: Dispatcher,
+    iterations: int = 3000,
+    warmup: int = 200,
+    seed: int = 1,
+    prefix_prompts: list[tuple[BlockKey, ...]] | None = None,
+) -> dict[str, float]:
+    """Time `route()` for new requests on a fixed state (each one is forgotten right after). With
+    `prefix_prompts` (add_prefix_caches), the requests cycle over those prompts and carry their keys."""
     rng = np.random.default_rng(seed)
     prompts = rng.integers(1, 512, iterations + warmup)
     samples = np.empty(iterations)
+    bs = d.view.block_size
     for k in range(iterations + warmup):
-        req = Request(f"bench-{k}", 0.0, int(prompts[k]), 8192)
+        if prefix_prompts:
+            keys = prefix_prompts[k % len(prefix_prompts)]
+            req = Request(f"bench-{k}", 0.0, len(keys) * bs, 8192, prefix_keys=keys)
+        else:
+            req = Request(f"bench-{k}", 0.0, int(prompts[k]), 8192)
         t0 = time.perf_counter_ns()
         d.route(req, 0.0)
         elapsed = time.perf_counter_ns() - t0

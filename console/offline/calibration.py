@@ -140,7 +140,8 @@ def calibrate(
     pre = [r for r in rows if r["prefill_start"] is not None and r["prefill_end"] is not None and r["prompt_tokens"]]
     if len(pre) < 10:
         raise StoreError(
-            f"run {info.run_id} has {len(pre)} completed requests with prefill timings; calibration needs at least 10 (a live run)"
+            f"run {info.run_id} has {len(pre)} completed requests with prefill timings; "
+            "calibration needs at least 10 (a live run)"
         )
     if not store.instance_samples(info.run_id):
         raise StoreError(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from core.cache.tracker import APPROXIMATE_TTL_S
 from core.dispatch import Dispatcher
 from core.perf import PerfProfile
 from core.policies import registry
@@ -61,7 +62,7 @@ class SimPlan:
     """How the KV cache is modelled (None: the defaults; on only when `hash_ids` are given)."""
     prefix_source: PrefixSource = "precise"
     """What routing reads of the caches (see PrefixSource)."""
-    prefix_ttl_s: float | None = 300.0
+    prefix_ttl_s: float | None = APPROXIMATE_TTL_S
     """The approximate source's TTL."""
 
     @property

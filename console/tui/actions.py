@@ -71,6 +71,15 @@ ACTIONS: tuple[DashboardAction, ...] = (
         requires="role_flip",
     ),
     DashboardAction(
+        "dashboard.inspect",
+        "i",
+        "inspect_selected",
+        "Inspect",
+        "Request inspector: the selected instance's recent requests; enter on one shows its decisions, "
+        "every candidate with the features and score the policy saw.",
+        show=False,
+    ),
+    DashboardAction(
         "dashboard.replay",
         "space",
         "toggle_replay",

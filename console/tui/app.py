@@ -27,6 +27,7 @@ from console.tui.client import ApiError, ConnectionLost, DashboardClient
 from console.tui.events import EventLog
 from console.tui.header import DashboardHeader
 from console.tui.help import HelpScreen, QuitScreen
+from console.tui.inspector import InspectorScreen
 from console.tui.instances import InstanceTable
 from console.tui.messages import ConnectionChanged, ConsoleEvent, StateArrived
 from console.tui.policy_picker import PolicyPicker
@@ -304,6 +305,13 @@ class SibylDashboard(App[str]):
         role = table.row_role(iid)
         target = "decode" if role == "prefill" else "prefill"
         await self._control(f"flip {iid} to {target}", self.client.flip(iid, target))
+
+    def action_inspect_selected(self) -> None:
+        iid = self.dashboard.query_one(InstanceTable).selected_id()
+        if iid is None:
+            self.notify("select an instance in the table first", severity="warning")
+            return
+        self.push_screen(InspectorScreen(self.client, iid))
 
     @work(group="control-actions", exit_on_error=False)
     async def action_toggle_replay(self) -> None:

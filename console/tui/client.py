@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import ValidationError
@@ -101,6 +102,17 @@ class DashboardClient:
         if action not in ("pause", "resume"):
             raise ValueError(f"replay action must be pause or resume, not {action!r}")
         result: dict[str, Any] = await self._call("POST", f"/control/replay/{action}")
+        return result
+
+    async def instance_requests(self, instance: str, limit: int = 100) -> dict[str, Any]:
+        """`GET /control/instances/{instance}/requests`: its requests in flight and recently finished."""
+        path = f"/control/instances/{quote(instance, safe='')}/requests?limit={limit}"
+        result: dict[str, Any] = await self._call("GET", path)
+        return result
+
+    async def request_decisions(self, request_id: str) -> dict[str, Any]:
+        """`GET /control/requests/{id}/decisions`: its decision records still in the console's memory."""
+        result: dict[str, Any] = await self._call("GET", f"/control/requests/{quote(request_id, safe='')}/decisions")
         return result
 
     async def events(self) -> AsyncGenerator[dict[str, Any], None]:

@@ -1,4 +1,5 @@
-"""Modal screens: `?` help listing every binding, and the question a quit asks of a dashboard that launched its cluster."""
+"""Modal screens: `?` help listing every binding, and the question a quit asks of a dashboard
+that launched its cluster."""
 
 from __future__ import annotations
 

@@ -46,7 +46,8 @@ def _queue(inst: InstanceRow) -> float:
 
 
 def _health(inst: InstanceRow, p: Palette) -> Text:
-    """UP / DOWN, OPEN / PROBE while its circuit breaker is open or half-open, or the phase while it starts or drains."""
+    """UP / DOWN, OPEN / PROBE while its circuit breaker is open or half-open, or the phase while it starts or
+    drains."""
     phase = inst.phase or "active"
     breaker = inst.breaker or "closed"
     if breaker == "open":

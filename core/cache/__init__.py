@@ -1,4 +1,5 @@
-"""KV-cache domain: our block keys, KV events, one instance's prefix-cached block pool, and an index of many instances' caches."""
+"""KV-cache domain: our block keys, KV events, one instance's prefix-cached block pool,
+and an index of many instances' caches."""
 
 from core.cache.block_pool import Allocation, CacheStats, PrefixBlockPool, RequestId
 from core.cache.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent

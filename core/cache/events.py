@@ -1,4 +1,5 @@
-"""KV-cache events of one instance, field for field the shape of vLLM's BlockStored/BlockRemoved/AllBlocksCleared, keyed by our own block keys."""
+"""KV-cache events of one instance, field for field the shape of vLLM's
+BlockStored/BlockRemoved/AllBlocksCleared, keyed by our own block keys."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""Which blocks each instance caches, from KV events (precise) or routing decisions (approximate), with longest-prefix lookup."""
+"""Which blocks each instance caches, from KV events (precise) or routing decisions (approximate),
+with longest-prefix lookup."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, repeat, takewhile
-from operator import and_
+from itertools import accumulate, chain, compress, repeat, takewhile
+from operator import and_, ne
 from typing import Protocol
 
 from core.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
@@ -21,18 +22,27 @@ class PrefixLookup(Protocol):
     def match(self, keys: Sequence[BlockKey], now: float | None = None) -> dict[InstanceId, int]: ...
 
 
-_LINEAR = 16
-"""Below this many blocks, ``match`` walks a segment instead of bisecting it."""
+_RADIX = 4
+"""Each level of ``match`` reads ``_RADIX`` keys of every stretch the level above saw the holders change in."""
+_TOP_GRID = 16
+"""``match``'s first level reads at least this many keys (a chain shorter than ``_RADIX * _TOP_GRID``
+keys is read whole, in one pass)."""
+_MAX_MASKS = 1 << 16
+"""The intern table of holder masks is emptied when it grows past this many (masks stay correct)."""
 
 # Layout (as llm-d's indexer and Dynamo's radix index: key -> holders, walk until none is left):
 # ``_holders`` maps a block key to a bitmask of instance slots; each instance owns one bit and its
 # own record of keys (precise: key -> how many of its blocks hold it, since vLLM does not
-# de-duplicate identical blocks; approximate: key -> expiry, in LRU order). ``match`` bisects the
-# chain for the depths where the set of holders shrinks (``exact=True``: ANDs every mask along the
-# chain in C, map/accumulate/takewhile, until no instance is left).
-# Memory (CPython 3.11, tracemalloc): about 100 B per indexed key with its first holder (140 B when
-# the index holds the only reference to the key's int), 50 B per further holder of the same key;
-# an approximate instance's LRU entry about 70 B.
+# de-duplicate identical blocks; approximate: key -> expiry, in LRU order). Masks are interned
+# (equal masks are one int object: a few hundred distinct ones serve millions of keys), which
+# saves an int per shared key and keeps the masks a lookup reads in the CPU cache. ``match``
+# reads the chain level by level (a 2,048-key chain: every 64th key, then every 16th, 4th and
+# 1st inside the stretches where the holders changed), each level one pass of dict.get in C;
+# ``exact=True`` ANDs every mask along the chain (map/accumulate/takewhile) until nobody is left.
+# Memory (CPython 3.11, tracemalloc; `python -m benchmarks.prefix_index`): about 140 B per key
+# with its first holder (the index holding the only reference to the key's int), about 90 B per
+# further holder of the same key (its entry in that instance's own dict; the mask is shared); an
+# approximate instance's LRU entry about 70 B more.
 
 
 class _Precise:
@@ -70,7 +80,8 @@ class CacheIndex:
         self._slot: dict[InstanceId, int] = {}
         self._ids: list[InstanceId | None] = []
         self._inst: dict[InstanceId, _Precise | _Approx] = {}
-        self._bits: list[int] = []  # one shared int object per single-bit mask
+        self._bits: list[int] = []  # each slot's single-bit mask
+        self._masks: dict[int, int] = {}  # the intern table of holder masks
 
     # ---- instances ---------------------------------------------------------------------------
     @property
@@ -102,6 +113,7 @@ class CacheIndex:
         if inst is None:
             return
         bit = self._bits[self._slot[instance]]
+        self._interner()
         for k in inst.blocks:
             self._drop_bit(k, bit)
         inst.blocks.clear()
@@ -136,18 +148,24 @@ class CacheIndex:
         blocks = self._precise(instance).blocks
         bit = self._bits[self._slot[instance]]
         holders = self._holders
+        intern = self._interner().setdefault
         for k in keys:
             n = blocks.get(k)
             if n is None:
                 blocks[k] = 1
                 m = holders.get(k)
-                holders[k] = bit if m is None else m | bit
+                if m is None:
+                    holders[k] = bit
+                else:
+                    m |= bit
+                    holders[k] = intern(m, m)
             else:
                 blocks[k] = n + 1
 
     def _remove(self, instance: InstanceId, keys: Sequence[BlockKey]) -> None:
         blocks = self._precise(instance).blocks
         bit = self._bits[self._slot[instance]]
+        self._interner()
         for k in keys:
             n = blocks.get(k)
             if n is None:
@@ -166,6 +184,7 @@ class CacheIndex:
         blocks = inst.blocks
         bit = self._bits[self._slot[instance]]
         holders = self._holders
+        intern = self._interner().setdefault
         expiry = now + self.ttl_s if self.ttl_s is not None else float("inf")
         # Tail first, so within one prompt the tail is the least recent (evicted first, as vLLM).
         for k in reversed(keys):
@@ -173,7 +192,11 @@ class CacheIndex:
                 blocks.move_to_end(k)
             else:
                 m = holders.get(k)
-                holders[k] = bit if m is None else m | bit
+                if m is None:
+                    holders[k] = bit
+                else:
+                    m |= bit
+                    holders[k] = intern(m, m)
             blocks[k] = expiry
         self._trim(instance, inst)
 
@@ -195,10 +218,14 @@ class CacheIndex:
         By default the lookup relies on each instance's blocks being prefix-closed (holding a
         block means holding its parent), which vLLM keeps: every use of a block uses its parent
         too, and a request's blocks are freed tail first, so a parent is never less recently used
-        than its child and LRU never evicts it first; record_routed keeps it the same way. It
-        then bisects for the depths where the set of holders shrinks: about log2(len(keys))
-        dict lookups per distinct depth instead of one per block. A hole (a parent missing
-        under a held child: a subscriber that joined late) reads as held. ``exact=True`` walks
+        than its child and LRU never evicts it first; record_routed keeps it the same way. The
+        holders of ``keys[j]`` then shrink as j grows, and the depths are where they change. The
+        lookup reads every 4**k-th key (at least 16 of them: every 64th of a 32k-token prompt's
+        2,048), then every 4**(k-1)-th key of the stretches where the holders changed, and so on
+        down to every key: for n keys and d distinct depths at most n/4**k + 4·k·d dict lookups
+        (a 2,048-key chain: 33 + 12·d instead of 2,048), each level one pass in C. A hole
+        (a parent missing under a held child: a subscriber that joined late) reads as held: an
+        instance's depth is one past the last key it holds among those read. ``exact=True`` walks
         every key instead and stops each instance at its first missing block.
         """
         if now is not None and self.ttl_s is not None:
@@ -214,35 +241,49 @@ class CacheIndex:
             return {}
         out: dict[InstanceId, int] = {}
         ids = self._ids
-        emit = self._emit
-        last = get(keys[n - 1], 0) & first
-        dropped = 0
-        # Segments (lo, mask at lo, hi, mask at hi), lo < hi, mask at hi within mask at lo (each
-        # mid's mask is ANDed with the one to its left). An instance in mlo but not in mhi stops
-        # inside the segment; every instance is in at most one such difference.
-        todo = [(0, first, n - 1, last)]
-        pop, push = todo.pop, todo.append
-        while todo:
-            lo, mlo, hi, mhi = pop()
-            if mlo == mhi:
+        if get(keys[n - 1], 0) == first:  # every holder of the first block holds them all
+            self._emit(first, n, ids, out)
+            return out
+        radix = _RADIX
+        stride = 1
+        while n // (stride * radix) >= _TOP_GRID:
+            stride *= radix
+        # Level 0: every stride-th key, and one at or past the chain's end (a multiple of stride)
+        # that nobody holds, so every instance's depth is a change somewhere. Keys past the end
+        # read as held by nobody (value 0).
+        vals = list(map(get, keys[0:n:stride], repeat(0)))
+        vals.append(0)
+        # Element e >= 1 of a deeper level's vals is key starts[(e - 1) // radix] + ((e - 1) % radix
+        # + 1) × stride (radix keys per stretch); element 0 is the value before the first stretch.
+        starts: list[int] | None = None
+        while stride > 1:
+            # The values change at j: a depth lies in (pos(j) − stride, pos(j)]; read that stretch
+            # every stride // radix keys. Between two stretches the values do not change (or the
+            # level above would have seen it), so the value before a stretch is the one before it
+            # in vals, and vals of the next level shrink where the holders do.
+            changed = list(compress(range(1, len(vals)), map(ne, vals[1:], vals)))
+            if starts is None:
+                begin = [(j - 1) * stride for j in changed]
+            else:
+                begin = [starts[(j - 1) // radix] + (j - 1) % radix * stride for j in changed]
+            stride //= radix
+            nvals = [vals[changed[0] - 1]]
+            stretches = map(slice, [b + stride for b in begin], [b + radix * stride + 1 for b in begin], repeat(stride))
+            nvals.extend(map(get, chain.from_iterable(map(keys.__getitem__, stretches)), repeat(0)))
+            # only the last stretch can run past the end; what is past it is held by nobody
+            nvals.extend(repeat(0, 1 + radix * len(begin) - len(nvals)))
+            vals, starts = nvals, begin
+        for j in compress(range(1, len(vals)), map(ne, vals[1:], vals)):
+            gone = vals[j - 1] & ~vals[j] & first
+            if not gone:
                 continue
-            if hi - lo <= _LINEAR:
-                pending = mlo & ~mhi
-                dropped |= pending
-                for i in range(lo + 1, hi + 1):
-                    m = get(keys[i], 0)
-                    gone = pending & ~m
-                    if gone:
-                        emit(gone, i, ids, out)
-                        pending &= m
-                        if not pending:
-                            break
-                continue
-            mid = (lo + hi) >> 1
-            mmid = get(keys[mid], 0) & mlo
-            push((mid, mmid, hi, mhi & mmid))
-            push((lo, mlo, mid, mmid))
-        emit(last & ~dropped, n, ids, out)
+            depth = j if starts is None else starts[(j - 1) // radix] + (j - 1) % radix + 1
+            if gone & (gone - 1):
+                self._emit(gone, depth, ids, out)
+            else:
+                iid = ids[gone.bit_length() - 1]
+                if iid is not None:
+                    out[iid] = depth
         return out
 
     def _match_walk(self, keys: Sequence[BlockKey]) -> dict[InstanceId, int]:
@@ -314,10 +355,18 @@ class CacheIndex:
             raise ValueError(f"instance {instance!r} is precise (KV events); it takes no routes")
         return inst
 
+    def _interner(self) -> dict[int, int]:
+        """The intern table of masks, emptied first when it grew past _MAX_MASKS (called once per
+        event or route, so it may overshoot by one event's keys)."""
+        masks = self._masks
+        if len(masks) > _MAX_MASKS:
+            masks.clear()
+        return masks
+
     def _drop_bit(self, k: BlockKey, bit: int) -> None:
         m = self._holders[k] & ~bit
         if m:
-            self._holders[k] = self._bits[m.bit_length() - 1] if m & (m - 1) == 0 else m
+            self._holders[k] = self._masks.setdefault(m, m)
         else:
             del self._holders[k]
 
@@ -326,6 +375,7 @@ class CacheIndex:
         if not blocks or self.ttl_s is None:
             return 0
         bit = self._bits[self._slot[instance]]
+        self._interner()
         n = 0
         # Entries are in expiry order (a route sets now + ttl, never earlier than the last one).
         while blocks:
@@ -345,6 +395,7 @@ class CacheIndex:
         if len(blocks) <= cap:
             return
         bit = self._bits[self._slot[instance]]
+        self._interner()
         while len(blocks) > cap:
             k, _ = blocks.popitem(last=False)
             self._drop_bit(k, bit)

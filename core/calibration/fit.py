@@ -292,7 +292,10 @@ def _why(k: int, f: _Pass, labels: list[str], what: str) -> str:
         return f"{label} hardly varies in the run (all ≈ {float(np.mean(xk)):.4g}), so its cost is not identified"
     if f.explained[k] > 0.95:
         others = [labels[j] for j in f.free if j != f.free[k]]
-        return f"{label} moves with {' and '.join(others)} in the run (R² {f.explained[k]:.3f}): their costs cannot be told apart"
+        return (
+            f"{label} moves with {' and '.join(others)} in the run (R² "
+            f"{f.explained[k]:.3f}): their costs cannot be told apart"
+        )
     u = float(f.u[k])
     return (
         f"too uncertain: ±{u * 100:.0f}% of a typical {what} (±{IDENTIFIED * 100:.0f}% or less counts as fitted)"

@@ -7,6 +7,7 @@ from collections.abc import Hashable
 import numpy as np
 
 from core.admission import SloAdmission, SloGate
+from core.dispatch import recording
 from core.dispatch.instances import InstancesMixin
 from core.types import (
     Admission,
@@ -91,8 +92,15 @@ class AdmittingMixin(InstancesMixin):
         v = self.view
         v.now = now
         if self.gate is None:
-            return self.admission.release(self.queue, now, self._room())
-        return self.gate.release(self.admission, self.queue, v, now, self._room())
+            out = self.admission.release(self.queue, now, self._room())
+        else:
+            out = self.gate.release(self.admission, self.queue, v, now, self._room())
+        log = self.decisions
+        if log is not None and out:
+            sampled = {k for k, r in enumerate(out) if log.want(r.id, now)}
+            if sampled:
+                log.add(recording.release_records(self.queue, out, now, sampled))
+        return out
 
     def expire(self, now: float) -> list[Request]:
         """Held requests queued ttl_s ago or earlier, or (SLO admission) that could no longer start

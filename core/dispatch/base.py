@@ -9,6 +9,7 @@ from typing import Any
 
 from core.admission import AdmissionControl, SloGate
 from core.cache.tracker import PrefixTracker
+from core.decision_log import DecisionLog, PrefixHits
 from core.periodic import PeriodicRunner, SloWindow
 from core.policies.base import QueuePolicy, ReschedulePolicy, RoutingPolicy, ScalingPolicy
 from core.policies.rank import RankPolicyBase
@@ -80,6 +81,8 @@ class DispatcherBase:
     scores: dict[str, AssignmentScore]
     ratio_load: str
     score: AssignmentScore
+    decisions: DecisionLog | None
+    prefix_hits: PrefixHits
 
     # --- the active policies --------------------------------------------------------------------
     @property

@@ -17,7 +17,8 @@ import numpy as np
 from core.admission import AdmissionControl, SloGate
 from core.cache.events import KVEvent
 from core.cache.index import PrefixLookup
-from core.cache.tracker import PrefixTracker
+from core.cache.tracker import APPROXIMATE_TTL_S, PrefixTracker
+from core.decision_log import DecisionLog, PrefixHits, periodic_records
 from core.dispatch.base import AssignmentScore, PolicySetting, _Tracked
 from core.dispatch.lifecycle import LifecycleMixin
 from core.errors import PolicyError
@@ -123,6 +124,14 @@ class Dispatcher(LifecycleMixin):
         """Load measure for the optimal-assignment ratio: running requests (ties count) or KV tokens."""
         self.score = AssignmentScore()
         """Optimal-assignment score of the decisions actually taken (whatever policy took them)."""
+        self.decisions: DecisionLog | None = None
+        """Where decision records go (`use_decisions`); None: no records are made."""
+        self.prefix_hits = PrefixHits()
+        """Achieved against achievable prefix-cache hits of the routing decisions taken."""
+
+    def use_decisions(self, log: DecisionLog | None) -> None:
+        """Record decisions into `log` from now on (core/decisions.py; None: stop recording)."""
+        self.decisions = log if log is not None and log.enabled else None
 
     @staticmethod
     def _shadow_label(name: str, params: dict[str, Any]) -> str:
@@ -184,7 +193,7 @@ class Dispatcher(LifecycleMixin):
     def use_prefix_routes(
         self,
         block_size: int,
-        ttl_s: float | None = 300.0,
+        ttl_s: float | None = APPROXIMATE_TTL_S,
         capacity_blocks: int | None = None,
         decode_only: bool = False,
     ) -> None:
@@ -223,7 +232,12 @@ class Dispatcher(LifecycleMixin):
     def periodic(self, now: float) -> PeriodicDecisions:
         """Call the reschedule and scaling policies that are due; the caller executes the result."""
         self.view.now = now
-        return self.runner.run(now, self.view, self.policies, lambda: self.scaling_signals(now))
+        out = self.runner.run(now, self.view, self.policies, lambda: self.scaling_signals(now))
+        log = self.decisions
+        if log is not None and out:
+            log.add(periodic_records("scale", self.scaling.name, now, out.scale))
+            log.add(periodic_records("reschedule", self.reschedule.name, now, out.migrations))
+        return out
 
     def scaling_signals(self, now: float) -> ScalingSignals:
         """The signals a scaling policy sees; the arrival-rate window restarts at each call."""

@@ -6,7 +6,9 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from core.decisions import Record
 from core.dispatch.base import DispatcherBase
+from core.dispatch.recording import rank_record
 from core.policies.rank import dp_state
 from core.predict.survival import SurvivalPredictor
 from core.request_table import RUNNING
@@ -72,8 +74,12 @@ class InstancesMixin(DispatcherBase):
         policy = self.rank
         if group is None or not policy.acts:
             return None
-        rank = policy.choose(self.dp_state(int(t.inst[i]), now, exclude=i), int(t.l_in[i]))
+        state = self.dp_state(int(t.inst[i]), now, exclude=i)
+        rank = policy.choose(state, int(t.l_in[i]))
         t.rank[i] = -1 if rank is None else rank
+        if self.decisions is not None and self.decisions.sampled(rid):
+            rec = rank_record(policy.name, rid, v.instance_ids[int(t.inst[i])], state, rank, now)
+            self.decisions.add([Record.of(rec)])
         return rank
 
     def dp_state(self, index: int, now: float, exclude: int = -1) -> DPState:

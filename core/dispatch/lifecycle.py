@@ -6,6 +6,8 @@ from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
+from core.decisions import Explain, Record
+from core.dispatch import recording
 from core.dispatch.admitting import AdmittingMixin
 from core.dispatch.base import _Tracked
 from core.errors import NoCapacityError
@@ -28,8 +30,14 @@ class LifecycleMixin(AdmittingMixin):
         if request.tpot_s is None or request.ttft_s is None:
             self.set_targets(request)
         router = self.routing
+        log = self.decisions
+        ex = v.explain = Explain() if log is not None and log.want(request.id, now) else None
         try:
             a = router.route(request, v)
+            if ex is not None and log is not None:
+                log.add(ex.records("route", router.name, request, v, now, recording.made(v, a)))
+            if request.prefix_keys and v.prefix is not None:
+                recording.count_prefix_hit(self.prefix_hits, v, request, a)
             if a.prefill is None:
                 if a.decode is None:
                     raise ValueError(f"{router.name}: a decode-only assignment needs a decode instance")
@@ -43,7 +51,12 @@ class LifecycleMixin(AdmittingMixin):
                 est = float(v.prefill_time(computed))
                 due = v.prefill_free_at[p] = max(v.prefill_free_at[p], now) + est
                 v.prefill_n[p] += 1
+        except BaseException:
+            if ex is not None and log is not None:
+                log.forget(request.id)
+            raise
         finally:
+            v.explain = None
             v.forget_cached()
         self.prefix.routed((a.prefill, a.decode), request.prefix_keys, now)
         t = v.table
@@ -90,9 +103,14 @@ class LifecycleMixin(AdmittingMixin):
         if t.inst[i] >= 0:
             raise ValueError(f"request {request_id!r} is already bound to a decode instance")
         tracked = self._tracked[request_id]
+        log = self.decisions
+        ex = v.explain = Explain() if log is not None and log.sampled(request_id) else None
         try:
             d = tracked.router.choose_decode(tracked.request, v)
+            if ex is not None and log is not None:
+                log.add(ex.records("bind", tracked.router.name, tracked.request, v, now, {"decode": d}))
         finally:
+            v.explain = None
             v.forget_cached()
         t.inst[i] = d
         v.pending_n[d] += 1
@@ -152,6 +170,8 @@ class LifecycleMixin(AdmittingMixin):
         self._end_prefill(tracked, old, now, completed=False)
         start = np.where(mask, np.maximum(v.prefill_free_at, now), np.inf)
         p = int(np.argmin(start))
+        if self.decisions is not None and self.decisions.sampled(rid):
+            self.decisions.add([Record.of(recording.retry_record(v, "prefill", rid, start - now, mask, p))])
         v.prefill_free_at[p] = start[p] + est
         tracked.prefill_due = float(v.prefill_free_at[p])
         tracked.shift_base = self._prefill_shift[p]
@@ -171,6 +191,9 @@ class LifecycleMixin(AdmittingMixin):
             return None
         load = np.where(mask, v.running_n + v.pending_n, np.iinfo(np.int64).max)
         target = v.instance_ids[int(np.argmin(load))]
+        if self.decisions is not None and self.decisions.sampled(rid):
+            rec = recording.retry_record(v, "decode", rid, v.running_n + v.pending_n, mask, int(np.argmin(load)))
+            self.decisions.add([Record.of(rec)])
         self._rebind(rid, target)
         return target
 
@@ -185,7 +208,7 @@ class LifecycleMixin(AdmittingMixin):
             self._end_prefill(tracked, int(t.prefill[i]), now)
         d = int(t.inst[i])
         if d >= 0:
-            self._score_handoff(d, tracked.shadow_choices)
+            self._score_handoff(d, tracked.shadow_choices, rid)
             v.pending_n[d] -= 1
             v.running_n[d] += 1
         t.state[i] = RUNNING
@@ -194,7 +217,7 @@ class LifecycleMixin(AdmittingMixin):
         t.l_obs[i] = 0.0
         t.v[i] = v.decode_rate.value
 
-    def _score_handoff(self, chosen: int, shadow_choices: list[int]) -> None:
+    def _score_handoff(self, chosen: int, shadow_choices: list[int], rid: Hashable = None) -> None:
         v = self.view
         if not v.routable_count(Role.DECODE):
             return
@@ -207,6 +230,10 @@ class LifecycleMixin(AdmittingMixin):
 
         self.score.total += 1
         self.score.hits += hit(chosen)
+        log = self.decisions
+        if log is not None and log.sampled(rid):
+            router = self._tracked[rid].router.name
+            log.add([recording.handoff(v, router, rid, chosen, load, mask, hit(chosen), self.ratio_load)])
         for (label, _), j in zip(self.shadows, shadow_choices, strict=True):
             s = self.scores[label]
             s.total += 1
@@ -299,6 +326,8 @@ class LifecycleMixin(AdmittingMixin):
     def _forget(self, rid: Hashable, now: float) -> None:
         v = self.view
         t = v.table
+        if self.decisions is not None:
+            self.decisions.forget(rid)
         i = t.row[rid]
         tracked = self._tracked.pop(rid, None)
         if tracked is not None and tracked.in_prefill:

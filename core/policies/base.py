@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.decisions import note
 from core.errors import NoCapacityError
 from core.types import Assignment, Migration, PolicyKind, Request, ScaleAction
 
@@ -108,7 +109,10 @@ class RoutingPolicyBase(PolicyBase):
         mask = view.decode_mask()
         if not mask.any():
             raise NoCapacityError("no healthy decode instance")
-        return int(np.argmin(np.where(mask, self.display_load(view), np.inf)))
+        load = self.display_load(view)
+        d = int(np.argmin(np.where(mask, load, np.inf)))
+        note(view, "decode", self.name, "display_load", load, mask, d)
+        return d
 
     def route(self, request: Request, view: ClusterView) -> Assignment:
         """Every routing policy defines its decision (see RoutingPolicy)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.decisions import note
 from core.errors import NoCapacityError
 from core.types import Request, Role
 from core.view import ClusterView
@@ -22,6 +23,9 @@ def least_queued_prefill(request: Request, view: ClusterView) -> tuple[int, floa
         start = np.where(mask, np.maximum(view.prefill_free_at, view.now), np.inf)
         p = int(np.argmin(start))
         begin = float(start[p])
+    if view.explain is not None:
+        queued = np.maximum(view.prefill_free_at - view.now, 0.0)
+        note(view, "prefill", "least_queued_prefill", "queued_s", queued, mask, p)
     return p, begin + float(view.prefill_time(request.prompt_tokens))
 
 

@@ -27,6 +27,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from core.decisions import note
 from core.perf import PerfProfile
 from core.policies.base import PolicyParams, RoutingPolicyBase
 from core.policies.choice import (
@@ -172,5 +173,7 @@ class Clairvoyant(RoutingPolicyBase):
     def route(self, request: Request, view: ClusterView) -> Assignment:
         p, prefill_end = least_queued_prefill(request, view)
         tau = projected_handoff(request, prefill_end, view)
-        d = self._argmin(self.costs(request, tau, view), decode_candidates(view))
+        costs, mask = self.costs(request, tau, view), decode_candidates(view)
+        d = self._argmin(costs, mask)
+        note(view, "decode", self.name, "cost", costs, mask, d, {"tau_in_s": tau - view.now})
         return Assignment(view.instance_ids[p], view.instance_ids[d], tau)

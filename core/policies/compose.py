@@ -1,4 +1,5 @@
-"""Prefill by cache, decode by load: the shared part of routing policies that choose the prefill instance themselves and take the decode choice of another policy."""
+"""Prefill by cache, decode by load: the shared part of routing policies that choose the prefill instance
+themselves and take the decode choice of another policy."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from core.decisions import note
 from core.errors import NoCapacityError, PolicyError
 from core.policies import registry
 from core.policies.base import PolicyParams, QueuePolicy, RoutingPolicy, RoutingPolicyBase
@@ -97,10 +99,25 @@ def prefill_ttft(request: Request, view: ClusterView) -> tuple[np.ndarray, np.nd
     return queued + work, queued, cached
 
 
-def guarded_argmin(ttft: np.ndarray, queued: np.ndarray, balance_s: float | None, argmin: Any) -> int:
+def guarded_argmin(
+    ttft: np.ndarray, queued: np.ndarray, balance_s: float | None, argmin: Any, view: ClusterView | None = None
+) -> int:
     """The least `ttft` among instances whose queued work is within `balance_s` of the least
-    queued one (the load guard against herding onto a hot instance; None: no guard)."""
+    queued one (the load guard against herding onto a hot instance; None: no guard); noted as the
+    prefill choice of `view`'s decision when it is recorded."""
     ok = np.isfinite(queued)
     if balance_s is not None:
         ok &= queued <= queued[ok].min() + balance_s
-    return int(argmin(ttft, ok))
+    p = int(argmin(ttft, ok))
+    if view is not None and view.explain is not None:
+        note(
+            view,
+            "prefill",
+            "guarded_ttft",
+            "est_ttft_s",
+            ttft,
+            ok,
+            p,
+            {"balance_s": "none" if balance_s is None else balance_s},
+        )
+    return p

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import Field
 
+from core.decisions import note
 from core.latency_model import LatencyModel
 from core.policies.base import (
     BindPoint,
@@ -187,7 +188,9 @@ class HyperFlexisRouting(RoutingPolicyBase):
         steps, ok = self.decode_steps(request, view)
         admissible = mask & ok
         pool = admissible if admissible.any() else mask
-        return int(np.argmin(np.where(pool, steps, np.inf)))
+        d = int(np.argmin(np.where(pool, steps, np.inf)))
+        note(view, "decode", self.name, "decode_step_s", steps, pool, d, admissible=admissible)
+        return d
 
     def display_load(self, view: ClusterView) -> np.ndarray:
         """Predicted decode step per instance (seconds), the Migrator's measure of load."""
@@ -243,6 +246,10 @@ class SloQueue(QueuePolicyBase):
 
     def remove(self, request_id: str | int) -> Request | None:
         return self._held.pop(request_id, None)
+
+    def order_key(self, request: Request) -> dict[str, float]:
+        """What orders a held request (decision records): its TPOT target, tightest first, then arrival."""
+        return {"tpot_target_s": request.tpot_s if request.tpot_s is not None else math.inf}
 
     def __len__(self) -> int:
         return len(self._held)

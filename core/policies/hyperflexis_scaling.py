@@ -148,7 +148,8 @@ class HyperFlexisScaling(ScalingPolicyBase):
                         r,
                         victim,
                         reason=(
-                            f"{r} hot ({why}); {other} low (utilisation {mean[other]:.2f}): {victim}, its least loaded, becomes {r}"
+                            f"{r} hot ({why}); {other} low (utilisation {mean[other]:.2f}): "
+                            f"{victim}, its least loaded, becomes {r}"
                         ),
                     )
                 ]

@@ -7,6 +7,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from core.decisions import note
 from core.policies.base import BindPoint, PolicyParams, RoutingPolicyBase
 from core.policies.choice import (
     RotatingArgmin,
@@ -57,7 +58,10 @@ class LeastLoad(RoutingPolicyBase):
         return self.load(view)
 
     def choose_decode(self, request: Request, view: ClusterView) -> int:
-        return self._argmin(self.load(view), decode_candidates(view))
+        load, mask = self.load(view), decode_candidates(view)
+        d = self._argmin(load, mask)
+        note(view, "decode", self.name, f"load_{self.params.by}", load, mask, d)
+        return d
 
     def choose_decode_at(self, request: Request, view: ClusterView, tau: float) -> int:
         return self.choose_decode(request, view)

@@ -1,4 +1,5 @@
-"""Simulator-only reference for prefix-aware routing: the prefill instance with the least true TTFT, from the exact caches and queues."""
+"""Simulator-only reference for prefix-aware routing: the prefill instance with the least true TTFT,
+from the exact caches and queues."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections import deque
 import numpy as np
 from pydantic import Field
 
+from core.decisions import note
 from core.errors import NoCapacityError
 from core.policies.choice import RotatingArgmin
 from core.policies.compose import ComposedParams, ComposedRouting
@@ -93,6 +95,7 @@ class Oracle(ComposedRouting):
         work = np.asarray(view.profile.prefill_time(np.maximum(request.prompt_tokens - cached, 1.0)), dtype=float)
         ttft = queued + work
         p = int(self._argmin(ttft, mask))
+        note(view, "prefill", self.name, "true_ttft_s", ttft, mask, p, will_cache_tokens=cached)
         tau = view.now + float(ttft[p]) + view.profile.kv_transfer_time(request.prompt_tokens)
         if keys:
             self._queued.setdefault(p, deque()).append((view.now + float(ttft[p]), keys[:cap]))

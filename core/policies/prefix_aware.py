@@ -1,4 +1,5 @@
-"""Prefix-aware prefill choice: the least estimated TTFT (queued work + uncached prefill) under a load guard; decode by another policy."""
+"""Prefix-aware prefill choice: the least estimated TTFT (queued work + uncached prefill) under a load guard;
+decode by another policy."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class PrefixAware(ComposedRouting):
 
     def route(self, request: Request, view: ClusterView) -> Assignment:
         ttft, queued, _ = prefill_ttft(request, view)
-        p = guarded_argmin(ttft, queued, self.params.balance_s, self._argmin)
+        p = guarded_argmin(ttft, queued, self.params.balance_s, self._argmin, view)
         tau = view.now + float(ttft[p]) + view.profile.kv_transfer_time(request.prompt_tokens)
         d = self.decode_at(request, view, tau)
         ids = view.instance_ids

@@ -1,10 +1,12 @@
-"""Joint prefix-aware P/D choice: prefill by estimated TTFT, decode by another policy tie-broken by the blocks each decode instance lacks, and a decode-only decider."""
+"""Joint prefix-aware P/D choice: prefill by estimated TTFT, decode by another policy tie-broken by the blocks each
+decode instance lacks, and a decode-only decider."""
 
 from __future__ import annotations
 
 import numpy as np
 from pydantic import Field
 
+from core.decisions import note
 from core.policies.choice import RotatingArgmin, decode_candidates
 from core.policies.compose import guarded_argmin, prefill_ttft
 from core.policies.prefix_aware import PrefixAware, PrefixAwareParams
@@ -68,7 +70,9 @@ class PrefixPD(PrefixAware):
         missing = request.prompt_tokens - view.cached_tokens(request)
         span = float(np.ptp(np.where(near, load, best))) or 1.0
         score = missing + 0.5 * (load - best) / span
-        return int(self._dargmin(score, near, tol=1e-12))
+        d = int(self._dargmin(score, near, tol=1e-12))
+        note(view, "decode", self.name, "missing_tokens+load", score, near, d, decode_load=load, missing_tokens=missing)
+        return d
 
     def choose_decode(self, request: Request, view: ClusterView) -> int:
         return self.pick_decode(request, view, view.now)
@@ -83,7 +87,7 @@ class PrefixPD(PrefixAware):
                 tau = view.now + float(view.prefill_time(max(request.prompt_tokens - int(cached), 1)))
                 return Assignment(None, ids[d], tau)
         ttft, queued, _ = prefill_ttft(request, view)
-        p = guarded_argmin(ttft, queued, prm.balance_s, self._argmin)
+        p = guarded_argmin(ttft, queued, prm.balance_s, self._argmin, view)
         tau = view.now + float(ttft[p]) + view.profile.kv_transfer_time(request.prompt_tokens)
         if self.decoder.bind_at == "prefill_end":
             return Assignment(ids[p], None, tau)

@@ -24,7 +24,9 @@ class PrioritySLOParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     midpoints: list[tuple[float, float]] = Field(
-        description="per priority 0..N−1, the (TTFT s, TPOT s) midpoint of its range (the paper: its task's Table 1 SLO)",
+        description=(
+            "per priority 0..N−1, the (TTFT s, TPOT s) midpoint of its range (the paper: its task's Table 1 SLO)"
+        ),
         min_length=1,
     )
     spread: float = Field(0.25, ge=0, lt=1, description="each range is midpoint × (1 ± spread) (the paper: ±25%)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from core.decisions import note
 from core.policies.base import NoParams, RoutingPolicyBase
 from core.policies.choice import (
     RotatingArgmin,
@@ -28,7 +29,9 @@ class ReqLevel(RoutingPolicyBase):
     def route(self, request: Request, view: ClusterView) -> Assignment:
         p, prefill_end = least_queued_prefill(request, view)
         load = (view.running_counts() + view.pending_counts()).astype(float)
-        d = self._argmin(load, decode_candidates(view))
+        mask = decode_candidates(view)
+        d = self._argmin(load, mask)
+        note(view, "decode", self.name, "requests_incl_pending", load, mask, d)
         return Assignment(
             view.instance_ids[p],
             view.instance_ids[d],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.decisions import note
 from core.policies.base import NoParams, RoutingPolicyBase
 from core.policies.choice import decode_candidates, least_queued_prefill, projected_handoff
 from core.policies.registry import register
@@ -24,6 +25,9 @@ class RoundRobin(RoutingPolicyBase):
         # The first routable index at or after the cursor (wrapping), so a down instance is skipped.
         k = int(np.searchsorted(order, self._next % view.n_instances))
         d = int(order[k % len(order)])
+        if view.explain is not None:  # the rotation distance from the cursor: the next in turn scores 0
+            turn = (np.arange(view.n_instances) - self._next % view.n_instances) % view.n_instances
+            note(view, "decode", self.name, "turn", turn, mask, d)
         self._next = d + 1
         return Assignment(
             view.instance_ids[p],

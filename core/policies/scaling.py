@@ -63,7 +63,9 @@ class ThresholdParams(PeriodicParams):
     refused_high: float = Field(
         0.5,
         ge=0,
-        description="saturated when SLO admission refuses this many requests per second for want of this pool; 0 turns it off",
+        description=(
+            "saturated when SLO admission refuses this many requests per second for want of this pool; 0 turns it off"
+        ),
     )
     slo_min_samples: int = Field(
         8, ge=1, description="the SLO signal counts only with at least this many requests in its window"

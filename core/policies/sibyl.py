@@ -29,6 +29,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from core.decisions import note
 from core.policies.base import PolicyParams, RoutingPolicyBase
 from core.policies.choice import (
     RotatingArgmin,
@@ -319,7 +320,13 @@ class Sibyl(RoutingPolicyBase):
     def choose_decode_at(self, request: Request, view: ClusterView, tau: float) -> int:
         candidates = decode_candidates(view)
         only = sole_candidate(view)
-        return only if only is not None else self._argmin(self.projected_load(tau, view), candidates)
+        if only is not None:
+            note(view, "decode", self.name, "", None, candidates, only, {"tau_in_s": tau - view.now})
+            return only
+        load = self.projected_load(tau, view)
+        d = self._argmin(load, candidates)
+        note(view, "decode", self.name, "projected_load_at_tau", load, candidates, d, {"tau_in_s": tau - view.now})
+        return d
 
     def decode_loads(self, request: Request, view: ClusterView, tau: float) -> np.ndarray:
         return self.projected_load(tau, view)
@@ -327,7 +334,5 @@ class Sibyl(RoutingPolicyBase):
     def route(self, request: Request, view: ClusterView) -> Assignment:
         p, prefill_end = least_queued_prefill(request, view)
         tau = projected_handoff(request, prefill_end, view)
-        candidates = decode_candidates(view)
-        only = sole_candidate(view)
-        d = only if only is not None else self._argmin(self.projected_load(tau, view), candidates)
+        d = self.choose_decode_at(request, view, tau)
         return Assignment(view.instance_ids[p], view.instance_ids[d], tau)

@@ -82,6 +82,10 @@ class TailAwareQueue(QueuePolicyBase):
         w_hat = quantize(float(request.prompt_tokens), self.params.bin_tokens)
         return request.arrival - boost(self.tau * w_hat, self.gamma)
 
+    def order_key(self, request: Request) -> dict[str, float]:
+        """What orders a held request (decision records): Φ, lowest first."""
+        return {"phi": self.phi(request)}
+
     @property
     def max_boost_s(self) -> float:
         """b_max = b_γ(τ·k): a request held longer than this is never overtaken."""

@@ -104,7 +104,8 @@ def _check(block_tokens: int, vocab_size: int) -> None:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
     if not FIRST_ID < vocab_size <= FIRST_ID + (1 << 32):
         raise ValueError(
-            f"vocab_size must be in ({FIRST_ID}, 2^32 + {FIRST_ID}] (ids 0-{FIRST_ID - 1} are kept out), got {vocab_size}"
+            f"vocab_size must be in ({FIRST_ID}, "
+            f"2^32 + {FIRST_ID}] (ids 0-{FIRST_ID - 1} are kept out), got {vocab_size}"
         )
 
 

@@ -127,7 +127,10 @@ def check_round(r: dict[str, Any], run_id: str, what: str) -> None:
     ids = [rid for rid, _ in r["rows"]]
     ok_client = {rid for rid, status, _ in r["client"] if status == "ok"}
     sent = {rid for rid, _, _ in r["client"]}
-    ctx = f"{what} (seed {SEED}, killed {r['delay']:.2f} s after the first request; {len(ids)} stored, {len(ok_client)} done at the client)"
+    ctx = (
+        f"{what} (seed {SEED}, killed {r['delay']:.2f} s after the first request; "
+        f"{len(ids)} stored, {len(ok_client)} done at the client)"
+    )
     assert len(ids) == len(set(ids)), f"{ctx}: duplicate request ids in run {run_id}"
     assert set(ids) <= sent, f"{ctx}: stored requests the client never sent: {sorted(set(ids) - sent)[:5]}"
     assert len(r["settled"]) >= 20, f"{ctx}: too few requests completed before the kill for the check to mean anything"

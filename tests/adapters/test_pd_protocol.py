@@ -104,7 +104,11 @@ def test_continuation_appends_the_text_and_shrinks_the_token_budget() -> None:
 
 
 def test_a_resumed_streams_usage_counts_the_tokens_streamed_before() -> None:
-    chunk = b'data: {"choices":[{"index":0,"text":" t9"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":4,"total_tokens":16}}\n\ndata: [DONE]\n\n'
+    chunk = (
+        b'data: {"choices":[{"index":0,"text":" t9"}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":4,"total_tokens":16}}\n\n'
+        b"data: [DONE]\n\n"
+    )
     fixed = add_streamed_usage(chunk, 6)
     assert b'"prompt_tokens":6,"completion_tokens":10,"total_tokens":16' in fixed
     assert fixed.startswith(b'data: {"choices":[{"index":0,"text":" t9"}]}\n\n') and fixed.endswith(b"data: [DONE]\n\n")

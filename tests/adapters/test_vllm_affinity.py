@@ -14,7 +14,10 @@ from tests.procs import wait_for
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux affinity calls")
 
-THREADS = "import threading, time; [threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]; time.sleep(60)"
+THREADS = (
+    "import threading, time; "
+    "[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]; time.sleep(60)"
+)
 
 
 def test_core_lists_in_vllms_format() -> None:

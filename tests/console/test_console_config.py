@@ -13,7 +13,8 @@ from core.errors import ConfigError
 def test_toml_file_with_flag_overrides(tmp_path: Path) -> None:
     f = tmp_path / "console.toml"
     f.write_text(
-        'prefill = 1\ndecode = 8\npolicy = "least_load"\nparams = { by = "tokens" }\n[slo.interactive]\nttft_s = 0.5\ntpot_s = 0.05\n'
+        'prefill = 1\ndecode = 8\npolicy = "least_load"\nparams = { by = "tokens" }\n'
+        "[slo.interactive]\nttft_s = 0.5\ntpot_s = 0.05\n"
     )
     cfg = load_config(f, {"decode": 3, "port": None})
     assert (cfg.prefill, cfg.decode, cfg.policy, cfg.params, cfg.port) == (1, 3, "least_load", {"by": "tokens"}, 8000)

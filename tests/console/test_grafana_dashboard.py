@@ -53,8 +53,8 @@ def series_names(expr: str) -> set[str]:
 
     Label values (strings) go first, then Grafana variables, label matchers `{...}`, range and
     subquery selectors `[...]`, label lists of by/without/on/ignoring/group_left/group_right,
-    offset and @ modifiers, and numbers; of the identifiers left, those followed by `(` are functions or aggregations, the
-    rest are keywords or series names."""
+    offset and @ modifiers, and numbers; of the identifiers left, those followed by `(` are functions or aggregations,
+    the rest are keywords or series names."""
     if expr.startswith("label_values("):  # a Grafana variable query: label_values(series, label)
         inner = expr[len("label_values(") :].rsplit(",", 1)[0]
         return series_names(inner)

@@ -1,4 +1,5 @@
-"""benchmarks/prefix_sweep.py --quick on a small slice: the table's structure, resumption, and the hit-rate bounds (nothing beats the ideal; the oracle beats the cache-blind routers and precise prefix_aware)."""
+"""benchmarks/prefix_sweep.py --quick on a small slice: the table's structure, resumption, and the hit-rate bounds
+(nothing beats the ideal; the oracle beats the cache-blind routers and precise prefix_aware)."""
 
 from __future__ import annotations
 

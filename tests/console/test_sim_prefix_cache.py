@@ -1,4 +1,5 @@
-"""`sibyl-console sim` models the prefix cache for traces with hash ids: hit rate and KV moved in the table, the JSON and the stored run; traces without hash ids are simulated as before."""
+"""`sibyl-console sim` models the prefix cache for traces with hash ids: hit rate and KV moved in the table, the JSON
+and the stored run; traces without hash ids are simulated as before."""
 
 from __future__ import annotations
 

@@ -75,7 +75,8 @@ def _error(tmp_path: Path, text: str) -> str:
             ["policies[0]: unknown key parms; a policy table has keys label, name, params"],
         ),
         (
-            'name = "s"\nrates = 1\npolicies = ["least_load:by=tokens", {label = "LL", name = "least_load", params = {by = "tokens"}}]',
+            'name = "s"\nrates = 1\n'
+            'policies = ["least_load:by=tokens", {label = "LL", name = "least_load", params = {by = "tokens"}}]',
             ["least_load:by=tokens and LL are the same policy setting"],
         ),
         ('name = "s"\nrates = 1\nshapes = ["4P16D", "4X"]', ["shapes[1]: '4X': expected <prefill>P<decode>D"]),
@@ -197,7 +198,8 @@ def test_grid_expands_every_axis_with_stable_keys(tmp_path: Path) -> None:
     # keys do not depend on the process (no hash randomisation, no dict order)
     code = (
         "from console.offline.sweep_config import parse_config, expand\nfrom core.perf import get_profile\n"
-        f"c = parse_config({json.dumps({'name': 'k', 'rates': 1, 'policies': ['sibyl:horizon=lifetime,lifetime_tokens=256']})})\n"
+        "c = parse_config("
+        f"{json.dumps({'name': 'k', 'rates': 1, 'policies': ['sibyl:horizon=lifetime,lifetime_tokens=256']})})\n"
         "print(expand(c, get_profile(c.profile))[0].key)\n"
     )
     out = subprocess.run(

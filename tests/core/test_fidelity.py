@@ -62,8 +62,10 @@ def test_the_gate_is_the_target_plus_the_real_runs_spread_and_fails_past_it() ->
     assert failures(list(rows.values())) == []
     worse = {**PREDICTED, "simulator": {**PREDICTED["simulator"], "queueing": metrics(0.600, 0.749, 0.020, 0.026)}}
     assert failures(build_rows(REAL, worse)) == [
-        "queueing TTFT p50: simulator 600.0 ms vs real 950.0 ms (-37%, gate ±36%: the target 25% + the real runs' spread 11%)",
-        "queueing TTFT p99: simulator 749.0 ms vs real 1500.0 ms (-50%, gate ±50%: no target 50% + the real runs' spread 0%)",
+        "queueing TTFT p50: simulator 600.0 ms vs real 950.0 ms "
+        "(-37%, gate ±36%: the target 25% + the real runs' spread 11%)",
+        "queueing TTFT p99: simulator 749.0 ms vs real 1500.0 ms "
+        "(-50%, gate ±50%: no target 50% + the real runs' spread 0%)",
     ]
 
 

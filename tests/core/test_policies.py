@@ -24,7 +24,10 @@ def test_registry_lists_builtins_and_rejects_unknown_names_and_params() -> None:
     assert {"round_robin", "least_load", "req_level", "sibyl", "clairvoyant", "hyperflexis"} <= names
     with pytest.raises(
         PolicyError,
-        match="available: clairvoyant, hyperflexis, least_load, oracle, prefix_aware, prefix_pd, req_level, round_robin, session_affinity, sibyl",
+        match=(
+            "available: clairvoyant, hyperflexis, least_load, oracle, prefix_aware, "
+            "prefix_pd, req_level, round_robin, session_affinity, sibyl"
+        ),
     ):
         build("routing", "nope")
     with pytest.raises(PolicyError, match="bogus.*params: prob_at_1"):

@@ -27,7 +27,8 @@ from tests.procs import (
 )
 
 PROFILE = FIXED_PROFILE
-"""A fixed profile: the thresholds below are set in its terms (the shipped cpu-tiny-llama is refreshed by calibration)."""
+"""A fixed profile: the thresholds below are set in its terms
+(the shipped cpu-tiny-llama is refreshed by calibration)."""
 # Scale out when the decode instances average ≥ 6.4 requests in flight (of the profile's 256
 # slots), back in after 2 s below 2.56; decisions every 0.5 s. The same params drive the simulator.
 THRESHOLD = {

@@ -116,7 +116,8 @@ class Fuzzer:
         except requests.ConnectionError:
             code = self.con.proc.poll()
             raise AssertionError(
-                f"the console is gone (exit {code}) at {case.as_curl_command()}:\n{self.con.log.read_text(errors='replace')[-3000:]}"
+                f"the console is gone (exit {code}) at {case.as_curl_command()}:\n"
+                f"{self.con.log.read_text(errors='replace')[-3000:]}"
             ) from None
         case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs)
         status = response.status_code

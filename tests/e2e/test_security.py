@@ -42,7 +42,8 @@ def test_loopback_addresses() -> None:
 def test_tokens_never_reach_the_run_store_and_the_token_file_is_private(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(
-        f'prefill = 1\ndecode = 1\nprofile = "{FIXED_PROFILE}"\n[emulator]\nextra_args = ["--admin-token", "s3cret-admin"]\n'
+        f'prefill = 1\ndecode = 1\nprofile = "{FIXED_PROFILE}"\n'
+        '[emulator]\nextra_args = ["--admin-token", "s3cret-admin"]\n'
     )
     con = start_console(tmp_path, str(cfg))
     try:

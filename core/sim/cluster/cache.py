@@ -1,4 +1,5 @@
-"""The simulated cluster's KV caches: one prefix-cached block pool per instance, what each request found cached, what moved.
+"""The simulated cluster's KV caches: one prefix-cached block pool per instance, what each request found cached,
+what moved.
 
 Each instance (prefill and decode alike) holds a ``core.cache.PrefixBlockPool`` of the profile's
 KV capacity in blocks (vLLM 0.32's block pool: longest cached prefix of full blocks, capped at

@@ -97,7 +97,8 @@ class PSDecodeInstance:
 
 
 class PSDecodeModel(PSDecodeInstance):
-    """Processor sharing with the cluster engine's admit signature (core.sim.cluster.decode.DecodeModel) and migration support.
+    """Processor sharing with the cluster engine's admit signature (core.sim.cluster.decode.DecodeModel) and
+    migration support.
 
     Processor sharing has no step boundaries and no KV capacity, so a migrating request pauses at
     once and a target always has room (reservations are no-ops).

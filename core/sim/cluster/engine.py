@@ -4,14 +4,8 @@ Events are ordered by (time, kind, sequence). Arrivals are merged from the sorte
 than heaped. Every arrival goes through the dispatcher's admission (route now, hold, or shed);
 held requests are routed when `release` hands them back (after each finish or failure, when an
 instance becomes active, after each periodic decision) and fail when they expire. Prefill
-instances serve their queue FIFO: in ps mode one prompt at a time, for profile.prefill_time(l);
-in iteration mode, as vLLM's scheduler does, the waiting prompts that fit one step's token budget
-(profile.max_num_batched_tokens) and running slots go together, in prefill_base_s plus each
-prompt's own cost plus the engine step the batch runs in (step_time(n, prompt tokens), as the
-emulator and `calibrate` count it), and all end with the batch (unchunked: a longer prompt runs
-alone). In both,
-a batch of n requests leaves the instance n·prefill_host_per_request_s of host work that the next
-batch waits for. The KV
+instances serve their queue FIFO, one prompt at a time (ps mode) or in vLLM-style batches
+(iteration mode): core/sim/cluster/prefill.py forms and times each batch. The KV
 transfer follows; decode runs in processor-sharing or iteration-level mode. A request routed
 without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per token:
 every instance jumps from event to event.
@@ -51,7 +45,9 @@ from core.sim.cluster.decode_iter import IterationDecodeInstance
 from core.sim.cluster.decode_ps import PSDecodeModel
 from core.sim.cluster.dispatcher import SimDispatcher
 from core.sim.cluster.migration import MigrationExecutor
+from core.sim.cluster.prefill import next_prefill_batch
 from core.sim.cluster.result import ClusterSimResult, Mode, ScheduledSwap
+from core.sim.cluster.rows import TraceRows
 from core.sim.cluster.scaling import ScaleExecutor
 from core.types import Admission, InstancePhase, Migration, PolicyKind, Request, Role
 
@@ -85,11 +81,10 @@ class ClusterSimulation:
     ) -> None:
         if n_prefill < 1 or n_decode < 1:
             raise ValueError("a P/D cluster needs at least one prefill and one decode instance")
-        if not np.all(np.diff(arrivals) >= 0):
-            raise ValueError("arrivals must be sorted")
-        self.arrival = np.asarray(arrivals, dtype=float)
-        self.prompt = np.asarray(prompt_tokens, dtype=np.int64)
-        self.out = np.maximum(np.asarray(output_tokens, dtype=np.int64), 1)
+        self.rows = TraceRows(arrivals, prompt_tokens, output_tokens, priorities, tenants, slo_classes, sessions)
+        self.arrival, self.prompt, self.out = self.rows.arrival, self.rows.prompt, self.rows.out
+        # the loop reads the rows' Python lists (core/sim/cluster/rows.py)
+        self._arr_l, self._prompt_l, self._out_l = self.rows.arr_l, self.rows.prompt_l, self.rows.out_l
         n = len(self.arrival)
         self.profile = profile
         self.mode = mode
@@ -118,7 +113,6 @@ class ClusterSimulation:
         self.cache = SimCache.for_trace(n, profile, cache or CacheParams(), hash_ids, prefix_keys)
         if self.cache is not None:
             dispatcher.use_prefix_lookup(self.cache, self.cache.block_size, decode_only=True)
-        self._session_l: list[str] | None = None if sessions is None else list(sessions)
         self.scaler = ScaleExecutor(dispatcher, profile, self.idle)
         self.migrator = MigrationExecutor(dispatcher, profile, self.decoders, self.decode_of, n)
         for k in range(n_prefill):
@@ -140,13 +134,6 @@ class ClusterSimulation:
         self._periodic_version = 0
         self._expiry_armed = _INF
         self._next_i = 0
-        # Python lists: scalar access in the event loop is several times cheaper than NumPy's.
-        self._arr_l: list[float] = self.arrival.tolist()
-        self._prompt_l: list[int] = self.prompt.tolist()
-        self._out_l: list[int] = self.out.tolist()
-        self._prio_l: list[int] | None = None if priorities is None else np.asarray(priorities, dtype=np.int64).tolist()
-        self._tenant_l: list[str] | None = None if tenants is None else list(tenants)
-        self._slo_l: list[str] | None = None if slo_classes is None else list(slo_classes)
 
     # --- instances ----------------------------------------------------------------------------
     def add_instance(self, iid: str, role: Role, phase: InstancePhase) -> int:
@@ -236,30 +223,8 @@ class ClusterSimulation:
         return self._next_i < len(self._arr_l) or d.view.table.n > 0 or d.queue_depth() > 0
 
     # --- request handlers ---------------------------------------------------------------------
-    def _request(self, i: int) -> Request:
-        cache = self.cache
-        if (
-            cache is None
-            and self._prio_l is None
-            and self._tenant_l is None
-            and self._slo_l is None
-            and self._session_l is None
-        ):
-            return Request(i, self._arr_l[i], self._prompt_l[i], self._out_l[i])
-        return Request(
-            i,
-            self._arr_l[i],
-            self._prompt_l[i],
-            self._out_l[i],
-            slo_class="default" if self._slo_l is None else self._slo_l[i],
-            priority=0 if self._prio_l is None else self._prio_l[i],
-            tenant="" if self._tenant_l is None else self._tenant_l[i],
-            prefix_keys=() if cache is None else cache.arrive(i, self._prompt_l[i]),
-            session="" if self._session_l is None else self._session_l[i],
-        )
-
     def _arrive(self, i: int, now: float) -> None:
-        req = self._request(i)
+        req = self.rows.request(i, self.cache)
         verdict = self.dispatcher.admit(req, now)
         if verdict is Admission.ROUTE:
             self._route(req, now)
@@ -319,33 +284,17 @@ class ClusterSimulation:
                 self._route(req, now)
 
     def _start_prefill(self, x: int, now: float) -> None:
-        """Start the next prefill batch at instance x: the queue's head and, in iteration mode,
-        the prompts behind it while they fit the step's token budget and running slots, all
-        ending together (vLLM schedules waiting prompts into one step; a prompt longer than the
-        budget runs alone, unchunked)."""
-        queue, p, cache, prompts = self.queues[x], self.profile, self.cache, self._prompt_l
-        head = queue.popleft()
-        batch = [head]
-        # the tokens each prompt computes: all of them, or (with the cache) its uncached part here
-        lens = [prompts[head] if cache is None else cache.prefill(x, head, prompts[head])]
-        tokens = lens[0]
-        if self.mode == "iteration":
-            while queue and len(batch) < p.max_num_seqs:
-                nxt = queue[0]
-                c = prompts[nxt] if cache is None else cache.would_compute(x, nxt, prompts[nxt])
-                if tokens + c > p.max_num_batched_tokens:
-                    break
-                queue.popleft()
-                if cache is not None:
-                    c = cache.prefill(x, nxt, prompts[nxt])
-                tokens += c
-                batch.append(nxt)
-                lens.append(c)
-        begin = max(now, self._host_free[x])  # the previous batch's host work comes first
-        end = begin + (p.prefill_time(lens[0]) if len(batch) == 1 else p.prefill_batch_time(lens))
-        if self.mode == "iteration":  # the engine step the batch runs in, which samples its first tokens
-            end += p.step_time(len(batch), float(tokens))
-        self._host_free[x] = end + p.prefill_host_per_request_s * len(batch)
+        """Start the next prefill batch at instance x, all of it ending together (prefill.py)."""
+        batch, end, self._host_free[x] = next_prefill_batch(
+            self.queues[x],
+            x,
+            profile=self.profile,
+            mode=self.mode,
+            cache=self.cache,
+            prompts=self._prompt_l,
+            now=now,
+            host_free=self._host_free[x],
+        )
         self.busy[x] = True
         self._in_batch[x] = len(batch)
         for i in batch:

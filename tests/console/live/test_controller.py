@@ -53,7 +53,9 @@ def test_the_state_has_the_keys_clients_read(tmp_path: Path) -> None:
     c = controller(tmp_path)
     c.dispatcher.add_instance("d2", Role.DECODE, phase=InstancePhase.STARTING)
     state = c.state()
-    assert list(state) == [*LEGACY_KEYS[:14], "prefix", LEGACY_KEYS[14]]  # prefix: added (the prefix-cache index)
+    # added: prefix (the prefix-cache index), tenants (keys and per-tenant limits of /v1)
+    assert list(state) == [*LEGACY_KEYS[:14], "prefix", LEGACY_KEYS[14], "tenants"]
+    assert state["tenants"]["required"] is False and list(state["tenants"]["tenants"]) == ["default"]
     assert state["prefix"]["source"] == "approximate" and state["prefix"]["events"] == {}
     assert state["cluster"] == "1P2D" and state["capabilities"] == {"replay": False} and state["replay"] is None
     rows = {r["id"]: r for r in state["instances"]}

@@ -1,4 +1,5 @@
-"""LiveRequest against a fake host (RequestHost): shed, no capacity, a client leaving the queue, a prefill retried elsewhere."""
+"""LiveRequest against a fake host (RequestHost): shed, no capacity, a client leaving the queue,
+a prefill retried elsewhere."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ class FakeHost:
 
     def request_done(self, live: LiveRequest) -> None:
         self.done.append(live)
+
+    def admit_tenant(self, live: LiveRequest) -> None:
+        """No tenant limits here (tests/console/live/test_tenants.py has them)."""
 
     def hold(self, live: LiveRequest) -> None:
         self.calls.append(("hold", live.id))

@@ -1,4 +1,5 @@
-"""ConsoleState: the JSON it serves has exactly the keys set, any console's JSON validates, every field is documented."""
+"""ConsoleState: the JSON it serves has exactly the keys set, any console's JSON validates,
+every field is documented."""
 
 from __future__ import annotations
 

@@ -121,14 +121,24 @@ def test_a_hole_reads_as_held_unless_exact() -> None:
     idx.apply("late", stored(CHAIN[:1]))
     idx.apply("late", BlockRemoved((CHAIN[4],)))
     assert idx.match(CHAIN, exact=True) == {"full": 1, "late": 4}
-    assert idx.match(CHAIN) == {"full": 1, "late": 10}  # the missing CHAIN[4] is not looked at
+    assert idx.match(CHAIN) == {"full": 1, "late": 10}  # the missing CHAIN[4] reads as held
+    # the same on a chain long enough to be read level by level (the hole is among the keys read)
+    long = chain_keys(list(range(4 * 2000)), BS)
+    idx = CacheIndex()
+    idx.apply("late", stored(long[:1500]))
+    idx.apply("late", BlockRemoved((long[700],)))
+    idx.apply("full", stored(long[:701]))
+    assert idx.match(long, exact=True) == {"full": 701, "late": 700}
+    assert idx.match(long) == {"full": 701, "late": 1500}
 
 
-def test_bisection_equals_the_walk_on_prefix_closed_holdings() -> None:
+def test_the_levelled_lookup_equals_the_walk_on_prefix_closed_holdings() -> None:
+    """Chains of one pass (< 128 keys), of two levels and of three (>= 1,024 keys: every 64th key,
+    every 8th, every key), with up to 70 instances at as many depths."""
     rng = random.Random(3)
-    for _ in range(200):
+    for _ in range(300):
         idx = CacheIndex()
-        n = rng.randint(1, 200)
+        n = rng.choice([rng.randint(1, 130), rng.randint(120, 1100), rng.randint(1000, 3000)])
         keys = list(range(1000, 1000 + n))
         for inst in range(rng.randint(1, 70)):
             depth = rng.choice([0, n, rng.randint(0, n)])

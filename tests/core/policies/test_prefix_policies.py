@@ -1,4 +1,5 @@
-"""Prefix-aware routing on hand-built views: prefix_aware and its load guard, session affinity with bounded loads, prefix_pd's decode choice and decode-only decider, the oracle, hot swaps, and the dispatcher's prefix sources."""
+"""Prefix-aware routing on hand-built views: prefix_aware and its load guard, session affinity with bounded loads,
+prefix_pd's decode choice and decode-only decider, the oracle, hot swaps, and the dispatcher's prefix sources."""
 
 from __future__ import annotations
 
@@ -117,10 +118,33 @@ def test_session_affinity_skips_an_instance_above_the_load_bound() -> None:
     assert d.route(request("c", session="s"), 0.0).prefill == home
 
 
-def test_session_affinity_without_a_session_hashes_the_request_id() -> None:
+@pytest.mark.parametrize(
+    ("queued", "want"),
+    [
+        ({"p0": 0.3, "p1": 0.1, "p2": 0.2, "p3": 0.4}, "p1"),
+        ({"p0": 0.5, "p1": 0.5, "p2": 0.5, "p3": 0.05}, "p3"),
+    ],
+)
+def test_session_affinity_without_a_session_routes_by_load(queued: dict[str, float], want: str) -> None:
     d = cluster("session_affinity", {"decode": "least_load", "epsilon": 100.0}, prefill=4)
-    picks = {d.route(request(f"x{i}"), 0.0).prefill for i in range(40)}
-    assert len(picks) > 1
+    ll = cluster("least_load", prefill=4)
+    queue(d, **queued)
+    queue(ll, **queued)
+    ours = [d.route(request(f"x{i}"), 0.0).prefill for i in range(12)]
+    theirs = [ll.route(request(f"x{i}"), 0.0).prefill for i in range(12)]
+    assert ours[0] == want
+    # as the projected queues grow, session-less requests keep going where least_load sends them
+    assert ours == theirs and len(set(ours)) == 4
+
+
+def test_session_affinity_load_fallback_skips_an_unhealthy_instance_and_keeps_sessions_sticky() -> None:
+    d = cluster("session_affinity", {"decode": "least_load", "epsilon": 100.0}, prefill=3)
+    queue(d, p0=0.9, p1=0.1, p2=0.5)
+    d.set_health("p1", False)
+    assert d.route(request("x"), 0.0).prefill == "p2"
+    home = d.route(request("s-0", session="s"), 0.0).prefill
+    queue(d, **{home: 5.0})  # a session stays on its instance within the load bound, queued or not
+    assert d.route(request("s-1", session="s"), 0.0).prefill == home
 
 
 # --- prefix_pd --------------------------------------------------------------------------------

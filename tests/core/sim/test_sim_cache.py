@@ -1,4 +1,5 @@
-"""The cluster simulator's KV cache: prefix hits shorten prefill where they are, decode pulls only what it lacks, LRU eviction, decode-only service, determinism."""
+"""The cluster simulator's KV cache: prefix hits shorten prefill where they are, decode pulls only what it lacks, LRU
+eviction, decode-only service, determinism."""
 
 from __future__ import annotations
 

@@ -309,31 +309,33 @@ def parse_attach(text: str) -> dict[str, list[str]]:
     return out
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def read_mapping_file(path: Path, what: str = "config") -> tuple[dict[str, Any], str]:
+    """The top-level mapping of a .toml, .yaml or .yml file and its text (for line numbers); a ConfigError
+    naming the file and `what` it is when it cannot be read, parsed or is not a mapping."""
     try:
         text = path.read_text()
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from e
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
         elif path.suffix in (".yaml", ".yml"):
             data = yaml.safe_load(text) or {}
         else:
-            raise ConfigError(f"{path}: config must be .toml, .yaml or .yml")
+            raise ConfigError(f"{path}: {what} must be .toml, .yaml or .yml")
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: invalid TOML: {e}") from e
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a table/mapping")
-    return data
+        raise ConfigError(f"{path}: the top level of {what} must be a table/mapping")
+    return data, text
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> ConsoleConfig:
     """Defaults ← file ← flags (only flags the user actually gave, i.e. not None; "section.key"
     overrides one key of a section)."""
-    data = _read_file(path) if path is not None else {}
+    data = read_mapping_file(path)[0] if path is not None else {}
     for key, value in overrides.items():
         if value is None:
             continue

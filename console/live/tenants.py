@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import logging
 import time
-import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from console.live.channel import Rejected
+from console.live.config import read_mapping_file
 from console.live.request_host import Step
 from core.errors import ConfigError
 from core.tenants import DEFAULT_TENANT, FairShare, TenantSpec, TenantTable, hash_key, tenant_specs
@@ -31,23 +30,7 @@ POLL_EVERY_S = 1.0
 
 def read_keys_file(path: Path) -> dict[str, TenantSpec]:
     """The tenants of a keys file (.toml, .yaml or .yml); ConfigError naming the file, line and field."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the tenants' keys file: {e.strerror}") from None
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(f"{path}: the tenants' keys file must be .toml, .yaml or .yml")
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: invalid TOML: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a table/mapping of [tenants.NAME] tables")
+    data, text = read_mapping_file(path, "the tenants' keys file")
     return tenant_specs(data, text, str(path))
 
 

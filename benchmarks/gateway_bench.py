@@ -15,44 +15,15 @@ Usage: python -m benchmarks.gateway_bench [--shared ../shared] [--toy-proxy PATH
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from adapters.ports import free_port
-from benchmarks.harness import start, stop, wait_http
+from benchmarks.harness import run_loadgen, start, stop, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load(loadgen: Path, url: str, pid: int, concurrency: int, n: int) -> dict[str, float]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(loadgen),
-            "--url",
-            url,
-            "-c",
-            str(concurrency),
-            "-n",
-            str(n),
-            "--stream",
-            "--max-tokens",
-            "16",
-            "--warmup",
-            "200",
-            "--watch-pid",
-            f"proxy={pid}",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
 def main() -> None:
@@ -137,15 +108,15 @@ def main() -> None:
             procs.append(toy)
             wait_http(f"http://127.0.0.1:{tport}/healthcheck")
             targets.append(("vLLM toy_proxy_server.py", f"http://127.0.0.1:{tport}", toy.pid))
-        direct = load(tools / "loadgen.py", f"http://127.0.0.1:{dp}", procs[1].pid, 1, 500)
-        direct_loaded = load(tools / "loadgen.py", f"http://127.0.0.1:{dp}", procs[1].pid, 64, args.requests)
+        direct = run_loadgen(tools / "loadgen.py", f"http://127.0.0.1:{dp}", procs[1].pid, 1, 500)
+        direct_loaded = run_loadgen(tools / "loadgen.py", f"http://127.0.0.1:{dp}", procs[1].pid, 64, args.requests)
         runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in targets}
         for _ in range(args.repeat):  # the targets in turn, so drift on a shared machine hits each alike
             for name, url, pid in targets:
-                runs[name].append(load(tools / "loadgen.py", url, pid, 64, args.requests))
+                runs[name].append(run_loadgen(tools / "loadgen.py", url, pid, 64, args.requests))
         for name, url, pid in targets:
             loaded = sorted(runs[name], key=lambda r: r["req_per_s"])[len(runs[name]) // 2]  # the median run
-            idle = load(tools / "loadgen.py", url, pid, 1, 500)
+            idle = run_loadgen(tools / "loadgen.py", url, pid, 1, 500)
             rows.append((name, loaded, idle))
         print(
             f"{'proxy':<42} {'req/s @64':>10} {'CPU ms/req':>11} {'p50 ms @64':>11} {'p50 ms @1':>10} "

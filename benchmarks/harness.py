@@ -1,14 +1,17 @@
 """What the benchmark scripts share: start a process in its own group, wait for an HTTP endpoint,
-stop the group; and a headless console on a free port with its own home, database and token."""
+stop the group; a headless console on a free port with its own home, database and token; and a run of
+shared/tools/loadgen.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -65,3 +68,15 @@ def start_console(port: int, args: list[str], env: dict[str, str], timeout: floa
         stop(console)
         raise
     return console
+
+
+def run_loadgen(
+    loadgen: Path, url: str, pid: int, concurrency: int, n: int, warmup: int = 200, prompt_words: int | None = None
+) -> dict[str, Any]:
+    """shared/tools/loadgen.py against `url`: streaming /v1/completions of 16 tokens, `n` requests from
+    `concurrency` clients after `warmup`, watching process `pid`'s CPU as `proxy`; its JSON summary."""
+    words = [] if prompt_words is None else ["--prompt-words", str(prompt_words)]
+    cmd = [sys.executable, str(loadgen), "--url", url, "-c", str(concurrency), "-n", str(n), "--stream"]
+    cmd += ["--max-tokens", "16", *words, "--warmup", str(warmup), "--watch-pid", f"proxy={pid}", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]

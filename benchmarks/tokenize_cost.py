@@ -15,9 +15,7 @@ Usage: python -m benchmarks.tokenize_cost [--tokenizer .build/tiny-llama] [--pro
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,40 +24,14 @@ from typing import Any
 
 from adapters.ports import free_port
 from adapters.tokenizer import LocalTokenizer
-from benchmarks.harness import start, stop, wait_http
+from benchmarks.harness import run_loadgen, start, stop, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("off", "local", "instance")
 
 
 def load(loadgen: Path, url: str, pid: int, concurrency: int, n: int, words: int) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(loadgen),
-            "--url",
-            url,
-            "-c",
-            str(concurrency),
-            "-n",
-            str(n),
-            "--stream",
-            "--max-tokens",
-            "16",
-            "--prompt-words",
-            str(words),
-            "--warmup",
-            "100",
-            "--watch-pid",
-            f"proxy={pid}",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
+    return run_loadgen(loadgen, url, pid, concurrency, n, warmup=100, prompt_words=words)
 
 
 def main() -> None:

@@ -70,49 +70,27 @@ def parse_policy(text: str) -> tuple[str, dict[str, str]]:
     return name, dict(kv.split("=", 1) for kv in rest.split(",") if kv)
 
 
+def console_args(args: argparse.Namespace, profile_file: Path, policy: str) -> list[str]:
+    """`up`'s arguments for the emulated cluster of `args` under `policy` (NAME or NAME:key=value,...)."""
+    name, params = parse_policy(policy)
+    shape = ["--prefill", str(args.prefill), "--decode", str(args.decode), "--profile", str(profile_file)]
+    return [*shape, "--policy", name, *[f"--param={k}={v}" for k, v in params.items()]]
+
+
+def replay(args: argparse.Namespace, url: str, env: dict[str, str], *extra: str) -> str:
+    """`sibyl-console replay` of the slice (`args.trace`, `--limit`, `--speed`) against `url`; its run id."""
+    cmd = [sys.executable, "-m", "console.cli", "replay", str(args.trace), "--limit", str(args.limit)]
+    cmd += ["--speed", str(args.speed), *extra, "--url", url, "--json"]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return str(json.loads(out.stdout)["run_id"])
+
+
 def live_p99(args: argparse.Namespace, profile_file: Path, policy: str, home: Path) -> dict[str, float]:
     port = free_port()
     env = console_env(home)
-    name, params = parse_policy(policy)
-    console = start_console(
-        port,
-        [
-            "--prefill",
-            str(args.prefill),
-            "--decode",
-            str(args.decode),
-            "--profile",
-            str(profile_file),
-            "--policy",
-            name,
-            *[f"--param={k}={v}" for k, v in params.items()],
-        ],
-        env,
-    )
-    url = f"http://127.0.0.1:{port}"
+    console = start_console(port, console_args(args, profile_file, policy), env)
     try:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "console.cli",
-                "replay",
-                str(args.trace),
-                "--limit",
-                str(args.limit),
-                "--speed",
-                str(args.speed),
-                "--url",
-                url,
-                "--json",
-            ],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        run_id = json.loads(out.stdout)["run_id"]
+        run_id = replay(args, f"http://127.0.0.1:{port}", env)
         rows = [r for r in RunStore(home / "runs.db").requests(run_id) if r["status"] == "ok" and r["tpot"] is not None]
         tpot = np.array([r["tpot"] for r in rows])
         return {"p99": float(np.percentile(tpot, 99)), "mean": float(tpot.mean()), "ok": len(rows)}

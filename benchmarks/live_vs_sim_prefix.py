@@ -20,10 +20,8 @@ Usage: python -m benchmarks.live_vs_sim_prefix [--limit 600] [--speed 3] [--pref
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import secrets
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +33,7 @@ import numpy as np
 from adapters.ports import free_port
 from adapters.store import RunStore
 from benchmarks.harness import console_env, start_console, stop
-from benchmarks.live_vs_sim import parse_policy, slowed
+from benchmarks.live_vs_sim import console_args, parse_policy, replay, slowed
 from benchmarks.paths import add_traces_option, traces_dir
 from console.offline.replay import Replayer
 from console.offline.simulate import SimPlan, run_one
@@ -71,59 +69,19 @@ def live(args: argparse.Namespace, profile_file: Path, policy: str, home: Path) 
     port = free_port()
     token = secrets.token_hex(16)
     env = console_env(home, token)
-    name, params = parse_policy(policy)
     config = home / "console.toml"
     home.mkdir(parents=True, exist_ok=True)
     # the engines' speed is what is compared: no SLO admission (it would shed at the queueing knee)
     config.write_text('[prefix]\nsource = "precise"\n[admission]\nenabled = false\n')
-    console = start_console(
-        port,
-        [
-            str(config),
-            "--prefill",
-            str(args.prefill),
-            "--decode",
-            str(args.decode),
-            "--profile",
-            str(profile_file),
-            "--policy",
-            name,
-            *[f"--param={k}={v}" for k, v in params.items()],
-        ],
-        env,
-    )
+    console = start_console(port, [str(config), *console_args(args, profile_file, policy)], env)
     url = f"http://127.0.0.1:{port}"
     try:
         state = httpx.get(url + "/control/state", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
         prefill = {i["id"]: i["url"] for i in state["instances"] if i["role"] == "prefill"}
         before = _cache_counters(prefill)
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "console.cli",
-                "replay",
-                str(args.trace),
-                "--limit",
-                str(args.limit),
-                "--speed",
-                str(args.speed),
-                "--hash-block-tokens",
-                str(args.hash_block_tokens),
-                "--prompt-seed",
-                str(PROMPT_SEED),
-                "--url",
-                url,
-                "--json",
-            ],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        seeds = ["--hash-block-tokens", str(args.hash_block_tokens), "--prompt-seed", str(PROMPT_SEED)]
+        run_id = replay(args, url, env, *seeds)
         after = _cache_counters(prefill)
-        run_id = json.loads(out.stdout)["run_id"]
         rows = [r for r in RunStore(home / "runs.db").requests(run_id) if r["status"] == "ok" and r["ttft"] is not None]
         ttft = [r["ttft"] for r in rows]
         hits = {i: (after[i][0] - before[i][0]) / max(1.0, after[i][1] - before[i][1]) for i in prefill}

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from adapters.store import RunStore
 from console.offline.replay import Replayer
 from core.traces import read_trace
 from tests.procs import ROOT, Console, wait_for
@@ -172,6 +173,12 @@ def scale_out_prefill(con: Console, timeout_s: float = 900) -> str:
     assert done.returncode == 0, done.stderr
 
     def ready() -> str | None:
+        failed = [
+            e
+            for e in RunStore(con.db).instance_events(con.run_id)
+            if e["event"] == "failed" and e["instance_id"] not in known
+        ]
+        assert not failed, f"the new prefill instance did not start: {failed[0]['detail'][-1500:]}"
         state = con.state()
         new = [i for i in state["instances"] if i["id"] not in known]
         events = state["prefix"]["events"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.fidelity import UNTARGETED, build_rows, failures, table
+from core.fidelity import UNTARGETED, Row, build_rows, failures, table
 
 
 def metrics(ttft50: float, ttft99: float, tpot50: float, tpot99: float) -> dict[str, float]:
@@ -76,3 +76,10 @@ def test_the_table_lists_every_real_run_the_deviations_and_both_bounds() -> None
         in text
     )
     assert "| queueing | TTFT p99 | 1500.0 / 1500.0 | 0% | 1000.0 (-33%) | 760.0 (-49%) | - | - | - | ±50% |" in text
+
+
+def test_an_ungated_source_and_metric_is_reported_but_not_judged() -> None:
+    r = Row("light", "ttft", "p50", (0.072, 0.064, 0.072), {"emulator": 0.0589, "simulator": 0.0499})
+    assert [line.split(":")[1].split()[0] for line in failures([r])] == ["simulator"]  # -31% against ±26%
+    assert failures([r], ungated={("simulator", "ttft")}) == []
+    assert failures([r], ungated={("simulator", "tpot")}) == failures([r])  # only the named metric is let off

@@ -29,7 +29,6 @@ from adapters.ports import free_port
 from adapters.store import RunStore
 from adapters.tokenizer import LocalTokenizer
 from adapters.vllm.pd_protocol import decode_leg_body, prefill_leg_body
-from adapters.vllm.platform import find_vllm_executable
 from adapters.vllm.scrape import parse_metrics
 from console.offline.analysis import run_metrics
 from core.cache.keys import chain_keys
@@ -38,6 +37,7 @@ from core.fidelity import table as fidelity_table
 from tests.cpu_speed import CpuSpeedProbe, cpu_times, relative_speed, steal_share
 from tests.procs import ROOT, Console, alive, start_console, wait_for
 from tests.vllm import prefix_checks as pc
+from tests.vllm.conftest import one_p_one_d
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -47,7 +47,6 @@ PROMPT = (
     "cache over the network and generate the answer one token at a time. "
 ) * 4
 GREEDY = {"temperature": 0, "ignore_eos": True}
-VLLM_ARGS = ["--vllm-arg=--enforce-eager", "--vllm-arg=--max-model-len=1024"]
 CALIBRATION = [["--start", "50", "--limit", "60", "--speed", "0.5"], ["--start", "38", "--limit", "48", "--speed", "3"]]
 """The calibration replays, never judged, spanning the judged replays' decode batches (1 to ~40):
 the 60 requests from the trace's 50th second on at half their pace (~1.8 req/s, as light load:
@@ -80,29 +79,6 @@ def say(text: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def vllm_bin() -> Path:
-    found = find_vllm_executable()
-    if found is None:
-        pytest.fail("no vLLM here: `make test-vllm` builds the CPU venv first (or set VLLM_VENV)")
-    return found
-
-
-@pytest.fixture(scope="module")
-def tiny_model(vllm_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """$SIBYL_TINY_MODEL, else a fresh random Llama from scripts/make_tiny_llama.py (seconds)."""
-    if os.environ.get("SIBYL_TINY_MODEL"):
-        return Path(os.environ["SIBYL_TINY_MODEL"]).resolve()
-    out = tmp_path_factory.mktemp("tiny-llama")
-    subprocess.run(
-        [str(vllm_bin.parent / "python"), str(ROOT / "scripts" / "make_tiny_llama.py"), "--out", str(out)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
-
-
-@pytest.fixture(scope="module")
 def cluster(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     """The console's 1P1D cluster (decode recomputes when a KV pull fails); always stopped."""
     tmp = tmp_path_factory.mktemp("console")
@@ -118,21 +94,7 @@ def cluster(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
     con = start_console(
         tmp,
         str(config),
-        "--backend",
-        "vllm",
-        "--model",
-        str(tiny_model),
-        "--prefill",
-        "1",
-        "--decode",
-        "1",
-        "--profile",
-        "cpu-tiny-llama",
-        "--policy",
-        "round_robin",
-        "--vllm-venv",
-        str(vllm_bin.parent.parent),
-        *VLLM_ARGS,
+        *one_p_one_d(tiny_model, vllm_bin),
         timeout=900,
     )
     try:

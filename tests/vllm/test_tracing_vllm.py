@@ -5,18 +5,16 @@ the trace id of the client's traceparent and hangs under the console's leg span.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from adapters.vllm.platform import find_vllm_executable
 from tests.otlp_receiver import otlp_receiver
-from tests.procs import ROOT, kill_children, start_console
+from tests.procs import kill_children, start_console
+from tests.vllm.conftest import one_p_one_d
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
@@ -24,27 +22,9 @@ TRACE_ID = "5b8efff798038103d269b633813fc60c"
 PARENT_ID = "eee19b7ec3c1b174"
 
 
-def _tiny_model(vllm_bin: Path, tmp: Path) -> Path:
-    """$SIBYL_TINY_MODEL (the stage builds it), else a fresh random Llama from scripts/make_tiny_llama.py."""
-    if os.environ.get("SIBYL_TINY_MODEL"):
-        return Path(os.environ["SIBYL_TINY_MODEL"]).resolve()
-    out = tmp / "tiny-llama"
-    subprocess.run(
-        [str(vllm_bin.parent / "python"), str(ROOT / "scripts" / "make_tiny_llama.py"), "--out", str(out)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
-
-
 def test_vllm_s_request_spans_join_the_gateway_s_trace(
-    tmp_path: Path, sibyl_home: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sibyl_home: Path, monkeypatch: pytest.MonkeyPatch, vllm_bin: Path, tiny_model: Path
 ) -> None:
-    vllm_bin = find_vllm_executable()
-    if vllm_bin is None:
-        pytest.fail("no vLLM here: `make test-vllm` builds the CPU venv first (or set VLLM_VENV)")
-    model = _tiny_model(vllm_bin, tmp_path)
     # vLLM exports with OpenTelemetry's BatchSpanProcessor, which reads this (its default waits 5 s)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
     config = tmp_path / "console.toml"
@@ -53,22 +33,7 @@ def test_vllm_s_request_spans_join_the_gateway_s_trace(
         con = start_console(
             tmp_path,
             str(config),
-            "--backend",
-            "vllm",
-            "--model",
-            str(model),
-            "--prefill",
-            "1",
-            "--decode",
-            "1",
-            "--profile",
-            "cpu-tiny-llama",
-            "--policy",
-            "round_robin",
-            "--vllm-venv",
-            str(vllm_bin.parent.parent),
-            "--vllm-arg=--enforce-eager",
-            "--vllm-arg=--max-model-len=1024",
+            *one_p_one_d(tiny_model, vllm_bin),
             "--otlp-endpoint",
             rx.url,
             timeout=900,

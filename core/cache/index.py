@@ -3,9 +3,10 @@ with longest-prefix lookup."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, chain, compress, repeat, takewhile
+from itertools import accumulate, compress, repeat, takewhile
 from operator import and_, ne
 from typing import Protocol
 
@@ -22,11 +23,6 @@ class PrefixLookup(Protocol):
     def match(self, keys: Sequence[BlockKey], now: float | None = None) -> dict[InstanceId, int]: ...
 
 
-_RADIX = 4
-"""Each level of ``match`` reads ``_RADIX`` keys of every stretch the level above saw the holders change in."""
-_TOP_GRID = 16
-"""``match``'s first level reads at least this many keys (a chain shorter than ``_RADIX * _TOP_GRID``
-keys is read whole, in one pass)."""
 _MAX_MASKS = 1 << 16
 """The intern table of holder masks is emptied when it grows past this many (masks stay correct)."""
 
@@ -36,13 +32,18 @@ _MAX_MASKS = 1 << 16
 # de-duplicate identical blocks; approximate: key -> expiry, in LRU order). Masks are interned
 # (equal masks are one int object: a few hundred distinct ones serve millions of keys), which
 # saves an int per shared key and keeps the masks a lookup reads in the CPU cache. ``match``
-# reads the chain level by level (a 2,048-key chain: every 64th key, then every 16th, 4th and
-# 1st inside the stretches where the holders changed), each level one pass of dict.get in C;
+# reads a grid of the chain's keys in one pass of dict.get in C, then finds each depth inside a
+# stretch where the mask changed by one bisect_left in C (a mask is an int that only decreases
+# along a prefix-closed chain), so its Python work is per depth, not per key read;
 # ``exact=True`` ANDs every mask along the chain (map/accumulate/takewhile) until nobody is left.
 # Memory (CPython 3.11, tracemalloc; `python -m benchmarks.prefix_index`): about 140 B per key
 # with its first holder (the index holding the only reference to the key's int), about 90 B per
 # further holder of the same key (its entry in that instance's own dict; the mask is shared); an
 # approximate instance's LRU entry about 70 B more.
+
+
+class _Hole(Exception):
+    """A stretch of a lookup where the holders' masks do not shrink along the chain."""
 
 
 class _Precise:
@@ -81,6 +82,7 @@ class CacheIndex:
         self._ids: list[InstanceId | None] = []
         self._inst: dict[InstanceId, _Precise | _Approx] = {}
         self._bits: list[int] = []  # each slot's single-bit mask
+        self._owner: dict[int, InstanceId] = {}  # single-bit mask -> the instance in that slot
         self._masks: dict[int, int] = {}  # the intern table of holder masks
 
     # ---- instances ---------------------------------------------------------------------------
@@ -125,6 +127,7 @@ class CacheIndex:
         self.clear(instance)
         slot = self._slot.pop(instance)
         del self._inst[instance]
+        del self._owner[self._bits[slot]]
         self._ids[slot] = None
 
     # ---- precise: KV events ------------------------------------------------------------------
@@ -219,71 +222,83 @@ class CacheIndex:
         block means holding its parent), which vLLM keeps: every use of a block uses its parent
         too, and a request's blocks are freed tail first, so a parent is never less recently used
         than its child and LRU never evicts it first; record_routed keeps it the same way. The
-        holders of ``keys[j]`` then shrink as j grows, and the depths are where they change. The
-        lookup reads every 4**k-th key (at least 16 of them: every 64th of a 32k-token prompt's
-        2,048), then every 4**(k-1)-th key of the stretches where the holders changed, and so on
-        down to every key: for n keys and d distinct depths at most n/4**k + 4·k·d dict lookups
-        (a 2,048-key chain: 33 + 12·d instead of 2,048), each level one pass in C. A hole
-        (a parent missing under a held child: a subscriber that joined late) reads as held: an
-        instance's depth is one past the last key it holds among those read. ``exact=True`` walks
-        every key instead and stops each instance at its first missing block.
+        holders of ``keys[j]`` then shrink as j grows, so their masks (ints) decrease, and the
+        depths are where they change. The lookup reads every stride-th key (about h/2 of them for
+        h holders of the first block: every 64th of a 32k-token prompt's 2,048 keys for 64), then
+        in each stretch between two of them where the mask changed it bisects (bisect_left, in C)
+        for the last key still holding the stretch's start mask, reads the next key's mask, and
+        repeats from there until that is the stretch's end mask: for n keys and d distinct depths
+        about h/2 + d·(log2(2n/h) + 2) dict lookups (2,048 keys, 64 depths: ~500), and Python
+        work per depth rather than per key read. A hole (a parent missing under a held child: a
+        subscriber that joined late) reads as held at least when the instance holds a grid key
+        past it: its depth is one past a key it holds, and at least that of its first missing
+        key; an instance without holes gets its exact depth, whatever holes others have.
+        ``exact=True`` walks every key instead and stops each instance at its first missing block.
         """
         if now is not None and self.ttl_s is not None:
             self.expire(now)
         if exact:
             return self._match_walk(keys)
         n = len(keys)
-        get = self._holders.get
-        if n == 0:
-            return {}
-        first = get(keys[0], 0)
+        holders = self._holders
+        get = holders.get
+        first = get(keys[0], 0) if n else 0
         if not first:
             return {}
-        out: dict[InstanceId, int] = {}
         ids = self._ids
-        if get(keys[n - 1], 0) == first:  # every holder of the first block holds them all
+        out: dict[InstanceId, int] = {}
+        last = get(keys[n - 1], 0)
+        if last == first:  # every holder of the first block holds them all
             self._emit(first, n, ids, out)
             return out
-        radix = _RADIX
-        stride = 1
-        while n // (stride * radix) >= _TOP_GRID:
-            stride *= radix
-        # Level 0: every stride-th key, and one at or past the chain's end (a multiple of stride)
-        # that nobody holds, so every instance's depth is a change somewhere. Keys past the end
-        # read as held by nobody (value 0).
-        vals = list(map(get, keys[0:n:stride], repeat(0)))
-        vals.append(0)
-        # Element e >= 1 of a deeper level's vals is key starts[(e - 1) // radix] + ((e - 1) % radix
-        # + 1) × stride (radix keys per stretch); element 0 is the value before the first stretch.
-        starts: list[int] | None = None
-        while stride > 1:
-            # The values change at j: a depth lies in (pos(j) − stride, pos(j)]; read that stretch
-            # every stride // radix keys. Between two stretches the values do not change (or the
-            # level above would have seen it), so the value before a stretch is the one before it
-            # in vals, and vals of the next level shrink where the holders do.
-            changed = list(compress(range(1, len(vals)), map(ne, vals[1:], vals)))
-            if starts is None:
-                begin = [(j - 1) * stride for j in changed]
-            else:
-                begin = [starts[(j - 1) // radix] + (j - 1) % radix * stride for j in changed]
-            stride //= radix
-            nvals = [vals[changed[0] - 1]]
-            stretches = map(slice, [b + stride for b in begin], [b + radix * stride + 1 for b in begin], repeat(stride))
-            nvals.extend(map(get, chain.from_iterable(map(keys.__getitem__, stretches)), repeat(0)))
-            # only the last stretch can run past the end; what is past it is held by nobody
-            nvals.extend(repeat(0, 1 + radix * len(begin) - len(nvals)))
-            vals, starts = nvals, begin
-        for j in compress(range(1, len(vals)), map(ne, vals[1:], vals)):
-            gone = vals[j - 1] & ~vals[j] & first
-            if not gone:
-                continue
-            depth = j if starts is None else starts[(j - 1) // radix] + (j - 1) % radix + 1
-            if gone & (gone - 1):
-                self._emit(gone, depth, ids, out)
-            else:
-                iid = ids[gone.bit_length() - 1]
-                if iid is not None:
-                    out[iid] = depth
+        # The grid: every stride-th key, with key −1 read as first and key n − 1 as last; a stretch
+        # is the keys (a, b] between two grid keys whose masks differ. bisect_left needs ascending
+        # values, so it reads the masks in reverse chain order (key p at rev[n − 1 − p]): the
+        # stretch is rev[lo:hi] and key a is rev[top] (grid has one more item than the others).
+        stride = 1 << max((2 * n // first.bit_count()).bit_length() - 1, 0)
+        grid = [first, *map(get, keys[stride - 1 : n - 1 : stride], repeat(0)), last]
+        ends = grid[1:]
+        rev = keys[::-1]
+        mask_of = holders.__getitem__  # KeyError for a key nobody holds
+        held = holders.__contains__
+        owner = self._owner
+        for top, start, end in compress(zip(range(n, 0, -stride), grid, ends, strict=False), map(ne, grid, ends)):
+            hi, mask = top, start
+            lo = hi - stride if hi > stride else 0
+            try:
+                tail = 0
+                if not end:  # nobody holds key b: stop the stretch at the last key somebody holds
+                    tail = bisect_left(rev, True, lo, hi, key=held)
+                    if tail == hi:  # nor key a + 1
+                        self._emit(mask & first, n - hi, ids, out)
+                        continue
+                    lo = tail
+                    end = mask_of(rev[tail])
+                while mask != end:
+                    # rev[i]: the last key whose mask is still mask (rev[hi] if none later; i < n, as
+                    # key 0's mask is first); rev[i − 1]: the next key
+                    i = bisect_left(rev, mask, lo, hi, key=mask_of)
+                    if i == lo or mask_of(rev[i]) != mask:
+                        raise _Hole
+                    nxt = mask_of(rev[i - 1])
+                    gone = mask ^ nxt  # nxt < mask: one bit means it is mask's
+                    iid = owner.get(gone)
+                    if iid is not None:
+                        out[iid] = n - i
+                    else:
+                        self._emit(gone & mask & first, n - i, ids, out)
+                    mask, hi = nxt, i - 1
+                if tail:
+                    self._emit(end & first, n - tail, ids, out)
+            except (KeyError, _Hole):  # the masks grow somewhere in the stretch: read it key by key
+                a = n - 1 - top
+                vals = [start, *map(get, keys[a + 1 : a + 1 + stride], repeat(0))]
+                for q in compress(range(1, len(vals)), map(ne, vals, vals[1:])):
+                    self._emit(vals[q - 1] & ~vals[q] & first, a + q, ids, out)
+        self._emit(last & first, n, ids, out)
+        if len(out) > first.bit_count():  # the one-bit shortcut took instances without the first block
+            bits, slot = self._bits, self._slot
+            out = {i: d for i, d in out.items() if bits[slot[i]] & first}
         return out
 
     def _match_walk(self, keys: Sequence[BlockKey]) -> dict[InstanceId, int]:
@@ -335,6 +350,7 @@ class CacheIndex:
             self._ids.append(instance)
             self._bits.append(1 << slot)
         self._slot[instance] = slot
+        self._owner[self._bits[slot]] = instance
         return slot
 
     def _precise(self, instance: InstanceId) -> _Precise:

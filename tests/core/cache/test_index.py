@@ -132,9 +132,9 @@ def test_a_hole_reads_as_held_unless_exact() -> None:
     assert idx.match(long) == {"full": 701, "late": 1500}
 
 
-def test_the_levelled_lookup_equals_the_walk_on_prefix_closed_holdings() -> None:
-    """Chains of one pass (< 128 keys), of two levels and of three (>= 1,024 keys: every 64th key,
-    every 8th, every key), with up to 70 instances at as many depths."""
+def test_the_bisecting_lookup_equals_the_walk_on_prefix_closed_holdings() -> None:
+    """Short chains and long ones (grids of every 2nd to every 4,096th key, then bisections), with
+    up to 70 instances at as many depths."""
     rng = random.Random(3)
     for _ in range(300):
         idx = CacheIndex()
@@ -148,6 +148,100 @@ def test_the_levelled_lookup_equals_the_walk_on_prefix_closed_holdings() -> None
                 idx.apply(inst, stored(list(range(5000 + 10 * inst, 5005 + 10 * inst))))
         query = keys[: rng.randint(1, n)] + [99999] * rng.randint(0, 3)
         assert idx.match(query) == idx.match(query, exact=True)
+
+
+def _leading_held(idx: CacheIndex, instances: list[int], query: list[int]) -> dict[int, int]:
+    """The plain reference: per instance, how many leading keys of ``query`` it holds (if any)."""
+    out = {}
+    for inst in instances:
+        d = 0
+        while d < len(query) and idx.holds(inst, query[d]):
+            d += 1
+        if d:
+            out[inst] = d
+    return out
+
+
+def _depth(rng: random.Random, n: int) -> int:
+    """A depth in 0..n, often at or next to a multiple of a power of two (a grid key or a stretch's end)."""
+    r = rng.random()
+    if r < 0.1:
+        return rng.choice([0, 1, n - 1, n]) % (n + 1)
+    if r < 0.6:
+        step = 1 << rng.randint(0, 11)
+        return min(max(rng.randint(0, n // step) * step + rng.choice([-1, 0, 1]), 0), n)
+    return rng.randint(0, n)
+
+
+def test_match_equals_counting_leading_held_keys_on_random_prefix_closed_states() -> None:
+    """Random prefix-closed states (precise and approximate instances, duplicate stores, branches
+    off the chain, removed instances whose slots are reused) with up to 80 distinct depths, on
+    chains of 1 to 2,100 keys, queried by prefixes of several lengths."""
+    rng = random.Random(27)
+    lengths = [1, 2, 3, 15, 16, 17, 63, 64, 65, 2047, 2048, 2049, 2100]
+    lengths += [rng.randint(1, 2100) for _ in range(47)]
+    for n in lengths:
+        idx = CacheIndex(ttl_s=None)
+        keys = list(range(10**6, 10**6 + n))
+        many = rng.random() < 0.7
+        instances = list(range(rng.randint(48, 80) if many else rng.randint(1, 12)))
+        for inst in instances:
+            depth = _depth(rng, n)
+            if inst % 5 == 4:  # approximate: what was routed there
+                idx.record_routed(inst, keys[:depth], now=0.0)
+            elif depth:
+                idx.apply(inst, stored(keys[:depth]))
+                if rng.random() < 0.2:  # stored twice (vLLM does not de-duplicate), removed once
+                    idx.apply(inst, stored(keys[:depth]))
+                    idx.apply(inst, BlockRemoved(tuple(keys[:depth])))
+            if depth and rng.random() < 0.3:  # a branch off the chain after the held prefix
+                branch = [7 * 10**6 + 1000 * inst + i for i in range(rng.randint(1, 40))]
+                if inst % 5 == 4:
+                    idx.record_routed(inst, branch, now=0.0)
+                else:
+                    idx.apply(inst, stored(branch))
+        for inst in rng.sample(instances, min(len(instances), 3)):  # forget some; others take their slots
+            idx.remove_instance(inst)
+            instances.remove(inst)
+            new = 1000 + inst
+            idx.apply(new, stored(keys[: _depth(rng, n)] or [123]))
+            instances.append(new)
+        for m in {n, rng.randint(1, n), rng.randint(1, n)}:
+            query = keys[:m] + [99999] * rng.randint(0, 2)
+            want = _leading_held(idx, instances, query)
+            assert idx.match(query) == want, (n, m)
+            assert idx.match(query, exact=True) == want, (n, m)
+        if many and n >= 1024:
+            assert len(set(idx.match(keys).values())) >= 30  # many distinct depths: the worst case
+
+
+def test_holes_never_spoil_the_instances_without_holes() -> None:
+    """With holes (keys removed from the middle, chains stored from their middle), an instance
+    whose held keys of the query are a prefix of it gets its exact depth; one with holes gets one
+    past a key it holds, at least its first missing key's depth; one without the first key is absent."""
+    rng = random.Random(5)
+    for _ in range(120):
+        n = rng.choice([rng.randint(1, 40), rng.randint(40, 2100)])
+        keys = list(range(10**6, 10**6 + n))
+        idx = CacheIndex(ttl_s=None)
+        instances = list(range(rng.randint(1, 70)))
+        for inst in instances:
+            depth = _depth(rng, n)
+            start = rng.randint(0, depth) if rng.random() < 0.2 else 0  # joined late: from the middle
+            if depth > start:
+                idx.apply(inst, stored(keys[start:depth]))
+            if depth > start + 2 and rng.random() < 0.3:
+                holes = rng.sample(range(start, depth), rng.randint(1, min(5, depth - start)))
+                idx.apply(inst, BlockRemoved(tuple(keys[h] for h in holes)))
+        got = idx.match(keys)
+        assert set(got) == {i for i in instances if idx.holds(i, keys[0])}
+        for inst, d in got.items():
+            held = [p for p in range(n) if idx.holds(inst, keys[p])]
+            first_missing = _leading_held(idx, [inst], keys)[inst]
+            if held == list(range(len(held))):
+                assert d == first_missing, (inst, d)
+            else:
+                assert idx.holds(inst, keys[d - 1]) and d >= first_missing, (inst, d, first_missing)
 
 
 def test_precise_index_follows_a_pool_exactly() -> None:

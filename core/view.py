@@ -99,11 +99,16 @@ class ClusterView:
         bs = self.block_size
         cap = max(request.prompt_tokens - 1, 0) // bs
         out = np.zeros(n)
-        index = self.index
-        for iid, m in self.prefix.match(keys[:cap] if cap < len(keys) else keys, self.now).items():
-            i = index.get(str(iid))
-            if i is not None:
-                out[i] = min(m, cap) * bs
+        matched = self.prefix.match(keys[:cap] if cap < len(keys) else keys, self.now)
+        if matched:
+            # one vectorised store (64 scalar stores into the array cost ~18 µs at 64 instances)
+            get = self.index.get
+            pos = [get(str(iid), -1) for iid in matched]
+            depth = list(matched.values())
+            if -1 in pos:
+                depth = [m for i, m in zip(pos, depth, strict=True) if i >= 0]
+                pos = [i for i in pos if i >= 0]
+            out[pos] = np.minimum(depth, cap) * bs
         self._cached = (request, self.now, out)
         return out
 

@@ -3,6 +3,7 @@ themselves and take the decode choice of another policy."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -107,7 +108,10 @@ def guarded_argmin(
     prefill choice of `view`'s decision when it is recorded."""
     ok = np.isfinite(queued)
     if balance_s is not None:
-        ok &= queued <= queued[ok].min() + balance_s
+        low = queued[queued.argmin()]  # the least finite one, unless a NaN or nothing finite is at the bottom
+        if not math.isfinite(low):
+            low = queued[ok].min()  # (raises when nothing is finite)
+        ok &= queued <= low + balance_s
     p = int(argmin(ttft, ok))
     if view is not None and view.explain is not None:
         note(

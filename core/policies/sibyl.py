@@ -102,6 +102,7 @@ class Sibyl(RoutingPolicyBase):
         super().__init__(params)
         self._argmin = RotatingArgmin()
         self._nodes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._floored: tuple[np.ndarray, np.ndarray] | None = None
 
     def unit(self, view: ClusterView) -> str:
         """The load unit actually used (resolves unit=auto against the horizon and profile)."""
@@ -145,26 +146,41 @@ class Sibyl(RoutingPolicyBase):
         self._nodes = (dense, ages, weights, ext)
         return ages, weights, ext
 
-    def _tpot_weighted(
-        self, tau: float, view: ClusterView, run: np.ndarray, unit: str
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+    def _rows(self, view: ClusterView, v_sys: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pending rows' indices, and per row its decode rate (v̄_sys for pending rows and where
+        the observed one is ≤ ε) and age l(now) (0 for pending rows): the running rule over whole
+        columns, the few pending rows overwritten by index (no full-length np.where)."""
+        t, now = view.table, view.now
+        n = t.n
+        pend = (t.state[:n] != RUNNING).nonzero()[0]
+        v_obs = t.v[:n]
+        v = np.where(v_obs > _EPS, v_obs, v_sys)
+        v[pend] = v_sys
+        l_now = now - t.t_obs[:n]
+        np.multiply(v_obs, l_now, out=l_now)
+        np.add(t.l_obs[:n], l_now, out=l_now)
+        l_now[pend] = 0.0
+        return pend, v, l_now
+
+    def _tpot_weighted(self, tau: float, view: ClusterView, unit: str) -> tuple[np.ndarray, np.ndarray | None]:
         """Per row: TPOT-weighted expected presence (and KV tokens) over the new request's life."""
         t, now = view.table, view.now
         n = t.n
         v_sys = max(view.decode_rate.value, _EPS)
         ages, cw, ext = self._tpot_nodes(view)
-        v = np.where(run, t.v[:n], v_sys)
-        v = np.where(v > _EPS, v, v_sys)
-        l_now = np.where(run, t.l_obs[:n] + t.v[:n] * (now - t.t_obs[:n]), 0.0)
+        pend, v, l_now = self._rows(view, v_sys)
         # Age at τ (negative for a pending request that starts after τ), +1 for the padded table.
-        a = np.where(run, l_now + v * (tau - now), (tau - t.tau[:n]) * v_sys) + 1.0
+        a = v * (tau - now)
+        np.add(l_now, a, out=a)
+        a[pend] = (tau - t.tau[pend]) * v_sys
+        a += 1.0
         b = v / v_sys  # tokens this row generates while the new request generates one
         acc = np.zeros(n)
         tok = np.zeros(n) if unit != "requests" else None
         for age, c in zip(ages.tolist(), cw.tolist(), strict=True):
             x = b * age
             x += a
-            p = np.take(ext, x.astype(np.int64), mode="clip")
+            p = ext.take(x.astype(np.int64), mode="clip")
             p *= c
             acc += p
             if tok is not None:
@@ -173,7 +189,9 @@ class Sibyl(RoutingPolicyBase):
                 x += t.l_in[:n]
                 x *= p
                 tok += x
-        norm = 1.0 if self.params.prob_at_1 else np.maximum(view.survival(l_now), _EPS)
+        if self.params.prob_at_1:
+            return acc, tok
+        norm = self._floored_survival(view)[1].take(l_now.astype(np.int64), mode="clip")  # max(Ŝ(l_now), ε)
         return acc / norm, (None if tok is None else tok / norm)
 
     def lifetime_load(self, tau: float, view: ClusterView) -> np.ndarray:
@@ -182,22 +200,28 @@ class Sibyl(RoutingPolicyBase):
         if prm.lifetime_weighting == "tpot":
             return self._tpot_load(tau, view)
         n = t.n
-        run = t.state[:n] == RUNNING
         sv = view.survival
         v_sys = max(view.decode_rate.value, _EPS)
         life = float(prm.lifetime_tokens or max(sv.mean_length(), 1.0))
         T = life / v_sys
-        # Per-row rate and age at τ, and the stretch of its life [x0, x1] (tokens) inside W.
-        # Pending rows have l_obs = v = 0 and decode from τ_k at v̄_sys.
-        v = np.where(run, t.v[:n], v_sys)
-        v = np.where(v > _EPS, v, v_sys)
-        l_now = np.where(run, t.l_obs[:n] + t.v[:n] * (now - t.t_obs[:n]), 0.0)
-        start = np.where(run, now, t.tau[:n])
-        x0 = np.maximum(l_now + v * (tau - start), l_now)
-        x1 = np.maximum(l_now + v * (tau + T - start), l_now)
+        # Per-row rate and age at τ, and the stretch of its life [x0, x1] (tokens) inside W:
+        # x = max(l(now) + v·(t − start), l(now)) at t = τ and τ + T. Running rows start now;
+        # pending rows decode from τ_k at v̄_sys and are 0 tokens old now.
+        pend, v, l_now = self._rows(view, v_sys)
+        tau_p = t.tau[pend]
+        zero = np.zeros(len(pend))
+        v_p = v[pend]
+        x0 = v * (tau - now)
+        np.add(l_now, x0, out=x0)
+        np.maximum(x0, l_now, out=x0)
+        x0[pend] = np.maximum(zero + v_p * (tau - tau_p), zero)
+        x1 = v * (tau + T - now)
+        np.add(l_now, x1, out=x1)
+        np.maximum(x1, l_now, out=x1)
+        x1[pend] = np.maximum(zero + v_p * (tau + T - tau_p), zero)
         norm = v * T
         if not prm.prob_at_1:
-            norm = norm * np.maximum(sv(l_now), _EPS)
+            norm *= self._floored_survival(view)[1].take(l_now.astype(np.int64), mode="clip")  # max(Ŝ(l_now), ε)
             d_int = sv.integral_at(x1) - sv.integral_at(x0)
         else:
             d_int = x1 - x0
@@ -216,12 +240,19 @@ class Sibyl(RoutingPolicyBase):
             else:
                 prof = view.profile
                 weights = prof.decode_step_per_seq_s * d_int / norm + prof.decode_step_per_kv_token_s * tokens
-        return self._per_instance(weights, tau, view, run)
+        return self._per_instance(weights, tau, view)
 
-    def _per_instance(self, weights: np.ndarray, tau: float, view: ClusterView, run: np.ndarray) -> np.ndarray:
+    def _per_instance(self, weights: np.ndarray, tau: float, view: ClusterView) -> np.ndarray:
         """Sum row weights per decode instance, after the ablations drop their request types."""
         t, prm = view.table, self.params
         n = t.n
+        inst = t.inst[:n]
+        if not (prm.no_type1 or prm.no_type2 or prm.no_type3):
+            try:  # every tracked request bound: the common case (bincount refuses negative indices)
+                return np.bincount(inst, weights=weights, minlength=view.n_instances)
+            except ValueError:
+                pass
+        run = t.state[:n] == RUNNING
         if prm.no_type1:
             weights = np.where(run, 0.0, weights)
         if prm.no_type2 or prm.no_type3:
@@ -230,7 +261,6 @@ class Sibyl(RoutingPolicyBase):
                 weights = np.where(~run & before, 0.0, weights)
             if prm.no_type3:
                 weights = np.where(~run & ~before, 0.0, weights)
-        inst = t.inst[:n]
         bound = inst >= 0
         return np.bincount(
             np.where(bound, inst, 0),
@@ -239,10 +269,8 @@ class Sibyl(RoutingPolicyBase):
         )
 
     def _tpot_load(self, tau: float, view: ClusterView) -> np.ndarray:
-        t = view.table
-        run = t.state[: t.n] == RUNNING
         unit = self.unit(view)
-        presence, tokens = self._tpot_weighted(tau, view, run, unit)
+        presence, tokens = self._tpot_weighted(tau, view, unit)
         if unit == "requests":
             weights = presence
         elif unit == "tokens":
@@ -252,70 +280,90 @@ class Sibyl(RoutingPolicyBase):
             assert tokens is not None
             prof = view.profile
             weights = prof.decode_step_per_seq_s * presence + prof.decode_step_per_kv_token_s * tokens
-        return self._per_instance(weights, tau, view, run)
+        return self._per_instance(weights, tau, view)
+
+    def _floored_survival(self, view: ClusterView) -> tuple[np.ndarray, np.ndarray]:
+        """Ŝ's per-token table and max(Ŝ, ε) (the divisor of L_I), the latter kept while Ŝ is unchanged."""
+        dense = view.survival._tables()  # folds buffered completions first
+        cached = self._floored
+        if cached is None or cached[0] is not dense:
+            cached = self._floored = (dense, np.maximum(dense, _EPS))
+        return cached
 
     def tau_load(self, tau: float, view: ClusterView) -> np.ndarray:
-        """L_j(τ) for every instance index, over whole table columns (no boolean gathers).
+        """L_j(τ) for every instance index.
 
-        Written for the simulator's hot path: temporaries are reused in place and the common
-        case (every tracked request bound) skips the masking of unbound rows.
+        The hot path of every decision and of the simulator (issue 27): each NumPy call costs a
+        pass over the table, so whole columns get only the running rule, the two survival lookups
+        and the sum per instance; the (few) pending rows are overwritten by index, and Type 3 is
+        computed only for those that start after τ. Every row's weight is the same arithmetic in
+        the same order as the plain np.where form, so the loads are bit-identical to it
+        (tests/core/policies/test_sibyl_projection.py).
         """
         t, prm, now = view.table, self.params, view.now
         n = t.n
-        inst, l_in = t.inst[:n], t.l_in[:n]
-        run = t.state[:n] == RUNNING
+        state = t.state[:n]
+        pend = (state != RUNNING).nonzero()[0]
         v_sys = view.decode_rate.value
         v = t.v[:n]
-        # Pending rows have l_obs = v = 0, so l(now) is 0 for them without masking.
+        # l(now) = l_obs + v·(now − t_obs); pending rows have l_obs = v = 0, so 0 without masking.
         l_now = now - t.t_obs[:n]
         l_now *= v
         l_now += t.l_obs[:n]
-        gap = tau - t.tau[:n]
         # Running rows: l(τ) = l(now) + v·(τ − now). Pending rows (Type 2): l = (τ − τ_k)·v̄_sys.
-        l_run = v * (tau - now)
-        l_run += l_now
+        l_eval = v * (tau - now)
+        l_eval += l_now
+        gap = tau - t.tau[pend]
         l_pend = np.maximum(gap, 0.0)
         l_pend *= v_sys
-        l_eval = np.where(run, l_run, l_pend)
-        unit = self.unit(view)
+        l_eval[pend] = l_pend
         if prm.prob_at_1:
             prob = np.ones(n)
         else:
-            survival = view.survival
-            # Ŝ(0) = 1, so pending rows divide by one.
-            prob = survival(l_eval)
-            prob /= np.maximum(survival(l_now), _EPS)
-        after = np.greater(gap < 0, run)  # pending and starting after τ
-        decayed = v_sys * gap
-        decayed += l_in
-        np.maximum(decayed, 0.0, out=decayed)  # l_in − v̄·(τ_k − τ), eq. 8
+            # Ŝ(l) from the per-token table (truncate, clip: SurvivalEstimator.__call__); Ŝ(0) = 1,
+            # so pending rows divide by one.
+            dense, floored = self._floored_survival(view)
+            prob = dense.take(l_eval.astype(np.int64), mode="clip")
+            prob /= floored.take(l_now.astype(np.int64), mode="clip")
+        unit = self.unit(view)
         if unit == "tokens":
             weights = l_eval
-            weights += l_in
+            weights += t.l_in[:n]
             weights *= prob
         elif unit == "requests":
             weights = prob
-            decayed /= np.maximum(l_in, 1.0)
         else:
             prof = view.profile
             a, b = prof.decode_step_per_seq_s, prof.decode_step_per_kv_token_s
-            weights = (a + b * (l_in + l_eval)) * prob
-            decayed = a * decayed / np.maximum(l_in, 1.0) + b * decayed
-        np.copyto(weights, decayed, where=after)
+            weights = (a + b * (t.l_in[:n] + l_eval)) * prob
+        late = gap < 0  # of the pending rows: those starting after τ (Type 3)
+        after = pend[late]
+        if len(after):
+            l_in = t.l_in[after]
+            decayed = v_sys * gap[late]
+            decayed += l_in
+            np.maximum(decayed, 0.0, out=decayed)  # l_in − v̄·(τ_k − τ), eq. 8
+            if unit == "requests":
+                decayed /= np.maximum(l_in, 1.0)
+            elif unit != "tokens":
+                decayed = a * decayed / np.maximum(l_in, 1.0) + b * decayed
+            weights[after] = decayed
         if prm.no_type1:
-            weights = np.where(run, 0.0, weights)
+            weights[state == RUNNING] = 0.0
         if prm.no_type2:
-            weights = np.where(~run & ~after, 0.0, weights)
+            weights[pend[~late]] = 0.0
         if prm.no_type3:
-            weights = np.where(after, 0.0, weights)
-        if n == 0 or inst.min() >= 0:
+            weights[after] = 0.0
+        inst = t.inst[:n]
+        try:  # the common case: every tracked request is bound (bincount refuses negative indices)
             return np.bincount(inst, weights=weights, minlength=view.n_instances)
-        bound = inst >= 0
-        return np.bincount(
-            np.where(bound, inst, 0),
-            weights=np.where(bound, weights, 0.0),
-            minlength=view.n_instances,
-        )
+        except ValueError:
+            bound = inst >= 0
+            return np.bincount(
+                np.where(bound, inst, 0),
+                weights=np.where(bound, weights, 0.0),
+                minlength=view.n_instances,
+            )
 
     def choose_decode_at(self, request: Request, view: ClusterView, tau: float) -> int:
         candidates = decode_candidates(view)

@@ -8,7 +8,7 @@ from pydantic import Field
 from core.policies.choice import RotatingArgmin
 from core.policies.compose import ComposedParams, ComposedRouting, guarded_argmin, prefill_ttft
 from core.policies.registry import register
-from core.types import Assignment, PolicyKind, Request
+from core.types import Assignment, PolicyKind, Request, Role
 from core.view import ClusterView
 
 
@@ -46,9 +46,18 @@ class PrefixAware(ComposedRouting):
         self._argmin = RotatingArgmin()
 
     def route(self, request: Request, view: ClusterView) -> Assignment:
-        ttft, queued, _ = prefill_ttft(request, view)
-        p = guarded_argmin(ttft, queued, self.params.balance_s, self._argmin, view)
-        tau = view.now + float(ttft[p]) + view.profile.kv_transfer_time(request.prompt_tokens)
+        if view.explain is None and view.routable_count(Role.PREFILL) == 1:
+            # one candidate decides nothing: its estimate alone (the same arithmetic as prefill_ttft's)
+            p = int(view.prefill_mask().argmax())
+            self._argmin.cursor += 1  # as the scoring path's argmin would (ties later rotate alike)
+            cached = float(view.cached_tokens(request)[p]) if request.prefix_keys else 0.0
+            queued = max(float(view.prefill_free_at[p]) - view.now, 0.0)
+            ttft_p = queued + float(view.prefill_time(max(request.prompt_tokens - cached, 1.0)))
+        else:
+            ttft, queued_all, _ = prefill_ttft(request, view)
+            p = guarded_argmin(ttft, queued_all, self.params.balance_s, self._argmin, view)
+            ttft_p = float(ttft[p])
+        tau = view.now + ttft_p + view.profile.kv_transfer_time(request.prompt_tokens)
         d = self.decode_at(request, view, tau)
         ids = view.instance_ids
         return Assignment(ids[p], None if d is None else ids[d], tau)

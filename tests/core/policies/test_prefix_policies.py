@@ -97,6 +97,26 @@ def test_the_projection_counts_uncached_tokens_on_the_chosen_instance() -> None:
     assert d.view.prefill_free_at[d.index_of("p1")] == pytest.approx(0.16)
 
 
+@pytest.mark.parametrize("held", [0, 30])
+@pytest.mark.parametrize("queued", [0.0, 0.25])
+def test_one_prefill_instance_projects_as_the_scoring_path_does(held: int, queued: float) -> None:
+    """With one routable prefill instance prefix_aware skips the scoring (a choice of one decides
+    nothing) unless the decision is recorded; both paths project the same handoff, exactly."""
+    from core.decision_log import DecisionLog
+
+    taus = []
+    for recorded in (False, True):
+        d = cluster("prefix_aware", {"decode": "least_load"}, prefill=1, held={"p0": held} if held else {})
+        if recorded:
+            d.use_decisions(DecisionLog(max_per_s=10**9, sink=lambda records: None))
+        queue(d, p0=queued)
+        a = d.route(request(), 0.0)
+        assert a.prefill == "p0"
+        taus.append(a.projected_handoff)
+    # 640 tokens at 1 ms each less what p0 holds, after its queue, plus 64 ms of KV transfer
+    assert taus[0] == taus[1] == pytest.approx(queued + 0.001 * (640 - 16 * held) + 0.064)
+
+
 # --- session affinity -------------------------------------------------------------------------
 def test_session_affinity_is_sticky_and_spreads_sessions() -> None:
     d = cluster("session_affinity", {"decode": "least_load", "epsilon": 10.0}, prefill=4)

@@ -1,6 +1,6 @@
 """What `make up` shows: its demo traffic under least_load, then the prefix-aware default swapped in live.
 
-Starts `sibyl-console up --headless` with the Makefile's demo arguments (the emulated 2P4D cluster, the
+Starts `sibyl-console up --headless` with the Makefile's demo arguments (the emulated 4P4D cluster, the
 Mooncake conversation sample replayed in a loop, each hash block as 32 tokens, at 0.3x) but routing by
 `least_load`; after `--phase-s` seconds swaps routing to `prefix_aware` through the control API, as the
 dashboard's picker does, and watches as long again. The first `--warmup-s` seconds (also under
@@ -14,7 +14,7 @@ p50. At the end: one row per phase (the last 30 s of each), and how long after t
 stood above the whole least_load phase's highest reading.
 
 Usage: python -m benchmarks.demo_swap [--warmup-s 240] [--phase-s 60] [--every-s 5] [--first least_load]
-       [--second prefix_aware] [--prefill 2 --decode 4] [--json]
+       [--second prefix_aware] [--prefill 4 --decode 4] [--speed 0.3] [--hash-block-tokens 32] [--json]
 """
 
 from __future__ import annotations
@@ -34,16 +34,9 @@ from adapters.ports import free_port
 from benchmarks.harness import console_env, start_console, stop
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO_ARGS = [
-    "--replay",
-    str(ROOT / "demos" / "mooncake_conv_sample.jsonl"),
-    "--replay-hash-block-tokens",
-    "32",
-    "--replay-speed",
-    "0.3",
-    "--loop",
-]
-"""The Makefile's `up` target, less its `--policy prefix_aware` (this script starts on `--first`)."""
+DEMO_TRACE = ROOT / "demos" / "mooncake_conv_sample.jsonl"
+"""The Makefile's `up` target replays it in a loop (its `--policy prefix_aware` left out: this script starts on
+`--first`); `--speed` and `--hash-block-tokens` default to make up's."""
 
 
 def reading(state: dict[str, Any], t: float, policy: str) -> dict[str, Any]:
@@ -96,15 +89,19 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=240.0, help="seconds under --first before the judged phases")
     ap.add_argument("--first", default="least_load", help="routing policy before the swap")
     ap.add_argument("--second", default="prefix_aware", help="routing policy after the swap")
-    ap.add_argument("--prefill", type=int, default=2, help="prefill instances (make up: 2)")
+    ap.add_argument("--prefill", type=int, default=4, help="prefill instances (make up: 4)")
     ap.add_argument("--decode", type=int, default=4, help="decode instances (make up: 4)")
+    ap.add_argument("--speed", type=float, default=0.3, help="replay speed (make up: 0.3)")
+    ap.add_argument("--hash-block-tokens", type=int, default=32, help="tokens per trace hash block (make up: 32)")
     ap.add_argument("--json", action="store_true", help="print the samples and rows as JSON")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="sibyl-demo-swap-"))
     token = "demo-swap-token"
     port = free_port()
     shape = ["--prefill", str(args.prefill), "--decode", str(args.decode)]
-    console = start_console(port, [*DEMO_ARGS, *shape, "--policy", args.first], console_env(home, token))
+    demo = ["--replay", str(DEMO_TRACE), "--replay-hash-block-tokens", str(args.hash_block_tokens)]
+    demo += ["--replay-speed", str(args.speed), "--loop"]
+    console = start_console(port, [*demo, *shape, "--policy", args.first], console_env(home, token))
     samples: list[dict[str, Any]] = []
     swapped_at: float | None = None
     try:

@@ -94,7 +94,12 @@ OPERATING_POINT_TP4 = Cell("mooncake-conv", "2:2", 11.0, 1.0, tp=4)
 """The same with 4 H100s per instance (prefill 4x faster, so the P99 is mostly queueing, not the
 longest prompts' own prefill): a search over the rate at 2P2D, cache x1: 10 → 2.4 s, 11 → 3.0 s,
 11.5 → 2.9 s, 12 → 3.6 s, 13 → 4.1 s (not monotone: the trace's arrivals come in 3-s batches)."""
-OPERATING_POINTS = (OPERATING_POINT, OPERATING_POINT_TP4)
+OPERATING_POINT_QUEUE = Cell("mooncake-conv", "4:4", 29.0, 1.0, tp=4)
+"""Where queueing, not the longest prompts' own prefill, sets least_load's P99 (4 H100s per instance, 4P4D,
+at the knee of the prefill pool's load): least_load's P99 TTFT 6.3 s against a no-queue floor of 1.4 s.
+Chosen by least_load's P99 alone (the 2-10 s window), no policy parameter changed; its neighbours in the
+grid (27 and 31 req/s, and 2P2D at 14.5 and 15) were not looked at first."""
+OPERATING_POINTS = (OPERATING_POINT, OPERATING_POINT_TP4, OPERATING_POINT_QUEUE)
 
 GRIDS: dict[str, list[Cell]] = {
     "full": [
@@ -105,6 +110,11 @@ GRIDS: dict[str, list[Cell]] = {
         OPERATING_POINT_TP4,
         Cell("mooncake-conv", "2:2", 10.0, 1.0, tp=4),  # another rate (not tuned on)
         Cell("mooncake-conv", "2:2", 11.5, 1.0, tp=4),  # the other side of the knee
+        OPERATING_POINT_QUEUE,
+        Cell("mooncake-conv", "4:4", 27.0, 1.0, tp=4),  # another rate (not tuned on)
+        Cell("mooncake-conv", "4:4", 31.0, 1.0, tp=4),  # another rate (not tuned on)
+        Cell("mooncake-conv", "2:2", 14.5, 1.0, tp=4),  # another P:D count, queueing too (not tuned on)
+        Cell("mooncake-conv", "2:2", 15.0, 1.0, tp=4),
         Cell("mooncake-synth", "4:4", 3.5, 4.0),  # the synthetic trace (not tuned on)
         Cell("mooncake-synth", "4:4", 3.5, 1.0),
         Cell("azure-conv", "4:4", 40.0, 1.0),  # the control: nothing to reuse

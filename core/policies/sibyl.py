@@ -87,6 +87,15 @@ class SibylParams(PolicyParams):
     )
 
 
+def _sum_per_instance(inst: np.ndarray, weights: np.ndarray, n_instances: int) -> np.ndarray:
+    """Row weights summed per decode instance index; rows not yet bound to one (index −1) count nowhere."""
+    try:  # the common case: every tracked request is bound (bincount refuses negative indices)
+        return np.bincount(inst, weights=weights, minlength=n_instances)
+    except ValueError:
+        bound = inst >= 0
+        return np.bincount(np.where(bound, inst, 0), weights=np.where(bound, weights, 0.0), minlength=n_instances)
+
+
 @register(
     PolicyKind.ROUTING,
     "sibyl",
@@ -246,12 +255,8 @@ class Sibyl(RoutingPolicyBase):
         """Sum row weights per decode instance, after the ablations drop their request types."""
         t, prm = view.table, self.params
         n = t.n
-        inst = t.inst[:n]
         if not (prm.no_type1 or prm.no_type2 or prm.no_type3):
-            try:  # every tracked request bound: the common case (bincount refuses negative indices)
-                return np.bincount(inst, weights=weights, minlength=view.n_instances)
-            except ValueError:
-                pass
+            return _sum_per_instance(t.inst[:n], weights, view.n_instances)
         run = t.state[:n] == RUNNING
         if prm.no_type1:
             weights = np.where(run, 0.0, weights)
@@ -261,12 +266,7 @@ class Sibyl(RoutingPolicyBase):
                 weights = np.where(~run & before, 0.0, weights)
             if prm.no_type3:
                 weights = np.where(~run & ~before, 0.0, weights)
-        bound = inst >= 0
-        return np.bincount(
-            np.where(bound, inst, 0),
-            weights=np.where(bound, weights, 0.0),
-            minlength=view.n_instances,
-        )
+        return _sum_per_instance(t.inst[:n], weights, view.n_instances)
 
     def _tpot_load(self, tau: float, view: ClusterView) -> np.ndarray:
         unit = self.unit(view)
@@ -354,16 +354,7 @@ class Sibyl(RoutingPolicyBase):
             weights[pend[~late]] = 0.0
         if prm.no_type3:
             weights[after] = 0.0
-        inst = t.inst[:n]
-        try:  # the common case: every tracked request is bound (bincount refuses negative indices)
-            return np.bincount(inst, weights=weights, minlength=view.n_instances)
-        except ValueError:
-            bound = inst >= 0
-            return np.bincount(
-                np.where(bound, inst, 0),
-                weights=np.where(bound, weights, 0.0),
-                minlength=view.n_instances,
-            )
+        return _sum_per_instance(t.inst[:n], weights, view.n_instances)
 
     def choose_decode_at(self, request: Request, view: ClusterView, tau: float) -> int:
         candidates = decode_candidates(view)

@@ -594,13 +594,11 @@ def _hit_rates(con: Console, replay_args: list[str]) -> tuple[dict[str, float], 
     return rates, str(summary["run_id"])
 
 
-PREFIX_REAL_RUNS = 2
-"""Real replays of the Mooncake slice (fresh prompts each): their spread widens the TTFT gate as the fidelity
-table's does."""
 PREFIX_CALIBRATION = ["--start", "24", *PREFIX_REPLAY]
-"""The next 40 rows (from the trace's 24th second), never judged: `calibrate` fits the profile's prefill and
-KV hand-off terms on them (long, partly cached prompts; the stage's Azure calibration has short ones), on this
-host as it runs now, between the two judged real runs."""
+"""The next 40 rows (from the trace's 24th second), never judged, replayed between the two judged real runs:
+`calibrate` refits on them, over the stage's Azure fit, what they identify on this host as it runs now (in the
+runs of 2026-11-27 the decode step; the prefill terms keep the prior, as the bursts' prompts queue behind each
+other at nearly one length: README, "The Mooncake prefix slice")."""
 
 
 def test_prefix_cache_hit_rates_and_ttft_of_the_emulator_match_real_vllm(cluster: Console, tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Names follow Prometheus' conventions: `sibyl_` namespace, base units (`_seconds`), counters end in
 `_total`, and per-instance series carry `instance_id` (never `instance`, which Prometheus sets to
 the scrape target). Every series, its labels and the panel that reads it are listed in
-demos/grafana/README.md; the dashboard test checks that list against a live scrape.
+demos/grafana/README.md; the dashboard test checks that list against a live scrape. Counters and
+histograms are console.live.hot_metrics' (no lock per increment: a request updates a dozen).
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from console.live.hot_metrics import Counter, CounterChild, Histogram
 
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
@@ -182,9 +185,9 @@ class GatewayMetrics:
         )
         self.in_flight = Gauge("sibyl_gateway_in_flight", "requests being proxied", registry=r)
         self.queue_depth = Gauge("sibyl_gateway_queue_depth", "requests held by the queue policy", registry=r)
-        self._request_counters: dict[tuple[str, str, bool], Counter] = {}
+        self._request_counters: dict[tuple[str, str, bool], CounterChild] = {}
         self._classes: dict[str, _ClassLatency] = {}
-        self._decision_counters: dict[tuple[str, str, str], Counter] = {}
+        self._decision_counters: dict[tuple[str, str, str], CounterChild] = {}
         self.instance_up = Gauge(
             "sibyl_instance_up", "1 when the instance is routable", ["instance_id", "role"], registry=r
         )

@@ -56,7 +56,7 @@ def latencies(live: LiveRequest) -> Latencies:
     if not live.ok:
         return Latencies()
     arrival = live.request.arrival
-    prefill_end = live.at(Step.DECODE_BOUND)
+    prefill_end = live.times.get(Step.DECODE_BOUND)
     first = live.first_token_at
     if first is not None:
         finish = live.times[live.step]
@@ -195,7 +195,7 @@ class Outcomes:
     def observe(self, live: LiveRequest, lat: Latencies, met: bool) -> None:
         """The request's latencies into its SLO class's histograms, and its decisions into their counters."""
         m = self.metrics.of_class(live.request.slo_class)
-        sent = live.at(Step.PREFILL)
+        sent = live.times.get(Step.PREFILL)
         if sent is not None:
             m.queue_wait.observe(max(sent - live.request.arrival, 0.0))
         if live.ok:
@@ -216,11 +216,18 @@ class Outcomes:
 
     def request_row(self, live: LiveRequest, lat: Latencies, met: bool | None) -> dict[str, Any]:
         """The stored row of a finished request (times relative to the console's start)."""
-        req, rel = live.request, self.rel
+        req, t0, at = live.request, self.t0, live.times.get
         finish = live.times[live.step]
+        queued, sent, prefilled, decoding = (
+            at(Step.QUEUED),
+            at(Step.PREFILL),
+            at(Step.DECODE_BOUND),
+            at(Step.DECODING),
+        )
+        first = live.first_token_at
         return {
             "request_id": live.id,
-            "arrival": rel(req.arrival),
+            "arrival": req.arrival - t0,
             "prompt_tokens": req.prompt_tokens,
             "output_tokens": live.output_tokens,
             "max_tokens": req.max_tokens,
@@ -229,12 +236,12 @@ class Outcomes:
             "prefill_instance": live.prefill_instance,
             "decode_instance": live.decode_instance,
             "dp_rank": live.dp_rank,
-            "queued": rel(live.at(Step.QUEUED)),
-            "prefill_start": rel(live.at(Step.PREFILL)),
-            "prefill_end": rel(live.at(Step.DECODE_BOUND)),
-            "decode_start": rel(live.at(Step.DECODING)),
-            "first_token": rel(live.first_token_at),
-            "finish": rel(finish),
+            "queued": None if queued is None else queued - t0,
+            "prefill_start": None if sent is None else sent - t0,
+            "prefill_end": None if prefilled is None else prefilled - t0,
+            "decode_start": None if decoding is None else decoding - t0,
+            "first_token": None if first is None else first - t0,
+            "finish": finish - t0,
             "ttft": lat.ttft,
             "tpot": lat.tpot,
             "ttft_source": lat.ttft_source,

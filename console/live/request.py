@@ -62,6 +62,7 @@ class LiveRequest:
     """One request through the gateway; see the module docstring for its life."""
 
     __slots__ = (
+        "id",
         "request",
         "path",
         "body",
@@ -90,6 +91,7 @@ class LiveRequest:
 
     def __init__(self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes) -> None:
         self.request = request
+        self.id = str(request.id)
         self.path = path
         self.body = body
         self.stream = bool(body.get("stream"))
@@ -125,10 +127,6 @@ class LiveRequest:
         self.dp_rank: int | None = None
         """The data-parallel rank its decode leg asked for (a decode instance that is a DP group)."""
         self.trace: Trace = NO_TRACE  # its spans when [tracing] is on (console/live/tracing.py, set by the gateway)
-
-    @property
-    def id(self) -> str:
-        return str(self.request.id)
 
     def enter(self, step: Step, now: float | None = None) -> float:
         """Move to `step` and stamp it."""

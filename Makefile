@@ -20,8 +20,8 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 
 ## up: bring the main job up on the embedded default (emulated cluster, 4P4D for the demo, gateway on :8000) with prefix-sharing demo traffic
 up: $(VENV)/.installed
-	$(SIBYL) up --prefill 4 --decode 4 --replay demos/mooncake_conv_sample.jsonl --replay-hash-block-tokens 32 \
-		--replay-speed 0.3 --loop --policy prefix_aware $(UP_ARGS)
+	$(SIBYL) up --prefill 4 --decode 4 --replay demos/mooncake_synthetic_sample.jsonl --replay-hash-block-tokens 32 \
+		--replay-speed 1.0 --loop --policy prefix_aware $(UP_ARGS)
 
 ## demo-sim: the offline simulation of SIBYL's setting on a small scale
 demo-sim: $(VENV)/.installed

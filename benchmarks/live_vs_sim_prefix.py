@@ -99,35 +99,57 @@ def live(args: argparse.Namespace, profile_file: Path, policy: str, home: Path) 
         stop(console, 60)
 
 
-def simulated(args: argparse.Namespace, trace: Trace, profile: Any, policy: str) -> dict[str, Any]:
-    """The same requests through the simulator: the replayer's own prompt lengths, outputs and seed."""
+def replay_plan(
+    trace: Trace,
+    profile: Any,
+    policy: str,
+    *,
+    prefill: int,
+    decode: int,
+    speed: float,
+    hash_block_tokens: int,
+    prompt_seed: int = PROMPT_SEED,
+) -> SimPlan:
+    """The simulator's plan of a live replay of `trace`: the replayer's own prompt lengths, outputs and
+    prompt seed (so the same block keys), its arrivals at `speed`, the exact caches, iteration mode."""
     rep = Replayer.from_trace(
         trace,
         "http://127.0.0.1:1",
-        hash_block_tokens=args.hash_block_tokens,
-        speed=args.speed,
+        hash_block_tokens=hash_block_tokens,
+        speed=speed,
         max_context=profile.max_model_len,
-        prompt_seed=PROMPT_SEED,
+        prompt_seed=prompt_seed,
     )
     sent = [rep.request_prompt(i) for i in range(len(trace))]
-    prompts = np.array([len(p) for p, _ in sent], dtype=np.int64)
-    outputs = np.array([o for _, o in sent], dtype=np.int64)
-    plan = SimPlan(
-        arrivals=(np.asarray(trace.arrivals) - trace.arrivals[0]) / args.speed,
-        prompt_tokens=prompts,
-        output_tokens=outputs,
-        workload=str(args.trace),
+    return SimPlan(
+        arrivals=(np.asarray(trace.arrivals) - trace.arrivals[0]) / speed,
+        prompt_tokens=np.array([len(p) for p, _ in sent], dtype=np.int64),
+        output_tokens=np.array([o for _, o in sent], dtype=np.int64),
+        workload=trace.source or "replay",
         profile=profile,
-        n_prefill=args.prefill,
-        n_decode=args.decode,
+        n_prefill=prefill,
+        n_decode=decode,
         mode="iteration",
         policies=[parse_policy(policy)],
         slo=SLOClass(),
         shadow=False,
         hash_ids=trace.hash_ids,
         sessions=[str(s) for s in trace.session.tolist()] if trace.session is not None else None,
-        cache=CacheParams(hash_block_tokens=args.hash_block_tokens, prompt_seed=PROMPT_SEED),
+        cache=CacheParams(hash_block_tokens=hash_block_tokens, prompt_seed=prompt_seed),
         prefix_source="precise",
+    )
+
+
+def simulated(args: argparse.Namespace, trace: Trace, profile: Any, policy: str) -> dict[str, Any]:
+    """The same requests through the simulator: the replayer's own prompt lengths, outputs and seed."""
+    plan = replay_plan(
+        trace,
+        profile,
+        policy,
+        prefill=args.prefill,
+        decode=args.decode,
+        speed=args.speed,
+        hash_block_tokens=args.hash_block_tokens,
     )
     metrics, result = run_one(plan, *parse_policy(policy))
     hits = {}

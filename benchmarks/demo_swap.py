@@ -125,15 +125,7 @@ def simulate(args: argparse.Namespace) -> list[dict[str, Any]]:
     profile = get_profile(ConsoleConfig().profile)
     rows = []
     for policy in (args.first, args.second):
-        plan = replay_plan(
-            trace,
-            profile,
-            policy,
-            prefill=args.prefill,
-            decode=args.decode,
-            speed=args.speed,
-            hash_block_tokens=args.hash_block_tokens,
-        )
+        plan = replay_plan(args, trace, profile, policy)
         _, r = run_one(plan, policy, {})
         judged = r.arrival >= args.warmup_s
         ttft = (r.first_token - r.arrival)[judged]

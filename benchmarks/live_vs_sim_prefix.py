@@ -100,18 +100,12 @@ def live(args: argparse.Namespace, profile_file: Path, policy: str, home: Path) 
 
 
 def replay_plan(
-    trace: Trace,
-    profile: Any,
-    policy: str,
-    *,
-    prefill: int,
-    decode: int,
-    speed: float,
-    hash_block_tokens: int,
-    prompt_seed: int = PROMPT_SEED,
+    args: argparse.Namespace, trace: Trace, profile: Any, policy: str, prompt_seed: int = PROMPT_SEED
 ) -> SimPlan:
-    """The simulator's plan of a live replay of `trace`: the replayer's own prompt lengths, outputs and
-    prompt seed (so the same block keys), its arrivals at `speed`, the exact caches, iteration mode."""
+    """The simulator's plan of a live replay of `trace` as a benchmark's `args` set it up (`prefill`,
+    `decode`, `speed`, `hash_block_tokens`): the replayer's own prompt lengths, outputs and prompt seed
+    (so the same block keys), its arrivals at that speed, the exact caches, iteration mode."""
+    hash_block_tokens, speed = args.hash_block_tokens, args.speed
     rep = Replayer.from_trace(
         trace,
         "http://127.0.0.1:1",
@@ -127,8 +121,8 @@ def replay_plan(
         output_tokens=np.array([o for _, o in sent], dtype=np.int64),
         workload=trace.source or "replay",
         profile=profile,
-        n_prefill=prefill,
-        n_decode=decode,
+        n_prefill=args.prefill,
+        n_decode=args.decode,
         mode="iteration",
         policies=[parse_policy(policy)],
         slo=SLOClass(),
@@ -142,15 +136,7 @@ def replay_plan(
 
 def simulated(args: argparse.Namespace, trace: Trace, profile: Any, policy: str) -> dict[str, Any]:
     """The same requests through the simulator: the replayer's own prompt lengths, outputs and seed."""
-    plan = replay_plan(
-        trace,
-        profile,
-        policy,
-        prefill=args.prefill,
-        decode=args.decode,
-        speed=args.speed,
-        hash_block_tokens=args.hash_block_tokens,
-    )
+    plan = replay_plan(args, trace, profile, policy)
     metrics, result = run_one(plan, *parse_policy(policy))
     hits = {}
     for k, iid in enumerate(result.prefill_ids):

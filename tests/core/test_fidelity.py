@@ -83,3 +83,5 @@ def test_an_ungated_source_and_metric_is_reported_but_not_judged() -> None:
     assert [line.split(":")[1].split()[0] for line in failures([r])] == ["simulator"]  # -31% against ±26%
     assert failures([r], ungated={("simulator", "ttft")}) == []
     assert failures([r], ungated={("simulator", "tpot")}) == failures([r])  # only the named metric is let off
+    assert failures([r], ungated={("simulator", "ttft", "light")}) == []  # at the named load
+    assert failures([r], ungated={("simulator", "ttft", "queueing")}) == failures([r])  # only at that load

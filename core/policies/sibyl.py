@@ -255,17 +255,16 @@ class Sibyl(RoutingPolicyBase):
         """Sum row weights per decode instance, after the ablations drop their request types."""
         t, prm = view.table, self.params
         n = t.n
-        if not (prm.no_type1 or prm.no_type2 or prm.no_type3):
-            return _sum_per_instance(t.inst[:n], weights, view.n_instances)
-        run = t.state[:n] == RUNNING
-        if prm.no_type1:
-            weights = np.where(run, 0.0, weights)
-        if prm.no_type2 or prm.no_type3:
-            before = t.tau[:n] <= tau
-            if prm.no_type2:
-                weights = np.where(~run & before, 0.0, weights)
-            if prm.no_type3:
-                weights = np.where(~run & ~before, 0.0, weights)
+        if prm.no_type1 or prm.no_type2 or prm.no_type3:
+            run = t.state[:n] == RUNNING
+            if prm.no_type1:
+                weights = np.where(run, 0.0, weights)
+            if prm.no_type2 or prm.no_type3:
+                before = t.tau[:n] <= tau
+                if prm.no_type2:
+                    weights = np.where(~run & before, 0.0, weights)
+                if prm.no_type3:
+                    weights = np.where(~run & ~before, 0.0, weights)
         return _sum_per_instance(t.inst[:n], weights, view.n_instances)
 
     def _tpot_load(self, tau: float, view: ClusterView) -> np.ndarray:

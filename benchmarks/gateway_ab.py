@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.ports import free_port
-from benchmarks.harness import run_loadgen, stop, wait_http
+from benchmarks.harness import console_env, run_loadgen, start, start_console, stop, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,21 +55,11 @@ def start_gateway(
     has_admission = (tree / "console" / "live" / "admission.py").exists()
     config.write_text("[admission]\nenabled = false\n" if has_admission else "")
     port = free_port()
-    env = {**os.environ, "SIBYL_HOME": str(home), "SIBYL_DB": str(home / "runs.db"), "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, "-m", "console.cli", "up", str(config), "--headless", "--port", str(port)]
-    cmd += ["--backend", "vllm", "--attach", f"prefill={prefill};decode={decode}"]
+    env = {**console_env(home), "PYTHONPATH": str(tree)}
+    args = [str(config), "--backend", "vllm", "--attach", f"prefill={prefill};decode={decode}"]
     if policy != "default":
-        cmd += ["--policy", policy]
-    proc = subprocess.Popen(
-        cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/health", 90, proc)
-    except RuntimeError:
-        stop(proc)
-        raise
-    return proc, url
+        args += ["--policy", policy]
+    return start_console(port, args, env, cwd=tree), f"http://127.0.0.1:{port}"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -81,12 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             fakes = []
             for _ in range(2):
                 port = free_port()
-                p = subprocess.Popen(
-                    [sys.executable, str(tools / "fake_upstream.py"), "--port", str(port)],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+                p = start([sys.executable, str(tools / "fake_upstream.py"), "--port", str(port)])
                 procs.append(p)
                 wait_http(f"http://127.0.0.1:{port}/health", 30, p)
                 fakes.append(f"http://127.0.0.1:{port}")

@@ -18,10 +18,10 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Run `cmd` from the repository root in a new process group, its output discarded."""
+def start(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
+    """Run `cmd` from `cwd` (the repository root) in a new process group, its output discarded."""
     return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
 
 
@@ -59,9 +59,12 @@ def console_env(home: Path, token: str | None = None) -> dict[str, str]:
     return env
 
 
-def start_console(port: int, args: list[str], env: dict[str, str], timeout: float = 90) -> subprocess.Popen[bytes]:
-    """`sibyl-console up --headless --port PORT ARGS...`, returned once its gateway answers /health."""
-    console = start([sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), *args], env)
+def start_console(
+    port: int, args: list[str], env: dict[str, str], timeout: float = 90, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """`sibyl-console up --headless --port PORT ARGS...` run from `cwd` (another source tree's, with `env`'s
+    PYTHONPATH pointing there), returned once its gateway answers /health."""
+    console = start([sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), *args], env, cwd)
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout, console)
     except RuntimeError:

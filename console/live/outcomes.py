@@ -216,18 +216,11 @@ class Outcomes:
 
     def request_row(self, live: LiveRequest, lat: Latencies, met: bool | None) -> dict[str, Any]:
         """The stored row of a finished request (times relative to the console's start)."""
-        req, t0, at = live.request, self.t0, live.times.get
+        req, rel, at = live.request, self.rel, live.times.get
         finish = live.times[live.step]
-        queued, sent, prefilled, decoding = (
-            at(Step.QUEUED),
-            at(Step.PREFILL),
-            at(Step.DECODE_BOUND),
-            at(Step.DECODING),
-        )
-        first = live.first_token_at
         return {
             "request_id": live.id,
-            "arrival": req.arrival - t0,
+            "arrival": rel(req.arrival),
             "prompt_tokens": req.prompt_tokens,
             "output_tokens": live.output_tokens,
             "max_tokens": req.max_tokens,
@@ -236,12 +229,12 @@ class Outcomes:
             "prefill_instance": live.prefill_instance,
             "decode_instance": live.decode_instance,
             "dp_rank": live.dp_rank,
-            "queued": None if queued is None else queued - t0,
-            "prefill_start": None if sent is None else sent - t0,
-            "prefill_end": None if prefilled is None else prefilled - t0,
-            "decode_start": None if decoding is None else decoding - t0,
-            "first_token": None if first is None else first - t0,
-            "finish": finish - t0,
+            "queued": rel(at(Step.QUEUED)),
+            "prefill_start": rel(at(Step.PREFILL)),
+            "prefill_end": rel(at(Step.DECODE_BOUND)),
+            "decode_start": rel(at(Step.DECODING)),
+            "first_token": rel(live.first_token_at),
+            "finish": rel(finish),
             "ttft": lat.ttft,
             "tpot": lat.tpot,
             "ttft_source": lat.ttft_source,

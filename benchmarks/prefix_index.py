@@ -10,7 +10,13 @@ the lookup's worst case), the rest distinct blocks of other prompts. Lookups:
   depths   every probe against that state (64 different depths)
   full     a prompt every instance holds entirely (one depth)
   miss     a prompt nobody holds (the first key misses)
-each by the default (prefix-closed) match and by exact=True (a walk over every key).
+each by the default (prefix-closed) match and by exact=True (a walk over every key). The default
+match learns each chain's runs as it reads them, so the probes are timed three ways:
+  warm     the same probes again, nothing changed in between (what the table's "depths" reads)
+  cold     the index's run hints dropped before every lookup (a chain seen for the first time)
+  changed  before every lookup one instance's depth on that probe moves by a block (BlockStored of
+           the next block or BlockRemoved of its last one: what a request's prefill or an eviction
+           does), so the hint of that run is stale
 Ingest: the whole state as BlockStored events of --event-blocks blocks (a prompt's blocks at once),
 then churn (BlockRemoved + BlockStored of one block each: what a decoding request emits).
 Memory: tracemalloc on a small index (bytes per key with one holder; per further holder).
@@ -26,7 +32,7 @@ import json
 import resource
 import time
 import tracemalloc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -107,14 +113,49 @@ def build(
     return idx, scenarios, ingest
 
 
-def time_lookups(idx: CacheIndex, prompts: list[list[BlockKey]], reps: int, exact: bool) -> dict[str, Any]:
-    """`reps` lookups cycling over `prompts` (after a warm-up): latency in µs and the answers' spread."""
+def cold(idx: CacheIndex) -> Callable[[list[BlockKey]], None]:
+    """Before each lookup: drop the run hints earlier lookups learned."""
+    return lambda keys: idx.forget_run_hints()
+
+
+def changed(idx: CacheIndex, prompts: list[list[BlockKey]], seed: int = 2) -> Callable[[list[BlockKey]], None]:
+    """Before each lookup: one instance holding the prompt's first block, picked at random, holds
+    one block more of it (BlockStored of the next one) or one less (BlockRemoved of its last one).
+    The depths are kept here (read once by exact lookups), so nothing else touches the index."""
+    rng = np.random.default_rng(seed)
+    depths = {keys[0]: idx.match(keys, exact=True) for keys in prompts}  # exact: learns nothing
+
+    def change(keys: list[BlockKey]) -> None:
+        held = depths[keys[0]]
+        inst = list(held)[int(rng.integers(len(held)))]
+        d = held[inst]
+        if d < len(keys) and (d == 1 or rng.random() < 0.5):
+            idx.apply(inst, BlockStored((keys[d],), keys[d - 1], (), 16))
+            held[inst] = d + 1
+        else:
+            idx.apply(inst, BlockRemoved((keys[d - 1],)))
+            held[inst] = d - 1
+
+    return change
+
+
+def time_lookups(
+    idx: CacheIndex,
+    prompts: list[list[BlockKey]],
+    reps: int,
+    exact: bool,
+    before: Callable[[list[BlockKey]], None] | None = None,
+) -> dict[str, Any]:
+    """`reps` lookups cycling over `prompts` (after a warm-up), each after `before(prompt)` if given
+    (untimed): latency in µs and the answers' spread."""
     samples = np.empty(reps)
     match = idx.match
     for k in range(50):
         match(prompts[k % len(prompts)], exact=exact)
     for k in range(reps):
         keys = prompts[k % len(prompts)]
+        if before is not None:
+            before(keys)
         t0 = time.perf_counter_ns()
         match(keys, exact=exact)
         samples[k] = (time.perf_counter_ns() - t0) / 1000.0
@@ -126,6 +167,31 @@ def time_lookups(idx: CacheIndex, prompts: list[list[BlockKey]], reps: int, exac
         "max_us": float(samples.max()),
         "distinct_depths": max(depths),
     }
+
+
+def against_the_grid(
+    idx: CacheIndex, prompts: list[list[BlockKey]], reps: int, before: Callable[[list[BlockKey]], None] | None
+) -> dict[str, float]:
+    """The default lookup and the grid alone (``_match_grid``: the lookup before run hints)
+    alternated on the same prompts, each after its own ``before``: p50/p99 µs of each and the
+    ratio of their p50s (one process, so the machine's load weighs on both alike)."""
+    holders = idx._holders
+
+    def grid(keys: list[BlockKey]) -> object:
+        n = len(keys)
+        return idx._match_grid(keys, n, holders.get(keys[0], 0), holders.get(keys[n - 1], 0))
+
+    samples: dict[str, list[float]] = {"runs": [], "grid": []}
+    for k in range(reps):
+        keys = prompts[k % len(prompts)]
+        for name, lookup in (("runs", idx.match), ("grid", grid)):
+            if before is not None:
+                before(keys)
+            t0 = time.perf_counter_ns()
+            lookup(keys)
+            samples[name].append((time.perf_counter_ns() - t0) / 1000.0)
+    out = {f"{name}_{q}": float(np.percentile(v, int(q[1:]))) for name, v in samples.items() for q in ("p50", "p99")}
+    return out | {"ratio_p50": out["runs_p50"] / out["grid_p50"]}
 
 
 def memory_per_block(n: int = 200_000, seed: int = 1) -> dict[str, float]:
@@ -156,6 +222,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, prompts in scenarios.items()
         for exact in (False, True)
     ]
+    probes = scenarios["depths"]
+    befores = {"depths, cold": cold(idx), "depths, changed": changed(idx, probes)}
+    for name, before in befores.items():
+        lookups.append({"scenario": name, "exact": False, **time_lookups(idx, probes, args.reps, False, before)})
+    versus = {
+        name: against_the_grid(idx, probes, args.reps, before) for name, before in {"depths": None, **befores}.items()
+    }
     return {
         "instances": args.instances,
         "blocks_per_instance": args.blocks,
@@ -165,6 +238,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "keys_indexed": len(idx),
         "ingest": ingest,
         "lookups": lookups,
+        "against_the_grid": versus,
+        "run_hints": len(idx._runs),
         "memory": memory_per_block(),
     }
 
@@ -193,10 +268,18 @@ def print_report(r: dict[str, Any]) -> None:
             f"| {x['scenario']} | {'exact walk' if x['exact'] else 'default'} | {x['distinct_depths']} | "
             f"{x['mean_us']:.1f} | {x['p50_us']:.1f} | {x['p99_us']:.1f} | {x['max_us']:.1f} |"
         )
+    print("\n| the same probes, alternated | runs p50 / p99 µs | grid alone p50 / p99 µs | p50 ratio |")
+    print("|---|---:|---:|---:|")
+    for name, v in r["against_the_grid"].items():
+        print(
+            f"| {name} | {v['runs_p50']:.1f} / {v['runs_p99']:.1f} | {v['grid_p50']:.1f} / {v['grid_p99']:.1f} | "
+            f"{v['ratio_p50']:.2f} |"
+        )
     print(
         f"\nmemory (tracemalloc): {mem['bytes_first_holder']:.0f} B per key with its first holder, "
         f"{mem['bytes_further_holder']:.0f} B per further holder; RSS grew {ing['rss_growth_mib']:,.0f} MiB "
-        "while ingesting"
+        f"while ingesting; {r['run_hints']:,} run hints learned by the lookups "
+        f"({r['run_hints'] / r['keys_indexed']:.4%} of the keys)"
     )
 
 

@@ -3,17 +3,15 @@ with longest-prefix lookup."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, compress, repeat, takewhile
-from operator import and_, ne
 from typing import Protocol
 
 from core.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from core.cache.keys import BlockKey
+from core.cache.lookup import ChainLookups, InstanceId
 
-InstanceId = str | int
+__all__ = ["CacheIndex", "InstanceId", "PrefixLookup"]
 
 
 class PrefixLookup(Protocol):
@@ -36,14 +34,14 @@ _MAX_MASKS = 1 << 16
 # stretch where the mask changed by one bisect_left in C (a mask is an int that only decreases
 # along a prefix-closed chain), so its Python work is per depth, not per key read;
 # ``exact=True`` ANDs every mask along the chain (map/accumulate/takewhile) until nobody is left.
+# Lookups also leave *run hints* behind (``_runs``: key -> how many keys above it along its chain
+# share its mask), so the next lookup of a chain they saw walks it back run by run, two dict
+# lookups a depth; a hint is checked against the masks before it is used, so a stale one costs
+# time, never a wrong answer.
 # Memory (CPython 3.11, tracemalloc; `python -m benchmarks.prefix_index`): about 140 B per key
 # with its first holder (the index holding the only reference to the key's int), about 90 B per
 # further holder of the same key (its entry in that instance's own dict; the mask is shared); an
 # approximate instance's LRU entry about 70 B more.
-
-
-class _Hole(Exception):
-    """A stretch of a lookup where the holders' masks do not shrink along the chain."""
 
 
 class _Precise:
@@ -61,7 +59,7 @@ class _Approx:
         self.capacity = capacity
 
 
-class CacheIndex:
+class CacheIndex(ChainLookups):
     """Per-instance cached block keys of many instances, for prefix-aware routing.
 
     An instance is *precise* (fed by ``apply`` with its KV events) or *approximate* (fed by
@@ -84,6 +82,7 @@ class CacheIndex:
         self._bits: list[int] = []  # each slot's single-bit mask
         self._owner: dict[int, InstanceId] = {}  # single-bit mask -> the instance in that slot
         self._masks: dict[int, int] = {}  # the intern table of holder masks
+        self._runs: dict[BlockKey, int] = {}  # run hints learned by lookups (only held keys)
 
     # ---- instances ---------------------------------------------------------------------------
     @property
@@ -223,7 +222,11 @@ class CacheIndex:
         too, and a request's blocks are freed tail first, so a parent is never less recently used
         than its child and LRU never evicts it first; record_routed keeps it the same way. The
         holders of ``keys[j]`` then shrink as j grows, so their masks (ints) decrease, and the
-        depths are where they change. The lookup reads every stride-th key (about h/2 of them for
+        depths are where they change. A lookup walks the chain back from its last held key run
+        by run (a run: keys with the same holders) where earlier lookups left hints of where the
+        runs start, checking each against the masks (two dict lookups a depth); it bisects for a
+        run whose hint is stale, up to four times (twice for one without a hint), then reads the
+        keys above by the grid and learns their runs. The grid reads every stride-th key (about h/2 of them for
         h holders of the first block: every 64th of a 32k-token prompt's 2,048 keys for 64), then
         in each stretch between two of them where the mask changed it bisects (bisect_left, in C)
         for the last key still holding the stretch's start mask, reads the next key's mask, and
@@ -245,80 +248,16 @@ class CacheIndex:
         first = get(keys[0], 0) if n else 0
         if not first:
             return {}
-        ids = self._ids
-        out: dict[InstanceId, int] = {}
         last = get(keys[n - 1], 0)
         if last == first:  # every holder of the first block holds them all
-            self._emit(first, n, ids, out)
+            out: dict[InstanceId, int] = {}
+            self._emit(first, n, self._ids, out)
             return out
-        # The grid: every stride-th key, with key −1 read as first and key n − 1 as last; a stretch
-        # is the keys (a, b] between two grid keys whose masks differ. bisect_left needs ascending
-        # values, so it reads the masks in reverse chain order (key p at rev[n − 1 − p]): the
-        # stretch is rev[lo:hi] and key a is rev[top] (grid has one more item than the others).
-        stride = 1 << max((2 * n // first.bit_count()).bit_length() - 1, 0)
-        grid = [first, *map(get, keys[stride - 1 : n - 1 : stride], repeat(0)), last]
-        ends = grid[1:]
-        rev = keys[::-1]
-        mask_of = holders.__getitem__  # KeyError for a key nobody holds
-        held = holders.__contains__
-        owner = self._owner
-        for top, start, end in compress(zip(range(n, 0, -stride), grid, ends, strict=False), map(ne, grid, ends)):
-            hi, mask = top, start
-            lo = hi - stride if hi > stride else 0
-            try:
-                tail = 0
-                if not end:  # nobody holds key b: stop the stretch at the last key somebody holds
-                    tail = bisect_left(rev, True, lo, hi, key=held)
-                    if tail == hi:  # nor key a + 1
-                        self._emit(mask & first, n - hi, ids, out)
-                        continue
-                    lo = tail
-                    end = mask_of(rev[tail])
-                while mask != end:
-                    # rev[i]: the last key whose mask is still mask (rev[hi] if none later; i < n, as
-                    # key 0's mask is first); rev[i − 1]: the next key
-                    i = bisect_left(rev, mask, lo, hi, key=mask_of)
-                    if i == lo or mask_of(rev[i]) != mask:
-                        raise _Hole
-                    nxt = mask_of(rev[i - 1])
-                    gone = mask ^ nxt  # nxt < mask: one bit means it is mask's
-                    iid = owner.get(gone)
-                    if iid is not None:
-                        out[iid] = n - i
-                    else:
-                        self._emit(gone & mask & first, n - i, ids, out)
-                    mask, hi = nxt, i - 1
-                if tail:
-                    self._emit(end & first, n - tail, ids, out)
-            except (KeyError, _Hole):  # the masks grow somewhere in the stretch: read it key by key
-                a = n - 1 - top
-                vals = [start, *map(get, keys[a + 1 : a + 1 + stride], repeat(0))]
-                for q in compress(range(1, len(vals)), map(ne, vals, vals[1:])):
-                    self._emit(vals[q - 1] & ~vals[q] & first, a + q, ids, out)
-        self._emit(last & first, n, ids, out)
-        if len(out) > first.bit_count():  # the one-bit shortcut took instances without the first block
-            bits, slot = self._bits, self._slot
-            out = {i: d for i, d in out.items() if bits[slot[i]] & first}
-        return out
+        return self._match_runs(keys, n, first, last)
 
-    def _match_walk(self, keys: Sequence[BlockKey]) -> dict[InstanceId, int]:
-        get = self._holders.get
-        running = list(takewhile(bool, accumulate(map(get, keys, repeat(0)), and_)))
-        if not running:
-            return {}
-        out: dict[InstanceId, int] = {}
-        ids = self._ids
-        prev = running[0]
-        start = 0
-        index = running.index
-        for value in dict.fromkeys(running):
-            if value == prev:
-                continue
-            start = index(value, start)
-            self._emit(prev & ~value, start, ids, out)
-            prev = value
-        self._emit(prev, len(running), ids, out)
-        return out
+    def forget_run_hints(self) -> None:
+        """Drop the run hints lookups learned: the next lookup of every chain reads it by the grid."""
+        self._runs.clear()
 
     def best(self, keys: Sequence[BlockKey], now: float | None = None) -> tuple[InstanceId | None, int]:
         """The instance with the longest match and its matched blocks ((None, 0) if nobody)."""
@@ -327,15 +266,6 @@ class CacheIndex:
             return None, 0
         inst = max(m, key=m.__getitem__)
         return inst, m[inst]
-
-    @staticmethod
-    def _emit(mask: int, depth: int, ids: list[InstanceId | None], out: dict[InstanceId, int]) -> None:
-        while mask:
-            low = mask & -mask
-            iid = ids[low.bit_length() - 1]
-            if iid is not None:
-                out[iid] = depth
-            mask ^= low
 
     # ---- internals ---------------------------------------------------------------------------
     def _slot_of(self, instance: InstanceId) -> int:
@@ -385,6 +315,7 @@ class CacheIndex:
             self._holders[k] = self._masks.setdefault(m, m)
         else:
             del self._holders[k]
+            self._runs.pop(k, None)
 
     def _expire(self, instance: InstanceId, inst: _Approx, now: float) -> int:
         blocks = inst.blocks

@@ -87,9 +87,11 @@ class Proxy:
             return
         # header values are bytes, not necessarily UTF-8: latin-1 maps every byte (as Starlette does)
         headers = {k: v.decode("latin-1") for k, v in scope.get("headers") or []}
-        tenant = c.tenants.authenticate(headers.get(b"authorization"))
+        tenants = c.tenants
+        authorization = headers.get(b"authorization")
+        tenant = tenants.authenticate(authorization)
         if tenant is None:  # before the body is read: an unknown client costs nothing more
-            await respond(send, 401, unauthorized_body(headers.get(b"authorization")))
+            await respond(send, 401, unauthorized_body(authorization))
             return
         try:
             body = self._parse(await read_body(receive, c.config.max_body_bytes))
@@ -105,13 +107,15 @@ class Proxy:
         slo_class = headers.get(b"x-sibyl-slo-class") or str(body.pop("slo_class", "default"))
         if slo_class not in c.config.slo:
             slo_class = "default"
-        if not c.tenants.keyed:  # an open /v1: the client names its tenant for the queue's fair share
-            tenant = headers.get(b"x-sibyl-tenant") or str(body.get("user") or "")
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         raw_priority = body.get("priority")
-        priority = c.tenants.priority(tenant, raw_priority if type(raw_priority) is int else 0)  # not a bool
-        if type(raw_priority) is int and priority != raw_priority:
-            body["priority"] = priority  # the engines see the tenant's band too
+        priority = raw_priority if type(raw_priority) is int else 0  # not a bool
+        if tenants.keyed:
+            priority = tenants.priority(tenant, priority)
+            if type(raw_priority) is int and priority != raw_priority:
+                body["priority"] = priority  # the engines see the tenant's band too
+        else:  # an open /v1: the client names its tenant for the queue's fair share
+            tenant = headers.get(b"x-sibyl-tenant") or str(body.get("user") or "")
         arrival = time.monotonic()
         keys = c.prefix.known_keys(body, tokenize=c.dispatcher.routing.reads_prefix)
         if keys is None:  # a text or chat prompt for a policy that reads the cache: the engine tokenizes it
@@ -131,8 +135,8 @@ class Proxy:
         fwd = [("X-Request-Id", rid)]
         if session:
             fwd.append(("X-Session-ID", session))
-        if b"authorization" in headers and not c.tenants.keyed:  # a tenant's key stays in the gateway
-            fwd.append(("Authorization", headers[b"authorization"]))
+        if authorization is not None and not tenants.keyed:  # a tenant's key stays in the gateway
+            fwd.append(("Authorization", authorization))
         self.in_flight.add(rid)
         try:
             live = LiveRequest(req, scope["path"], body, forward_headers(fwd))

@@ -99,6 +99,8 @@ class Controller:
         self.recent = RecentRequests(self.recorder)
         """The run's rows pass through it; it keeps the last finished requests for the request inspector."""
         self.outcomes = Outcomes(self.recent, config.slo, self.t0)
+        self.metrics: GatewayMetrics = self.outcomes.metrics
+        """The gateway's Prometheus metrics (the outcomes' own)."""
         log = decision_log(config.decisions, lambda recs: self.recorder.decisions(recs, self.t0))
         self.dispatcher.use_decisions(log)
         self.outcomes.metrics.registry.register(QualityCollector(self.dispatcher))
@@ -111,6 +113,13 @@ class Controller:
         self.tenants.on_reload = lambda result: self.events.publish("tenants", **result)
         self.outcomes.tenant_of = self.tenants.label
         self.health = InstanceHealth(config, self.instances, self.dispatcher, self.outcomes, self.held.release)
+        # what a request asks of its host on its way: the collaborator's own method (one call per use, not two)
+        self.request_started = self.outcomes.started
+        self.admit_tenant = self.tenants.admit
+        self.release_queued = self.held.release
+        self.upstream_ok = self.health.upstream_ok
+        self.upstream_failed = self.health.upstream_failed
+        self.lost_signal = self.health.lost_signal
         self.tracing = tracing.build(config.tracing)
         """OpenTelemetry spans of each request's phases (None: [tracing] off, opentelemetry not even imported)."""
         for inst in instances:
@@ -143,10 +152,6 @@ class Controller:
     @property
     def events(self) -> EventBus:
         return self.outcomes.events
-
-    @property
-    def metrics(self) -> GatewayMetrics:
-        return self.outcomes.metrics
 
     @property
     def slo(self) -> SlidingWindow:
@@ -262,9 +267,8 @@ class Controller:
         return catalog(live=True)
 
     # --- the host of a LiveRequest (console.live.request.RequestHost) and of the scaler -----------
-    def request_started(self, live: LiveRequest) -> None:
-        self.outcomes.started(live)
-
+    # (request_started, admit_tenant, release_queued, upstream_ok, upstream_failed and lost_signal are
+    # the collaborators' methods themselves, bound in __init__)
     def request_done(self, live: LiveRequest) -> None:
         """The dispatcher learns the outcome, held requests may go, the outcome is recorded."""
         finish = live.times[live.step]
@@ -276,29 +280,14 @@ class Controller:
         self.held.release()
         self.tenants.finished(live, self.outcomes.record(live))
 
-    def admit_tenant(self, live: LiveRequest) -> None:
-        self.tenants.admit(live)
-
     def hold(self, live: LiveRequest) -> None:
         self.held.hold(live)
 
     def unhold(self, live: LiveRequest) -> None:
         self.held.unhold(live)
 
-    def release_queued(self) -> None:
-        self.held.release()
-
     def retry_after_s(self) -> float:
         return self.held.retry_after_s()
-
-    def upstream_failed(self, instance_id: str) -> None:
-        self.health.upstream_failed(instance_id)
-
-    def upstream_ok(self, instance_id: str) -> None:
-        self.health.upstream_ok(instance_id)
-
-    def lost_signal(self, instance_id: str) -> asyncio.Future[None]:
-        return self.health.lost_signal(instance_id)
 
     def instance_removed(self, instance_id: str) -> None:
         self.health.instance_removed(instance_id)

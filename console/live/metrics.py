@@ -107,6 +107,8 @@ class GatewayMetrics:
             buckets=_DECISION_BUCKETS,
             registry=r,
         )
+        self.decision_time = self.decision.labels()
+        """The decision histogram's one series (observed on every request: looked up once)."""
         self.decisions = Counter(
             "sibyl_decisions",
             "decisions taken on requests, by policy kind, active policy and outcome "

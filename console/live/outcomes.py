@@ -79,7 +79,7 @@ def decisions(live: LiveRequest) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     reason = live.reason or ""
     no_capacity = reason.startswith("no capacity")
-    if live.at(Step.QUEUED) is not None:
+    if Step.QUEUED in live.times:
         out.append(("queue", "held"))
         released = live.released
         if released is None or not released.done():
@@ -92,7 +92,7 @@ def decisions(live: LiveRequest) -> list[tuple[str, str]]:
         return [("queue", "shed")]
     if live.prefill_instance is not None:
         out.append(("routing", "routed"))
-        if len({*live.tried_prefill, live.prefill_instance}) > 1:
+        if live.tried_prefill and len({*live.tried_prefill, live.prefill_instance}) > 1:
             out.append(("routing", "prefill_retried"))
         if live.tried_decode and len({*live.tried_decode, live.decode_instance}) > 1:
             out.append(("routing", "failed_over"))

@@ -46,12 +46,12 @@ from adapters.vllm.pd_protocol import (
 from console.live.channel import JSON_HEADERS, ClientChannel, Rejected
 from console.live.relay import relay
 from console.live.request_host import RequestHost, Step, cached_tokens
-from console.live.tracing import NO_TRACE, Trace
 from core.errors import NoCapacityError
 from core.types import Admission, Request
 
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
+    from console.live.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 PREFILL_ATTEMPTS = 2
@@ -126,7 +126,8 @@ class LiveRequest:
         --enable-prompt-tokens-details; None: not reported, or no prefill leg)."""
         self.dp_rank: int | None = None
         """The data-parallel rank its decode leg asked for (a decode instance that is a DP group)."""
-        self.trace: Trace = NO_TRACE  # its spans when [tracing] is on (console/live/tracing.py, set by the gateway)
+        self.trace: RequestTrace | None = None
+        """Its spans when [tracing] is on (console/live/tracing.py, set by the gateway); None when off."""
 
     def enter(self, step: Step, now: float | None = None) -> float:
         """Move to `step` and stamp it."""
@@ -170,7 +171,8 @@ class LiveRequest:
             if self.recovered is not None:
                 self.reason = self.recovered if self.reason is None else f"{self.recovered}; then {self.reason}"
             self.enter(Step.FINISHED if self.ok else Step.FAILED)
-            self.trace.finish(self)
+            if self.trace is not None:
+                self.trace.finish(self)
             c.request_done(self)
 
     async def _admit(self, c: RequestHost, client: ClientChannel) -> None:
@@ -200,12 +202,13 @@ class LiveRequest:
         try:
             t = time.perf_counter()
             assignment = d.route(self.request, now)
-            c.metrics.decision.observe(time.perf_counter() - t)
+            c.metrics.decision_time.observe(time.perf_counter() - t)
         except NoCapacityError as e:
             raise Rejected(503, f"no capacity: {e}; try again when instances recover", c.retry_after_s()) from None
         self.prefill_instance = assignment.prefill
         self.decode_instance = assignment.decode
-        self.trace.routed(self, d, now)
+        if self.trace is not None:
+            self.trace.routed(self, d, now)
         if c.engine_priorities:
             prio = d.queue.engine_priority(self.request)
             if prio is not None:
@@ -222,15 +225,17 @@ class LiveRequest:
         d = c.dispatcher
         payload = orjson.dumps(prefill_leg_body(self.body))
         rid = self.request.id
+        trace = self.trace
         while True:
             inst = c.instances[self.prefill_instance or ""]
             now = self.enter(Step.PREFILL)
             d.on_prefill_start(rid, now)
-            headers = self.trace.prefill_leg(inst.id, self.forward_headers, now)
+            headers = self.forward_headers if trace is None else trace.prefill_leg(inst.id, self.forward_headers, now)
             try:
                 reply = await prefill_leg(inst, self.path, payload, headers)
             except UpstreamFailure as e:
-                self.trace.prefill_done(e)
+                if trace is not None:
+                    trace.prefill_done(e)
                 if not e.instance_fault:
                     raise
                 c.upstream_failed(inst.id)
@@ -245,7 +250,8 @@ class LiveRequest:
                 self.prefill_instance = retry
                 continue
             end = time.monotonic()
-            self.trace.prefill_done()
+            if trace is not None:
+                trace.prefill_done()
             d.on_prefill_end(rid, end, end - now)
             inst.routed += 1
             c.upstream_ok(inst.id)
@@ -269,7 +275,8 @@ class LiveRequest:
                 raise Rejected(
                     503, f"no capacity at prefill end: {e}; try again when instances recover", c.retry_after_s()
                 ) from None
-            self.trace.bound_late(self.decode_instance, bind_at)
+            if self.trace is not None:
+                self.trace.bound_late(self.decode_instance, bind_at)
         self.enter(Step.DECODE_BOUND)
         dec = c.instances[self.decode_instance]
         kv = reply.get("kv_transfer_params")
@@ -375,7 +382,8 @@ class LiveRequest:
         except UpstreamFailure as e:
             if e.instance_fault:
                 c.upstream_failed(dec.id)
-            self.trace.decode_failed(dec.id, e)
+            if self.trace is not None:
+                self.trace.decode_failed(dec.id, e)
             raise
         except StreamBroken as e:  # a whole (non-streamed) reply broke off: nothing reached the client
             c.upstream_failed(dec.id)
@@ -398,7 +406,8 @@ class LiveRequest:
         if target is None:
             self.reason = f"{why}; no other decode instance to continue it"
             return None
-        self.trace.failed_over(failed, target, streamed, why)
+        if self.trace is not None:
+            self.trace.failed_over(failed, target, streamed, why)
         note = f"{why}: resumed on {target} after {streamed} tokens by recomputing prompt + streamed tokens"
         self.recovered = note if self.recovered is None else f"{self.recovered}; {note}"
         log.warning("request %s: %s", self.id, note)
@@ -413,7 +422,7 @@ class LiveRequest:
             self.dp_rank = c.dispatcher.choose_rank(self.request.id, time.monotonic())
             if self.dp_rank is not None:
                 headers += b"X-data-parallel-rank: %d\r\n" % self.dp_rank
-        return self.trace.decode_leg(dec.id, headers)
+        return headers if self.trace is None else self.trace.decode_leg(dec.id, headers)
 
     def open_resume(self, target: Instance) -> None:
         """Open the stream that continues this request on `target` before its migration's last stage,
@@ -431,5 +440,7 @@ class LiveRequest:
 
     async def resume_stream(self, target: Instance) -> Response:
         """Open the stream that continues this request on `target`, where its migration lands it."""
-        headers = self.trace.decode_leg(target.id, self.forward_headers, "migration")
+        headers = self.forward_headers
+        if self.trace is not None:
+            headers = self.trace.decode_leg(target.id, headers, "migration")
         return await open_decode(target, self.path, orjson.dumps(resume_leg_body(self.body, self.id)), headers)

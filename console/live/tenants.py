@@ -75,11 +75,10 @@ class Tenants:
         self.reloads = {"ok": 0, "error": 0}
         self.on_reload: Callable[[dict[str, Any]], object] = lambda _: None
         """Told the outcome of every reload (the controller publishes it as a `tenants` event)."""
+        self.keyed = self.table.keyed
+        """Whether /v1 takes keys, else every request is the default tenant's: fixed for the console's life
+        (a reload reads the same file, and a keys file always names tenants)."""
         self._apply()
-
-    @property
-    def keyed(self) -> bool:
-        return self.table.keyed
 
     def _apply(self) -> None:
         """Fair release between tenants while keys are in force (the queue policy's order otherwise)."""
@@ -93,6 +92,8 @@ class Tenants:
     # --- per request -------------------------------------------------------------------------------
     def authenticate(self, authorization: str | None) -> str | None:
         """The tenant of a request's Authorization header; None: missing or unknown key (answer 401)."""
+        if not self.keyed:
+            return DEFAULT_TENANT
         return self.table.authenticate(bearer_key(authorization))
 
     def label(self, request: Request) -> str:
@@ -107,14 +108,15 @@ class Tenants:
     def admit(self, live: LiveRequest) -> None:
         """Charge `live` to its tenant, or raise Rejected(429) when over the tenant's limits."""
         r = live.request
-        refusal = self.table.admit(self.label(r), r.id, r.prompt_tokens, r.max_tokens, time.monotonic())
+        tenant = r.tenant if self.keyed else DEFAULT_TENANT  # its `label`
+        refusal = self.table.admit(tenant, r.id, r.prompt_tokens, r.max_tokens, time.monotonic())
         if refusal is not None:
             raise Rejected(429, refusal.message, refusal.retry_after_s)
 
     def finished(self, live: LiveRequest, met: bool) -> None:
         """`live` left: count it, free its slot, refund what it did not use."""
         outcome = ("met" if met else "missed") if live.ok else "failed"
-        prefilled = live.at(Step.PREFILL) is not None or live.at(Step.DECODING) is not None  # the prompt was computed
+        prefilled = Step.PREFILL in live.times or Step.DECODING in live.times  # the prompt was computed
         self.table.finish(live.request.id, outcome, live.output_tokens, prefilled, time.monotonic())
 
     # --- the keys file -----------------------------------------------------------------------------

@@ -3,15 +3,21 @@ replace the table, and a held queue released fairly between tenants through the 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from typer.testing import CliRunner
 
+import console.gateway.proxy as proxy_mod
 from console.cli import _register_commands, app
+from console.gateway.proxy import Proxy
 from console.live.channel import Rejected
+from console.live.request_host import Step
 from console.live.tenants import Tenants, bearer_key, keys_file_line, read_keys_file
 from core.errors import ConfigError
 from core.tenants import hash_key
@@ -125,3 +131,78 @@ def test_runs_show_sums_requests_by_tenant() -> None:
         "a": {"requests": 3, "ok": 2, "met": 1, "limited": 1, "attainment": 0.5},
         "b": {"requests": 1, "ok": 0, "met": 0, "limited": 0, "attainment": None},
     }
+
+
+def test_without_a_file_every_request_is_still_charged_to_the_default_tenant() -> None:
+    t = Tenants(None, dispatcher(instances(1, 1)), now=0.0)
+    done, refused = live_request("r1", prompt=10), live_request("r2", prompt=7)
+    for live in (done, refused):
+        live.request.tenant = "named-by-the-client"  # its fair share in the queue, not its charge
+        t.admit(live)
+    assert t.snapshot()["tenants"]["default"]["in_flight"] == 2
+    done.enter(Step.DECODING)  # a decode-only assignment: the prompt was computed all the same
+    done.ok, done.output_tokens = True, 3
+    t.finished(done, met=True)
+    t.finished(refused, met=False)  # left before any leg: failed, its prompt not counted
+    assert list(t.snapshot()["tenants"]) == ["default"]
+    row = t.snapshot()["tenants"]["default"]
+    assert row["in_flight"] == 0 and row["prompt_tokens"] == 10 and row["output_tokens"] == 3
+    assert row["requests"] == {"met": 1, "missed": 0, "failed": 1, "limited": 0}
+
+
+def test_the_gateway_charges_the_keys_tenant_or_lets_the_client_name_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With keys: the key's tenant, its priority band, the key kept in the gateway, 401 without one.
+    Without: the client's X-Sibyl-Tenant, its own priority, its Authorization passed on to the legs."""
+    keys = tmp_path / "tenants.toml"
+    keys.write_text(keys_file_line("a", "sk-a", priority=5))
+    runs: list[tuple[Request, dict[str, Any], bytes]] = []
+
+    class Captured:
+        def __init__(self, req: Request, path: str, body: dict[str, Any], fwd: bytes) -> None:
+            runs.append((req, body, fwd))
+
+        async def run(self, c: Any, client: Any) -> None:
+            return None
+
+    monkeypatch.setattr(proxy_mod, "LiveRequest", Captured)
+
+    def call(tenants: Tenants, headers: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+        msgs = iter([{"type": "http.request", "body": b'{"prompt": "x", "priority": 1}', "more_body": False}])
+
+        async def receive() -> dict[str, Any]:
+            return next(msgs)
+
+        async def send(m: dict[str, Any]) -> None:
+            sent.append(m)
+
+        c = SimpleNamespace(
+            served_models=set(),
+            draining=False,
+            config=SimpleNamespace(max_body_bytes=1 << 20, slo={"default": None}),
+            instances={},
+            prefix=SimpleNamespace(known_keys=lambda body, tokenize=True: ()),
+            dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False)),
+            tenants=tenants,
+            tracing=None,
+        )
+        scope = {"type": "http", "path": "/v1/completions", "headers": headers}
+        asyncio.run(Proxy(cast(Any, c))(scope, receive, send))
+        return sent
+
+    d = dispatcher(instances(1, 1))
+    keyed = Tenants(keys, d, now=0.0)
+    named = [(b"x-sibyl-tenant", b"someone")]
+    assert call(keyed, [(b"authorization", b"Bearer sk-a"), *named]) == []
+    req, body, fwd = runs.pop()
+    assert (req.tenant, req.priority, body["priority"]) == ("a", 5, 5) and b"Authorization" not in fwd
+    sent = call(keyed, named)
+    assert sent[0]["status"] == 401 and keyed.table.unauthorized == 1 and not runs
+
+    open_v1 = Tenants(None, d, now=0.0)
+    assert call(open_v1, [(b"authorization", b"Bearer sk-upstream"), *named]) == []
+    req, body, fwd = runs.pop()
+    assert (req.tenant, req.priority, body["priority"]) == ("someone", 1, 1)
+    assert b"Authorization: Bearer sk-upstream\r\n" in fwd

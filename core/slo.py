@@ -116,16 +116,10 @@ class _Sample:
     met: bool
     ttft_met: bool
     tpot_met: bool
-
-    @property
-    def ttft_judged(self) -> bool:
-        """Counts in TTFT attainment: failed (a miss), or succeeded with a measured TTFT."""
-        return not self.ok or self.ttft is not None
-
-    @property
-    def tpot_judged(self) -> bool:
-        """Counts in TPOT attainment: failed (a miss), or succeeded with a measured TPOT."""
-        return not self.ok or self.tpot is not None
+    ttft_judged: bool
+    """Counts in TTFT attainment: failed (a miss), or succeeded with a measured TTFT."""
+    tpot_judged: bool
+    """Counts in TPOT attainment: failed (a miss), or succeeded with a measured TPOT."""
 
 
 class LogHistogram:
@@ -142,13 +136,9 @@ class LogHistogram:
         self._scale = self.BINS / math.log(self.HI / self.LO)
         self._log_lo = math.log(self.LO)
 
-    def _bin(self, x: float) -> int:
-        if x <= self.LO:
-            return 0
-        return min(int((math.log(x) - self._log_lo) * self._scale), self.BINS - 1)
-
     def add(self, x: float, k: int = 1) -> None:
-        self.counts[self._bin(x)] += k
+        b = 0 if x <= self.LO else min(int((math.log(x) - self._log_lo) * self._scale), self.BINS - 1)
+        self.counts[b] += k
         self.n += k
 
     def percentile(self, q: float) -> float | None:
@@ -211,7 +201,17 @@ class SlidingWindow:
         ttft_met = ok and ttft_s is not None and ttft_s <= cls.ttft_s
         tpot_met = ok and tpot_s is not None and tpot_s <= cls.tpot_s
         is_met = ok and (ttft_s is None or ttft_met) and (tpot_s is None or tpot_met)
-        sample = _Sample(now, ttft_s, tpot_s, ok, is_met, ttft_met, tpot_met)
+        sample = _Sample(
+            now,
+            ttft_s,
+            tpot_s,
+            ok,
+            is_met,
+            ttft_met,
+            tpot_met,
+            ttft_judged=not ok or ttft_s is not None,
+            tpot_judged=not ok or tpot_s is not None,
+        )
         self._recent.append(sample)
         self._count(self._win, sample, 1, self._win_ttft, self._win_tpot)
         self._count(self._run, sample, 1, self._run_ttft, self._run_tpot)

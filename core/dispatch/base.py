@@ -54,6 +54,9 @@ class _Tracked:
     """Prompt tokens its prefill computes (the uncached part on its prefill instance, as routed)."""
     routed_at: float = 0.0
     shadow_choices: list[int] = field(default_factory=list)
+    sampled: bool = False
+    """Whether the decision log wanted its decisions when it was routed (one it did not want then is
+    never in the log: the log is not asked about it again)."""
 
 
 class DispatcherBase:

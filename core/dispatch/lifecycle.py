@@ -38,16 +38,19 @@ class LifecycleMixin(AdmittingMixin):
                 log.add(ex.records("route", router.name, request, v, now, recording.made(v, a)))
             if request.prefix_keys and v.prefix is not None:
                 recording.count_prefix_hit(self.prefix_hits, v, request, a)
+            computed = request.prompt_tokens  # less what is cached where it is computed (nothing without keys)
             if a.prefill is None:
                 if a.decode is None:
                     raise ValueError(f"{router.name}: a decode-only assignment needs a decode instance")
                 p = -1
-                computed = request.prompt_tokens - int(v.cached_tokens(request)[self._index[a.decode]])
+                if request.prefix_keys:
+                    computed -= int(v.cached_tokens(request)[self._index[a.decode]])
                 est = 0.0
                 due = now
             else:
                 p = self._index[a.prefill]
-                computed = request.prompt_tokens - int(v.cached_tokens(request)[p])
+                if request.prefix_keys:
+                    computed -= int(v.cached_tokens(request)[p])
                 est = float(v.prefill_time(computed))
                 due = v.prefill_free_at[p] = max(v.prefill_free_at[p], now) + est
                 v.prefill_n[p] += 1
@@ -58,7 +61,8 @@ class LifecycleMixin(AdmittingMixin):
         finally:
             v.explain = None
             v.forget_cached()
-        self.prefix.routed((a.prefill, a.decode), request.prefix_keys, now)
+        if request.prefix_keys:
+            self.prefix.routed((a.prefill, a.decode), request.prefix_keys, now)
         t = v.table
         i = t.add(request.id)
         t.prefill[i] = p
@@ -80,6 +84,7 @@ class LifecycleMixin(AdmittingMixin):
             routed_at=now,
             computed=computed,
             shift_base=self._prefill_shift[p] if p >= 0 else 0.0,
+            sampled=ex is not None,
         )
         for _, shadow in self.shadows:
             try:
@@ -104,7 +109,7 @@ class LifecycleMixin(AdmittingMixin):
             raise ValueError(f"request {request_id!r} is already bound to a decode instance")
         tracked = self._tracked[request_id]
         log = self.decisions
-        ex = v.explain = Explain() if log is not None and log.sampled(request_id) else None
+        ex = v.explain = Explain() if log is not None and tracked.sampled and log.sampled(request_id) else None
         try:
             d = tracked.router.choose_decode(tracked.request, v)
             if ex is not None and log is not None:
@@ -114,7 +119,8 @@ class LifecycleMixin(AdmittingMixin):
             v.forget_cached()
         t.inst[i] = d
         v.pending_n[d] += 1
-        self.prefix.routed((v.instance_ids[d],), tracked.request.prefix_keys, now)
+        if tracked.request.prefix_keys:
+            self.prefix.routed((v.instance_ids[d],), tracked.request.prefix_keys, now)
         return v.instance_ids[d]
 
     def decode_of(self, request_id: Hashable) -> str | None:
@@ -208,7 +214,7 @@ class LifecycleMixin(AdmittingMixin):
             self._end_prefill(tracked, int(t.prefill[i]), now)
         d = int(t.inst[i])
         if d >= 0:
-            self._score_handoff(d, tracked.shadow_choices, rid)
+            self._score_handoff(d, tracked, rid)
             v.pending_n[d] -= 1
             v.running_n[d] += 1
         t.state[i] = RUNNING
@@ -217,7 +223,7 @@ class LifecycleMixin(AdmittingMixin):
         t.l_obs[i] = 0.0
         t.v[i] = v.decode_rate.value
 
-    def _score_handoff(self, chosen: int, shadow_choices: list[int], rid: Hashable = None) -> None:
+    def _score_handoff(self, chosen: int, tracked: _Tracked, rid: Hashable) -> None:
         v = self.view
         if not v.routable_count(Role.DECODE):
             return
@@ -231,10 +237,10 @@ class LifecycleMixin(AdmittingMixin):
         self.score.total += 1
         self.score.hits += hit(chosen)
         log = self.decisions
-        if log is not None and log.sampled(rid):
-            router = self._tracked[rid].router.name
+        if log is not None and tracked.sampled and log.sampled(rid):
+            router = tracked.router.name
             log.add([recording.handoff(v, router, rid, chosen, load, mask, hit(chosen), self.ratio_load)])
-        for (label, _), j in zip(self.shadows, shadow_choices, strict=True):
+        for (label, _), j in zip(self.shadows, tracked.shadow_choices, strict=True):
             s = self.scores[label]
             s.total += 1
             s.hits += hit(j)
@@ -326,10 +332,10 @@ class LifecycleMixin(AdmittingMixin):
     def _forget(self, rid: Hashable, now: float) -> None:
         v = self.view
         t = v.table
-        if self.decisions is not None:
-            self.decisions.forget(rid)
         i = t.row[rid]
         tracked = self._tracked.pop(rid, None)
+        if self.decisions is not None and (tracked is None or tracked.sampled):
+            self.decisions.forget(rid)
         if tracked is not None and tracked.in_prefill:
             self._end_prefill(tracked, int(t.prefill[i]), now, completed=False)
         d = t.inst[i]

@@ -171,3 +171,23 @@ def test_a_rank_choice_records_each_ranks_load() -> None:
     rank = [r for r in ring if r.kind == "rank" and r.request_id == "small"][0]
     assert rank.names == ("d0/rank0", "d0/rank1") and rank.scores == [1000.0, 0.0]
     assert rank.chosen == "d0/rank1" and rank.policy == "jsq" and rank.margin == 1000.0
+
+
+def test_only_sampled_requests_get_later_records_and_every_request_is_forgotten_when_it_leaves() -> None:
+    d = cluster("least_load", {"bind": "prefill_end"}, decode=2)
+    log = DecisionLog(sample_rate=0.5)
+    d.use_decisions(log)
+    ids = [f"r{k}" for k in range(4)]
+    for rid in ids:
+        d.route(Request(rid, 0.0, 10, 5), 0.0)
+    assert [rid for rid in ids if log.sampled(rid)] == ["r1", "r3"]
+    for rid in ids:
+        d.on_prefill_end(rid, 1.0)
+        d.bind_late(rid, 1.0)
+        d.on_decode_start(rid, 1.0)
+    kinds = {(r.kind, r.request_id) for r in Ring(log)}
+    assert {rid for kind, rid in kinds if kind in ("bind", "handoff")} == {"r1", "r3"}
+    d.on_finish("r0", 2.0, 5)
+    d.on_finish("r1", 2.0, 5)
+    d.on_fail("r3", 2.0)
+    assert not any(log.sampled(rid) for rid in ids)

@@ -104,41 +104,41 @@ class Proxy:
                 send, 409, error_body(409, f"a request with X-Request-Id {rid!r} is already in flight", "X-Request-Id")
             )
             return
-        slo_class = headers.get(b"x-sibyl-slo-class") or str(body.pop("slo_class", "default"))
-        if slo_class not in c.config.slo:
-            slo_class = "default"
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
-        raw_priority = body.get("priority")
-        priority = raw_priority if type(raw_priority) is int else 0  # not a bool
-        if tenants.keyed:
-            priority = tenants.priority(tenant, priority)
-            if type(raw_priority) is int and priority != raw_priority:
-                body["priority"] = priority  # the engines see the tenant's band too
-        else:  # an open /v1: the client names its tenant for the queue's fair share
-            tenant = headers.get(b"x-sibyl-tenant") or str(body.get("user") or "")
-        arrival = time.monotonic()
-        keys = c.prefix.known_keys(body, tokenize=c.dispatcher.routing.reads_prefix)
-        if keys is None:  # a text or chat prompt for a policy that reads the cache: the engine tokenizes it
-            keys = await c.prefix.tokenized_keys(body, c.instances.values())
-        session = headers.get(b"x-session-id", "")
-        req = Request(
-            rid,
-            arrival,
-            estimate_prompt_tokens(body),
-            int(max_tokens),
-            slo_class,
-            priority,
-            tenant=tenant,
-            prefix_keys=keys,
-            session=session,
-        )
-        fwd = [("X-Request-Id", rid)]
-        if session:
-            fwd.append(("X-Session-ID", session))
-        if authorization is not None and not tenants.keyed:  # a tenant's key stays in the gateway
-            fwd.append(("Authorization", authorization))
-        self.in_flight.add(rid)
+        self.in_flight.add(rid)  # before any await (/tokenize): from here on, the same id is a 409
         try:
+            slo_class = headers.get(b"x-sibyl-slo-class") or str(body.pop("slo_class", "default"))
+            if slo_class not in c.config.slo:
+                slo_class = "default"
+            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
+            raw_priority = body.get("priority")
+            priority = raw_priority if type(raw_priority) is int else 0  # not a bool
+            if tenants.keyed:
+                priority = tenants.priority(tenant, priority)
+                if type(raw_priority) is int and priority != raw_priority:
+                    body["priority"] = priority  # the engines see the tenant's band too
+            else:  # an open /v1: the client names its tenant for the queue's fair share
+                tenant = headers.get(b"x-sibyl-tenant") or str(body.get("user") or "")
+            arrival = time.monotonic()
+            keys = c.prefix.known_keys(body, tokenize=c.dispatcher.routing.reads_prefix)
+            if keys is None:  # a text or chat prompt for a policy that reads the cache: the engine tokenizes it
+                keys = await c.prefix.tokenized_keys(body, c.instances.values())
+            session = headers.get(b"x-session-id", "")
+            req = Request(
+                rid,
+                arrival,
+                estimate_prompt_tokens(body),
+                int(max_tokens),
+                slo_class,
+                priority,
+                tenant=tenant,
+                prefix_keys=keys,
+                session=session,
+            )
+            fwd = [("X-Request-Id", rid)]
+            if session:
+                fwd.append(("X-Session-ID", session))
+            if authorization is not None and not tenants.keyed:  # a tenant's key stays in the gateway
+                fwd.append(("Authorization", authorization))
             live = LiveRequest(req, scope["path"], body, forward_headers(fwd))
             if c.tracing is not None:  # the client's traceparent, if any, is the root span's parent
                 live.trace = c.tracing.start(headers, rid, arrival)

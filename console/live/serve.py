@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import os
 import signal
@@ -161,6 +162,10 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
         discovery.announce(live.url, token_file, run_id, db=store.path)
         if config.replay is not None:
             replay_task = start_replay(config, controller, store, live.url)
+        # What start-up built (modules, config, policies, tables) lives as long as the console: out of
+        # the collector's way, so the full collections that requests' garbage sets off skip it.
+        gc.collect()
+        gc.freeze()
         on_ready(live)
         await serving
         if replay_task is not None:

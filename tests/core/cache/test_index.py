@@ -10,6 +10,7 @@ from core.cache.block_pool import PrefixBlockPool
 from core.cache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from core.cache.index import CacheIndex
 from core.cache.keys import chain_keys
+from tests.core.cache.holdings import check_with_holes, leading_held
 
 BS = 4
 CHAIN = chain_keys(list(range(40)), BS)  # 10 keys
@@ -150,18 +151,6 @@ def test_the_bisecting_lookup_equals_the_walk_on_prefix_closed_holdings() -> Non
         assert idx.match(query) == idx.match(query, exact=True)
 
 
-def _leading_held(idx: CacheIndex, instances: list[int], query: list[int]) -> dict[int, int]:
-    """The plain reference: per instance, how many leading keys of ``query`` it holds (if any)."""
-    out = {}
-    for inst in instances:
-        d = 0
-        while d < len(query) and idx.holds(inst, query[d]):
-            d += 1
-        if d:
-            out[inst] = d
-    return out
-
-
 def _depth(rng: random.Random, n: int) -> int:
     """A depth in 0..n, often at or next to a multiple of a power of two (a grid key or a stretch's end)."""
     r = rng.random()
@@ -208,7 +197,7 @@ def test_match_equals_counting_leading_held_keys_on_random_prefix_closed_states(
             instances.append(new)
         for m in {n, rng.randint(1, n), rng.randint(1, n)}:
             query = keys[:m] + [99999] * rng.randint(0, 2)
-            want = _leading_held(idx, instances, query)
+            want = leading_held(idx, instances, query)
             assert idx.match(query) == want, (n, m)
             assert idx.match(query, exact=True) == want, (n, m)
         if many and n >= 1024:
@@ -233,15 +222,7 @@ def test_holes_never_spoil_the_instances_without_holes() -> None:
             if depth > start + 2 and rng.random() < 0.3:
                 holes = rng.sample(range(start, depth), rng.randint(1, min(5, depth - start)))
                 idx.apply(inst, BlockRemoved(tuple(keys[h] for h in holes)))
-        got = idx.match(keys)
-        assert set(got) == {i for i in instances if idx.holds(i, keys[0])}
-        for inst, d in got.items():
-            held = [p for p in range(n) if idx.holds(inst, keys[p])]
-            first_missing = _leading_held(idx, [inst], keys)[inst]
-            if held == list(range(len(held))):
-                assert d == first_missing, (inst, d)
-            else:
-                assert idx.holds(inst, keys[d - 1]) and d >= first_missing, (inst, d, first_missing)
+        check_with_holes(idx, instances, keys)
 
 
 def test_precise_index_follows_a_pool_exactly() -> None:

@@ -7,24 +7,13 @@ from collections.abc import Sequence
 
 from core.cache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from core.cache.index import CacheIndex, InstanceId
+from tests.core.cache.holdings import check_with_holes, leading_held
 
 BS = 4
 
 
 def stored(keys: list[int], parent: int | None = None) -> BlockStored:
     return BlockStored(tuple(keys), parent, (), BS)
-
-
-def leading_held(idx: CacheIndex, instances: Sequence[InstanceId], query: list[int]) -> dict[InstanceId, int]:
-    """The plain reference: per instance, how many leading keys of ``query`` it holds (if any)."""
-    out: dict[InstanceId, int] = {}
-    for inst in instances:
-        d = 0
-        while d < len(query) and idx.holds(inst, query[d]):
-            d += 1
-        if d:
-            out[inst] = d
-    return out
 
 
 class GridCounter:
@@ -144,12 +133,4 @@ def test_with_holes_between_changes_the_instances_without_holes_stay_exact() -> 
                 idx.apply(inst, stored(keys[a:b], keys[a - 1] if a else None))
             else:
                 idx.apply(inst, BlockRemoved(tuple(keys[a:b])))
-            got = idx.match(keys)
-            assert set(got) == {i for i in instances if idx.holds(i, keys[0])}
-            for i, d in got.items():
-                held = [p for p in range(n) if idx.holds(i, keys[p])]
-                first_missing = leading_held(idx, [i], keys)[i]
-                if held == list(range(len(held))):
-                    assert d == first_missing, (i, d)
-                else:
-                    assert idx.holds(i, keys[d - 1]) and d >= first_missing, (i, d, first_missing)
+            check_with_holes(idx, instances, keys)

@@ -38,7 +38,7 @@ class Rejected(Exception):
 class ClientChannel:
     """The gateway's side of the client connection: what a LiveRequest may send it."""
 
-    __slots__ = ("_send", "_receive", "gone", "_watcher", "started")
+    __slots__ = ("_send", "_receive", "gone", "_watcher", "started", "_complete")
 
     def __init__(
         self, send: Callable[[dict[str, Any]], Awaitable[None]], receive: Callable[[], Awaitable[dict[str, Any]]]
@@ -51,10 +51,12 @@ class ClientChannel:
         self._watcher: asyncio.Task[None] | None = None
         self.started = False
         """Whether the response's status line was sent (after that only the stream can carry an error)."""
+        self._complete = False  # the response's last message was sent
 
     async def respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
         self.started = True
         await respond(self._send, status, body, headers)
+        self._complete = True
 
     async def error(self, status: int, message: str, retry_after_s: float | None = None) -> None:
         headers = (
@@ -79,6 +81,7 @@ class ClientChannel:
 
     async def end(self, last: bytes = b"") -> None:
         await self._send({"type": "http.response.body", "body": last, "more_body": False})
+        self._complete = True
 
     def watch(self) -> None:
         """Notice a disconnect from now on (the body is read, so the next message is the client leaving)."""
@@ -92,7 +95,10 @@ class ClientChannel:
         self.gone.set()
 
     def close(self) -> None:
-        if self._watcher is not None:
+        """Stop watching. Once the response is complete the server answers the watcher's pending
+        receive with a disconnect, so it ends by itself; cancelling it would leave a reference cycle
+        (the task, its CancelledError, the traceback's frames) for the garbage collector, per request."""
+        if self._watcher is not None and not self._complete:
             self._watcher.cancel()
 
 

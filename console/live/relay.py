@@ -40,8 +40,7 @@ async def relay(live: LiveRequest, c: RequestHost, client: ClientChannel, r: Any
         if live.handed_over is not None:
             c.migration_done(live, *live.handed_over, now)
             live.handed_over = None
-            if live.trace is not None:
-                live.trace.migrated(now)
+            live.trace.migrated(now)
         live.last_token_at = now
         if now >= next_report:
             next_report = now + PROGRESS_EVERY_S
@@ -83,8 +82,7 @@ async def relay(live: LiveRequest, c: RequestHost, client: ClientChannel, r: Any
                 )
                 await client.end(sse_error(502, live.reason))
                 return
-            if live.trace is not None:
-                live.trace.handed_over(decode_id, target, counter.tokens)
+            live.trace.handed_over(decode_id, target, counter.tokens)
             opened, live.resume_leg = live.resume_leg, None
             if opened is None:
                 opened = asyncio.ensure_future(live.resume_stream(c.instances[target]))

@@ -46,12 +46,12 @@ from adapters.vllm.pd_protocol import (
 from console.live.channel import JSON_HEADERS, ClientChannel, Rejected
 from console.live.relay import relay
 from console.live.request_host import RequestHost, Step, cached_tokens
+from console.live.tracing import NO_TRACE, Trace
 from core.errors import NoCapacityError
 from core.types import Admission, Request
 
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
-    from console.live.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 PREFILL_ATTEMPTS = 2
@@ -126,8 +126,7 @@ class LiveRequest:
         --enable-prompt-tokens-details; None: not reported, or no prefill leg)."""
         self.dp_rank: int | None = None
         """The data-parallel rank its decode leg asked for (a decode instance that is a DP group)."""
-        self.trace: RequestTrace | None = None
-        """Its spans when [tracing] is on (console/live/tracing.py, set by the gateway); None when off."""
+        self.trace: Trace = NO_TRACE  # its spans when [tracing] is on (console/live/tracing.py, set by the gateway)
 
     def enter(self, step: Step, now: float | None = None) -> float:
         """Move to `step` and stamp it."""
@@ -171,8 +170,7 @@ class LiveRequest:
             if self.recovered is not None:
                 self.reason = self.recovered if self.reason is None else f"{self.recovered}; then {self.reason}"
             self.enter(Step.FINISHED if self.ok else Step.FAILED)
-            if self.trace is not None:
-                self.trace.finish(self)
+            self.trace.finish(self)
             c.request_done(self)
 
     async def _admit(self, c: RequestHost, client: ClientChannel) -> None:
@@ -207,8 +205,7 @@ class LiveRequest:
             raise Rejected(503, f"no capacity: {e}; try again when instances recover", c.retry_after_s()) from None
         self.prefill_instance = assignment.prefill
         self.decode_instance = assignment.decode
-        if self.trace is not None:
-            self.trace.routed(self, d, now)
+        self.trace.routed(self, d, now)
         if c.engine_priorities:
             prio = d.queue.engine_priority(self.request)
             if prio is not None:
@@ -225,17 +222,15 @@ class LiveRequest:
         d = c.dispatcher
         payload = orjson.dumps(prefill_leg_body(self.body))
         rid = self.request.id
-        trace = self.trace
         while True:
             inst = c.instances[self.prefill_instance or ""]
             now = self.enter(Step.PREFILL)
             d.on_prefill_start(rid, now)
-            headers = self.forward_headers if trace is None else trace.prefill_leg(inst.id, self.forward_headers, now)
+            headers = self.trace.prefill_leg(inst.id, self.forward_headers, now)
             try:
                 reply = await prefill_leg(inst, self.path, payload, headers)
             except UpstreamFailure as e:
-                if trace is not None:
-                    trace.prefill_done(e)
+                self.trace.prefill_done(e)
                 if not e.instance_fault:
                     raise
                 c.upstream_failed(inst.id)
@@ -250,8 +245,7 @@ class LiveRequest:
                 self.prefill_instance = retry
                 continue
             end = time.monotonic()
-            if trace is not None:
-                trace.prefill_done()
+            self.trace.prefill_done()
             d.on_prefill_end(rid, end, end - now)
             inst.routed += 1
             c.upstream_ok(inst.id)
@@ -275,8 +269,7 @@ class LiveRequest:
                 raise Rejected(
                     503, f"no capacity at prefill end: {e}; try again when instances recover", c.retry_after_s()
                 ) from None
-            if self.trace is not None:
-                self.trace.bound_late(self.decode_instance, bind_at)
+            self.trace.bound_late(self.decode_instance, bind_at)
         self.enter(Step.DECODE_BOUND)
         dec = c.instances[self.decode_instance]
         kv = reply.get("kv_transfer_params")
@@ -382,8 +375,7 @@ class LiveRequest:
         except UpstreamFailure as e:
             if e.instance_fault:
                 c.upstream_failed(dec.id)
-            if self.trace is not None:
-                self.trace.decode_failed(dec.id, e)
+            self.trace.decode_failed(dec.id, e)
             raise
         except StreamBroken as e:  # a whole (non-streamed) reply broke off: nothing reached the client
             c.upstream_failed(dec.id)
@@ -406,8 +398,7 @@ class LiveRequest:
         if target is None:
             self.reason = f"{why}; no other decode instance to continue it"
             return None
-        if self.trace is not None:
-            self.trace.failed_over(failed, target, streamed, why)
+        self.trace.failed_over(failed, target, streamed, why)
         note = f"{why}: resumed on {target} after {streamed} tokens by recomputing prompt + streamed tokens"
         self.recovered = note if self.recovered is None else f"{self.recovered}; {note}"
         log.warning("request %s: %s", self.id, note)
@@ -422,7 +413,7 @@ class LiveRequest:
             self.dp_rank = c.dispatcher.choose_rank(self.request.id, time.monotonic())
             if self.dp_rank is not None:
                 headers += b"X-data-parallel-rank: %d\r\n" % self.dp_rank
-        return headers if self.trace is None else self.trace.decode_leg(dec.id, headers)
+        return self.trace.decode_leg(dec.id, headers)
 
     def open_resume(self, target: Instance) -> None:
         """Open the stream that continues this request on `target` before its migration's last stage,
@@ -440,7 +431,5 @@ class LiveRequest:
 
     async def resume_stream(self, target: Instance) -> Response:
         """Open the stream that continues this request on `target`, where its migration lands it."""
-        headers = self.forward_headers
-        if self.trace is not None:
-            headers = self.trace.decode_leg(target.id, headers, "migration")
+        headers = self.trace.decode_leg(target.id, self.forward_headers, "migration")
         return await open_decode(target, self.path, orjson.dumps(resume_leg_body(self.body, self.id)), headers)

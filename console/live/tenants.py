@@ -75,10 +75,12 @@ class Tenants:
         self.reloads = {"ok": 0, "error": 0}
         self.on_reload: Callable[[dict[str, Any]], object] = lambda _: None
         """Told the outcome of every reload (the controller publishes it as a `tenants` event)."""
-        self.keyed = self.table.keyed
-        """Whether /v1 takes keys, else every request is the default tenant's: fixed for the console's life
-        (a reload reads the same file, and a keys file always names tenants)."""
         self._apply()
+
+    @property
+    def keyed(self) -> bool:
+        """Whether /v1 takes keys (else every request is the default tenant's)."""
+        return self.table.keyed
 
     def _apply(self) -> None:
         """Fair release between tenants while keys are in force (the queue policy's order otherwise)."""
@@ -108,8 +110,7 @@ class Tenants:
     def admit(self, live: LiveRequest) -> None:
         """Charge `live` to its tenant, or raise Rejected(429) when over the tenant's limits."""
         r = live.request
-        tenant = r.tenant if self.keyed else DEFAULT_TENANT  # its `label`
-        refusal = self.table.admit(tenant, r.id, r.prompt_tokens, r.max_tokens, time.monotonic())
+        refusal = self.table.admit(self.label(r), r.id, r.prompt_tokens, r.max_tokens, time.monotonic())
         if refusal is not None:
             raise Rejected(429, refusal.message, refusal.retry_after_s)
 

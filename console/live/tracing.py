@@ -13,8 +13,8 @@ and its children:
 
 Every leg carries a `traceparent` naming its own span, so an engine that traces (vLLM with
 --otlp-traces-endpoint, the emulator with the same flag) adds its `llm_request` span under the leg.
-A LiveRequest holds its RequestTrace in `trace` and calls its hooks as it enters each phase; with tracing off it
-holds None (nothing is called or allocated, and opentelemetry is never imported).
+A LiveRequest holds its RequestTrace in `trace`; with tracing off it holds NO_TRACE, whose hooks do nothing (no
+allocation, and opentelemetry is never imported).
 """
 
 from __future__ import annotations
@@ -78,8 +78,50 @@ def build(settings: TracingSettings) -> Tracing | None:
     return Tracing(settings) if settings.enabled else None
 
 
-class RequestTrace:
-    """One request's spans (see the module docstring for each), made by the hooks its LiveRequest calls."""
+class Trace:
+    """The hooks a LiveRequest calls as it enters each phase; these do nothing (tracing off: NO_TRACE)."""
+
+    __slots__ = ()
+
+    def routed(self, live: LiveRequest, d: Dispatcher, decided_at: float) -> None:
+        """The queue wait (if any) and the routing decision taken at `decided_at` (monotonic), ending now."""
+
+    def bound_late(self, decode_instance: str, started: float) -> None:
+        """The decode instance was chosen at prefill end, from `started` until now (a policy that binds late)."""
+
+    def prefill_leg(self, instance_id: str, headers: bytes, start: float) -> bytes:
+        """A prefill leg to `instance_id` starts: `headers`, plus its traceparent when traced."""
+        return headers
+
+    def prefill_done(self, error: BaseException | None = None) -> None:
+        """The prefill leg answered, or failed with `error`."""
+
+    def decode_leg(self, instance_id: str, headers: bytes, kind: str = "decode") -> bytes:
+        """A decode leg to `instance_id` is sent: `headers`, plus its traceparent when traced."""
+        return headers
+
+    def decode_failed(self, instance_id: str, error: BaseException) -> None:
+        """The decode leg on `instance_id` failed."""
+
+    def failed_over(self, failed: str, target: str, streamed: int, why: str) -> None:
+        """`failed` died under the request, which continues on `target`."""
+
+    def handed_over(self, source: str, target: str, tokens: int) -> None:
+        """The source's stream ended with its migration hand-off event."""
+
+    def migrated(self, first_after: float) -> None:
+        """The first token from the migration's target arrived."""
+
+    def finish(self, live: LiveRequest) -> None:
+        """The request left with its outcome."""
+
+
+NO_TRACE = Trace()
+"""The hooks of every request while tracing is off."""
+
+
+class RequestTrace(Trace):
+    """One request's spans (see the module docstring for each)."""
 
     __slots__ = (
         "t",
@@ -132,7 +174,6 @@ class RequestTrace:
 
     # --- admission and routing ------------------------------------------------------------------------
     def routed(self, live: LiveRequest, d: Dispatcher, decided_at: float) -> None:
-        """The queue wait (if any) and the routing decision taken at `decided_at` (monotonic), ending now."""
         policies = {f"sibyl.policy.{k.value}": p.name for k, p in d.policies.items()}
         self.root.set_attributes(policies)
         queued = live.at(Step.QUEUED)
@@ -152,20 +193,17 @@ class RequestTrace:
         self._end(self._child("sibyl.route", decided_at, attrs))
 
     def bound_late(self, decode_instance: str, started: float) -> None:
-        """The decode instance was chosen at prefill end, from `started` until now (a policy that binds late)."""
         attrs = {"sibyl.stage": "prefill end", "sibyl.decode_instance": decode_instance}
         self._end(self._child("sibyl.route", started, attrs))
 
     # --- legs -------------------------------------------------------------------------------------------
     def prefill_leg(self, instance_id: str, headers: bytes, start: float) -> bytes:
-        """A prefill leg to `instance_id` starts: its span, and `headers` with its traceparent."""
         self.legs += 1
         attrs = {"sibyl.instance": instance_id, "sibyl.leg": "prefill", "sibyl.leg.attempt": self.legs}
         self.prefill = self._child("sibyl.prefill", start, attrs, self.t.CLIENT)
         return headers + self.t.header_lines(self.prefill)
 
     def prefill_done(self, error: BaseException | None = None) -> None:
-        """The prefill leg answered, or failed with `error`."""
         span, self.prefill = self.prefill, None
         if span is None:
             return
@@ -190,7 +228,6 @@ class RequestTrace:
         return headers + self.t.header_lines(span)
 
     def decode_failed(self, instance_id: str, error: BaseException | str) -> None:
-        """The decode leg on `instance_id` failed."""
         span = self.decodes.pop(instance_id, None)
         if span is not None:
             self._end(span, None, str(error))
@@ -206,7 +243,6 @@ class RequestTrace:
         self.failover = self._child("sibyl.failover", time.monotonic(), attrs)
 
     def handed_over(self, source: str, target: str, tokens: int) -> None:
-        """The source's stream ended with its migration hand-off event."""
         now = time.monotonic()
         self.moved = True
         span = self.decodes.pop(source, None)
@@ -217,7 +253,6 @@ class RequestTrace:
         self.migration = self._child("sibyl.migration", now, attrs)
 
     def migrated(self, first_after: float) -> None:
-        """The first token from the migration's target arrived."""
         if self.migration is not None:
             self._end(self.migration, first_after)
             self.migration = None

@@ -38,19 +38,16 @@ class LifecycleMixin(AdmittingMixin):
                 log.add(ex.records("route", router.name, request, v, now, recording.made(v, a)))
             if request.prefix_keys and v.prefix is not None:
                 recording.count_prefix_hit(self.prefix_hits, v, request, a)
-            computed = request.prompt_tokens  # less what is cached where it is computed (nothing without keys)
             if a.prefill is None:
                 if a.decode is None:
                     raise ValueError(f"{router.name}: a decode-only assignment needs a decode instance")
                 p = -1
-                if request.prefix_keys:
-                    computed -= int(v.cached_tokens(request)[self._index[a.decode]])
+                computed = request.prompt_tokens - int(v.cached_tokens(request)[self._index[a.decode]])
                 est = 0.0
                 due = now
             else:
                 p = self._index[a.prefill]
-                if request.prefix_keys:
-                    computed -= int(v.cached_tokens(request)[p])
+                computed = request.prompt_tokens - int(v.cached_tokens(request)[p])
                 est = float(v.prefill_time(computed))
                 due = v.prefill_free_at[p] = max(v.prefill_free_at[p], now) + est
                 v.prefill_n[p] += 1
@@ -61,8 +58,7 @@ class LifecycleMixin(AdmittingMixin):
         finally:
             v.explain = None
             v.forget_cached()
-        if request.prefix_keys:
-            self.prefix.routed((a.prefill, a.decode), request.prefix_keys, now)
+        self.prefix.routed((a.prefill, a.decode), request.prefix_keys, now)
         t = v.table
         i = t.add(request.id)
         t.prefill[i] = p
@@ -119,8 +115,7 @@ class LifecycleMixin(AdmittingMixin):
             v.forget_cached()
         t.inst[i] = d
         v.pending_n[d] += 1
-        if tracked.request.prefix_keys:
-            self.prefix.routed((v.instance_ids[d],), tracked.request.prefix_keys, now)
+        self.prefix.routed((v.instance_ids[d],), tracked.request.prefix_keys, now)
         return v.instance_ids[d]
 
     def decode_of(self, request_id: Hashable) -> str | None:

@@ -359,8 +359,7 @@ class Sibyl(RoutingPolicyBase):
         candidates = decode_candidates(view)
         only = sole_candidate(view)
         if only is not None:
-            if view.explain is not None:  # a recorded decision (else nothing to allocate)
-                note(view, "decode", self.name, "", None, candidates, only, {"tau_in_s": tau - view.now})
+            note(view, "decode", self.name, "", None, candidates, only, {"tau_in_s": tau - view.now})
             return only
         load = self.projected_load(tau, view)
         d = self._argmin(load, candidates)

@@ -30,7 +30,7 @@ demo-sim: $(VENV)/.installed
 
 ## test: lint, type-check and run the default test suite
 test: $(VENV)/.installed-test lint
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=20
 
 ## test-slow: the slower checks (soak, chaos, long simulations, kill/migration/scaling end-to-end); CI runs them too
 test-slow: $(VENV)/.installed-test

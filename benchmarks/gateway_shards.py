@@ -1,6 +1,6 @@
 """Scaling the gateway past one process (issue 18): K gateway shards routing one cluster.
 
-The design evaluated (README.md, Architecture, "Scaling the gateway"): requests are sharded by a
+The design evaluated (docs/architecture.md, "Scaling the gateway"): requests are sharded by a
 hash of their id over K gateway processes. Each shard has its own Dispatcher (its own request
 table and estimators) and sees its own requests in real time. It sees the other shards' requests
 only through a state exchange every Δ seconds: a snapshot of their in-flight rows (decode and

@@ -11,7 +11,7 @@ also meets it) and a gate the stage fails on: the target plus the row's run-to-r
 vLLM measured in the same stage run ((max − min) / median). Real vLLM on two shared cores does not
 repeat itself closer than that (light TPOT p50 6-17 ms over eleven replays of one slice in a day), so no
 prediction can be judged closer; rows the issue gives no target (queueing p99) are gated at ±50%
-plus the spread. The README's fidelity section has the measured spreads and the table.
+plus the spread. docs/fidelity.md has the measured spreads and the table.
 """
 
 from __future__ import annotations

@@ -210,6 +210,6 @@ def test_whole_replies_are_stored_without_a_tpot(console: Console) -> None:
     assert "=None" not in shown.stdout
 
 
-def test_the_readme_shows_the_scrape_configuration_and_the_dashboard() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_show_the_scrape_configuration_and_the_dashboard() -> None:
+    text = (ROOT / "docs" / "metrics.md").read_text()
     assert "scrape_configs" in text and "demos/grafana/sibyl-pd.json" in text

@@ -26,13 +26,25 @@ import numpy as np
 
 from benchmarks.paths import BURSTGPT_SAMPLE, add_traces_option, traces_dir
 from core.errors import TraceError
-from core.sim.dp.assign import DPAssignPolicy, build
+from core.policies import registry
+from core.policies.rank.base import AssigningRankPolicy
+from core.policies.rank.state import DPState, Waiting
 from core.sim.dp.engine import DPSimResult, simulate_dp
-from core.sim.dp.model import DPGroup, DPState, Waiting
+from core.sim.dp.model import DPGroup
 from core.traces import read_trace
+from core.types import PolicyKind
 
 JSON_FIELDS = "{input_length, output_length}"
 """The fields of one row of the authors' JSON sample."""
+
+
+def rank_policy(name: str, **params: Any) -> AssigningRankPolicy:
+    """A registered rank policy that decides admission rounds (fcfs, jsq, bf_io), with validated params."""
+    policy = registry.build(PolicyKind.RANK, name, params)
+    if not isinstance(policy, AssigningRankPolicy):
+        raise SystemExit(f"rank policy {name!r} decides no admission rounds")
+    return policy
+
 
 PAPER = {  # Table 1 (G=16, B=72, BurstGPT, N=100k): AvgImb tok, throughput tok/s, TPOT s, energy kJ
     "fcfs": (27.9e4, 8.00e4, 1.42e-2, 396.0),
@@ -193,7 +205,8 @@ def run_all(args: argparse.Namespace, s: np.ndarray, o: np.ndarray) -> dict[str,
             )
 
         print(f"running {label} ...", file=sys.stderr, flush=True)
-        result = simulate_dp(build(name, **params), group, s, o, noise=args.noise, seed=args.seed, progress=progress)
+        policy = rank_policy(name, **params)
+        result = simulate_dp(policy, group, s, o, noise=args.noise, seed=args.seed, progress=progress)
         out[label] = (result, time.monotonic() - t0)
     return out
 
@@ -296,8 +309,8 @@ def diagnose(args: argparse.Namespace, s: np.ndarray, o: np.ndarray) -> None:
     group = DPGroup.paper(args.ranks, args.slots)
     print(f"  diagnosis on the first {n:,} requests (AvgImb ×1e4: fcfs | bf_io(H=0) | ratio):")
     for label, (ss, oo) in cases.items():
-        f = simulate_dp(build("fcfs"), group, ss, oo).avg_imbalance
-        b = simulate_dp(build("bf_io"), group, ss, oo).avg_imbalance
+        f = simulate_dp(rank_policy("fcfs"), group, ss, oo).avg_imbalance
+        b = simulate_dp(rank_policy("bf_io"), group, ss, oo).avg_imbalance
         print(f"    {label:<30} {f / 1e4:7.2f} | {b / 1e4:6.2f} | {f / b:5.1f}x")
     print(
         "  FCFS's imbalance grows with the spread of resident sizes (prompt + tokens generated so far),"
@@ -329,7 +342,7 @@ def latency(s: np.ndarray, o: np.ndarray, states: int, seed: int) -> None:
             state = DPState.from_requests(g, b, rank_of, s[pick] + age, np.maximum(o[pick] - age, 1))
             snaps.append((state, Waiting(s[rng.integers(0, len(s), n_wait)])))
         for _, label, name, params in policies(50)[:6]:
-            policy: DPAssignPolicy = build(name, **params)
+            policy = rank_policy(name, **params)
             times = []
             for state, waiting in snaps:
                 t0 = time.perf_counter()

@@ -26,8 +26,8 @@ import numpy as np
 
 from benchmarks.paths import AZURE_CONV, SERVEGEN_R1, add_traces_option, traces_dir
 from core.perf import PerfProfile, get_profile
+from core.policies.gamma import boost
 from core.sim.instance.engine import InstanceSim
-from core.sim.instance.gamma import boost
 from core.sim.instance.model import DONE, InstanceParams, InstanceSimResult
 from core.sim.instance.orderings import build_ordering
 from core.traces import read_azure, read_servegen

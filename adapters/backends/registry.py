@@ -25,7 +25,7 @@ BUILTIN: dict[str, str] = {
     "emulator": "adapters.backends.emulator:EmulatorBackend",
     "sim": "adapters.backends.sim:SimBackend",
     "vllm": "adapters.backends.vllm:VllmBackend",
-    "ray": "adapters.backends.ray_backend:RayBackend",
+    "ray": "adapters.ray.backend:RayBackend",
 }
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
@@ -29,18 +29,18 @@ from pydantic import ValidationError
 from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond
 from adapters.emulator.dp_group import DataParallelGroup
 from adapters.emulator.faults import EXIT_CODE, exit_now
+from adapters.emulator.host import InstanceHost
+from adapters.emulator.kv import KVHolder
 from adapters.emulator.migration import MigrateRequest, MigrationFailed, migrate_out
 from adapters.emulator.protocol import ApiError
 
-if TYPE_CHECKING:
-    from adapters.emulator.app import EmulatedInstance
-
 
 class AdminApi:
-    """Handlers of /admin/* for one instance."""
+    """Handlers of /admin/* for one instance (`holder`: its prefill leg's held KV, which /admin/info counts)."""
 
-    def __init__(self, inst: EmulatedInstance) -> None:
+    def __init__(self, inst: InstanceHost, holder: KVHolder) -> None:
         self.inst = inst
+        self.holder = holder
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         token = self.inst.s.admin_token
@@ -114,7 +114,7 @@ class AdminApi:
             "total_blocks": e.total_blocks,
             "free_blocks": e.free_blocks,
             "held_blocks": e.held_blocks,
-            "held_requests": len(inst.pd.holder.table),
+            "held_requests": len(self.holder.table),
             "running": len(e.running),
             "waiting": e.waiting,
             "preemptions": e.preemptions,

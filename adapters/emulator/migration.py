@@ -19,17 +19,15 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.emulator.engine import Engine
+from adapters.emulator.host import InstanceHost
 from adapters.emulator.sequence import Sequence
-
-if TYPE_CHECKING:
-    from adapters.emulator.app import EmulatedInstance
 
 PARK_S = 30.0
 """How long a migrated-in sequence waits for the gateway to re-attach before its blocks are freed."""
@@ -74,7 +72,7 @@ class MigrationReport:
         }
 
 
-async def migrate_out(inst: EmulatedInstance, m: MigrateRequest) -> MigrationReport:
+async def migrate_out(inst: InstanceHost, m: MigrateRequest) -> MigrationReport:
     """Move the running sequence `m.request_id` to `m.target` (source side; see the module doc)."""
     engine = inst.engine
     if not isinstance(engine, Engine):
@@ -165,7 +163,7 @@ class _Incoming:
 class MigrationsIn:
     """The target side: reservations per request, the stages' transfer time, parked sequences."""
 
-    def __init__(self, inst: EmulatedInstance) -> None:
+    def __init__(self, inst: InstanceHost) -> None:
         self.inst = inst
         self.incoming: dict[str, _Incoming] = {}
         self.waiting: dict[str, asyncio.Future[Sequence]] = {}

@@ -1,2 +1,2 @@
-"""Ray support for the `ray` backend: the actor behind each instance and the cluster plumbing
-(Ray is imported lazily)."""
+"""The `ray` backend (`backend`, registered with adapters/backends/ by name), the actor behind each instance
+and the cluster plumbing (Ray is imported lazily)."""

@@ -130,14 +130,18 @@ def rank_decision_latency(
     states: int = 200,
     seed: int = 1,
 ) -> dict[str, float]:
-    """Time one admission round of a DP rank policy (core/sim/dp/assign.py: the code the live `rank`
+    """Time one admission round of a DP rank policy (core/policies/rank/: the code the live `rank`
     policies and the DP simulator run) on random full-ish groups: `ranks` ranks of `slots` slots
     with `free_per_rank` free, resident sizes prompt + age, and `waiting` requests in the pool."""
-    from core.sim.dp.assign import build
-    from core.sim.dp.model import DPState, Waiting
+    from core.policies import registry
+    from core.policies.rank.base import AssigningRankPolicy
+    from core.policies.rank.state import DPState, Waiting
+    from core.types import PolicyKind
 
     rng = np.random.default_rng(seed)
-    policy = build(name, **params)
+    policy = registry.build(PolicyKind.RANK, name, params)
+    if not isinstance(policy, AssigningRankPolicy):
+        raise ValueError(f"rank policy {name!r} decides no admission rounds to time")
     resident = ranks * (slots - free_per_rank)
     snaps = []
     for _ in range(states + 20):

@@ -9,10 +9,9 @@ import numpy as np
 from core.decisions import Record
 from core.dispatch.base import DispatcherBase
 from core.dispatch.recording import rank_record
-from core.policies.rank import dp_state
+from core.policies.rank.state import DPState, dp_state
 from core.predict.survival import SurvivalPredictor
 from core.request_table import RUNNING
-from core.sim.dp.model import DPState
 from core.types import (
     InstancePhase,
     InstanceState,
@@ -45,7 +44,8 @@ class InstancesMixin(DispatcherBase):
         v.serves_decode = np.append(v.serves_decode, role.serves_decode())
         v.healthy = np.append(v.healthy, healthy)
         v.phase = np.append(v.phase, np.int8(phase_code(phase)))
-        v.prefill_free_at = np.append(v.prefill_free_at, 0.0)
+        v.queues.add_instance()
+        v.prefill_free_at = v.queues.free_at
         v.kv_usage = np.append(v.kv_usage, np.nan)
         v.waiting_obs = np.append(v.waiting_obs, 0)
         v.running_n = np.append(v.running_n, 0)

@@ -13,7 +13,7 @@ from core.types import Assignment, Request
 
 if TYPE_CHECKING:
     from core.policies.base import QueuePolicy
-    from core.sim.dp.model import DPState
+    from core.policies.rank.state import DPState
     from core.view import ClusterView
 
 RELEASE_NEXT = 4
@@ -127,7 +127,8 @@ def rank_record(policy: str, rid: Hashable, instance: str, state: DPState, rank:
 def retry_record(
     view: ClusterView, stage: str, rid: Hashable, score: np.ndarray, mask: np.ndarray, chosen: int
 ) -> Decision:
-    """The dispatcher's own failover choice (`stage`'s least loaded instance not tried yet)."""
+    """The dispatcher's own failover choice (`stage`'s least loaded instance not tried yet; for prefill, the one
+    whose projected first token comes soonest)."""
     idx = np.flatnonzero(view.decode_mask() if stage == "decode" else view.prefill_mask()).tolist()
     values = score.tolist()
     return Decision.of(
@@ -137,7 +138,7 @@ def retry_record(
         view.now,
         request_id=str(rid),
         chosen=view.instance_ids[chosen],
-        score_name="requests" if stage == "decode" else "prefill_start_s",
+        score_name="requests" if stage == "decode" else "first_token_s",
         names=[view.instance_ids[i] for i in idx],
         scores=[float(values[i]) for i in idx],
         eligible=[bool(mask[i]) for i in idx],

@@ -23,8 +23,8 @@ from collections.abc import Hashable
 from pydantic import Field
 
 from core.policies.base import QueueParams, QueuePolicyBase
+from core.policies.gamma import GammaAda, GammaAdaParams, boost, quantize
 from core.policies.registry import register
-from core.sim.instance.gamma import GammaAda, GammaAdaParams, boost, quantize
 from core.types import PolicyKind, Request
 
 

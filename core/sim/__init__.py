@@ -4,9 +4,10 @@
   as live (`ClusterSimulation` → `ClusterSimResult`; decode models, migration and scaling).
 - `core.sim.instance`: the iteration-level scheduler simulator of ONE vLLM-like instance and the
   request orderings it runs (`InstanceSim`, `simulate_instance` → `InstanceSimResult`).
-- `core.sim.dp`: data-parallel decode groups (ranks meeting at a barrier every step), their
-  rank-assignment policies and a step simulator of one group (`simulate_dp` → `DPSimResult`).
+- `core.sim.dp`: data-parallel decode groups (ranks meeting at a barrier every step) and a step
+  simulator of one group under a rank policy of core/policies/rank/ (`simulate_dp` → `DPSimResult`).
 
-Nothing is imported here, so importing one simulator (e.g. the DP assignment policies, which
-core.dispatch uses) does not load the others.
+The simulators consume the policies and the dispatcher; nothing in core/policies, core/dispatch or
+core/cache imports them (an import-linter contract says so). Nothing is imported here, so importing
+one simulator does not load the others.
 """

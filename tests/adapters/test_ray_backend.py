@@ -260,7 +260,7 @@ def test_without_an_address_a_local_ray_starts_and_stops_with_the_console(cluste
 def test_a_lost_node_is_reported_with_its_reason(cluster: RayCluster, tmp_path: Path) -> None:
     """The backend alone, in this process (it reuses the test's Ray connection): a node that dies
     without warning takes its instance with it, and the backend says which node went."""
-    from adapters.backends.ray_backend import RayBackend
+    from adapters.ray.backend import RayBackend
 
     node = cluster.cluster.add_node(num_cpus=0, resources={"doomed_slot": 1})
     cluster.cluster.wait_for_nodes()
@@ -294,8 +294,8 @@ def test_a_lost_node_is_reported_with_its_reason(cluster: RayCluster, tmp_path: 
 
 
 def test_an_engine_that_cannot_start_fails_clearly_and_leaves_nothing(cluster: RayCluster, tmp_path: Path) -> None:
-    from adapters.backends.ray_backend import RayBackend
     from adapters.ray.actor import InstanceActor
+    from adapters.ray.backend import RayBackend
 
     settings = BackendSettings(
         prefill=1,
@@ -331,8 +331,8 @@ def test_ray_settings_are_validated_with_clear_errors() -> None:
 
 
 def test_capabilities_follow_the_engine(tmp_path: Path) -> None:
-    from adapters.backends.ray_backend import RayBackend
     from adapters.ray import cluster as rc
+    from adapters.ray.backend import RayBackend
 
     emu = registry.create("ray", BackendSettings(), tmp_path)
     assert isinstance(emu, RayBackend) and emu.label == "ray-emulator"
@@ -381,5 +381,5 @@ def test_ray_flags_need_the_ray_backend_and_ray_is_listed(tmp_path: Path) -> Non
     r = con.cli("up", "--headless", "--engine", "vllm")
     assert r.returncode == 2 and "apply to --backend ray only" in r.stderr
     listed = {b.name: b for b in registry.specs()}  # what `doctor` lists
-    assert listed["ray"].target == "adapters.backends.ray_backend:RayBackend" and listed["ray"].error is None
+    assert listed["ray"].target == "adapters.ray.backend:RayBackend" and listed["ray"].error is None
     assert "pip install 'sibyl-console[ray]'" in " ".join(con.cli("up", "--help").stdout.split())

@@ -1,7 +1,7 @@
-"""Data-parallel decode groups (ranks meeting at a barrier every step) and BF-IO rank assignment.
+"""Data-parallel decode groups (ranks meeting at a barrier every step) under a rank policy.
 
-`model` holds the group, its step-time and imbalance metrics and the IO objective; `assign` the
-rank-assignment policies (fcfs, jsq, bf_io; `FcfsAssign`, `Jsq`, `BfIo`), with BF-IO's lookahead
-in `lookahead`; `oracle` the exact integer program for one round; `engine` a seeded step
-simulator of one group (`simulate_dp` → `DPSimResult`). See shared/design/papers/bf-io.md.
+`model` holds the group, its step time and imbalance, idle and energy metrics; `oracle` the exact
+integer program for one round (to score heuristics); `engine` a seeded step simulator of one group
+(`simulate_dp` → `DPSimResult`). The rank policies it runs (fcfs, jsq, bf_io), the group's snapshot
+and the IO objective are the live ones, in core/policies/rank/. See shared/design/papers/bf-io.md.
 """

@@ -17,16 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.sim.dp.assign import DPAssignPolicy
-from core.sim.dp.model import (
-    DPGroup,
-    DPState,
-    PowerModel,
-    Waiting,
-    check_assignment,
-    idle_fraction,
-    imbalance,
-)
+from core.policies.rank.base import DPAssignPolicy
+from core.policies.rank.state import DPState, Waiting, check_assignment
+from core.sim.dp.model import DPGroup, PowerModel, idle_fraction, imbalance
 
 OVERDUE = 2**31
 """Predicted remaining steps of a request that outlived its prediction: past any horizon."""

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.sim.dp.assign import DPParams
-from core.sim.dp.model import (
+from core.policies.rank.base import DPParams
+from core.policies.rank.state import (
     DPState,
     Pairs,
     Waiting,

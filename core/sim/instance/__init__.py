@@ -4,6 +4,6 @@ orderings it can run (FCFS, SJF and SRPT with perfect or predicted lengths, tail
 `engine` is the simulator (`InstanceSim`, `simulate_instance`: continuous batching, token budget
 with chunked prefill, paged KV with preemption by recompute); `model` its vocabulary (request
 states, `Ordering`, `InstanceParams`, `InstanceSimResult`); `orderings` the pluggable priority
-orders; `gamma` the γ-Boost function, MemGuard binning and the γ-Ada estimator
-(shared/design/papers/tail-aware.md).
+orders, built from the γ-Boost function, MemGuard binning and the γ-Ada estimator of
+core/policies/gamma.py (shared/design/papers/tail-aware.md).
 """

@@ -1,17 +1,17 @@
 """The vocabulary of the single-instance simulator (engine.py): request states, the per-request
-record orderings read, the `Ordering` protocol, engine limits, and what a run returns."""
+record orderings read, the `Ordering` protocol and what it sees of the instance (`OrderedInstance`), engine
+limits, and what a run returns."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-if TYPE_CHECKING:
-    from core.sim.instance.engine import InstanceSim
+from core.perf import PerfProfile
 
 WAITING = 0
 RUNNING = 1
@@ -82,6 +82,37 @@ class SimRequest:
         return self.generated == 0
 
 
+class OrderedInstance(Protocol):
+    """What an ordering sees of the instance it serves (engine.InstanceSim): its state, and the two re-keying
+    calls an ordering may make."""
+
+    @property
+    def profile(self) -> PerfProfile: ...
+
+    @property
+    def step_no(self) -> int:
+        """Steps taken so far."""
+        ...
+
+    @property
+    def running(self) -> list[SimRequest]:
+        """Resident requests, in admission order."""
+        ...
+
+    @property
+    def waiting(self) -> dict[int, SimRequest]:
+        """Waiting requests by id."""
+        ...
+
+    def requeue(self, r: SimRequest) -> None:
+        """Re-key one waiting request (after its ordering changed its key)."""
+        ...
+
+    def rekey_waiting(self) -> None:
+        """Rebuild the waiting order from scratch (after a global key change, e.g. a new γ)."""
+        ...
+
+
 class Ordering(Protocol):
     """A pluggable priority order for `InstanceSim` (lower key = served first)."""
 
@@ -89,7 +120,7 @@ class Ordering(Protocol):
     admit_after_preemption: bool
     """False: no waiting request is admitted in a step that preempted (vLLM v1)."""
 
-    def bind(self, inst: InstanceSim) -> None:
+    def bind(self, inst: OrderedInstance) -> None:
         """Called once by the instance it serves, before any request arrives."""
         ...
 

@@ -1,4 +1,4 @@
-"""Priority orderings for `core.sim.instance.engine.InstanceSim` (γ-Boost's blocks: gamma.py).
+"""Priority orderings for `core.sim.instance.engine.InstanceSim` (γ-Boost's blocks: core/policies/gamma.py).
 
 Section numbers refer to shared/design/papers/tail-aware.md ("the spec"), which follows Li et al.,
 "Beyond Prediction: Tail-Aware Scheduling for LLM Inference".
@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.sim.instance.gamma import (
+from core.policies.gamma import (
     GammaAda,
     GammaAdaParams,
     boost,
@@ -38,11 +38,7 @@ from core.sim.instance.gamma import (
     profile_tau,
     quantize,
 )
-from core.sim.instance.model import RUNNING, WAITING, Key, Ordering, SimRequest
-
-if TYPE_CHECKING:
-    from core.sim.instance.engine import InstanceSim
-
+from core.sim.instance.model import RUNNING, WAITING, Key, OrderedInstance, Ordering, SimRequest
 
 # --- params ---------------------------------------------------------------------------------
 
@@ -108,15 +104,15 @@ class _Base:
     admit_after_preemption = True
 
     def __init__(self) -> None:
-        self._inst: InstanceSim | None = None
+        self._inst: OrderedInstance | None = None
 
     @property
-    def inst(self) -> InstanceSim:
+    def inst(self) -> OrderedInstance:
         if self._inst is None:
             raise RuntimeError(f"ordering {self.name!r} is not bound to an instance")
         return self._inst
 
-    def bind(self, inst: InstanceSim) -> None:
+    def bind(self, inst: OrderedInstance) -> None:
         if self._inst is not None:
             raise RuntimeError(f"ordering {self.name!r} already serves an instance")
         self._inst = inst
@@ -320,7 +316,7 @@ class TailAware(_Base):
         self.trace: list[tuple[float, float, float]] = []
         """(time, γ, τ) at every re-key check (every `rekey_interval_s` while busy)."""
 
-    def bind(self, inst: InstanceSim) -> None:
+    def bind(self, inst: OrderedInstance) -> None:
         super().bind(inst)
         self._tau_prior = self.params.tau_s or profile_tau(inst.profile)
         self.tau = self._tau_prior

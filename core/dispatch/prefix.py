@@ -1,4 +1,5 @@
-"""Where the dispatcher's knowledge of every instance's prefix cache comes from: exact, approximate or precise."""
+"""The dispatcher's prefix tracker: where its knowledge of every instance's prefix cache comes from (exact,
+approximate or precise), installed into the cluster view the policies read."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """BF-IO's lookahead (H > 0): the projected loads of a DP group over the next H steps and the IO
-increment of placing a new request on a rank (shared/design/papers/bf-io.md §3.5); assign.py's
+increment of placing a new request on a rank (shared/design/papers/bf-io.md §3.5); bf_io.py's
 `BfIo` places, pools and refines with it."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from core.sim.dp.model import TOL, DPState, Pairs, horizon_weights, project_loads
+from core.policies.rank.state import TOL, DPState, Pairs, horizon_weights, project_loads
 
 # --- H > 0 ------------------------------------------------------------------------------------
 
@@ -220,6 +220,3 @@ class Lookahead:
                 idx[x], wait_idx[y] = wait_idx[y], idx[x]
                 size[x], wait_size[y] = wait_size[y], size[x]
         return list(zip(idx.tolist(), rank.tolist(), strict=True))
-
-
-# --- construction -----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """γ-Boost building blocks of the tail-aware ordering (shared/design/papers/tail-aware.md, "the
 spec"): the boost function b_γ, MemGuard binning, predicted lengths, the engine's seconds per token
-τ, and γ-Ada, the online estimate of γ from completed requests' E2E tail. The tail-aware ordering
-(orderings.py) and the live `tail_aware` queue policy (core/policies/tail_aware.py) use them.
+τ, and γ-Ada, the online estimate of γ from completed requests' E2E tail. The live `tail_aware` queue
+policy (tail_aware.py) and the instance simulator's tail-aware ordering (core/sim/instance/orderings.py) use them.
 """
 
 from __future__ import annotations

@@ -1,49 +1,28 @@
-"""Rank assignment for one DP decode group: the fcfs and jsq baselines and BF-IO (a greedy on the IO cost).
+"""Rank policy `bf_io`, BF-IO (shared/design/papers/bf-io.md §3.5): a greedy on the predicted imbalance over the
+next H steps.
 
-Every policy maps a snapshot (`DPState`) and the central pool (`Waiting`, oldest first) to
-`[(waiting index, rank), ...]`, admitting exactly n_k = min(|W|, Σ free) requests into free slots.
-BF-IO follows shared/design/papers/bf-io.md §3.5: new requests in decreasing size, each to the
-rank where it raises the projected straggler envelope least (tie: least projected load). With
-H = 0 that is "largest request to the least loaded rank", done with a heap, then an exchange pass
-moves requests off the straggler while that lowers the cost (the exchange argument of Thm 1).
-`admit="pool"` also chooses *which* requests to admit, by the exact IO increment
-G·Δmax − Δ(Σ load), as the IO and the authors' code do; `max_wait_steps` bounds the starvation
-that causes.
+New requests in decreasing size, each to the rank where it raises the projected straggler envelope
+least (tie: least projected load). With H = 0 that is "largest request to the least loaded rank",
+done with a heap, then an exchange pass moves requests off the straggler while that lowers the cost
+(the exchange argument of Thm 1); H > 0 uses lookahead.py. `admit="pool"` also chooses *which*
+requests to admit, by the exact IO increment G·Δmax − Δ(Σ load), as the IO and the authors' code
+do; `max_wait_steps` bounds the starvation that causes.
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
-from core.errors import PolicyError
-from core.policies.base import PolicyParams
-from core.sim.dp.lookahead import Lookahead
-from core.sim.dp.model import TOL, DPState, Pairs, Waiting, fillable
-
-
-class DPParams(PolicyParams):
-    """Base of the DP assignment policies' params (the live `rank` policies use them too)."""
-
-
-class FcfsParams(DPParams):
-    """FCFS takes no parameters."""
-
-
-class JsqParams(DPParams):
-    """Join-shortest-queue: each request, oldest first, to the least loaded rank with a free slot."""
-
-    by: Literal["tokens", "requests"] = Field(
-        "tokens",
-        description=(
-            "tokens: least resident KV tokens (the authors' JSQ, Table 1); requests: fewest "
-            "running requests (vLLM's DP balancer with a central pool)"
-        ),
-    )
+from core.policies.rank.base import AssigningRankPolicy, DPParams
+from core.policies.rank.lookahead import Lookahead
+from core.policies.rank.state import TOL, DPState, Pairs, Waiting, fillable
+from core.policies.registry import register
+from core.types import PolicyKind
 
 
 class BfIoParams(DPParams):
@@ -91,81 +70,20 @@ class BfIoParams(DPParams):
     )
 
 
-class DPAssignPolicy(Protocol):
-    """Chooses ranks (and, for some, which requests) for one admission round; pure, no I/O."""
-
-    name: str
-
-    @property
-    def params(self) -> DPParams: ...
-
-    @property
-    def needs_requests(self) -> bool:
-        """Whether the snapshot must carry the resident requests (lookahead), not just counters."""
-        ...
-
-    def assign(self, state: DPState, waiting: Waiting) -> Pairs: ...
-
-
-class FcfsAssign:
-    """FCFS (paper App. B, Alg. 2): ranks in index order, each filled from the head of the pool."""
-
-    name = "fcfs"
-
-    def __init__(self, params: FcfsParams | None = None) -> None:
-        self.params: DPParams = params or FcfsParams()
-
-    @property
-    def needs_requests(self) -> bool:
-        return False
-
-    def assign(self, state: DPState, waiting: Waiting) -> Pairs:
-        n = fillable(state, waiting)
-        ranks = np.repeat(np.arange(state.ranks), state.free)[:n]
-        return list(zip(range(n), ranks.tolist(), strict=True))
-
-
-class Jsq:
-    """JSQ: the oldest n_k requests in order, each to the least loaded rank with a free slot (tie: lowest index)."""
-
-    name = "jsq"
-
-    def __init__(self, params: JsqParams | None = None) -> None:
-        self.params: JsqParams = params or JsqParams()
-
-    @property
-    def needs_requests(self) -> bool:
-        return False
-
-    def assign(self, state: DPState, waiting: Waiting) -> Pairs:
-        n = fillable(state, waiting)
-        by_tokens = self.params.by == "tokens"
-        key = (state.loads if by_tokens else state.running).tolist()
-        free = state.free.tolist()
-        heap = [(key[g], g) for g in range(state.ranks) if free[g] > 0]
-        heapq.heapify(heap)
-        sizes = waiting.sizes.tolist()
-        out: Pairs = []
-        for i in range(n):
-            k, g = heapq.heappop(heap)
-            out.append((i, g))
-            free[g] -= 1
-            if free[g] > 0:
-                heapq.heappush(heap, (k + (sizes[i] if by_tokens else 1), g))
-        return out
-
-
-class BfIo:
+@register(
+    PolicyKind.RANK,
+    "bf_io",
+    BfIoParams,
+    "BF-IO: the rank where the request raises the predicted straggler load least over the next H steps",
+)
+class BfIoRank(AssigningRankPolicy):
     """BF-IO (shared/design/papers/bf-io.md §3.5): greedy on the horizon-H imbalance objective."""
 
-    name = "bf_io"
+    params: BfIoParams
 
     def __init__(self, params: BfIoParams | None = None) -> None:
-        self.params: BfIoParams = params or BfIoParams()
-
-    @property
-    def needs_requests(self) -> bool:
-        return self.params.horizon > 0
+        super().__init__(params or BfIoParams())
+        self.needs_requests = self.params.horizon > 0
 
     def assign(self, state: DPState, waiting: Waiting) -> Pairs:
         p = self.params
@@ -353,19 +271,3 @@ def _refine_h0(
         loads[rank[b]] += shift
         rank[a], rank[b] = rank[b], rank[a]
     return list(zip(idx.tolist(), rank.tolist(), strict=True))
-
-
-POLICIES: dict[str, tuple[type[DPParams], type[FcfsAssign] | type[Jsq] | type[BfIo]]] = {
-    "fcfs": (FcfsParams, FcfsAssign),
-    "jsq": (JsqParams, Jsq),
-    "bf_io": (BfIoParams, BfIo),
-}
-"""name → (params model, policy class); each class is called with an instance of its params."""
-
-
-def build(name: str, **params: object) -> DPAssignPolicy:
-    """A DP assignment policy by name with validated params (PolicyError on a bad name)."""
-    if name not in POLICIES:
-        raise PolicyError(f"unknown DP assignment policy {name!r}; known: {', '.join(POLICIES)}")
-    model, cls = POLICIES[name]
-    return cls(model(**params))  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""Fitting helpers of `calibrate` (console/offline/calibration.py).
+"""Fitting helpers of `calibrate` (console/offline/calibration.py) and of the online fitter (online.py).
 
 `fit_linear` fits y ≈ X·c where every column is a named profile term with a prior. A term is
 fitted only when the run identifies it: the 1σ uncertainty of its contribution (its standard
@@ -6,7 +6,10 @@ error times its median regressor value) must be at most `IDENTIFIED` of the medi
 Otherwise a term goes to its prior with the reason (its regressor hardly varies, moves with
 another one, or is too noisy) and the rest is refitted; a term the data put below zero is fixed
 at 0. Every term comes back with its fit quality: the regression's relative RMS residual over
-the points it rested on, the sample count and the relative uncertainty above.
+the points it rested on, the sample count and the relative uncertainty above. Both callers solve
+through `lstsq_with_prior` (least squares with the prior as optional pseudo-observations); the
+online fitter adds forgetting weights and a ridge toward the prior (`fit_linear`'s `weights`,
+`prior_weight`), which `calibrate` leaves off.
 
 `Timeline` rebuilds, on a fine time grid, the decode batch and its resident KV tokens on one
 instance from the recorded requests (first token and finish of each).
@@ -64,18 +67,47 @@ class Term:
         }
 
 
-def _lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+@dataclass(frozen=True)
+class PriorRows:
+    """Pseudo-observations that pull the coefficients toward a prior (ridge regression toward it):
+    appended to every least-squares solve, never counted among the samples nor judged as data."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+
+def prior_rows(scale: np.ndarray, values: np.ndarray, weight: float) -> PriorRows | None:
+    """One pseudo-observation per column, c_k·scale_k ≈ value_k·scale_k, worth `weight` samples:
+    `scale` puts each column in the target's units, so the pull is the same whatever the units of
+    the term. None when `weight` is 0 (plain least squares)."""
+    if weight <= 0:
+        return None
+    root = math.sqrt(weight) * np.asarray(scale, dtype=float)
+    return PriorRows(np.diag(root), root * np.asarray(values, dtype=float))
+
+
+def lstsq_with_prior(
+    x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None, prior: PriorRows | None = None
+) -> np.ndarray:
+    """Least squares of y ≈ x·c (each squared residual weighted by `w`), with the prior's
+    pseudo-observations appended: the one solve behind `calibrate` and the online fitter
+    (core/calibration/online.py)."""
     if w is not None:
         sw = np.sqrt(w)
         x, y = x * sw[:, None], y * sw
+    if prior is not None:
+        x, y = np.vstack([x, prior.x]), np.concatenate([y, prior.y])
     return np.asarray(np.linalg.lstsq(x, y, rcond=None)[0])
 
 
-def estimate(x: np.ndarray, y: np.ndarray, method: Method, q: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
-    """Coefficients of y ≈ x·c, and the mask of the points the estimate rests on."""
+def estimate(
+    x: np.ndarray, y: np.ndarray, method: Method, q: float = 0.5, prior: PriorRows | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Coefficients of y ≈ x·c, and the mask of the points the estimate rests on (`prior`'s
+    pseudo-observations, if any, join every solve but are never dropped or judged)."""
     n = len(y)
     used = np.ones(n, dtype=bool)
-    coef = _lstsq(x, y)
+    coef = lstsq_with_prior(x, y, prior=prior)
     if method == "robust":
         for _ in range(8):
             r = y - x @ coef
@@ -85,7 +117,7 @@ def estimate(x: np.ndarray, y: np.ndarray, method: Method, q: float = 0.5) -> tu
             if keep.sum() <= x.shape[1] or (keep == used).all():
                 break
             used = keep
-            coef = _lstsq(x[used], y[used])
+            coef = lstsq_with_prior(x[used], y[used], prior=prior)
     elif method == "envelope":
         for _ in range(8):
             r = y - x @ coef
@@ -100,13 +132,13 @@ def estimate(x: np.ndarray, y: np.ndarray, method: Method, q: float = 0.5) -> tu
             if keep.sum() <= x.shape[1] or (keep == used).all():
                 break
             used = keep
-            coef = _lstsq(x[used], y[used])
+            coef = lstsq_with_prior(x[used], y[used], prior=prior)
     else:  # quantile regression by iteratively reweighted least squares
         eps = 1e-6 * float(np.mean(np.abs(y))) + 1e-15
         for _ in range(100):
             r = y - x @ coef
             w = np.where(r >= 0, q, 1 - q) / np.maximum(np.abs(r), eps)
-            new = _lstsq(x, y, w)
+            new = lstsq_with_prior(x, y, w, prior)
             done = np.allclose(new, coef, rtol=1e-7, atol=1e-15)
             coef = new
             if done:
@@ -115,17 +147,26 @@ def estimate(x: np.ndarray, y: np.ndarray, method: Method, q: float = 0.5) -> tu
 
 
 def _uncertainty(
-    x: np.ndarray, r: np.ndarray, q: float | None = None, scale: float = 1.0, floor: float = 0.0
+    x: np.ndarray,
+    r: np.ndarray,
+    q: float | None = None,
+    scale: float = 1.0,
+    floor: float = 0.0,
+    total_weight: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Standard errors of the columns (σ²/RSS_j, RSS_j the residual of column j on the others; σ at
     least `floor` of `scale`) and how much of each column the others explain (R², centred when a
     constant column is among them).
 
     For a q-quantile regression σ is √(q(1−q)) / f(0), f the residuals' density at zero (a kernel
-    estimate, its bandwidth at least 1e-4 of `scale`), the asymptotic scale of quantile regression."""
+    estimate, its bandwidth at least 1e-4 of `scale`), the asymptotic scale of quantile regression.
+
+    `total_weight`: the rows carry sample weights (folded into x and r as their square roots) that
+    sum to this; σ² (least squares) is then the mean square over that many effective samples."""
     n, p = x.shape
     if q is None:
-        sigma2 = float(np.sum((r - (r.mean() if n > p else 0.0)) ** 2)) / max(n - p, 1)
+        dof = (n if total_weight is None else total_weight) - p
+        sigma2 = float(np.sum((r - (r.mean() if n > p else 0.0)) ** 2)) / max(dof, 1)
     else:
         iqr = float(np.subtract(*np.percentile(r, [75, 25])))
         h = max(0.9 * min(float(np.std(r)), iqr / 1.34 if iqr > 0 else math.inf) * n**-0.2, 1e-4 * scale)
@@ -136,7 +177,7 @@ def _uncertainty(
     const = [bool(np.ptp(x[:, j]) == 0) for j in range(p)]
     for j in range(p):
         xj, others = x[:, j], np.delete(x, j, axis=1)
-        resid = xj - others @ _lstsq(others, xj) if p > 1 else xj
+        resid = xj - others @ lstsq_with_prior(others, xj) if p > 1 else xj
         rss = float(resid @ resid)
         centred = any(c for k, c in enumerate(const) if k != j)
         tss = float(np.sum((xj - xj.mean()) ** 2)) if centred else float(xj @ xj)
@@ -169,10 +210,11 @@ class _Pass:
     explained: np.ndarray
     u: np.ndarray
     rel_rms: float
+    identified: float = IDENTIFIED
 
     @property
     def failing(self) -> list[int]:
-        return [k for k in range(len(self.free)) if not self.u[k] <= IDENTIFIED]
+        return [k for k in range(len(self.free)) if not self.u[k] <= self.identified]
 
 
 def fit_linear(
@@ -187,6 +229,9 @@ def fit_linear(
     noise_floor: float = 0.0,
     min_samples: int = 8,
     scatter: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
+    prior_weight: float = 0.0,
+    identified: float = IDENTIFIED,
 ) -> LinearFit:
     """Fit y ≈ x·c term by term; unidentified terms keep their prior (see the module docstring).
 
@@ -196,7 +241,17 @@ def fit_linear(
     if no single removal does, the least identified term does. `labels` name each column's
     regressor ("batch size"), `what` a sample ("TPOT"); residual scatter is taken as at least
     `noise_floor` of the median target. `scatter`, if given, is each sample's expected scatter
-    (up to a factor): rows are divided by it, so precise samples weigh more (quantile and robust)."""
+    (up to a factor): rows are divided by it, so precise samples weigh more (quantile and robust).
+
+    `weights` (the online fitter's forgetting, 1 for a fresh sample) weigh each squared residual,
+    and the residual scatter is judged over their sum; `prior_weight` > 0 adds the priors as that
+    many pseudo-samples of the free terms (ridge toward the prior, see `prior_rows`): a term's
+    relative departure from its prior costs as much as that relative error on a typical target
+    (a term whose prior is 0, its contribution at its median regressor value), so terms the
+    samples cannot tell apart move from their priors in proportion. Neither changes what counts
+    as identified: that rests
+    on the samples alone, so a prior cannot make its own term look fitted. `identified` is the
+    largest relative uncertainty that counts as fitted (`IDENTIFIED` unless given)."""
     n, p = x.shape
     norms = np.linalg.norm(x, axis=0)
     condition = float(np.linalg.cond(x / np.where(norms > 0, norms, 1.0))) if n >= p else math.inf
@@ -213,26 +268,42 @@ def fit_linear(
     w = np.ones(n) if scatter is None else 1.0 / np.maximum(scatter, 1e-12)
     w = w / float(np.median(w))
     scale_w = float(np.median(np.abs(y * w))) or 1.0
+    if weights is not None:
+        w = w * np.sqrt(np.maximum(weights, 0.0))
+    omega = np.ones(n) if weights is None else np.maximum(weights, 0.0)
+    typical = np.median(np.abs(x), axis=0)
+    typical = np.where(typical > 0, typical, np.mean(np.abs(x), axis=0))
+    typical = np.where(typical > 0, typical, 1.0)
+    pull = np.array([scale / abs(v) if v != 0 else float(typical[j]) for j, v in enumerate(priors)])
+
+    def rel_rms_of(r: np.ndarray, used: np.ndarray) -> float:
+        if weights is None:
+            return float(np.sqrt(np.mean(r[used] ** 2)) / (np.mean(np.abs(y[used])) or 1.0))
+        om = omega[used]
+        tot = float(om.sum()) or 1.0
+        return float(np.sqrt(float(om @ r[used] ** 2) / tot) / ((float(om @ np.abs(y[used])) / tot) or 1.0))
 
     def run(free: list[int]) -> _Pass:
         yt = y - sum((fixed[j].value * x[:, j] for j in fixed), np.zeros(n))
         xf = x[:, free]
-        coef, used = estimate(xf * w[:, None], yt * w, method, q)
+        prior = prior_rows(pull[free], np.array([priors[j] for j in free]), prior_weight)
+        coef, used = estimate(xf * w[:, None], yt * w, method, q, prior)
         r = yt - xf @ coef
+        total = None if weights is None else float(omega[used].sum())
         se, _ = _uncertainty(
-            (xf * w[:, None])[used], (r * w)[used], q if method == "quantile" else None, scale_w, noise_floor
+            (xf * w[:, None])[used], (r * w)[used], q if method == "quantile" else None, scale_w, noise_floor, total
         )
         _, explained = _uncertainty(xf[used], r[used])
         u = np.array([se[k] * float(np.median(np.abs(xf[used, k]))) / scale for k in range(len(free))])
-        rel = float(np.sqrt(np.mean(r[used] ** 2)) / (np.mean(np.abs(y[used])) or 1.0))
-        return _Pass(free, xf[used], coef, used, se, explained, u, rel)
+        rel = rel_rms_of(r, used)
+        return _Pass(free, xf[used], coef, used, se, explained, u, rel, identified)
 
     rel_rms, used_n = math.nan, 0
     while True:
         free = [j for j in range(p) if j not in fixed]
         if not free:
             yt = y - sum((fixed[j].value * x[:, j] for j in fixed), np.zeros(n))
-            rel_rms, used_n = float(np.sqrt(np.mean(yt**2)) / (np.mean(np.abs(y)) or 1.0)), n
+            rel_rms, used_n = rel_rms_of(yt, np.ones(n, dtype=bool)), n
             break
         f = run(free)
         rel_rms, used_n = f.rel_rms, int(f.used.sum())
@@ -245,7 +316,7 @@ def fit_linear(
                     break
             if drop is None:
                 drop = max(failing, key=lambda k: (float(f.u[k]) if math.isfinite(f.u[k]) else math.inf, k))
-            why = _why(drop if drop in failing else failing[0], f, labels, what)
+            why = _why(drop if drop in failing else failing[0], f, labels, what, identified)
             if drop not in failing:
                 why = f"{labels[free[drop]]} yields to {labels[free[failing[0]]]}: {why}"
             j = free[drop]
@@ -284,7 +355,7 @@ def fit_linear(
     return LinearFit({names[j]: fixed[j] for j in range(p)}, n, used_n, rel_rms, condition)
 
 
-def _why(k: int, f: _Pass, labels: list[str], what: str) -> str:
+def _why(k: int, f: _Pass, labels: list[str], what: str, identified: float = IDENTIFIED) -> str:
     """Why column k of pass f is not identified."""
     xk = f.x[:, k]
     label = labels[f.free[k]]
@@ -298,7 +369,7 @@ def _why(k: int, f: _Pass, labels: list[str], what: str) -> str:
         )
     u = float(f.u[k])
     return (
-        f"too uncertain: ±{u * 100:.0f}% of a typical {what} (±{IDENTIFIED * 100:.0f}% or less counts as fitted)"
+        f"too uncertain: ±{u * 100:.0f}% of a typical {what} (±{identified * 100:.0f}% or less counts as fitted)"
         if math.isfinite(u)
         else "not identified by the run"
     )

@@ -379,10 +379,9 @@ class Explain:
             if stage == "prefill":
                 mask = view.prefill_mask()
                 base: list[np.ndarray | None] = [view.prefill_free_at.copy(), view.prefill_n.copy(), cached]
-                if cached is None:
-                    est: float | np.ndarray = float(view.prefill_time(request.prompt_tokens))
-                else:
-                    est = np.asarray(view.prefill_time(np.maximum(request.prompt_tokens - cached, 1.0)), dtype=float)
+                # est_ttft_s = queued + this: the first token as projected, batched (core/prefill.py)
+                uncached = request.prompt_tokens if cached is None else np.maximum(request.prompt_tokens - cached, 1.0)
+                est: float | np.ndarray = view.first_token_at(uncached) - np.maximum(view.prefill_free_at, view.now)
             else:
                 mask = view.decode_mask()
                 base = [view.running_n.copy(), view.pending_n.copy(), cached]
@@ -415,3 +414,18 @@ def note(
     if ex is None:
         return
     ex.choices[stage] = _Choice(by, score_name, scores, eligible, int(chosen), features, info or {})
+
+
+def annotate(view: ClusterView, stage: str, info: Info | None = None, **features: np.ndarray) -> None:
+    """Add decision-wide facts and per-index features to the choice already noted for `stage` (a
+    wrapping policy adding what it saw to the choice of the policy it wraps); nothing when no
+    record is asked for or nothing was noted for `stage`."""
+    ex = view.explain
+    if ex is None:
+        return
+    c = ex.choices.get(stage)
+    if c is None:
+        return
+    c.features.update(features)
+    if info:
+        c.info = {**c.info, **info}

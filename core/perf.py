@@ -94,6 +94,24 @@ class PerfProfile(BaseModel):
         ),
     )
 
+    lora_load_s: float = Field(
+        0.5,
+        ge=0,
+        description=(
+            "seconds to load one LoRA adapter onto an instance that does not hold it (read from "
+            "disk into the adapter cache, as vLLM's /v1/load_lora_adapter does); requests under it "
+            "wait that long. 0.5 s is a prior for a rank-16 adapter of a 7-8B model from local disk, "
+            "not a measurement; calibrate it for the deployment"
+        ),
+    )
+    lora_per_adapter_step_s: float = Field(
+        0.0005,
+        ge=0,
+        description=(
+            "seconds each distinct LoRA adapter among an engine step's sequences adds to the step "
+            "(the per-adapter share of the grouped LoRA kernels); 0.5 ms is a prior, not a measurement"
+        ),
+    )
     fit: dict[str, dict[str, Any]] | None = Field(
         None,
         description=(

@@ -56,6 +56,9 @@ class Request:
     block size, in chain order; empty when unknown (nothing is matched: the prompt counts as fresh)."""
     session: str = ""
     """Conversation or client session it belongs to (session-affinity routing); empty: none."""
+    lora: str | None = None
+    """The LoRA adapter it runs under (its `model` names an adapter); None: the base model. Both legs
+    of a P/D request run under it, and its `prefix_keys` carry it (``core.cache.keys.adapter_extra``)."""
 
 
 class InstancePhase(StrEnum):

@@ -13,6 +13,7 @@ from adapters import orphans
 from adapters.backends.base import BackendBase, Capability, instance_ids
 from adapters.backends.settings import BackendSettings
 from adapters.emulator.process import EmulatorProcess
+from adapters.emulator.settings import RUNTIME_ENV
 from adapters.errors import BackendError
 from adapters.ports import free_port
 from adapters.vllm.instances import Instance
@@ -35,7 +36,17 @@ def emulator_args(settings: BackendSettings) -> list[str]:
         args += ["--output-len-dist", e.output_len_dist]
     if e.otlp_traces_endpoint:
         args += ["--otlp-traces-endpoint", e.otlp_traces_endpoint, "--otlp-traces-protocol", e.otlp_traces_protocol]
+    if e.enable_lora:
+        args += ["--enable-lora", "--max-loras", str(e.max_loras), "--max-lora-rank", str(e.max_lora_rank)]
+        if e.max_cpu_loras:
+            args += ["--max-cpu-loras", str(e.max_cpu_loras)]
     return args + list(e.extra_args)
+
+
+def emulator_env(settings: BackendSettings) -> dict[str, str]:
+    """The environment every emulated instance of these settings gets beyond the console's: with LoRA on,
+    vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING, so the console can load adapters through the instances' endpoints."""
+    return {RUNTIME_ENV: "true"} if settings.emulator.enable_lora else {}
 
 
 async def migrate_emulated(request_id: str, source: Instance, target: Instance) -> dict[str, Any]:
@@ -106,7 +117,11 @@ class EmulatorBackend(BackendBase):
                 ),
             ]
         return EmulatorProcess(
-            role.value, port, [*self._args(), *ranks, *events, "--seed", str(seed)], log_path=log
+            role.value,
+            port,
+            [*self._args(), *ranks, *events, "--seed", str(seed)],
+            log_path=log,
+            env=emulator_env(self.settings),
         ).start()
 
     def _instance(self, iid: str, role: Role, p: EmulatorProcess) -> Instance:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.types import Role
 
@@ -55,6 +55,24 @@ class EmulatorSettings(BaseModel):
         "trace of the traceparent it gets (set from [tracing] when its `instances` is on)",
     )
     otlp_traces_protocol: Literal["http/protobuf", "grpc"] = Field("http/protobuf", description="its OTLP transport")
+    enable_lora: bool = Field(
+        False,
+        description="instances serve LoRA adapters (vLLM's --enable-lora), loaded at run time through "
+        "/v1/load_lora_adapter (VLLM_ALLOW_RUNTIME_LORA_UPDATING is set for them)",
+    )
+    max_loras: int = Field(1, ge=1, description="most distinct adapters in one engine step (vLLM's --max-loras)")
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = Field(
+        16, description="largest adapter rank an instance loads (vLLM's --max-lora-rank)"
+    )
+    max_cpu_loras: int | None = Field(
+        None, ge=1, description="adapters an instance keeps loaded, evicted LRU (vLLM's --max-cpu-loras; >= max_loras)"
+    )
+
+    @model_validator(mode="after")
+    def _cpu_loras(self) -> EmulatorSettings:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        return self
 
 
 class VllmSettings(BaseModel):

@@ -6,7 +6,8 @@
                               {"exit_after_requests": 10}; 400 (and no change) if invalid
   POST /admin/exit            {"code": 3, "delay_s": 0} (both optional): the whole process exits
                               at once, like a crash (with --instances N, all N go)
-  GET  /admin/info            role, engine id, profile, limits, queue and KV state (per rank for a DP group)
+  GET  /admin/info            role, engine id, profile, limits, queue and KV state (per rank for a DP group),
+                              LoRA adapters registered and resident with the adapter cache's counts
   GET  /admin/steps?since=N   the engine's step log after step N (start/end on time.monotonic())
   POST /admin/migrate         {"request_id", "target", "max_stages", "stall_blocks"}: move a running
                               sequence to another emulated instance (adapters/emulator/migration.py);
@@ -127,6 +128,21 @@ class AdminApi:
             "ranks": [{"running": n, "kv_tokens": kv} for n, kv in e.rank_load()]
             if isinstance(e, DataParallelGroup)
             else None,
+            "lora": self._lora() if s.lora.enable_lora else None,
+        }
+
+    def _lora(self) -> dict[str, Any]:
+        """The adapters: registered, resident (least recently used first) and the cache's counts."""
+        lora = self.inst.lora
+        c = lora.cache.counters
+        return {
+            "max_loras": lora.settings.max_loras,
+            "max_cpu_loras": lora.settings.capacity,
+            "registered": list(lora.registered),
+            "resident": lora.cache.loaded(lora.clock()),
+            "loads": c.loads,
+            "evictions": c.evictions,
+            "hits": c.hits,
         }
 
     async def _steps(self, scope: Scope, send: Send) -> None:

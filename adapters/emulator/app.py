@@ -7,6 +7,8 @@ task (see asgi.py), and nothing else here needs a framework. Routes:
   GET  /v1/models /health /ping /version /load /metrics, POST /tokenize /ping   (info_api.py)
   POST /kv/pull                                 P/D side channel (kv_legs.py, kv.py)
   POST /reset_prefix_cache                      drop the prefix cache (vLLM serves it in dev mode)
+  POST /v1/load_lora_adapter /v1/unload_lora_adapter   with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING
+                                                (lora.py); a request's `model` may name a loaded adapter
   /admin/*                                      faults, exit, info, step log (admin.py)
 """
 
@@ -43,6 +45,7 @@ from adapters.emulator.info_api import InfoApi
 from adapters.emulator.kv import PullFailed
 from adapters.emulator.kv_legs import KVLegs
 from adapters.emulator.kv_publisher import KVEventPublisher
+from adapters.emulator.lora import EmulatedLora
 from adapters.emulator.metrics import EngineMetrics
 from adapters.emulator.migration import PARK_S, MigrationsIn
 from adapters.emulator.protocol import ApiError, Formatter, GenRequest, parse_request
@@ -93,6 +96,19 @@ class EmulatedInstance:
         """Prefix caching runs (the scheduler is the emulator's own and it is on): prompts need token ids."""
         self.metrics = EngineMetrics(s.model, self.engine, self.context_len, prefix_caching=self.caching)
         self.publishers: list[KVEventPublisher] = []
+        self.lora = EmulatedLora(
+            s.lora,
+            s.model,
+            s.profile.lora_load_s,
+            s.profile.lora_per_adapter_step_s,
+            stall=self._stall,
+            clock=self.engine.clock,
+            registry=self.metrics.registry,
+        )
+        """Its LoRA adapters (adapters/emulator/lora.py); inert unless --enable-lora."""
+        if s.lora.enable_lora:
+            for engine in self.engines():
+                engine.lora = self.lora
         self.flusher = Flusher(s.writer_threads)
         self.engine.flush = self.flusher
         self.pd = KVLegs(self)
@@ -120,6 +136,7 @@ class EmulatedInstance:
             ("GET", "/load"): self.info.load,
             ("GET", "/v1/models"): self.info.models,
             ("POST", "/tokenize"): self.info.tokenize,
+            **self.lora.routes(),
         }
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -131,6 +148,12 @@ class EmulatedInstance:
         if isinstance(self.engine, DataParallelGroup):
             return list(self.engine.ranks)
         return []
+
+    def _stall(self, seconds: float) -> None:
+        """A LoRA load: the instance's engines take no step for `seconds` from now (vLLM's engine core
+        runs add_lora between steps)."""
+        for engine in self.engines():
+            engine.stall(seconds)
 
     async def start(self) -> None:
         if self.s.kv_events.active:
@@ -215,7 +238,12 @@ class EmulatedInstance:
             )
         try:
             req = parse_request(
-                raw, chat=chat, served_model=self.s.model, max_model_len=self.context_len, want_ids=self.caching
+                raw,
+                chat=chat,
+                served_model=self.s.model,
+                max_model_len=self.context_len,
+                want_ids=self.caching,
+                adapter_of=self.lora.adapter_of if self.s.lora.enable_lora else None,
             )
         except ApiError as e:
             return await respond(send, e.status, e.body())
@@ -365,6 +393,10 @@ class EmulatedInstance:
             "prompt_ids": req.prompt_ids,
             "output_base": OWN_TOKEN_BASE + req.first_token_index,
         }
+        if req.lora is not None:
+            registered = self.lora.registered.get(req.lora)
+            common["lora"] = req.lora
+            common["lora_int_id"] = registered.int_id if registered is not None else 0
         if prefill_leg:  # vLLM's P leg: prefill, one token, keep the KV for the decode instance
             return Sequence(xid, req.prompt_tokens, 1, prefill_only=True, hold_kv=True, **common)
         n, early = req.max_tokens, False

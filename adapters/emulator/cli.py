@@ -8,10 +8,13 @@ from typing import Annotated
 import typer
 
 from adapters.emulator.faults import FaultConfig
-from adapters.emulator.settings import InstanceSettings, OutputLengths
+from adapters.emulator.settings import InstanceSettings, LoraSettings, OutputLengths, runtime_updating_allowed
 from adapters.ports import is_loopback
 from core.errors import ConfigError
 from core.perf import get_profile, profile_names
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The --max-lora-rank values vLLM 0.32 accepts (its MaxLoRARanks)."""
 
 HELP = """Run GPU-free stand-ins for vLLM 0.32: its HTTP API, metrics and P/D protocol, timed by a core.perf profile.
 
@@ -42,6 +45,14 @@ stay allocated for --kv-lease-s. A decode request carrying those params pulls th
 address, which takes the profile's KV-transfer time. Nothing listening there: 500 after --kv-handshake-timeout-s, or \
 with --kv-load-failure-policy recompute (or that key in kv_transfer_params) the prompt is computed locally. Expired \
 blocks or a lost prefill engine: 500 at once.
+
+LoRA (vLLM's flags): --enable-lora serves adapters as models; with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true in the \
+environment, POST /v1/load_lora_adapter {"lora_name", "lora_path"} (a directory with a PEFT adapter_config.json) and \
+/v1/unload_lora_adapter {"lora_name"} answer as vLLM's. /v1/models lists loaded adapters with their `parent`; a \
+request whose `model` is one runs under it (its prefix-cache keys and KV events carry its name). --max-cpu-loras \
+adapters stay resident (LRU); a load or a reload of an evicted one stalls the engine for the profile's lora_load_s; at \
+most --max-loras distinct adapters run in one step, each adding lora_per_adapter_step_s; vllm:lora_requests_info \
+shows the running and waiting adapters.
 
 Faults: the flags below, or at run time GET/PUT /admin/faults with {"fail_rate", "fail_status", "slowdown", "hang", \
 "kv_pull_hang", "unhealthy", "exit_after_requests", "exit_after_s"} and POST /admin/exit (the process exits with \
@@ -152,6 +163,16 @@ def emulate(
     otlp_traces_protocol: Annotated[
         str, typer.Option(help="http/protobuf (an http://HOST:PORT endpoint gets /v1/traces) | grpc")
     ] = "http/protobuf",
+    enable_lora: Annotated[
+        bool, typer.Option("--enable-lora", help="serve LoRA adapters as models, like vLLM's flag")
+    ] = False,
+    max_loras: Annotated[int, typer.Option(min=1, help="most distinct LoRA adapters in one step")] = 1,
+    max_lora_rank: Annotated[
+        int, typer.Option(help="largest adapter rank a load accepts: one of " + ", ".join(map(str, LORA_RANKS)))
+    ] = 16,
+    max_cpu_loras: Annotated[
+        int | None, typer.Option(min=1, help="adapters kept loaded, evicted LRU (>= --max-loras) [default: max-loras]")
+    ] = None,
 ) -> None:
     """Run GPU-free stand-ins for vLLM 0.32 (see HELP)."""
     if role not in ("prefill", "decode", "both"):
@@ -162,6 +183,10 @@ def emulate(
         raise ConfigError(f"--otlp-traces-protocol {otlp_traces_protocol!r}: expected http/protobuf or grpc")
     if kv_load_failure_policy not in ("fail", "recompute"):
         raise ConfigError(f"--kv-load-failure-policy {kv_load_failure_policy!r}: expected fail or recompute")
+    if max_lora_rank not in LORA_RANKS:
+        raise ConfigError(f"--max-lora-rank {max_lora_rank}: expected one of {', '.join(map(str, LORA_RANKS))}")
+    if max_cpu_loras is not None and max_cpu_loras < max_loras:
+        raise ConfigError(f"--max-cpu-loras ({max_cpu_loras}) must be >= --max-loras ({max_loras})")
     try:
         faults = FaultConfig(
             fail_rate=fail_rate,
@@ -211,6 +236,13 @@ def emulate(
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         otlp_traces_endpoint=otlp_traces_endpoint,
         otlp_traces_protocol=otlp_traces_protocol,  # type: ignore[arg-type]
+        lora=LoraSettings(
+            enable_lora=enable_lora,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
+            allow_runtime_updating=runtime_updating_allowed(),
+        ),
     )
     from adapters.emulator.server import run  # uvicorn and the app load only when serving
 

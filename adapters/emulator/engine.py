@@ -24,6 +24,12 @@ One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler 
   n·`prefill_host_per_request_s` of host work (API server, KV read on CPU hosts): the next step
   starts no earlier than its end.
 * An idle engine awaits an event; the `hang` fault pauses it until cleared.
+* With LoRA on (`Engine.lora`, adapters/emulator/lora.py), as vLLM's scheduler: a waiting
+  sequence whose adapter would make the step's distinct adapters exceed `max_loras` is skipped
+  (it keeps its place at the head of the queue), as is one whose adapter has no slot to load
+  into; admission pins the adapter (loading it stalls the engine for the load time) until the
+  sequence finishes; each distinct adapter among a step's sequences adds its per-step cost; each
+  step sets `vllm:lora_requests_info` to its running and waiting adapters.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from collections.abc import Callable
 
 from adapters.emulator.faults import Faults
 from adapters.emulator.loop import RunLoop
+from adapters.emulator.lora import EmulatedLora
 from adapters.emulator.prefix_cache import KVBlocks
 from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
+from core.lora import Tier
 from core.perf import PerfProfile
 
 __all__ = ["Engine", "Sequence", "StepRecord", "TokenSink"]
@@ -118,7 +126,9 @@ class Engine(RunLoop):
         """The sequences of the step under way (empty between steps)."""
         self._step_waiters: list[asyncio.Future[None]] = []
         self._host_until = 0.0
-        """Until when the host work of finished prefill-only requests delays the next step."""
+        """Until when host work (finished prefill-only requests, a LoRA load) delays the next step."""
+        self.lora: EmulatedLora | None = None
+        """The instance's adapters when it runs with --enable-lora (the app sets it); None: no LoRA."""
 
     # --- queue ------------------------------------------------------------------------------
     @property
@@ -232,6 +242,11 @@ class Engine(RunLoop):
         """Re-evaluate now (e.g. faults changed)."""
         self._wake.set()
 
+    def stall(self, seconds: float) -> None:
+        """Host work (a LoRA adapter load) holds the next step back until `seconds` from now."""
+        self._host_until = max(self._host_until, self.clock() + seconds)
+        self._wake.set()
+
     # --- scheduling --------------------------------------------------------------------------
     def _victim(self) -> Sequence:
         pool = [s for s in self.running if not s.frozen] or self.running  # spare one being migrated
@@ -280,10 +295,16 @@ class Engine(RunLoop):
             new.append(n)
             budget -= n
         admitted: list[Sequence] = []
+        lora = self.lora
+        loras: set[str] = {s.lora for s in sched if s.lora} if lora is not None else set()
+        skipped: list[Sequence] = []
         while not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             head = self._peek()
             if head is None:
                 break
+            if lora is not None and head.lora and not self._lora_fits(lora, head.lora, head.lora_pinned, loras):
+                skipped.append(self._pop())  # vLLM skips it and puts it back at the head afterwards
+                continue
             start = head.computed
             if head.prefilling and not head.blocks:
                 start = max(start, self.kv.lookup(head))  # the cached prefix is not computed again
@@ -296,6 +317,11 @@ class Engine(RunLoop):
             if need > self.free_blocks:
                 break
             self._pop()
+            if lora is not None and head.lora:
+                loras.add(head.lora)
+                if not head.lora_pinned:
+                    lora.acquire(head.lora)  # a load (it was evicted) stalls the engine: this step waits
+                    head.lora_pinned = True
             hit = self.kv.ensure(head, start + n, preempted=head.preemptions > 0)
             head.computed = start
             if head.cached_tokens < 0:
@@ -306,7 +332,21 @@ class Engine(RunLoop):
             sched.append(head)
             new.append(n)
             budget -= n
+        for s in reversed(skipped):
+            self._push(s, front=True)
         return sched, new, admitted, preempted
+
+    def _lora_fits(self, lora: EmulatedLora, adapter: str, pinned: bool, loras: set[str]) -> bool:
+        """Whether a sequence under `adapter` may join the step: the adapter is among the step's or a
+        batch slot is left (vLLM's max_loras check), and it is pinned already or the cache can hold it."""
+        if adapter not in loras and len(loras) >= lora.settings.max_loras:
+            return False
+        return pinned or lora.cache.tier(adapter, self.clock()) != Tier.FULL
+
+    def waiting_loras(self) -> list[str | None]:
+        """The adapters of the waiting sequences, in queue order (heap order under the priority policy)."""
+        queue = (entry[3] for entry in self._heap) if self.priority_scheduling else iter(self._fifo)
+        return [s.lora for s in queue if s.in_waiting]
 
     def _duration(self, sched: list[Sequence], new: list[int]) -> tuple[float, int, list[tuple[int, int]]]:
         p = self.profile
@@ -321,6 +361,8 @@ class Engine(RunLoop):
             dt += p.prefill_base_s + sum(
                 p.prefill_per_token_s * (b - a) + p.prefill_per_token2_s * (b * b - a * a) for a, b in chunks
             )
+        if self.lora is not None:
+            dt += self.lora.step_cost(s.lora for s in sched)
         return dt, kv, chunks
 
     async def _sleep_until(self, deadline: float, spin: float = 0.0) -> None:
@@ -349,6 +391,8 @@ class Engine(RunLoop):
                 prev_end = None
                 continue
             dt, kv, chunks = self._duration(sched, new)
+            if self.lora is not None:
+                self.lora.observe_step([s.lora for s in self.running], self.waiting_loras())
             slowdown = self.faults.slowdown
             dt *= slowdown
             start, kind = step_start(prev_end, self.clock(), dt)
@@ -456,6 +500,9 @@ class Engine(RunLoop):
             self.kv.hold(s)
         else:
             self.kv.free(s)
+        if s.lora_pinned and self.lora is not None and s.lora:
+            self.lora.release(s.lora)
+            s.lora_pinned = False
         if self.on_finish is not None:
             self.on_finish(s)
         if s.sink is not None:

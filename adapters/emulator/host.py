@@ -6,6 +6,7 @@ from typing import Protocol
 
 from adapters.emulator.engine import Engine
 from adapters.emulator.faults import Faults
+from adapters.emulator.lora import EmulatedLora
 from adapters.emulator.metrics import EngineMetrics
 from adapters.emulator.sequence import Scheduler
 from adapters.emulator.settings import InstanceSettings
@@ -31,6 +32,11 @@ class InstanceHost(Protocol):
 
     @property
     def metrics(self) -> EngineMetrics: ...
+
+    @property
+    def lora(self) -> EmulatedLora:
+        """Its LoRA adapters (inert without --enable-lora)."""
+        ...
 
     @property
     def engine_id(self) -> str:

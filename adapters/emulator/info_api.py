@@ -48,7 +48,8 @@ class InfoApi:
             "max_model_len": self.inst.context_len,
             "permission": [],
         }
-        await respond(send, 200, orjson.dumps({"object": "list", "data": [card]}))
+        cards = [card, *self.inst.lora.model_cards(self.inst.created)]  # loaded adapters, `parent` the base model
+        await respond(send, 200, orjson.dumps({"object": "list", "data": cards}))
 
     async def tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Token count of a prompt or chat; ids of text prompts are stand-ins (crc32 of 4-byte pieces),

@@ -36,7 +36,7 @@ class KVLegs:
         engines = self.inst.engines()
         if not self.inst.caching or req.prompt_ids is None or len(engines) != 1:
             return -1
-        return engines[0].kv.lookup_ids(req.prompt_ids)
+        return engines[0].kv.lookup_ids(req.prompt_ids, req.lora)
 
     async def pull(self, req: GenRequest, kv: dict[str, Any], local: int = -1) -> int:
         """Decode side: pull the prompt's KV beyond the `local` tokens cached here; on failure count it

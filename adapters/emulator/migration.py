@@ -112,6 +112,7 @@ async def migrate_out(inst: InstanceHost, m: MigrateRequest) -> MigrationReport:
                         "priority": seq.priority,
                         "generated": seq.generated,
                         "max_tokens_param": seq.max_tokens_param,
+                        "lora": seq.lora,
                     }
                 async with http.post(url, data=orjson.dumps(body), headers={"content-type": "application/json"}) as r:
                     answer = await r.read()
@@ -201,6 +202,10 @@ class MigrationsIn:
             arrival=time.monotonic(),
             max_tokens_param=int(state.get("max_tokens_param", 0)),
         )
+        lora = state.get("lora")
+        if isinstance(lora, str) and lora:  # it keeps running under its adapter (pinned here when admitted)
+            registered = self.inst.lora.registered.get(lora)
+            seq.lora, seq.lora_int_id = lora, registered.int_id if registered is not None else 0
         seq.generated = int(state["generated"])
         seq.computed = total
         seq.prefilling = False

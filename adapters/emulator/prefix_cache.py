@@ -6,6 +6,10 @@ one thing (`Engine.free_blocks` counts free blocks, evictable cached ones includ
 * a sequence's full blocks are keyed by our hash chain (core.cache.keys.chain_keys) over its
   prompt ids and then its generated ids (`Sequence.output_base + i`); a sequence without ids
   (`prompt_ids` None) takes blocks without keys and never hits;
+* a sequence under a LoRA adapter keys every block with the adapter's name as extra key
+  (core.cache.keys.prompt_keys, as vLLM 0.32 hashes the LoRA name into each block), so its cached
+  prefix never serves the base model or another adapter; its BlockStored events carry the
+  adapter's `lora_name` and `lora_id`, as vLLM's do;
 * a fresh or preempted sequence reuses its longest cached prefix of full blocks, at most
   `context - 1` tokens (vLLM recomputes the last token to sample), and computes only the rest;
 * blocks are cached as soon as they are allocated full (vLLM's `cache_full_blocks` at
@@ -19,13 +23,14 @@ and published when --kv-events-config asks (adapters/emulator/kv_publisher.py).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 
 from adapters.emulator.sequence import Sequence
 from core.cache.block_pool import PrefixBlockPool
-from core.cache.events import KVEvent
-from core.cache.keys import chain_keys
+from core.cache.events import BlockStored, KVEvent
+from core.cache.keys import adapter_extra, chain_keys, prompt_keys
 
 EventsHook = Callable[[list[KVEvent]], None]
 
@@ -46,6 +51,8 @@ class KVBlocks:
         self.reserved: dict[str, tuple[int, int]] = {}
         """Migration reservations: request id → (pool id, blocks)."""
         self.on_events: EventsHook | None = None
+        self._pending: list[KVEvent] = []
+        """Events drained early around a LoRA sequence's allocation (its BlockStored tagged), oldest first."""
 
     @property
     def free_blocks(self) -> int:
@@ -73,7 +80,7 @@ class KVBlocks:
         if have < blocks:
             bs = self.block_size
             parent = s.keys[-1] if have else None
-            s.keys.extend(chain_keys(self.token_ids(s, have * bs, blocks * bs), bs, parent))
+            s.keys.extend(chain_keys(self.token_ids(s, have * bs, blocks * bs), bs, parent, adapter_extra(s.lora)))
         return s.keys
 
     def lookup(self, s: Sequence) -> int:
@@ -83,12 +90,12 @@ class KVBlocks:
         limit = self.pool.max_hit_blocks(s.context)
         return self.pool.cached_prefix_blocks(self.keys(s, limit)[:limit]) * self.block_size
 
-    def lookup_ids(self, ids: list[int]) -> int:
-        """Tokens of a prompt with these ids the cache holds now (whole blocks, < its length)."""
+    def lookup_ids(self, ids: list[int], lora: str | None = None) -> int:
+        """Tokens of a prompt with these ids (under adapter `lora`) the cache holds now (whole blocks, < its length)."""
         if not self.enable_caching or not ids:
             return 0
         limit = self.pool.max_hit_blocks(len(ids))
-        keys = chain_keys(ids[: limit * self.block_size], self.block_size)
+        keys = prompt_keys(ids[: limit * self.block_size], self.block_size, lora)
         return self.pool.cached_prefix_blocks(keys) * self.block_size
 
     # --- a sequence's blocks --------------------------------------------------------------------
@@ -107,6 +114,9 @@ class KVBlocks:
         caching = s.prompt_ids is not None and self.enable_caching
         if s.blocks and -(-total // self.block_size) <= s.blocks and (not caching or full <= s.kv_full):
             return 0  # the hot path of a decode step: no new block, none filled (the pool catches up later)
+        tag = s.lora is not None and pool.enable_events
+        if tag:  # what came before belongs to other sequences: set it aside untagged
+            self._pending.extend(pool.drain_events())
         hit = 0
         if not s.blocks:
             if s.kv_id < 0:
@@ -126,7 +136,17 @@ class KVBlocks:
                 pool.commit_full_blocks(s.kv_id, self.keys(s, full))
         s.blocks = max(s.blocks, self.blocks_for(total))
         s.kv_full = full
+        if tag:
+            self._pending.extend(self._tagged(pool.drain_events(), s))
         return hit
+
+    @staticmethod
+    def _tagged(events: list[KVEvent], s: Sequence) -> list[KVEvent]:
+        """`s`'s events with its adapter on each BlockStored (vLLM's lora_name, and lora_id its lora_int_id)."""
+        return [
+            dataclasses.replace(e, lora_name=s.lora, lora_id=s.lora_int_id or None) if isinstance(e, BlockStored) else e
+            for e in events
+        ]
 
     def free(self, s: Sequence) -> None:
         """`s` gives its blocks back (cached ones stay cached)."""
@@ -184,5 +204,7 @@ class KVBlocks:
     def flush(self) -> None:
         """Hand the pool's events since the last flush to the hook (or drop them)."""
         events = self.pool.drain_events()
+        if self._pending:
+            events, self._pending = self._pending + events, []
         if events and self.on_events is not None:
             self.on_events(events)

@@ -59,6 +59,8 @@ class EmulatorProcess:
     host: str = "127.0.0.1"
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables set for the child beyond this process's own (e.g. VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
 
     @property
     def url(self) -> str:
@@ -97,6 +99,7 @@ class EmulatorProcess:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
         env = {
             **os.environ,
+            **self.env,
             "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         }
         try:

@@ -11,6 +11,7 @@ by the served model, and max_tokens beyond the context is cut to what fits (fini
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,8 @@ class GenRequest:
     (adapters/emulator/tokens.py)."""
     prompt_ids: list[int] | None = None
     """The prompt's token ids (stand-ins for text, tokens.py), when the caller asked for them."""
+    lora: str | None = None
+    """The LoRA adapter its `model` names (None: the base model); `model` is then the adapter's name."""
 
 
 def _int(body: dict[str, Any], key: str, default: int | None) -> int | None:
@@ -108,10 +111,17 @@ def _bool(body: dict[str, Any], key: str) -> bool:
 
 
 def parse_request(
-    raw: bytes, *, chat: bool, served_model: str, max_model_len: int, want_ids: bool = False
+    raw: bytes,
+    *,
+    chat: bool,
+    served_model: str,
+    max_model_len: int,
+    want_ids: bool = False,
+    adapter_of: Callable[[str], str | None] | None = None,
 ) -> GenRequest:
     """Validate a request body the way vLLM 0.32 does; raises ApiError. `want_ids`: also give the
-    prompt's token ids (prefix caching needs them)."""
+    prompt's token ids (prefix caching needs them). `adapter_of` resolves a `model` other than the
+    served one to its LoRA adapter (raising vLLM's 404 when it names none); without it such a model is 404."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -176,8 +186,11 @@ def parse_request(
     min_tokens = _int(body, "min_tokens", 0) or 0
     priority = _int(body, "priority", 0) or 0
     seed = _int(body, "seed", None)
+    lora = None
     if model is not None and model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+        if adapter_of is None:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+        lora = adapter_of(model)
     if n_prompt >= max_model_len:
         raise ApiError(
             400,
@@ -197,7 +210,7 @@ def parse_request(
         )
     return GenRequest(
         chat=chat,
-        model=served_model,
+        model=lora or served_model,
         prompt_tokens=n_prompt,
         max_tokens=max_tokens,
         ignore_eos=ignore_eos,
@@ -209,6 +222,7 @@ def parse_request(
         kv_transfer_params=kv,
         first_token_index=first,
         prompt_ids=(chat_ids(body["messages"]) if chat else prompt_ids(body.get("prompt"))) if want_ids else None,
+        lora=lora,
     )
 
 

@@ -80,6 +80,12 @@ class Sequence:
     """Full blocks of it the pool has cached (prefix_cache.py)."""
     cached_tokens: int = -1
     """Prompt tokens found in the local prefix cache when first admitted (-1: never looked up)."""
+    lora: str | None = None
+    """The LoRA adapter it runs under (the request's `model` named it; None: the base model)."""
+    lora_int_id: int = 0
+    """The adapter's id on this instance (vLLM's lora_int_id; 0: none), which its KV events carry."""
+    lora_pinned: bool = False
+    """Its adapter is pinned in the instance's adapter cache (from its first admission until it finishes)."""
 
     def __post_init__(self) -> None:
         if self.external_tokens:

@@ -1,8 +1,10 @@
-"""Settings of one emulated instance and the output-length distribution it draws from."""
+"""Settings of one emulated instance (its LoRA flags included) and the output-length distribution it draws from."""
 
 from __future__ import annotations
 
+import os
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -12,6 +14,31 @@ from core.errors import ConfigError
 from core.perf import PerfProfile
 
 Role = Literal["prefill", "decode", "both"]
+RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+"""vLLM's switch for /v1/load_lora_adapter and /v1/unload_lora_adapter."""
+
+
+def runtime_updating_allowed(env: Mapping[str, str] | None = None) -> bool:
+    """vLLM's reading of VLLM_ALLOW_RUNTIME_LORA_UPDATING: "1" or "true", any case."""
+    value = (os.environ if env is None else env).get(RUNTIME_ENV, "0")
+    return value.strip().lower() in ("1", "true")
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSettings:
+    """The LoRA flags of one instance."""
+
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    """Adapters the instance keeps (its LRU cache); None: max_loras, as vLLM defaults it."""
+    allow_runtime_updating: bool = False
+    """VLLM_ALLOW_RUNTIME_LORA_UPDATING: whether the load/unload routes exist."""
+
+    @property
+    def capacity(self) -> int:
+        return max(self.max_cpu_loras or self.max_loras, self.max_loras)
 
 
 @dataclass
@@ -50,6 +77,8 @@ class InstanceSettings:
     otlp_traces_endpoint: str | None = None
     """vLLM's --otlp-traces-endpoint: each request ends with an `llm_request` span (adapters/emulator/tracing.py)."""
     otlp_traces_protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """vLLM's --enable-lora, --max-loras, --max-lora-rank, --max-cpu-loras (adapters/emulator/lora.py)."""
 
     @property
     def kv_tokens(self) -> int:

@@ -39,6 +39,22 @@ def extra_int(extra: ExtraKey) -> int | None:
     return _stable_int(extra)
 
 
+def adapter_extra(lora: str | None) -> ExtraKey:
+    """The extra key of every block of a prompt run under LoRA adapter `lora` (None or "": the base
+    model, no extra key, so base-model keys are those of ``chain_keys`` without one).
+
+    vLLM 0.32 puts the adapter's name into every block's hash (``_gen_lora_extra_hash_keys`` in
+    ``v1/core/kv_cache_utils.py``) and our KV-event translation does the same (adapters/vllm/
+    kv_events.py), so a prefix cached under one adapter never matches another adapter's nor the
+    base model's: the first block's key differs, hence the whole chain."""
+    return lora or None
+
+
+def prompt_keys(token_ids: Iterable[int], block_size: int, lora: str | None = None) -> list[BlockKey]:
+    """The chain keys of a prompt's full blocks as a request under adapter `lora` caches them."""
+    return chain_keys(token_ids, block_size, extra=adapter_extra(lora))
+
+
 def num_full_blocks(num_tokens: int, block_size: int) -> int:
     """How many full blocks ``num_tokens`` tokens fill."""
     return num_tokens // block_size

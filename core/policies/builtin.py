@@ -6,11 +6,11 @@ from core.policies import (  # noqa: F401
     hyperflexis,
     hyperflexis_scaling,
     least_load,
+    lora_affinity,
     oracle,
     prefix_aware,
     prefix_pd,
     queue,
-    rank,
     req_level,
     reschedule,
     round_robin,
@@ -19,3 +19,4 @@ from core.policies import (  # noqa: F401
     sibyl,
     tail_aware,
 )
+from core.policies.rank import bf_io, engine, fcfs, jsq  # noqa: F401

@@ -25,7 +25,7 @@ def test_registry_lists_builtins_and_rejects_unknown_names_and_params() -> None:
     with pytest.raises(
         PolicyError,
         match=(
-            "available: clairvoyant, hyperflexis, least_load, oracle, prefix_aware, "
+            "available: clairvoyant, hyperflexis, least_load, lora_affinity, oracle, prefix_aware, "
             "prefix_pd, req_level, round_robin, session_affinity, sibyl"
         ),
     ):
@@ -165,4 +165,5 @@ def test_prefill_choice_is_least_queued() -> None:
     b = d.route(Request("y", 0.0, 10, 10), 0.0)
     c = d.route(Request("z", 0.0, 10, 10), 0.0)
     assert [a.prefill, b.prefill, c.prefill] == ["p0", "p1", "p0"]
-    assert np.allclose(d.view.prefill_free_at[[d.index_of("p0"), d.index_of("p1")]], [2.0, 1.0])
+    # a toy prefill step: its 1 s base and the 0.1 s engine step it runs in; z waits for x's step
+    assert np.allclose(d.view.prefill_free_at[[d.index_of("p0"), d.index_of("p1")]], [2.2, 1.1])

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from core.cache.tracker import APPROXIMATE_TTL_S
 from core.dispatch import Dispatcher
+from core.dispatch.prefix import APPROXIMATE_TTL_S
 from core.perf import PerfProfile
 from core.policies import registry
 from core.sim.cluster import FAIL_REASONS, CacheParams, ClusterSimResult, ClusterSimulation, Mode
@@ -64,6 +64,15 @@ class SimPlan:
     """What routing reads of the caches (see PrefixSource)."""
     prefix_ttl_s: float | None = APPROXIMATE_TTL_S
     """The approximate source's TTL."""
+    prefix_keys: list[tuple[int, ...]] | None = None
+    """Per-request prefix keys computed beforehand (a live run's, console/advisor): the cache is modelled
+    on them instead of keys derived from `hash_ids`."""
+    tenants: list[str] | None = None
+    """Per-request tenant (a live run's), for the queue policies that share between tenants."""
+    slo_classes: list[str] | None = None
+    """Per-request SLO class name; `slos` holds their targets (a class it lacks gets `slo`)."""
+    slos: dict[str, SLOClass] | None = None
+    """SLO targets by class name, beside `slo` (the default class)."""
 
     @property
     def cluster(self) -> str:
@@ -96,7 +105,7 @@ def run_one(
         scaling=plan.scaling,
         true_lengths=True,
         survival_prior_max=int(plan.output_tokens.max()) if len(plan.output_tokens) else None,
-        slo={"default": plan.slo},
+        slo={"default": plan.slo, **(plan.slos or {})},
     )
     sim = ClusterSimulation(
         arrivals=plan.arrivals,
@@ -111,6 +120,9 @@ def run_one(
         hash_ids=plan.hash_ids,
         sessions=plan.sessions,
         cache=plan.cache,
+        tenants=plan.tenants,
+        slo_classes=plan.slo_classes,
+        prefix_keys=plan.prefix_keys,
     )
     if sim.cache is not None and plan.prefix_source == "approximate":
         # the engine installed the exact lookup; replace it by the router's own record

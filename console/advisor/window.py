@@ -1,0 +1,241 @@
+"""A run's recent window as the simulator takes it: the arrivals recorded in it, those in flight at its start, and
+the active policies' observed figures over it.
+
+What the run store keeps of each request is its lengths, SLO class, priority, tenant and timings. It
+does not keep a request's prefix keys or session: the live server notes those in a `RecentArrivals`
+as the gateway computes them, and passes it here; without it the window has no prefix structure
+(the simulation then models no cache, and prefix-aware policies tie with load-based ones).
+
+The store holds a request once it has finished, so a window read from it has the requests that
+arrived in it *and finished* by its end; the requests in flight at its start are replayed from their
+own arrival (unmeasured) so the simulated cluster starts the window as loaded as the live one was.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from adapters.store import RunStore, StoreError
+from console.advisor.figures import Figures, observed_figures
+from console.errors import ConsoleError
+from core.slo import DEFAULT_SLO, SLOClass
+
+DEFAULT_WINDOW_S = 300.0
+"""The advisor's default window: the last five minutes of arrivals."""
+ADVISED_KINDS = ("routing", "queue")
+"""The policy kinds the advisor re-simulates (and whose swaps inside a window make its observed figures mixed)."""
+
+PolicySetting = tuple[str, dict[str, Any]]
+
+
+class WindowError(ConsoleError):
+    """A window that cannot be taken (no run, no arrivals in it, a bad length)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalKeys:
+    """What the gateway knew of a request at arrival that the run store does not keep."""
+
+    prefix_keys: tuple[int, ...]
+    session: str = ""
+
+
+class RecentArrivals:
+    """The prefix keys and session of the latest `capacity` arrivals, by request id (oldest forgotten
+    first). The live server calls `note` once per request as it keys it; the advisor reads it."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._keys: OrderedDict[str, ArrivalKeys] = OrderedDict()
+
+    def note(self, request_id: str, prefix_keys: Sequence[int], session: str = "") -> None:
+        self._keys[str(request_id)] = ArrivalKeys(tuple(prefix_keys), session)
+        self._keys.move_to_end(str(request_id))
+        while len(self._keys) > self.capacity:
+            self._keys.popitem(last=False)
+
+    def get(self, request_id: str) -> ArrivalKeys | None:
+        return self._keys.get(str(request_id))
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The simulator's input for one window, and what the live cluster did over it.
+
+    Rows are sorted by arrival; `arrivals` are seconds from the first replayed arrival (an in-flight
+    request's, when there is one). `measured` marks the window's own arrivals: the figures, observed
+    and predicted, are over those only."""
+
+    run_id: str
+    start: float
+    """Window start, seconds since the console started (the store's clock)."""
+    end: float
+    request_ids: list[str]
+    arrivals: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    """Tokens each request generated (its max_tokens when it did not finish: refused or failed)."""
+    measured: np.ndarray
+    slo_classes: list[str]
+    tenants: list[str]
+    priorities: np.ndarray
+    slos: dict[str, SLOClass]
+    active: dict[str, PolicySetting]
+    """The routing and queue policies in force at the window's end (kind → (name, params))."""
+    observed: Figures
+    swapped: bool = False
+    """A routing or queue policy changed inside the window: the observed figures mix two policies."""
+    cluster: str = ""
+    """The run's recorded shape ("2P4D")."""
+    sessions: list[str] | None = None
+    prefix_keys: list[tuple[int, ...]] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in flight at the window's start, replayed unmeasured."""
+        return int((~self.measured).sum())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "start": self.start,
+            "end": self.end,
+            "requests": int(self.measured.sum()),
+            "in_flight_at_start": self.in_flight,
+            "with_prefix_keys": self.prefix_keys is not None,
+            "with_sessions": self.sessions is not None,
+            "active": {k: {"name": n, "params": p} for k, (n, p) in self.active.items()},
+            "swapped": self.swapped,
+            "notes": list(self.notes),
+        }
+
+
+def _output_tokens(row: Mapping[str, Any]) -> int:
+    if row["status"] == "ok" and row.get("output_tokens"):
+        return int(row["output_tokens"])
+    return int(row.get("max_tokens") or row.get("output_tokens") or 1)
+
+
+def window_from_rows(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    run_id: str,
+    end: float,
+    window_s: float = DEFAULT_WINDOW_S,
+    active: Mapping[str, PolicySetting],
+    slos: Mapping[str, SLOClass] | None = None,
+    keys: RecentArrivals | None = None,
+    swapped: bool = False,
+    cluster: str = "",
+) -> Window:
+    """The window [end − window_s, end] of a run's request rows (the run store's columns)."""
+    if not window_s > 0:
+        raise WindowError(f"window_s must be > 0, got {window_s}")
+    start = end - window_s
+    timed = [r for r in rows if r.get("arrival") is not None]
+    measured_rows = [r for r in timed if start <= r["arrival"] <= end]
+    if not measured_rows:
+        raise WindowError(f"run {run_id} has no recorded arrivals in [{start:.1f}, {end:.1f}] s")
+    early = [r for r in timed if r["arrival"] < start and (r.get("finish") is None or r["finish"] > start)]
+    chosen = sorted([*early, *measured_rows], key=lambda r: (r["arrival"], str(r["request_id"])))
+    ids = [str(r["request_id"]) for r in chosen]
+    t0 = float(chosen[0]["arrival"])
+    found = [keys.get(i) for i in ids] if keys is not None else []
+    with_keys = any(k is not None and k.prefix_keys for k in found)
+    with_sessions = any(k is not None and k.session for k in found)
+    notes = []
+    if keys is not None and found and not all(k is not None for k in found):
+        missing = sum(k is None for k in found)
+        notes.append(f"{missing} of {len(found)} requests had no prefix keys noted (forgotten or never keyed)")
+    return Window(
+        run_id=run_id,
+        start=start,
+        end=end,
+        request_ids=ids,
+        arrivals=np.array([float(r["arrival"]) - t0 for r in chosen]),
+        prompt_tokens=np.array([max(int(r.get("prompt_tokens") or 1), 1) for r in chosen], dtype=np.int64),
+        output_tokens=np.array([max(_output_tokens(r), 1) for r in chosen], dtype=np.int64),
+        measured=np.array([start <= r["arrival"] for r in chosen], dtype=bool),
+        slo_classes=[str(r.get("slo_class") or "default") for r in chosen],
+        tenants=[str(r.get("tenant") or "default") for r in chosen],
+        priorities=np.array([int(r.get("priority") or 0) for r in chosen], dtype=np.int64),
+        slos={"default": DEFAULT_SLO, **dict(slos or {})},
+        active=dict(active),
+        observed=observed_figures(measured_rows),
+        swapped=swapped,
+        cluster=cluster,
+        sessions=[k.session if k is not None and k.session else i for k, i in zip(found, ids, strict=True)]
+        if with_sessions
+        else None,
+        prefix_keys=[k.prefix_keys if k is not None else () for k in found] if with_keys else None,
+        notes=notes,
+    )
+
+
+def active_policies(
+    events: Sequence[Mapping[str, Any]], config: Mapping[str, Any], policy: str, at: float
+) -> tuple[dict[str, PolicySetting], list[float]]:
+    """The routing and queue policies in force at `at` (the last policy event of each kind by then, else
+    the run's configuration), and the times of every swap of those kinds."""
+    queue = config.get("queue") or {}
+    active: dict[str, PolicySetting] = {
+        "routing": (policy or str(config.get("policy") or "round_robin"), dict(config.get("params") or {})),
+        "queue": (str(queue.get("name") or "fcfs"), dict(queue.get("params") or {})),
+    }
+    swaps = []
+    for ev in sorted(events, key=lambda e: float(e["t"])):
+        if ev["kind"] not in ADVISED_KINDS or float(ev["t"]) > at:
+            continue
+        if ev.get("source") != "config":
+            swaps.append(float(ev["t"]))
+        active[ev["kind"]] = (str(ev["new"]), dict(ev.get("params") or {}))
+    return active, swaps
+
+
+def window_from_store(
+    store: RunStore,
+    run_id: str,
+    window_s: float = DEFAULT_WINDOW_S,
+    *,
+    end: float | None = None,
+    keys: RecentArrivals | None = None,
+) -> Window:
+    """The window [end − window_s, end] of a run in the store (`end`: default the run's last recorded
+    arrival or finish), with the policies, SLO classes and shape the run recorded."""
+    try:
+        info = store.get_run(run_id)
+    except StoreError as e:
+        raise WindowError(str(e)) from None
+    rows = store.requests(info.run_id)
+    if end is None:
+        times = [t for r in rows for t in (r.get("finish"), r.get("arrival")) if t is not None]
+        if not times:
+            raise WindowError(f"run {info.run_id} has no recorded requests")
+        end = max(times)
+    slos = {
+        str(name): SLOClass.model_validate({"name": name, **dict(v)}) if isinstance(v, Mapping) else v
+        for name, v in dict(info.config.get("slo") or {}).items()
+    }
+    active, swaps = active_policies(store.policy_events(info.run_id), info.config, info.policy, end)
+    return window_from_rows(
+        rows,
+        run_id=info.run_id,
+        end=end,
+        window_s=window_s,
+        active=active,
+        slos=slos,
+        keys=keys,
+        swapped=any(end - window_s < t <= end for t in swaps),
+        cluster=info.cluster,
+    )

@@ -1,8 +1,11 @@
-"""Free TCP ports on this host, and whether an address is loopback-only (servers bind 127.0.0.1 by default)."""
+"""Free TCP ports on this host, who holds a taken one, and whether an address is loopback-only (servers bind
+127.0.0.1 by default)."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import os
 import random
 import socket
 from pathlib import Path
@@ -59,3 +62,55 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name: it may resolve to anything
+
+
+def listening_pid(port: int) -> int | None:
+    """The process listening on TCP `port` on this machine, where /proc says (Linux; our own user's
+    processes, or any as root): the socket's inode from /proc/net/tcp{,6}, then the process holding it."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")  # 0A: LISTEN
+    if not inodes:
+        return None
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
+                return int(pid)
+        except OSError:
+            continue  # gone, or not ours to read
+    return None
+
+
+def _command_line(pid: int, width: int = 80) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    text = raw.replace(b"\0", b" ").decode(errors="replace").strip() or "?"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def cannot_listen(host: str, port: int) -> str | None:
+    """None when a server can listen on `host:port` (bound as uvicorn binds it, SO_REUSEADDR); else one
+    line saying why, naming the process that holds a taken port when it can be read."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return f"cannot listen on {host}:{port}: {e.strerror or e}"
+        else:
+            return None
+    pid = listening_pid(port)
+    holder = f" by pid {pid} ({_command_line(pid)})" if pid is not None else ""
+    return f"port {port} on {host} is in use{holder}; pick another with --port (0: any free one)"

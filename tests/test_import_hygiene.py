@@ -46,9 +46,16 @@ def test_a_cli_call_imports_only_the_command_it_runs() -> None:
     assert not {"sqlalchemy", "console.commands.up", "console.commands.runs", "core.sim.cluster.engine"} & modules
     modules, out = _cli_imports("scale", "--help")
     assert "console.commands.status" in modules and "console.commands.up" not in modules and "scale [OPTIONS]" in out
-    # the root --help lists every command
+    # policy set: the params parser and the HTTP client, not the registry, the state model or numpy
+    modules, _ = _cli_imports("policy", "set", "routing", "least_load", "--url", "http://127.0.0.1:9")
+    assert "console.commands.params" in modules and "httpx" in modules
+    assert not {"core.policies", "console.live.state", "numpy"} & modules
+    # the root --help lists every command; their modules load what each needs only when it runs
     modules, out = _cli_imports("--help")
     assert {f"console.commands.{m}" for m in ("up", "runs", "doctor", "train_predictor")} <= modules
+    heavy = {"sqlalchemy", "httpx", "textual", "console.live.config", "console.live.serve", "adapters.store"}
+    heavy |= {"adapters.backends", "console.offline.simulate", "console.offline.sweep", "core.policies"}
+    assert not heavy & modules, heavy & modules
     for command in (
         "up",
         "status",

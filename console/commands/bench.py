@@ -6,21 +6,18 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from console.offline.benchmarking import (
-    add_prefix_caches,
-    decision_latency,
-    loaded_dispatcher,
-    rank_decision_latency,
-)
+from console.commands.options import ParamOpt, ParamsJsonOpt
+from console.commands.params import params_for, policy_params
 from core.errors import PolicyError
-from core.perf import get_profile
-from core.policies import parse_param_assignments, parse_policy_spec
+
+# The dispatcher, the policies and rich load inside the commands.
 
 
 def _print_latencies(title: str, count_label: str, count_key: str, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=title)
     for col in ("policy", count_label, "mean µs", "p50 µs", "p99 µs", "max µs"):
         table.add_column(col, justify="right" if col != "policy" else "left")
@@ -39,7 +36,8 @@ def decision(
     policy: Annotated[
         list[str], typer.Option("--policy", help="routing policy, optionally NAME:key=value,... (repeat to compare)")
     ] = ["sibyl"],  # noqa: B006
-    param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
+    param: ParamOpt = [],  # noqa: B006
+    params_json: ParamsJsonOpt = [],  # noqa: B006
     decode_instances: Annotated[int, typer.Option(min=1)] = 64,
     prefill_instances: Annotated[int, typer.Option(min=1)] = 4,
     running_per_instance: Annotated[int, typer.Option(min=0)] = 64,
@@ -69,15 +67,19 @@ def decision(
     Compare settings of one policy: --policy sibyl --policy sibyl:horizon=lifetime
     With the prefix scorer: --policy prefix_aware --prefill-instances 64 --prefix-tokens 32768
     """
+    from console.offline.benchmarking import add_prefix_caches, decision_latency, loaded_dispatcher
+    from core.perf import get_profile
+    from core.policies import parse_policy_spec
+
     prof = get_profile(profile)
-    assigned = parse_param_assignments(param)
+    assigned = policy_params(param, params_json)
     rows = []
     for spec in policy:
         try:
             name, inline = parse_policy_spec(spec)
         except PolicyError as e:
             raise typer.BadParameter(str(e)) from None
-        params = {**assigned.get("", {}), **assigned.get(name, {}), **inline}
+        params = {**params_for(assigned, name), **inline}
         d = loaded_dispatcher(
             prof,
             name,
@@ -134,6 +136,9 @@ def rank(
 
     Example: sibyl-console bench rank --policy bf_io --policy bf_io:horizon=40 --policy jsq
     """
+    from console.offline.benchmarking import rank_decision_latency
+    from core.policies import parse_policy_spec
+
     rows = []
     for spec in policy:
         try:

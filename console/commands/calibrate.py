@@ -7,11 +7,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from console.commands.runs import DbOpt, JsonOpt, open_store
-from core.perf import get_profile, save_profile_file
+from console.commands.options import DbOpt, JsonOpt
 
 
 def _num(v: Any) -> str:
@@ -48,7 +45,12 @@ def calibrate_cmd(
 
     Example: sibyl-console calibrate r-20261122-1101 --out fitted.json && sibyl-console sim --profile fitted.json
     """
+    from rich.console import Console
+    from rich.table import Table
+
+    from console.commands.runs import open_store
     from console.offline.calibration import calibrate
+    from core.perf import get_profile, save_profile_file
 
     profile, report = calibrate(open_store(db), run, get_profile(base) if base else None)
     if name:

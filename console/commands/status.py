@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from console.control_client import ControlClient
-from console.live.discovery import local_running
-from console.live.state import ConsoleState
+from console.commands.options import JsonOpt, ParamOpt, ParamsJsonOpt, TokenOpt, UrlOpt
+from console.commands.params import params_for, policy_params
 from core.errors import ConfigError
-from core.policies import parse_param_assignments
 
-UrlOpt = Annotated[str | None, typer.Option("--url", help="console URL (default: the local console)")]
-TokenOpt = Annotated[
-    str | None, typer.Option("--token", help="control token (default: SIBYL_TOKEN or the local token file)")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from console.control_client import ControlClient
+    from console.live.state import ConsoleState
+
+# What a command needs is imported inside it (rich, httpx, the state model, the policy registry):
+# `--help`, `scale` or `policy set` then load none of what `status` or `policy list` need.
 
 policy_app = typer.Typer(help="List and hot-swap the console's policies.", no_args_is_help=True)
+
+
+def _control(url: str | None, token: str | None) -> ControlClient:
+    """A client of the console's control API (httpx loads only when a command calls the console)."""
+    from console.control_client import ControlClient
+
+    return ControlClient(url, token)
 
 
 def _pct(x: Any) -> str:
@@ -37,7 +43,12 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
 
     Example: sibyl-console status --json | jq '.instances[] | select(.healthy | not)'
     """
-    client = ControlClient(url, token)
+    from rich.console import Console
+    from rich.table import Table
+
+    from console.live.state import ConsoleState
+
+    client = _control(url, token)
     s = ConsoleState.model_validate(client.state())
     if as_json:
         typer.echo(json.dumps(s.to_json(), indent=2))
@@ -93,6 +104,8 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
 
 def _tenant_table(s: ConsoleState) -> Table:
     """One row per tenant: in flight / its limit, tokens left / per minute, requests by outcome."""
+    from rich.table import Table
+
     ts = s.tenants
     assert ts is not None
     title = f"tenants ({ts.keys_file}; {ts.unauthorized} refused with 401)"
@@ -129,11 +142,15 @@ def policy_list(
       sibyl-console policy list
       sibyl-console policy list --kind scaling --json
     """
+    from rich.console import Console
+    from rich.table import Table
+
+    from console.live.discovery import local_running
     from console.live.policies import catalog
 
     active: dict[str, Any] = {}
     if url or token or local_running():
-        active = ControlClient(url, token).policies()["active"]
+        active = _control(url, token).policies()["active"]
     available = [p for p in catalog() if kind is None or p["kind"] == kind]
     if kind is not None and not available:
         raise ConfigError(f"unknown policy kind {kind!r}; kinds: routing, queue, reschedule, scaling, rank")
@@ -154,7 +171,8 @@ def policy_list(
 def policy_set(
     kind: Annotated[str, typer.Argument(help="routing | queue | reschedule | scaling | rank")],
     name: Annotated[str, typer.Argument(help="policy name (see `policy list`)")],
-    param: Annotated[list[str], typer.Option("--param", help="key=value (repeat)")] = [],  # noqa: B006
+    param: ParamOpt = [],  # noqa: B006
+    params_json: ParamsJsonOpt = [],  # noqa: B006
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -168,10 +186,11 @@ def policy_set(
       sibyl-console policy set routing least_load --param by=tokens
       sibyl-console policy set queue priority --param max_in_flight_per_instance=32
       sibyl-console policy set scaling threshold --param max_decode=8
+      sibyl-console policy set routing prefix_aware --param decode_params={} --param balance_s=2
+      sibyl-console policy set queue fcfs --params-json "$(sibyl-console status --json | jq -c .policies.queue.params)"
     """
-    assigned = parse_param_assignments(param)
-    params = {**assigned.get("", {}), **assigned.get(name, {})}
-    ev = ControlClient(url, token).set_policy(kind, name, params)
+    params = params_for(policy_params(param, params_json), name)
+    ev = _control(url, token).set_policy(kind, name, params)
     if as_json:
         typer.echo(json.dumps(ev))
     else:
@@ -192,7 +211,7 @@ def scale(
 
     Examples: sibyl-console scale decode 2      sibyl-console scale decode -- -1
     """
-    result = ControlClient(url, token).scale(role, delta)
+    result = _control(url, token).scale(role, delta)
     typer.echo(json.dumps(result) if as_json else f"{role} {delta:+d}: {', '.join(result['instances'])}")
 
 
@@ -209,7 +228,7 @@ def flip(
 
     Example: sibyl-console flip d3 prefill
     """
-    result = ControlClient(url, token).flip(instance, role)
+    result = _control(url, token).flip(instance, role)
     typer.echo(json.dumps(result) if as_json else f"{result['instance']} now serves {result['role']}")
 
 
@@ -228,7 +247,7 @@ def migrate(
 
     Example: sibyl-console migrate 5f0c… d2
     """
-    r = ControlClient(url, token).migrate(request_id, target)
+    r = _control(url, token).migrate(request_id, target)
     typer.echo(
         json.dumps(r)
         if as_json

@@ -10,27 +10,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from console.offline.sweep import (
-    COMPARED,
-    PointOutcome,
-    SweepError,
-    comparison,
-    execute,
-    group_title,
-    ray_session,
-    record_point,
-    stored_points,
-    tpot_curves,
-    x_label,
-)
-from console.offline.sweep_config import Point, axes_summary, expand, load_config, resolve_profile
+from console.commands.options import DbOpt
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from console.offline.sweep import PointOutcome
+    from console.offline.sweep_config import Point
+
+# The sweep machinery (Ray, the simulator, the run store) and rich load inside the command.
 
 
 def _fmt(key: str, spread: dict[str, float | None]) -> str:
@@ -43,6 +35,10 @@ def _fmt(key: str, spread: dict[str, float | None]) -> str:
 
 
 def _tables(table: list[dict[str, Any]]) -> list[Table]:
+    from rich.table import Table
+
+    from console.offline.sweep import COMPARED, group_title
+
     out = []
     for group in table:
         t = Table(title=group_title(group), title_justify="left")
@@ -60,6 +56,8 @@ def _tables(table: list[dict[str, Any]]) -> list[Table]:
 def _plot_terminal(table: list[dict[str, Any]]) -> None:
     import plotext as plt
 
+    from console.offline.sweep import tpot_curves, x_label
+
     for title, series in tpot_curves(table).items():
         plt.clear_figure()
         if not sys.stdout.isatty():
@@ -73,6 +71,8 @@ def _plot_terminal(table: list[dict[str, Any]]) -> None:
 
 
 def _plot_file(table: list[dict[str, Any]], out: Path) -> None:
+    from console.offline.sweep import SweepError, tpot_curves, x_label
+
     try:
         import matplotlib
 
@@ -144,7 +144,7 @@ def sweep(
         typer.Option("--ray-address", help="Ray cluster to run on (default: start a local Ray and stop it at the end)"),
     ] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="CPUs of the local Ray (default: all)")] = None,
-    db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
+    db: DbOpt = None,
     plot: Annotated[bool, typer.Option("--plot", help="draw P99 TPOT against rate per policy in the terminal")] = False,
     plot_out: Annotated[
         Path | None, typer.Option("--plot-out", help="write that plot to a PNG (needs matplotlib)")
@@ -163,7 +163,12 @@ def sweep(
       sibyl-console sweep demos/sweep_routing.toml --workers 2 --plot
       sibyl-console sweep my_sweep.toml --ray-address 10.0.0.5:6379 --plot-out tpot.png
     """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from adapters.store import RunStore
+    from console.offline.sweep import SweepError, comparison, execute, ray_session, record_point, stored_points
+    from console.offline.sweep_config import axes_summary, expand, load_config, resolve_profile
 
     cfg = load_config(config)
     profile = resolve_profile(cfg, str(config))

@@ -10,9 +10,8 @@ from typing import Annotated
 
 import typer
 
-from console.commands.status import JsonOpt, TokenOpt, UrlOpt
+from console.commands.options import JsonOpt, TokenOpt, UrlOpt
 from core.errors import ConfigError
-from core.tenants import hash_key
 
 app = typer.Typer(help="API keys and per-tenant limits of /v1 (the keys file).", no_args_is_help=True)
 
@@ -25,6 +24,8 @@ def hash_(
 
     Example: sibyl-console tenants hash sk-team-a-…
     """
+    from core.tenants import hash_key  # loads the tenants' models: only for this command
+
     typer.echo(hash_key(key))
 
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy, rich and the trace readers load inside the command.
 
 _AGE_BUCKETS = ((0, 1), (1, 1024), (1024, 4096), (4096, 8192), (8192, None))
 """Generated-token ranges the MAE is also reported on (prompt-only first, as in ARES Fig. 7)."""
@@ -26,6 +27,8 @@ def _read(
     servegen_duration: float,
     limit: int | None,
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    import numpy as np
+
     from core.traces import read_trace
 
     prompts: list[np.ndarray] = []
@@ -47,6 +50,8 @@ def _read(
 
 
 def _mae_rows(age: np.ndarray, rem: np.ndarray, preds: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    import numpy as np
+
     rows: list[dict[str, Any]] = []
     for lo, hi in ((0, None), *_AGE_BUCKETS):
         sel = (age >= lo) & (age < hi if hi is not None else True)
@@ -100,6 +105,12 @@ def train_predictor(
     Example: sibyl-console train-predictor ../shared/traces/servegen_deepseek_r1 --out model.pt &&
       sibyl-console sim --reschedule ares --param ares.predictor=learned --param ares.model_path=model.pt
     """
+    import numpy as np
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+
     try:
         from core.predict.learned import split_requests, train
     except ImportError as exc:  # pragma: no cover

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from console.commands.status import TokenOpt, UrlOpt
+from console.commands.options import TokenOpt, UrlOpt
 from console.live.discovery import locate
 
 

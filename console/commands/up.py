@@ -7,17 +7,23 @@ import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
-from adapters.ports import is_loopback
-from console.live.config import ConsoleConfig, load_config, parse_attach
-from console.live.serve import LiveConsole, describe, run_console
-from console.live.server_process import ServerHandle, say_ready, spawn_server, stop_bound_s
+from console.commands.options import DbOpt, ParamOpt, ParamsJsonOpt
+from console.commands.params import params_for, policy_params
 from core.errors import ConfigError
-from core.policies import parse_param_assignments
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from console.live.config import ConsoleConfig
+    from console.live.serve import LiveConsole
+    from console.live.server_process import ServerHandle
+
+# The console's modules (config, gateway, controller, backends) load inside the commands, so that
+# `sibyl-console --help` and the other commands do not pay for them.
 
 
 def up(
@@ -38,7 +44,7 @@ def up(
         str | None,
         typer.Option(
             help="routing policy at start (default prefix_aware: prefill where the estimated TTFT with the cached "
-            "prefix is least, decode by sibyl's expected surviving requests: README, Policies)"
+            "prefix is least, decode by sibyl's expected surviving requests: docs/policies.md)"
         ),
     ] = None,
     queue: Annotated[str | None, typer.Option(help="queue policy at start: fcfs (default) | priority")] = None,
@@ -48,10 +54,8 @@ def up(
         str | None,
         typer.Option(help="rank policy at start (data-parallel decode groups): engine (default) | fcfs | jsq | bf_io"),
     ] = None,
-    param: Annotated[
-        list[str],
-        typer.Option("--param", help="key=value for the routing policy, or policy.key=value for any policy (repeat)"),
-    ] = [],  # noqa: B006
+    param: ParamOpt = [],  # noqa: B006
+    params_json: ParamsJsonOpt = [],  # noqa: B006
     host: Annotated[str | None, typer.Option(help="gateway address (default 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="gateway port (default 8000; 0 picks a free one)")] = None,
     headless: Annotated[
@@ -64,7 +68,7 @@ def up(
             "`sibyl-console tui` attaches, `sibyl-console down` stops it"
         ),
     ] = False,
-    db: Annotated[Path | None, typer.Option(help="run store (default: user data dir; env SIBYL_DB)")] = None,
+    db: DbOpt = None,
     attach: Annotated[
         str | None, typer.Option(help="manage running instances: 'prefill=URL,...;decode=URL,...'")
     ] = None,
@@ -152,13 +156,22 @@ launched so far).
       sibyl-console up --detach && sibyl-console tui && sibyl-console down
       sibyl-console up --prefill 1 --decode 2 --policy least_load --param by=tokens --port 0
       sibyl-console up --scaling threshold --param threshold.max_decode=8 --queue priority
+      sibyl-console up --policy prefix_aware --params-json '{"decode": "sibyl", "decode_params": {}}'
       sibyl-console up --backend vllm --model ./tiny-llama --prefill 1 --decode 1 --vllm-arg=--enforce-eager
       sibyl-console up --backend vllm --attach 'prefill=http://10.0.0.5:8100;decode=http://10.0.0.6:8200'
       sibyl-console up --backend ray --ray-address 10.0.0.5:6379 --prefill 2 --decode 4
       sibyl-console up --otlp-endpoint http://127.0.0.1:4318
-    """
 
-    params = parse_param_assignments(param)
+    Unprefixed params (`--param key=value`, `--params-json '{...}'`) go to the routing policy.
+    """
+    from rich.console import Console
+
+    from adapters.ports import cannot_listen
+    from console.live.config import load_config, parse_attach
+    from console.live.serve import describe
+    from console.live.server_process import stop_bound_s
+
+    params = policy_params(param, params_json)
     overrides: dict[str, object] = {
         "backend": backend,
         "prefill": prefill,
@@ -183,17 +196,22 @@ launched so far).
         "tracing.endpoint": otlp_endpoint,
     }
     if params:
-        overrides["params"] = {**params.get("", {}), **params.get(policy or "", {})} or None
+        overrides["params"] = params_for(params, policy or "") or None
     for kind, name in (("queue", queue), ("scaling", scaling), ("reschedule", reschedule), ("rank", rank)):
         if name is not None:
             overrides[kind] = {"name": name, "params": params.get(name, {})}
     cfg = load_config(config_file, overrides)
+    flags = {"policy": policy, "queue": queue, "scaling": scaling, "reschedule": reschedule, "rank": rank}
+    if named := _named_params(cfg, params, flags):
+        cfg = load_config(config_file, {**overrides, **named})
     if cfg.tenants.file is not None:  # a bad keys file fails here, before anything starts
         from console.live.tenants import read_keys_file
 
         read_keys_file(cfg.tenants.file)
     if (ray_address or engine) and cfg.backend != "ray":
         raise ConfigError(f"--ray-address and --engine apply to --backend ray only (the backend is {cfg.backend})")
+    if cfg.port and (problem := cannot_listen(cfg.host, cfg.port)):  # one line, before anything starts
+        raise ConfigError(problem)
     out = Console(stderr=True)
     if cfg.headless and not detach:
         _serve_here(
@@ -220,8 +238,33 @@ launched so far).
     run_owned_dashboard(handle, stop_bound_s(cfg), out)
 
 
+def _named_params(
+    cfg: ConsoleConfig, params: dict[str, dict[str, Any]], flags: dict[str, str | None]
+) -> dict[str, object]:
+    """Overrides for `policy.key=value` params of policies the config file (or the default) chose,
+    not a flag: `--param prefix_aware.decode_params={}` reaches the default routing policy. A
+    prefix naming no policy in use is an error, not ignored."""
+    chosen = {"policy": cfg.policy, **{k: getattr(cfg, k).name for k in ("queue", "scaling", "reschedule", "rank")}}
+    unknown = set(params) - set(chosen.values()) - {""}
+    if unknown:
+        raise ConfigError(
+            f"--param names policies not in use: {', '.join(sorted(unknown))}; in use: "
+            f"{', '.join(f'{k}={v}' for k, v in chosen.items())}"
+        )
+    out: dict[str, object] = {}
+    for kind, name in chosen.items():
+        if flags[kind] is not None or name not in params:
+            continue  # a policy named by its flag got its params with it
+        if kind == "policy":
+            out["params"] = {**cfg.params, **params[name]}
+        else:
+            out[kind] = {"name": name, "params": {**getattr(cfg, kind).params, **params[name]}}
+    return out
+
+
 def _spawn(cfg: ConsoleConfig, *, owned: bool, out: Console) -> ServerHandle:
     """Start the console server process, with a spinner while the cluster comes up."""
+    from console.live.server_process import spawn_server
     with out.status("starting the cluster...") as status:
 
         def waiting(elapsed: float, log: Path) -> None:
@@ -235,6 +278,8 @@ def _spawn(cfg: ConsoleConfig, *, owned: bool, out: Console) -> ServerHandle:
 
 
 def _print_banner(out: Console, cfg: ConsoleConfig, info: dict[str, Any], last: str) -> None:
+    from adapters.ports import is_loopback
+
     if not is_loopback(cfg.host) and cfg.tenants.file is None:
         out.print(
             f"[yellow]warning:[/] the gateway listens on {cfg.host}: its OpenAI endpoints answer anyone who can "
@@ -263,6 +308,7 @@ def _serve_here(
     cfg: ConsoleConfig, on_ready: Callable[[LiveConsole], None], out: Console, owner_fd: int | None = None
 ) -> str | None:
     """Run the console server in this process until it is stopped; its final run status."""
+    from console.live.serve import run_console
     try:
         import uvloop
 
@@ -290,6 +336,12 @@ def serve(
     ] = None,
 ) -> None:
     """The console server process that `up` starts (internal): serve until stopped, never render."""
+    from rich.console import Console
+
+    from console.live.config import ConsoleConfig
+    from console.live.serve import describe
+    from console.live.server_process import say_ready
+
     for fd in (ready_fd, owner_fd):
         if fd is not None:
             os.set_inheritable(fd, False)  # launched instances must not hold our pipes open

@@ -17,6 +17,7 @@ import uvicorn
 
 from adapters import orphans
 from adapters.backends import registry as backends
+from adapters.ports import cannot_listen
 from adapters.redact import redact_config
 from adapters.serving import SHUTDOWN_SIGNALS, ManagedServer
 from adapters.store import RunStore
@@ -27,6 +28,7 @@ from console.live.config import ConsoleConfig
 from console.live.controller import Controller
 from console.live.policies import check_policies
 from console.live.shutdown import Shutdown
+from core.errors import ConfigError
 
 Announce = Callable[["LiveConsole"], None]
 
@@ -92,6 +94,8 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
     """Serve until a stop is requested (a signal, the owner pipe `owner_fd` closing without `detach`,
     `POST /control/shutdown`). Returns the run's final status. This process never renders: a
     dashboard is another process, a client of the control API (`console.live.server_process`)."""
+    if config.port and (problem := cannot_listen(config.host, config.port)):  # before anything starts
+        raise ConfigError(problem)
     reaped = orphans.reap(discovery.runs_dir())  # instances a crashed console left running
     store = RunStore(config.db)
     store.mark_interrupted_runs()
@@ -155,8 +159,10 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
         while not server.started and not serving.done():
             await asyncio.sleep(0.02)
         if serving.done():
-            serving.result()
-            raise OSError(f"the gateway could not listen on {config.host}:{config.port}")
+            with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot bind: say why in one line
+                serving.result()
+            problem = cannot_listen(config.host, config.port) if config.port else None
+            raise ConfigError(problem or f"the gateway could not listen on {config.host}:{config.port}")
         port = server.servers[0].sockets[0].getsockname()[1] if config.port == 0 else config.port
         live = LiveConsole(f"http://{config.host}:{port}", run_id, token_file, store.path, controller, server, reaped)
         discovery.announce(live.url, token_file, run_id, db=store.path)

@@ -185,11 +185,24 @@ def _read_ready(
             waiting(time.monotonic() - start, log)
     if b"\n" not in data:
         wait_for_exit(proc, 10)
+        if said := _error_line(log):
+            raise ServerStartError(f"{said} (log: {log})")
         raise ServerStartError(
             f"the console server exited before it was ready (exit {proc.returncode}); "
             f"the end of its log {log}:\n{_tail(log)}"
         )
     return data.split(b"\n", 1)[0].decode()
+
+
+def _error_line(log: Path) -> str | None:
+    """The one-line error the server printed before exiting (a SibylError: a taken port, a bad
+    policy...), when that is how its log ends."""
+    try:
+        last = log.read_text(errors="replace").rstrip().splitlines()[-1:]
+    except OSError:
+        return None
+    prefix = "sibyl-console: error: "
+    return last[0].removeprefix(prefix) if last and last[0].startswith(prefix) else None
 
 
 def _tail(path: Path, lines: int = 15) -> str:

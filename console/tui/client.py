@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 from urllib.parse import quote
@@ -12,6 +13,11 @@ from pydantic import ValidationError
 
 from console.control_client import ControlError
 from console.live.state import ConsoleState
+
+log = logging.getLogger(__name__)
+
+STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError)
+"""What httpx raises when the server closed a pooled connection as a request was sent on it."""
 
 
 class ConnectionLost(ControlError):
@@ -54,7 +60,15 @@ class DashboardClient:
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
-            r = await self._http.request(method, path, json=body)
+            try:
+                r = await self._http.request(method, path, json=body)
+            except STALE_CONNECTION as e:
+                if method != "GET":
+                    raise
+                # A kept-alive connection the server had closed (its keep-alive timeout) just as the
+                # request went out: a GET changes nothing, so it goes again, on a new connection.
+                log.debug("%s %s: %s on a pooled connection; retrying once", method, path, type(e).__name__)
+                r = await self._http.request(method, path, json=body)
         except httpx.TransportError as e:
             raise ConnectionLost(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
         if r.status_code >= 400:

@@ -11,7 +11,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from console.cli import _register_commands, app
-from console.commands.sim import _table
+from console.commands.sim_table import results_table as _table
 
 _register_commands()
 runner = CliRunner()

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.admission_signals import RefusalCause, Refusals, TtftDrift
 from core.policies.base import QueuePolicy
+from core.prefill import StepTerms
 from core.tenants import FairShare
 from core.types import Admission, Request, Role
 
@@ -188,7 +190,14 @@ def tpot_slots(profile: PerfProfile, tpot_s: float, context_tokens: float) -> in
 
 
 class SloGate:
-    """The saturation model behind SloAdmission: decode slots, prefill backlog, predicted start."""
+    """The saturation model behind SloAdmission: decode slots, the projected first tokens, predicted start.
+
+    The prefill side is the dispatcher's batching-aware projection (core/prefill.py: prompts share
+    steps within the token budget, each step paying its fixed cost once), against what the engine
+    itself reports waiting, corrected per instance by the measured TTFT of recent requests
+    (`TtftDrift`). A request is refused only if it is projected to start past its wait bound;
+    each refusal is counted by the limit it hit (`refusals_by_cause`).
+    """
 
     def __init__(self, settings: SloAdmission, profile: PerfProfile, slo: dict[str, SLOClass]) -> None:
         self.settings = settings
@@ -200,11 +209,11 @@ class SloGate:
         )
         """Requests in flight per decode instance."""
         self.typical_prompt = 256.0
-        """Running mean of the prompts seen (sizes the engines' own waiting queues in seconds)."""
+        """Running mean of the prompts seen (sizes the engines' own waiting queues)."""
         self.typical_output = 256.0
         """Running mean of max_tokens seen (sizes the decode completion rate)."""
         self.held_work_s = 0.0
-        """Prefill seconds of the requests held now."""
+        """Prefill seconds the requests held now add to the backlog, batched (StepTerms.marginal_s)."""
         self.shed = 0
         """Requests refused at arrival because they could not start within their wait bound."""
         self.refused: dict[Role, int] = {Role.PREFILL: 0, Role.DECODE: 0}
@@ -212,25 +221,52 @@ class SloGate:
         was (or would be) free, else prefill (the scaling signals' refusal rates)."""
         self.expired = 0
         """Held requests answered 503 because they could no longer start within their wait bound."""
+        self.refusals: dict[RefusalCause, Refusals] = {c: Refusals() for c in RefusalCause}
+        self.drift = TtftDrift()
+        self._terms: StepTerms = StepTerms.of(profile)
 
     def describe(self) -> dict[str, float | int]:
-        """The limits in force (for `status`)."""
+        """The limits in force and the refusals by cause (for `status`)."""
         ttft = self.slo["default"].ttft_s
-        return {
+        out: dict[str, float | int] = {
             "decode_slots": self.decode_slots,
             "headroom": self.settings.headroom,
             "extra_wait_s": self.settings.extra_wait_s,
             "wait_bound_s": ttft + self.settings.extra_wait_s,
-            "prefill_s_per_request": round(self.service_s(self.typical_prompt), 4),
+            "prefill_s_per_request": round(self._terms.marginal_s(self.typical_prompt), 4),
+            "prefill_alone_s": round(self._terms.alone_s(self.typical_prompt), 4),
             "kv_high": self.settings.kv_high,
             "waiting_high": self.settings.waiting_high,
             "shed": self.shed,
             "expired": self.expired,
+            "ttft_drift_max": round(float(self.drift.ratio.max()), 3) if len(self.drift.ratio) else 1.0,
         }
+        for cause, r in self.refusals.items():
+            out[f"refused_{cause.value}"] = r.count
+        return out
+
+    def refusals_by_cause(self) -> dict[str, dict[str, float | int]]:
+        """cause → {count, last_projected_s, bound_s} (every cause, counted or not)."""
+        return {
+            c.value: {"count": r.count, "last_projected_s": r.last_projected_s, "bound_s": r.bound_s}
+            for c, r in self.refusals.items()
+        }
+
+    def count_refusal(self, cause: RefusalCause, projected_s: float, bound_s: float) -> None:
+        """Count one refusal of `cause` (the gateway counts its tenant limits here too)."""
+        r = self.refusals[cause]
+        r.count += 1
+        r.last_projected_s = projected_s
+        r.bound_s = bound_s
 
     def observe(self, request: Request) -> None:
         self.typical_prompt += 0.05 * (request.prompt_tokens - self.typical_prompt)
         self.typical_output += 0.05 * (request.max_tokens - self.typical_output)
+
+    def observe_ttft(self, p: int, projected_s: float, measured_s: float) -> None:
+        """A request routed to prefill instance p was projected to get its first token `projected_s`
+        after it was routed and got it after `measured_s`."""
+        self.drift.observe(p, projected_s, measured_s)
 
     def _ttft(self, r: Request) -> float:
         return r.ttft_s if r.ttft_s is not None else (self.slo.get(r.slo_class) or self.slo["default"]).ttft_s
@@ -246,10 +282,14 @@ class SloGate:
     def _budget(self, r: Request) -> float:
         return self.target_s(r) + self.settings.extra_wait_s
 
-    def service_s(self, prompt_tokens: float) -> float:
-        """Prefill, KV transfer and one decode step of a prompt on an idle cluster."""
+    def _after_prefill_s(self, prompt_tokens: float) -> float:
+        """From the prefill's first token to the client's: the KV transfer and one decode step."""
         p = self.profile
-        return float(p.prefill_time(prompt_tokens)) + p.kv_transfer_time(prompt_tokens) + p.step_time(1, prompt_tokens)
+        return p.kv_transfer_time(prompt_tokens) + p.step_time(1, prompt_tokens)
+
+    def service_s(self, prompt_tokens: float) -> float:
+        """Prefill (its steps on an idle instance), KV transfer and one decode step of a prompt on an idle cluster."""
+        return self._terms.alone_s(prompt_tokens) + self._after_prefill_s(prompt_tokens)
 
     def decode_room(self, v: ClusterView) -> int:
         """Slots left on routable decode instances that are not saturated by their own account."""
@@ -259,19 +299,42 @@ class SloGate:
             full = (v.kv_usage >= s.kv_high) | (v.waiting_obs >= s.waiting_high)
         return int(self.decode_slots * np.count_nonzero(mask & ~full)) - v.table.n
 
+    def _kv_full(self, v: ClusterView) -> bool:
+        with np.errstate(invalid="ignore"):
+            return bool(np.any(v.decode_mask() & (v.kv_usage >= self.settings.kv_high)))
+
     def backlogs(self, v: ClusterView, now: float) -> np.ndarray:
-        """Seconds of prefill work waiting on each routable prefill instance."""
+        """Seconds until each routable prefill instance has drained what is queued on it: the
+        projection's, or what its engine reports waiting (typical prompts, batched) if more."""
+        self._terms = v.queues.terms
         mask = v.prefill_mask()
         projected = np.maximum(v.prefill_free_at[mask] - now, 0.0)
-        engine = v.waiting_obs[mask] * float(self.profile.prefill_time(self.typical_prompt))
-        out: np.ndarray = np.maximum(projected, engine)
+        engine = np.array([self._terms.backlog_s(float(w), self.typical_prompt) for w in v.waiting_obs[mask]])
+        out: np.ndarray = np.maximum(projected, engine) if len(engine) else projected
         return out
 
-    def fits_now(self, r: Request, v: ClusterView, now: float, backlogs: np.ndarray | None = None) -> bool:
+    def first_token_s(self, r: Request, v: ClusterView, now: float) -> np.ndarray:
+        """Per routable prefill instance: seconds from now until `r`'s first token would come out
+        there if routed now — batched into the projection, or behind what the engine reports
+        waiting if that is later — scaled by the instance's measured drift."""
+        t = self._terms = v.queues.terms
+        mask = v.prefill_mask()
+        tokens = float(r.prompt_tokens)
+        projected = v.first_token_at(tokens)[mask] - now
+        waiting = v.waiting_obs[mask]
+        if waiting.any():
+            engine = np.array([t.backlog_s(float(w), self.typical_prompt, tokens) for w in waiting])
+            projected = np.maximum(projected, engine)
+        out: np.ndarray = projected * self.drift.of(v.n_instances)[mask]
+        return out
+
+    def fits_now(self, r: Request, v: ClusterView, now: float) -> bool:
         """`r` routed now is expected to start within headroom × its TTFT target of arrival (the
         bounded wait, if any, is spent in the gateway's queue, not in an engine's)."""
-        b = self.backlogs(v, now) if backlogs is None else backlogs
-        return bool(len(b)) and now - r.arrival + float(b.min()) + self.service_s(r.prompt_tokens) <= self.target_s(r)
+        first = self.first_token_s(r, v, now)
+        return bool(len(first)) and (
+            now - r.arrival + float(first.min()) + self._after_prefill_s(r.prompt_tokens) <= self.target_s(r)
+        )
 
     def _completion_rate(self, v: ClusterView) -> float:
         """Requests per second the decode pool finishes at full slots (from the profile)."""
@@ -284,21 +347,30 @@ class SloGate:
     def predicted_start(self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0) -> float:
         """Seconds after its arrival `r` is expected to start if held behind `held` requests (`share` of
         the held prefill work: less than all when held requests are released fairly between tenants)."""
-        b = self.backlogs(v, now)
-        prefill = (float(b.sum()) + share * self.held_work_s) / max(len(b), 1)
+        first = self.first_token_s(r, v, now)
+        prefill = (float(first.sum()) + share * self.held_work_s) / max(len(first), 1)
         room = self.decode_room(v) - held
         decode_wait = 0.0 if room > 0 else (1 - room) / self._completion_rate(v)
-        return now - r.arrival + max(prefill, decode_wait) + self.service_s(r.prompt_tokens)
+        alone = self._terms.alone_s(r.prompt_tokens)
+        return now - r.arrival + max(prefill, decode_wait + alone) + self._after_prefill_s(r.prompt_tokens)
+
+    def _cause(self, v: ClusterView, held: float) -> RefusalCause:
+        if self.decode_room(v) - held > 0:
+            return RefusalCause.PREFILL_BACKLOG
+        return RefusalCause.KV if self._kv_full(v) else RefusalCause.DECODE_SLOTS
 
     def refusal(self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0) -> str | None:
         """Why `r` cannot be held (expected to start after its wait bound), or None."""
         start = self.predicted_start(r, v, now, held, share)
         if start <= self._budget(r):
             return None
-        self.refused[Role.DECODE if self.decode_room(v) - held <= 0 else Role.PREFILL] += 1
+        cause = self._cause(v, held)
+        self.refused[Role.PREFILL if cause == RefusalCause.PREFILL_BACKLOG else Role.DECODE] += 1
+        self.count_refusal(cause, start, self._budget(r))
         return (
-            f"the cluster is saturated: this request would start about {start:.1f} s after arrival, past its class's "
-            f"TTFT target {self._ttft(r):g} s + bounded wait {self.settings.extra_wait_s:g} s; retry later"
+            f"the cluster is saturated ({cause.value}): this request would start about {start:.1f} s after arrival, "
+            f"past its class's TTFT target {self._ttft(r):g} s + bounded wait {self.settings.extra_wait_s:g} s; "
+            "retry later"
         )
 
     def hopeless(self, r: Request, now: float) -> bool:
@@ -320,29 +392,37 @@ class SloGate:
                 return Admission.SHED, why
         decision = adm.admit(queue, r, now, 0)
         if decision == Admission.QUEUED:
-            self.held_work_s += float(self.profile.prefill_time(r.prompt_tokens))
+            self.held_work_s += self._terms.marginal_s(r.prompt_tokens)
+        else:
+            self.count_refusal(RefusalCause.QUEUE_FULL, self.predicted_start(r, v, now, len(adm)), self.wait_bound_s(r))
         return decision, None
+
+    def clear_held(self) -> None:
+        """Nothing is held any more."""
+        self.held_work_s = 0.0
 
     def release(
         self, adm: AdmissionControl, queue: QueuePolicy, v: ClusterView, now: float, room: int
     ) -> list[Request]:
         """Held requests to route now, one at a time in the queue policy's order, while a decode slot
-        is free (`room`) and the least loaded prefill instance, counting the ones released here,
-        can start the head within its target once routed (its wait so far is spent: `expire`
-        answers it when past its bound)."""
-        backlogs = self.backlogs(v, now).copy()
+        is free (`room`) and the prefill instance where the head's first token comes soonest,
+        counting the ones released here, can start it within its target once routed (an idle one
+        always can: its wait so far is spent, `expire` answers it when past its bound)."""
         out: list[Request] = []
-        if room <= 0 or not len(backlogs):
+        if room <= 0 or not v.routable_count(Role.PREFILL):
             return out
-        while (r := adm.head(queue)) is not None:
-            k = int(np.argmin(backlogs))
-            if room <= 0 or (backlogs[k] > 0 and backlogs[k] + self.service_s(r.prompt_tokens) > self.target_s(r)):
+        extra = np.zeros(int(np.count_nonzero(v.prefill_mask())))
+        while (r := adm.head(queue)) is not None and room > 0:
+            first = self.first_token_s(r, v, now) + extra
+            k = int(np.argmin(first))
+            waits = first[k] - self._terms.alone_s(r.prompt_tokens) > 1e-9
+            if waits and first[k] + self._after_prefill_s(r.prompt_tokens) > self.target_s(r):
                 break
             popped = adm.release(queue, now, 1)
             if not popped:
                 break
-            work = float(self.profile.prefill_time(popped[0].prompt_tokens))
-            backlogs[k] += work
+            work = self._terms.marginal_s(popped[0].prompt_tokens)
+            extra[k] += work
             self.held_work_s = max(self.held_work_s - work, 0.0) if adm else 0.0
             out.append(popped[0])
             room -= 1
@@ -352,15 +432,18 @@ class SloGate:
         self, adm: AdmissionControl, queue: QueuePolicy, v: ClusterView, now: float, expired: list[Request]
     ) -> list[Request]:
         """`expired` (past the queue policy's ttl_s) plus the held requests that can no longer start
-        within their wait bound, all removed from the queue."""
+        within their wait bound, all removed from the queue (each counted by the limit that held it)."""
         if adm:
             late = [r for r in queue.items() if self.hopeless(r, now)]
             for r in late:
                 adm.cancel(queue, r.id)
             self.expired += len(late)
-            self.refused[Role.DECODE if self.decode_room(v) <= 0 else Role.PREFILL] += len(late)
+            cause = self._cause(v, 0)
+            self.refused[Role.PREFILL if cause == RefusalCause.PREFILL_BACKLOG else Role.DECODE] += len(late)
+            for r in late:
+                self.count_refusal(cause, now - r.arrival + self.service_s(r.prompt_tokens), self.wait_bound_s(r))
             expired = [*expired, *late]
-        work = sum(float(self.profile.prefill_time(r.prompt_tokens)) for r in expired)
+        work = sum(self._terms.marginal_s(r.prompt_tokens) for r in expired)
         self.held_work_s = max(self.held_work_s - work, 0.0) if adm else 0.0
         return expired
 

@@ -166,6 +166,12 @@ class PrefillTimeEstimator:
     Starts from the profile's coefficients as a prior worth `prior_weight` observations; each
     observed prefill (prompt tokens, seconds) is folded into the normal equations with forgetting
     factor `forget`, and the coefficients are re-solved lazily.
+
+    What it observes is the work of one prompt, never a wait: the dispatcher feeds it only the
+    prefills that ran alone (routed to an idle instance, no other prompt in any of their steps;
+    core/prefill.py `PrefillQueues.ran_alone`), less the engine-step costs the batching model
+    adds (`StepTerms.alone_s(l) − t(l)`). A prefill measured while others queued or ran with it
+    includes them, and folding it in would count that queueing again as per-prompt cost.
     """
 
     def __init__(
@@ -189,6 +195,7 @@ class PrefillTimeEstimator:
         self._pending: list[tuple[float, float]] = []
         self._last = (-1.0, 0.0)
         """The last scalar query and its answer (routing asks twice per request)."""
+        self._coef_tuple: tuple[float, float, float] | None = None
 
     def observe(self, prompt_tokens: float, seconds: float) -> None:
         """Record one prefill; every `refit_every` of them are folded in and the fit re-solved."""
@@ -219,6 +226,17 @@ class PrefillTimeEstimator:
             coef = np.linalg.lstsq(a, self._xty / scale, rcond=None)[0] / scale
         self.coef = np.maximum(coef, 0.0)
         self._dirty = False
+        self._coef_tuple = None
+
+    def coefficients(self) -> tuple[float, float, float]:
+        """(a, b, c) now; the same tuple object until the fit changes (callers may cache on it)."""
+        if self._dirty or self._coef_tuple is None:
+            if self._dirty:
+                self._solve()
+                self._last = (-1.0, 0.0)
+            a, b, c = self.coef
+            self._coef_tuple = (float(a), float(b), float(c))
+        return self._coef_tuple
 
     def __call__(self, prompt_tokens: np.ndarray | float) -> np.ndarray | float:
         if self._dirty:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from core.cache.index import PrefixLookup
-from core.decisions import Explain
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
+from core.lora import LoraResidency
 from core.perf import PerfProfile
+from core.prefill import PrefillQueues
 from core.request_table import RUNNING, RequestTable
 from core.slo import DEFAULT_SLO, SLOClass
 from core.types import InstancePhase, Request, Role
@@ -35,6 +38,13 @@ def _ints() -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
 
 
+class DecisionNotes(Protocol):
+    """Where policies note what they saw while a sampled decision is taken (core/decisions.py's `Explain`,
+    which `note` fills and the dispatcher turns into records): stage → the choice noted."""
+
+    choices: dict[str, Any]
+
+
 @dataclass
 class ClusterView:
     """What policies see. The dispatcher owns and updates it in place; policies must not mutate it."""
@@ -54,7 +64,8 @@ class ClusterView:
     phase: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
     """InstancePhase code per index (see PHASES); only ACTIVE instances are routable."""
     prefill_free_at: np.ndarray = field(default_factory=_floats)
-    """When each prefill instance is projected to have finished what was routed to it."""
+    """When each prefill instance is projected to have finished what was routed to it and may start
+    its next step: the drain time of `prefill_queues`' batching-aware projection (the same array)."""
     kv_usage: np.ndarray = field(default_factory=_floats)
     """Observed KV usage in [0, 1] per index (live polling); NaN when never observed."""
     waiting_obs: np.ndarray = field(default_factory=_ints)
@@ -78,11 +89,44 @@ class ClusterView:
     decode_only: bool = False
     """Whether a request may be served by a decode instance alone (Assignment.prefill None): the
     simulator models it; a live console sets it when its backend forwards such requests."""
-    explain: Explain | None = None
+    lora: LoraResidency | None = None
+    """Which LoRA adapters each instance holds or is loading (core/lora.py), kept by whoever runs the
+    instances (the console from its load calls and `vllm:lora_requests_info`); None: unknown
+    (adapter-aware routing then routes as its wrapped policy does)."""
+    explain: DecisionNotes | None = None
     """Set by the dispatcher while a sampled decision is taken: policies `note` what they saw into it."""
+    prefill_queues: PrefillQueues | None = None
+    """The dispatcher's projection of each prefill instance's steps (core/prefill.py); made with the
+    view. Read it through `first_token_at`."""
     _masks: dict[Role, np.ndarray] = field(default_factory=dict)
     _n_routable: dict[Role, int] = field(default_factory=dict)
     _cached: tuple[Request, float, np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefill_queues is None:
+            self.prefill_queues = PrefillQueues(self.profile, self.prefill_time)
+            self.prefill_queues.view = self
+            for _ in range(len(self.prefill_free_at)):
+                self.prefill_queues.add_instance()
+            self.prefill_queues.free_at[:] = self.prefill_free_at
+            self.prefill_free_at = self.prefill_queues.free_at
+
+    @property
+    def queues(self) -> PrefillQueues:
+        """`prefill_queues`, never None once the view is made."""
+        q = self.prefill_queues
+        assert q is not None
+        return q
+
+    def first_token_at(self, tokens: float | np.ndarray) -> np.ndarray:
+        """Per instance index: when a prompt of `tokens` uncached tokens (one number, or one per
+        instance) routed now would get its first token there, batched with what is projected there
+        as vLLM's scheduler batches (core/prefill.py). Meaningful on prefill instances only."""
+        return self.queues.first_token_at(tokens, self.now, self.prefill_free_at)
+
+    def first_token_at_one(self, p: int, tokens: float) -> float:
+        """`first_token_at` on instance p alone."""
+        return self.queues.first_token_at_one(p, tokens, self.now, float(self.prefill_free_at[p]))
 
     def cached_tokens(self, request: Request) -> np.ndarray:
         """Prompt tokens each instance (by index) would find cached for `request`: its matched
@@ -120,6 +164,15 @@ class ClusterView:
         """Forget cached masks after instances are added, removed, flipped or change health."""
         self._masks.clear()
         self._n_routable.clear()
+
+    def narrowed(self, prefill: np.ndarray, decode: np.ndarray) -> ClusterView:
+        """A shallow copy whose routable prefill and decode instances are only those of the boolean
+        masks given (and routable here): what a wrapping policy hands the policy it wraps. Every
+        array is shared (policies must not mutate the view); only the masks differ."""
+        v = copy.copy(self)
+        v._masks = {Role.PREFILL: prefill & self.prefill_mask(), Role.DECODE: decode & self.decode_mask()}
+        v._n_routable = {}
+        return v
 
     def routable_count(self, role: Role) -> int:
         """How many instances are routable for `role` (cached like the masks)."""

@@ -116,7 +116,7 @@ class AdmittingMixin(InstancesMixin):
         """Drop a held request (its client went away); False if it was not held."""
         gone = self.admission.cancel(self.queue, request_id)
         if self.gate is not None and not self.admission:
-            self.gate.held_work_s = 0.0
+            self.gate.clear_held()
         return gone
 
     def queue_depth(self) -> int:

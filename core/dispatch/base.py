@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.admission import AdmissionControl, SloGate
-from core.cache.tracker import PrefixTracker
 from core.decision_log import DecisionLog, PrefixHits
+from core.dispatch.prefix import PrefixTracker
 from core.periodic import PeriodicRunner, SloWindow
 from core.policies.base import QueuePolicy, ReschedulePolicy, RoutingPolicy, ScalingPolicy
-from core.policies.rank import RankPolicyBase
+from core.policies.rank.base import RankPolicyBase
 from core.types import (
     PolicyEvent,
     PolicyKind,
@@ -44,10 +43,10 @@ class _Tracked:
     router: RoutingPolicy
     """The routing policy that routed it; it also binds it late, whatever is active by then."""
     prefill_est: float
+    """Seconds from routing to its projected first token (`prefill_due` − routed at)."""
     prefill_due: float
-    """When its prefill was projected to end on its prefill instance (FIFO behind the backlog)."""
-    shift_base: float = 0.0
-    """Its prefill instance's cumulative projection shift when `prefill_due` was set (see _end_prefill)."""
+    """When its first token was projected to come out of its prefill instance as routed (batched
+    with the prompts projected there, core/prefill.py); view.queues.due has it as projected now."""
     in_prefill: bool = True
     """Routed and its prefill has not ended (counted in view.prefill_n)."""
     computed: int = 0
@@ -70,7 +69,6 @@ class DispatcherBase:
     prefix: PrefixTracker
     _dp_groups: dict[int, tuple[int, int]]
     _tracked: dict[Hashable, _Tracked]
-    _prefill_shift: defaultdict[int, float]
     admission: AdmissionControl
     gate: SloGate | None
     shed_reason: str

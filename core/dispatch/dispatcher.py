@@ -8,7 +8,6 @@ it virtual time; the live gateway feeds it time.monotonic(). Both drive the same
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
@@ -17,10 +16,10 @@ import numpy as np
 from core.admission import AdmissionControl, SloGate
 from core.cache.events import KVEvent
 from core.cache.index import PrefixLookup
-from core.cache.tracker import APPROXIMATE_TTL_S, PrefixTracker
 from core.decision_log import DecisionLog, PrefixHits, periodic_records
 from core.dispatch.base import AssignmentScore, PolicySetting, _Tracked
 from core.dispatch.lifecycle import LifecycleMixin
+from core.dispatch.prefix import APPROXIMATE_TTL_S, PrefixTracker
 from core.errors import PolicyError
 from core.estimators import DecodeRateEstimator, PrefillTimeEstimator, SurvivalEstimator
 from core.perf import PerfProfile
@@ -87,9 +86,6 @@ class Dispatcher(LifecycleMixin):
         self._dp_groups: dict[int, tuple[int, int]] = {}
         """Decode instances that are data-parallel groups: index → (ranks, slots per rank)."""
         self._tracked: dict[Hashable, _Tracked] = {}
-        self._prefill_shift: defaultdict[int, float] = defaultdict(float)
-        """Per prefill instance index: the sum of the shifts its projection took as prefills ended
-        early or late (a queued request's due moves with every shift after it was queued)."""
         self.admission = AdmissionControl()
         """Requests held by the queue policy, and when each was queued."""
         self.gate: SloGate | None = None
@@ -185,7 +181,7 @@ class Dispatcher(LifecycleMixin):
         """Name and params of the active policy of every kind."""
         return {k.value: {"name": p.name, "params": p.params.model_dump()} for k, p in self.policies.items()}
 
-    # --- the prefix cache (core/cache/tracker.py) ----------------------------------------------
+    # --- the prefix cache (core/dispatch/prefix.py) ----------------------------------------------
     def use_prefix_lookup(self, lookup: PrefixLookup, block_size: int, decode_only: bool = True) -> None:
         """Exact: routing reads the world's own caches (the simulator's pools)."""
         self.prefix.exact(lookup, block_size, decode_only)

@@ -48,8 +48,8 @@ class LifecycleMixin(AdmittingMixin):
             else:
                 p = self._index[a.prefill]
                 computed = request.prompt_tokens - int(v.cached_tokens(request)[p])
-                est = float(v.prefill_time(computed))
-                due = v.prefill_free_at[p] = max(v.prefill_free_at[p], now) + est
+                due = v.queues.push(p, request.id, computed, now)
+                est = due - now
                 v.prefill_n[p] += 1
         except BaseException:
             if ex is not None and log is not None:
@@ -67,7 +67,7 @@ class LifecycleMixin(AdmittingMixin):
         t.arrival[i] = request.arrival
         t.ttft_slo[i] = request.ttft_s
         t.tpot_slo[i] = request.tpot_s
-        t.tau[i] = a.projected_handoff or now + est
+        t.tau[i] = a.projected_handoff or due
         if a.decode is not None:
             d = t.inst[i] = self._index[a.decode]
             v.pending_n[d] += 1
@@ -79,7 +79,6 @@ class LifecycleMixin(AdmittingMixin):
             in_prefill=p >= 0,
             routed_at=now,
             computed=computed,
-            shift_base=self._prefill_shift[p] if p >= 0 else 0.0,
             sampled=ex is not None,
         )
         for _, shadow in self.shadows:
@@ -125,34 +124,45 @@ class LifecycleMixin(AdmittingMixin):
         return self.view.instance_ids[d] if d >= 0 else None
 
     def on_prefill_start(self, rid: Hashable, now: float) -> None:
-        t = self.view.table
+        v = self.view
+        t = v.table
         i = t.row[rid]
-        t.tau[i] = now + self._tracked[rid].prefill_est + self.view.profile.kv_transfer_time(t.l_in[i])
+        q = v.queues
+        due = q.due(rid) if rid in q else now + self._tracked[rid].prefill_est
+        t.tau[i] = max(due, now) + v.profile.kv_transfer_time(t.l_in[i])
 
     def _end_prefill(self, tracked: _Tracked, p: int, now: float, completed: bool = True) -> None:
-        """Settle the projection. The instance's free-at time already has this request's work in
-        it: a prefill that ends shifts it by how late (or early) it ended against its projected
-        end; one that leaves unfinished takes what was left of its work out."""
+        """Settle the projection (core/prefill.py PrefillQueues): a prefill that ends settles the
+        steps up to its own and moves the ones after by how late (or early) it ended; one that
+        leaves unfinished is taken out of the steps that have not started."""
         v = self.view
         if tracked.in_prefill:
             tracked.in_prefill = False
             v.prefill_n[p] -= 1
-            # its due as projected now: the shifts settled since it was queued moved it too (without
-            # this, every request queued behind a late one would add that lateness again)
-            due = tracked.prefill_due + self._prefill_shift[p] - tracked.shift_base
-            shift = now - due if completed else -min(tracked.prefill_est, max(due - now, 0.0))
-            self._prefill_shift[p] += shift
-            v.prefill_free_at[p] = max(now, v.prefill_free_at[p] + shift)
+            if completed:
+                v.queues.end(tracked.request.id, now)
+            else:
+                v.queues.leave(tracked.request.id, now)
 
     def on_prefill_end(self, rid: Hashable, now: float, seconds: float | None = None) -> None:
-        """Prefill finished (KV transfer may follow); `seconds` is the measured prefill duration."""
+        """Prefill finished (KV transfer may follow); `seconds` is the measured prefill duration.
+
+        Only a prefill that ran alone (an idle instance, no other prompt in its steps) teaches the
+        prefill-time estimator, less the step costs the batching model adds itself: any other
+        measured duration includes waiting behind or beside other prompts, which the projection
+        already counts (see PrefillTimeEstimator)."""
         v = self.view
         t = v.table
         i = t.row[rid]
         tracked = self._tracked[rid]
+        q = v.queues
+        if seconds is not None and seconds > 0 and tracked.in_prefill and q.ran_alone(rid):
+            terms = q.terms
+            computed = max(tracked.computed, 1)
+            overhead = terms.alone_s(computed) - float(v.prefill_time(float(computed)))
+            if seconds > overhead:
+                v.prefill_time.observe(computed, seconds - overhead)
         self._end_prefill(tracked, int(t.prefill[i]), now)
-        if seconds is not None and seconds > 0:
-            v.prefill_time.observe(tracked.computed, seconds)
         t.tau[i] = now + v.profile.kv_transfer_time(t.l_in[i])
 
     def retry_prefill(self, rid: Hashable, tried: Sequence[str], now: float) -> str | None:
@@ -166,16 +176,15 @@ class LifecycleMixin(AdmittingMixin):
         if not mask.any():
             return None
         tracked = self._tracked[rid]
-        est = tracked.prefill_est
         old = int(t.prefill[i])
         self._end_prefill(tracked, old, now, completed=False)
-        start = np.where(mask, np.maximum(v.prefill_free_at, now), np.inf)
-        p = int(np.argmin(start))
+        v.now = now
+        first = np.where(mask, v.first_token_at(max(tracked.computed, 1)), np.inf)
+        p = int(np.argmin(first))
         if self.decisions is not None and self.decisions.sampled(rid):
-            self.decisions.add([Record.of(recording.retry_record(v, "prefill", rid, start - now, mask, p))])
-        v.prefill_free_at[p] = start[p] + est
-        tracked.prefill_due = float(v.prefill_free_at[p])
-        tracked.shift_base = self._prefill_shift[p]
+            self.decisions.add([Record.of(recording.retry_record(v, "prefill", rid, first - now, mask, p))])
+        tracked.prefill_due = v.queues.push(p, rid, tracked.computed, now)
+        tracked.prefill_est = tracked.prefill_due - now
         v.prefill_n[p] += 1
         tracked.in_prefill = True
         t.prefill[i] = p
@@ -280,6 +289,11 @@ class LifecycleMixin(AdmittingMixin):
             tpot: float | None = None
             if first_token_at is not None:
                 tpot = (now - first_token_at) / (output_tokens - 1) if output_tokens > 1 else 0.0
+                p = int(t.prefill[i])
+                if self.gate is not None and p >= 0:  # the feedback that corrects admission's projection
+                    after = v.profile.kv_transfer_time(req.prompt_tokens) + v.profile.step_time(1, req.prompt_tokens)
+                    projected = tracked.prefill_due + after - tracked.routed_at
+                    self.gate.observe_ttft(p, projected, first_token_at - tracked.routed_at)
                 self.routing.observe_completion(
                     req, first_token_at - req.arrival, tpot, tracked.routed_at - req.arrival
                 )

@@ -11,22 +11,24 @@ from core.view import ClusterView
 
 
 def least_queued_prefill(request: Request, view: ClusterView) -> tuple[int, float]:
-    """The healthy prefill instance that frees up first, and when this request's prefill would end."""
+    """The healthy prefill instance where this request's first token would come out soonest,
+    batched with the prompts projected there as the engine batches them (core/prefill.py), the
+    least queued of those where it ties, and when."""
     mask = view.prefill_mask()
     count = view.routable_count(Role.PREFILL)
     if count == 0:
         raise NoCapacityError("no healthy prefill instance")
-    if count == 1:
+    if count == 1 and view.explain is None:
         p = int(mask.argmax())
-        begin = max(float(view.prefill_free_at[p]), view.now)
-    else:
-        start = np.where(mask, np.maximum(view.prefill_free_at, view.now), np.inf)
-        p = int(start.argmin())
-        begin = float(start[p])
+        return p, view.first_token_at_one(p, request.prompt_tokens)
+    first = np.where(mask, view.first_token_at(request.prompt_tokens), np.inf)
+    p = int(first.argmin())
+    ties = first <= first[p]
+    if np.count_nonzero(ties) > 1:  # the same first token on several (a free join): the least queued
+        p = int(np.where(ties, np.maximum(view.prefill_free_at, view.now), np.inf).argmin())
     if view.explain is not None:
-        queued = np.maximum(view.prefill_free_at - view.now, 0.0)
-        note(view, "prefill", "least_queued_prefill", "queued_s", queued, mask, p)
-    return p, begin + float(view.prefill_time(request.prompt_tokens))
+        note(view, "prefill", "least_queued_prefill", "first_token_in_s", first - view.now, mask, p)
+    return p, float(first[p])
 
 
 def projected_handoff(request: Request, prefill_end: float, view: ClusterView) -> float:

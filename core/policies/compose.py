@@ -89,15 +89,16 @@ class ComposedRouting(RoutingPolicyBase):
 
 def prefill_ttft(request: Request, view: ClusterView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per instance index (inf where not a routable prefill instance): estimated seconds until
-    this request's prefill would end there — queued work (prefill_free_at − now) plus the prefill
-    of its uncached tokens there — the queued work alone, and the cached tokens."""
+    this request's first token would come out there — its uncached tokens batched with the prompts
+    projected there, as the engine batches them (view.first_token_at) — the queued work alone
+    (prefill_free_at − now, the projected drain), and the cached tokens."""
     mask = view.prefill_mask()
     if view.routable_count(Role.PREFILL) == 0:
         raise NoCapacityError("no healthy prefill instance")
     queued = np.where(mask, np.maximum(view.prefill_free_at - view.now, 0.0), np.inf)
     cached = view.cached_tokens(request)
-    work = np.asarray(view.prefill_time(np.maximum(request.prompt_tokens - cached, 1.0)), dtype=float)
-    return queued + work, queued, cached
+    first = view.first_token_at(np.maximum(request.prompt_tokens - cached, 1.0))
+    return np.where(mask, first - view.now, np.inf), queued, cached
 
 
 def guarded_argmin(

@@ -13,6 +13,7 @@ from core.errors import NoCapacityError
 from core.policies.choice import RotatingArgmin
 from core.policies.compose import ComposedParams, ComposedRouting
 from core.policies.registry import register
+from core.prefill import StepTerms
 from core.types import Assignment, PolicyKind, Request, Role
 from core.view import ClusterView
 
@@ -38,8 +39,8 @@ class Oracle(ComposedRouting):
     - what the requests already queued on each prefill instance will have cached there when this
       one's prefill starts (their keys; the queue is FIFO), so a prefix that is being computed
       counts as a hit, as it will be;
-    - the profile's true prefill time of the uncached tokens (not the online estimate), on top of
-      the dispatcher's projection of the queued work;
+    - the profile's true prefill terms for the uncached tokens (not the online estimate), batched
+      into the dispatcher's projection of the queued work (core/prefill.py);
     - true output lengths, for its decode policy (e.g. ``decode=clairvoyant``).
 
     It does not know future arrivals (it never holds a prefix back for a request to come) and it
@@ -59,6 +60,13 @@ class Oracle(ComposedRouting):
         self._argmin = RotatingArgmin()
         self._queued: dict[int, deque[tuple[float, tuple[int, ...]]]] = {}
         self._held: dict[int, dict[int, int]] = {}
+        self._true: tuple[int, StepTerms] | None = None
+
+    def _terms(self, view: ClusterView) -> StepTerms:
+        """The profile's own step terms (the true ones in the simulator)."""
+        if self._true is None or self._true[0] != id(view.profile):
+            self._true = (id(view.profile), StepTerms.of(view.profile))
+        return self._true[1]
 
     def _expire(self, now: float) -> None:
         for p, q in self._queued.items():
@@ -91,9 +99,10 @@ class Oracle(ComposedRouting):
         cached = view.cached_tokens(request).copy()
         for j in np.flatnonzero(mask).tolist():
             cached[j] = self._will_cache(j, keys, int(cached[j]) // bs, cap) * bs
-        queued = np.where(mask, np.maximum(view.prefill_free_at - view.now, 0.0), np.inf)
-        work = np.asarray(view.profile.prefill_time(np.maximum(request.prompt_tokens - cached, 1.0)), dtype=float)
-        ttft = queued + work
+        first = view.queues.first_token_at(
+            np.maximum(request.prompt_tokens - cached, 1.0), view.now, view.prefill_free_at, self._terms(view)
+        )
+        ttft = np.where(mask, first - view.now, np.inf)
         p = int(self._argmin(ttft, mask))
         note(view, "prefill", self.name, "true_ttft_s", ttft, mask, p, will_cache_tokens=cached)
         tau = view.now + float(ttft[p]) + view.profile.kv_transfer_time(request.prompt_tokens)

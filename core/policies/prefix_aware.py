@@ -32,10 +32,11 @@ class PrefixAwareParams(ComposedParams):
     "guard; decode by another routing policy (default sibyl)",
 )
 class PrefixAware(ComposedRouting):
-    """Estimated TTFT on prefill instance p: (prefill_free_at[p] − now) + prefill_time(prompt −
-    cached on p), the cached tokens read from the view's prefix lookup (exact in the simulator,
-    approximate or precise live). Without a prefix lookup it is least queued work + the same
-    prefill everywhere, i.e. the baselines' prefill choice."""
+    """Estimated TTFT on prefill instance p: when the first token of its prompt − cached on p would
+    come out there, batched with the prompts projected there (view.first_token_at, core/prefill.py),
+    the cached tokens read from the view's prefix lookup (exact in the simulator, approximate or
+    precise live). Without a prefix lookup it is the soonest first token of the same prompt
+    everywhere, i.e. the baselines' prefill choice."""
 
     reads_prefix = True
 
@@ -51,8 +52,7 @@ class PrefixAware(ComposedRouting):
             p = int(view.prefill_mask().argmax())
             self._argmin.cursor += 1  # as the scoring path's argmin would (ties later rotate alike)
             cached = float(view.cached_tokens(request)[p]) if request.prefix_keys else 0.0
-            queued = max(float(view.prefill_free_at[p]) - view.now, 0.0)
-            ttft_p = queued + float(view.prefill_time(max(request.prompt_tokens - cached, 1.0)))
+            ttft_p = view.first_token_at_one(p, max(request.prompt_tokens - cached, 1.0)) - view.now
         else:
             ttft, queued_all, _ = prefill_ttft(request, view)
             p = guarded_argmin(ttft, queued_all, self.params.balance_s, self._argmin, view)

@@ -116,8 +116,7 @@ class SessionAffinity(ComposedRouting):
     def route(self, request: Request, view: ClusterView) -> Assignment:
         p = self.prefill_for(request, view)
         cached = view.cached_tokens(request)[p]
-        begin = max(float(view.prefill_free_at[p]), view.now)
-        end = begin + float(view.prefill_time(max(request.prompt_tokens - int(cached), 1)))
+        end = view.first_token_at_one(p, max(request.prompt_tokens - int(cached), 1))
         tau = end + view.profile.kv_transfer_time(request.prompt_tokens)
         d = self.decode_at(request, view, tau)
         ids = view.instance_ids

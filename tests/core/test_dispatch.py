@@ -32,44 +32,65 @@ def test_lifecycle_moves_counts_and_feeds_estimators() -> None:
 
 
 def test_a_prefill_that_ends_on_time_leaves_the_backlog_behind_it_intact() -> None:
-    """Three 1-s prompts queue on p0 (free at 3 s). The first ends at 1 s, as projected: p0 is
-    still busy until 3 s, so the next arrival goes to idle p1 (subtracting the finished
-    estimate would have made p0 look free at 2 s and piled the arrival onto it)."""
+    """Three prompts on p0 at once, batched as the engine batches them (the toy profile's prefill
+    step is its 1 s base plus the 0.1 s engine step it runs in): r0 alone in the first step (0 to
+    1.1 s), r1 and r2 together in the second (1.1 to 2.2 s). r0 ends on time: p0 is still busy
+    until 2.2 s, so the next arrival goes to idle p1 (subtracting the finished work would have
+    made p0 look free and piled the arrival onto it)."""
     d = cluster("round_robin", prefill=1, decode=1)
     for k in range(3):
         d.route(Request(f"r{k}", 0.0, 10, 5), 0.0)
     d.add_instance("p1", Role.PREFILL)
     p0 = d.index_of("p0")
-    assert d.view.prefill_free_at[p0] == pytest.approx(3.0)
-    d.on_prefill_end("r0", 1.0, seconds=1.0)
-    assert d.view.prefill_free_at[p0] == pytest.approx(3.0)
-    d.on_prefill_end("r1", 2.5, seconds=1.5)  # half a second late: everything behind it is too
-    assert d.view.prefill_free_at[p0] == pytest.approx(3.5)
+    assert d.view.prefill_free_at[p0] == pytest.approx(2.2)
+    d.on_prefill_end("r0", 1.1, seconds=1.1)
+    assert d.view.prefill_free_at[p0] == pytest.approx(2.2)
+    d.on_prefill_end("r1", 2.7, seconds=2.7)  # half a second late: its step, r2 with it, ended then
+    assert d.view.prefill_free_at[p0] == pytest.approx(2.7)
     assert d.route(Request("r3", 2.5, 10, 5), 2.5).prefill == "p1"
 
 
 def test_lateness_is_counted_once_for_the_requests_queued_behind_it() -> None:
-    """Four 1-s prompts queue on p0 (due 1, 2, 3, 4 s). The first ends 0.7 s late, so each one behind
-    it ends 0.7 s late too, and the instance frees at 4.7 s, not 4 + 4 × 0.7 (each queued request
-    compared its old due with its end and added the same lateness again: a phantom backlog that
-    left a second prefill instance idle while arrivals queued on the first)."""
+    """Four prompts on p0 at once: r0 alone in the first step (due 1.1 s), r1 to r3 sharing the
+    second (due 2.2 s). r0 ends 0.7 s late, so the second step ends 0.7 s late too, and the
+    instance frees at 2.9 s, not 2.2 + 3 × 0.7 (each queued request comparing its old due with its
+    end and adding the same lateness again: a phantom backlog that left a second prefill instance
+    idle while arrivals queued on the first)."""
     d = cluster("round_robin", prefill=1, decode=1)
     for k in range(4):
         d.route(Request(f"r{k}", 0.0, 10, 5), 0.0)
     p0 = d.index_of("p0")
-    for k in range(4):
-        d.on_prefill_end(f"r{k}", k + 1.7, seconds=1.0 if k else 1.7)
-        assert d.view.prefill_free_at[p0] == pytest.approx(4.7), k
-    est = float(d.view.prefill_time(10))  # the estimator learned from the measured durations
-    d.route(Request("r4", 4.7, 10, 5), 4.7)
-    assert d.view.prefill_free_at[p0] == pytest.approx(4.7 + est)
+    assert d.view.prefill_free_at[p0] == pytest.approx(2.2)
+    d.on_prefill_end("r0", 1.8, seconds=1.8)
+    assert d.view.prefill_free_at[p0] == pytest.approx(2.9)
+    for k in range(1, 4):
+        d.on_prefill_end(f"r{k}", 2.9, seconds=2.9)
+        assert d.view.prefill_free_at[p0] == pytest.approx(2.9), k
+    alone = d.view.queues.terms.alone_s(10)  # the estimator learned from r0, which ran alone
+    d.route(Request("r4", 2.9, 10, 5), 2.9)
+    assert d.view.prefill_free_at[p0] == pytest.approx(2.9 + alone)
+
+
+def test_only_a_prefill_that_ran_alone_teaches_the_prefill_time_estimator() -> None:
+    """A prefill measured beside or behind others includes them: folding it in as one prompt's
+    cost would count the queueing twice. One that ran alone is folded in less the engine step the
+    batching model adds itself."""
+    d = cluster("round_robin", prefill=1, decode=1)
+    for k in range(3):
+        d.route(Request(f"r{k}", 0.0, 10, 5), 0.0)
+    d.on_prefill_end("r0", 1.1, seconds=1.1)
+    assert d.view.prefill_time.observations == 1  # 1.1 s less the 0.1 s step: exactly the prior
+    assert float(d.view.prefill_time(10)) == pytest.approx(1.0)
+    d.on_prefill_end("r1", 4.0, seconds=4.0)
+    d.on_prefill_end("r2", 4.0, seconds=4.0)
+    assert d.view.prefill_time.observations == 1
 
 
 def test_failure_releases_the_prefill_projection() -> None:
     d = cluster("round_robin", decode=1)
     d.route(Request("r1", 0.0, 10, 5), 0.0)
     p = d.index_of("p0")
-    assert d.view.prefill_free_at[p] == pytest.approx(1.0)
+    assert d.view.prefill_free_at[p] == pytest.approx(1.1)  # 1 s prefill + the 0.1 s step it runs in
     d.on_fail("r1", 0.0)
     assert d.view.prefill_free_at[p] == pytest.approx(0.0)
     assert len(d.view.table) == 0 and d.view.pending_n.sum() == 0
@@ -139,7 +160,7 @@ def test_retry_prefill_moves_to_an_untried_healthy_instance() -> None:
     d.set_health("p2", False)
     assert d.retry_prefill("r1", ["p0"], 0.0) == "p1"
     assert d.view.prefill_free_at[d.index_of("p0")] == 0.0
-    assert d.view.prefill_free_at[d.index_of("p1")] == 1.0
+    assert d.view.prefill_free_at[d.index_of("p1")] == pytest.approx(1.1)
     assert d.retry_prefill("r1", ["p0", "p1"], 0.0) is None
 
 

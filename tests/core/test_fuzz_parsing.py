@@ -98,6 +98,7 @@ def fake_controller(**kw: Any) -> Any:
         # an open /v1 (no keys file), as console.live.tenants.Tenants is without one
         tenants=SimpleNamespace(keyed=False, authenticate=lambda header: "default", priority=lambda t, asked: asked),
         tracing=None,
+        services=None,  # what a LiveRequest uses: these tests capture the LiveRequest instead
     )
 
 

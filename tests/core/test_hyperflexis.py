@@ -210,10 +210,10 @@ def test_the_central_queue_holds_arrivals_while_prefill_is_backlogged_and_releas
     loose, tight = dict(ttft=20.0, tpot=1.0), dict(ttft=5.0, tpot=0.1)
     first = req(1, 0.0, **loose)
     assert d.admit(first, 0.0).value == "route"
-    d.route(first, 0.0)  # the toy profile prefills in 1 s: p0 is busy until t=1
+    d.route(first, 0.0)  # the toy profile prefills in 1 s, in a 0.1 s engine step: p0 is busy until t=1.1
     assert [d.admit(r, r.arrival).value for r in (req(2, 0.1, **loose), req(3, 0.2, **tight))] == ["queued", "queued"]
-    assert d.release(0.4) == []  # 0.6 s of prefill left ≥ 0.5
-    assert [r.id for r in d.release(0.6)] == [3]  # under the limit: one request, the tightest first
+    assert d.release(0.4) == []  # 0.7 s of prefill left ≥ 0.5
+    assert [r.id for r in d.release(0.7)] == [3]  # under the limit: one request, the tightest first
     assert d.queue_depth() == 1
 
 

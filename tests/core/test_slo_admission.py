@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from core.admission import SloAdmission, tpot_slots
+from core.admission_signals import RefusalCause
 from core.dispatch import Dispatcher
 from core.perf import get_profile
 from core.types import Admission, InstanceState, Request, Role
@@ -129,3 +130,101 @@ def test_off_keeps_the_old_limits() -> None:
     assert admit_all(d, 300).count(Admission.ROUTE) == 256  # max_in_flight_per_instance, nothing else
     assert d.gate is None and d.retry_after_s(0.0) is None
     assert np.isfinite(d.queue.params.ttl_s)
+
+
+# --- the batching-aware projection, refusals by cause, the measured drift (issue 37) -------------
+TINY = get_profile("cpu-tiny-llama")
+
+
+def tiny_cluster(**settings: object) -> Dispatcher:
+    d = Dispatcher(TINY, "round_robin")
+    d.add_instance("p0", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    d.use_slo_admission(SloAdmission.model_validate(settings))
+    return d
+
+
+def test_a_burst_of_short_prompts_is_batched_not_summed_and_all_of_it_is_admitted() -> None:
+    """64 prompts of 30 tokens on cpu-tiny-llama's 2048-token budget: the first starts at once,
+    alone; the other 63 (1,890 tokens) share the next step, paying its fixed costs once, after the
+    first one's host work; each finished prompt leaves 5.3 ms of host work."""
+    d = tiny_cluster()
+    decisions = [d.admit(Request(k, 0.0, 30, 16), 0.0) for k in range(64)]
+    for k, a in enumerate(decisions):
+        if a == Admission.ROUTE:
+            d.route(Request(k, 0.0, 30, 16), 0.0)
+    assert decisions == [Admission.ROUTE] * 64
+    terms = d.view.queues.terms
+    second = terms.alone_s(30) + terms.host + terms.step_s(63, 63 * 30, terms.chunk_s(0, 30) * 63)
+    assert d.view.queues.due(63) == pytest.approx(second)
+    assert d.view.prefill_free_at[0] == pytest.approx(second + 63 * terms.host)
+    assert second < 63 * float(TINY.prefill_time(30))  # less than the prompts one after another
+
+
+def test_a_prefill_backlog_refusal_is_counted_with_its_projected_start_against_the_bound() -> None:
+    d = cluster()
+    decisions = admit_all(d, 100)
+    by_cause = d.gate.refusals_by_cause()  # type: ignore[union-attr]
+    shed = decisions.count(Admission.SHED)
+    assert shed and by_cause["prefill_backlog"]["count"] == shed
+    # held to headroom × the 2 s TTFT target + no bounded wait
+    assert by_cause["prefill_backlog"]["last_projected_s"] > by_cause["prefill_backlog"]["bound_s"] == 0.8 * 2.0
+    assert all(by_cause[c]["count"] == 0 for c in ("decode_slots", "kv", "queue_full", "tenant_limit"))
+    assert "(prefill_backlog)" in d.shed_reason
+    assert d.gate.describe()["refused_prefill_backlog"] == shed  # type: ignore[union-attr]
+
+
+def test_decode_slot_kv_and_queue_refusals_are_told_apart() -> None:
+    d = cluster(decode_slots=2)
+    admit_all(d, 2)  # both slots taken
+    assert d.admit(req(10), 0.0) == Admission.SHED
+    gate = d.gate
+    assert gate is not None and gate.refusals_by_cause()["decode_slots"]["count"] == 1
+    d.observe_instance(InstanceState("d0", Role.DECODE, kv_usage=0.99))
+    assert d.admit(req(11), 0.0) == Admission.SHED
+    assert gate.refusals_by_cause()["kv"]["count"] == 1
+    held = Dispatcher(PROFILE, "round_robin", queue=("fcfs", {"max_queued": 1}))
+    held.add_instance("p0", Role.PREFILL)
+    held.add_instance("d0", Role.DECODE)
+    held.use_slo_admission(SloAdmission(extra_wait_s=30.0, decode_slots=1))
+    assert admit_all(held, 3) == [Admission.ROUTE, Admission.QUEUED, Admission.SHED]
+    assert held.gate is not None and held.gate.refusals_by_cause()["queue_full"]["count"] == 1
+    gate.count_refusal(RefusalCause.TENANT_LIMIT, 0.0, 0.0)  # the gateway's tenant table counts its own
+    assert gate.refusals_by_cause()["tenant_limit"]["count"] == 1
+
+
+def test_the_measured_ttft_corrects_a_projection_that_drifts_within_bounds() -> None:
+    d = tiny_cluster()
+    gate = d.gate
+    assert gate is not None
+    r = Request(1, 0.0, 40, 16)
+    plain = float(gate.first_token_s(r, d.view, 0.0)[0])
+    for _ in range(7):
+        gate.observe_ttft(0, 0.05, 0.1)
+    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(plain)  # too few samples yet
+    gate.observe_ttft(0, 0.05, 0.1)
+    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(2 * plain)
+    for _ in range(200):
+        gate.observe_ttft(0, 0.05, 5.0)
+    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(4 * plain)  # bounded
+
+
+def test_finished_requests_feed_the_drift_of_the_instance_that_prefilled_them() -> None:
+    d = tiny_cluster()
+    for k in range(8):
+        d.route(Request(k, 0.0, 40, 16), 0.0)
+    for k in range(8):
+        d.on_prefill_end(k, 0.1, 0.1)
+        d.on_decode_start(k, 0.1)
+        d.on_finish(k, 0.5, 16, first_token_at=0.4)
+    assert d.gate is not None and d.gate.drift.samples[0] == 8 and d.gate.drift.ratio[0] > 1.0
+
+
+def test_concurrent_prefill_durations_do_not_inflate_the_prefill_estimate() -> None:
+    """64 prompts measured at 0.5 s each, queueing included: only the one that ran alone counts."""
+    d = tiny_cluster()
+    for k in range(64):
+        d.route(Request(k, 0.0, 40, 16), 0.0)
+    for k in range(64):
+        d.on_prefill_end(k, 0.5, 0.5)
+    assert d.view.prefill_time.observations == 1

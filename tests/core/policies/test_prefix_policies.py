@@ -93,8 +93,8 @@ def test_prefix_aware_takes_the_decode_policys_binding_and_load() -> None:
 def test_the_projection_counts_uncached_tokens_on_the_chosen_instance() -> None:
     d = cluster("prefix_aware", {"decode": "least_load"}, held={"p1": 30})
     d.route(request(), 0.0)
-    # 640 tokens, 480 cached on p1: 0.16 s of prefill work projected there
-    assert d.view.prefill_free_at[d.index_of("p1")] == pytest.approx(0.16)
+    # 640 tokens, 480 cached on p1: 0.16 s of prefill work projected there, in one 0.1 s engine step
+    assert d.view.prefill_free_at[d.index_of("p1")] == pytest.approx(0.16 + 0.1)
 
 
 @pytest.mark.parametrize("held", [0, 30])
@@ -113,8 +113,8 @@ def test_one_prefill_instance_projects_as_the_scoring_path_does(held: int, queue
         a = d.route(request(), 0.0)
         assert a.prefill == "p0"
         taus.append(a.projected_handoff)
-    # 640 tokens at 1 ms each less what p0 holds, after its queue, plus 64 ms of KV transfer
-    assert taus[0] == taus[1] == pytest.approx(queued + 0.001 * (640 - 16 * held) + 0.064)
+    # 640 tokens at 1 ms each less what p0 holds in one 0.1 s engine step, after its queue, plus 64 ms of KV transfer
+    assert taus[0] == taus[1] == pytest.approx(queued + 0.001 * (640 - 16 * held) + 0.1 + 0.064)
 
 
 # --- session affinity -------------------------------------------------------------------------

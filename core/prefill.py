@@ -1,0 +1,500 @@
+"""Batching-aware prefill projection: when queued prompts' first tokens come out, stepping as vLLM's scheduler does.
+
+vLLM 0.32's V1 scheduler (`v1/core/sched/scheduler.py`; the emulator's `Engine._schedule` mirrors
+it) runs each step over the running sequences first (one token per decoding sequence, the next
+chunk of a prompt being prefilled), then admits waiting prompts first come first served while the
+step's token budget (`max_num_batched_tokens`) and running slots (`max_num_seqs`) last; a prompt
+that does not fit the budget left is chunked (chunked prefill) and finishes in a later step. A
+prompt's first token comes out at the end of the step that computes its last chunk. A step of B
+sequences holding K KV tokens costs `step_time(B, K)`, plus, when it carries prefill chunks,
+`prefill_base_s` once and per chunk from token a to b `prefill_per_token_s·(b − a) +
+prefill_per_token2_s·(b² − a²)`; a step finishing n prefill-only requests leaves
+n·`prefill_host_per_request_s` of host work the next step waits for (adapters/emulator/engine.py).
+A backlog is therefore tokens against a per-step budget, not a sum of per-prompt times.
+
+`project` simulates that exactly for one instance's queue. `PrefillQueues` keeps the dispatcher's
+projection of every prefill instance incrementally: the steps it projects for the prompts routed
+there, a new prompt joining the last projected step while that step has not started and has room,
+re-anchored on each measured prefill end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from core.perf import PerfProfile
+
+
+@dataclass(frozen=True, slots=True)
+class StepTerms:
+    """What one engine step costs and holds (the profile's terms; the prefill ones may be fitted)."""
+
+    budget: int
+    """max_num_batched_tokens: tokens one step computes at most."""
+    max_seqs: int
+    """max_num_seqs: sequences running at once."""
+    base: float
+    """prefill_base_s: paid once by a step that carries any prefill chunk."""
+    per_token: float
+    per_token2: float
+    step_base: float
+    """decode_step_base_s: every step's fixed cost."""
+    per_seq: float
+    per_kv: float
+    host: float
+    """prefill_host_per_request_s: host work after each finished prefill-only request."""
+    chunked: bool = True
+    """Chunked prefill (vLLM's default); off: a prompt waits for a step with room for all of it,
+    and one longer than the budget runs alone."""
+
+    @classmethod
+    def of(cls, profile: PerfProfile, coef: Sequence[float] | None = None, *, chunked: bool = True) -> StepTerms:
+        """The profile's terms; `coef` (base, per token, per token²) replaces its prefill ones."""
+        a, b, c = coef if coef is not None else (
+            profile.prefill_base_s,
+            profile.prefill_per_token_s,
+            profile.prefill_per_token2_s,
+        )
+        return cls(
+            profile.max_num_batched_tokens,
+            profile.max_num_seqs,
+            float(a),
+            float(b),
+            float(c),
+            profile.decode_step_base_s,
+            profile.decode_step_per_seq_s,
+            profile.decode_step_per_kv_token_s,
+            profile.prefill_host_per_request_s,
+            chunked,
+        )
+
+    def chunk_s(self, lo: float, hi: float) -> float:
+        """The per-token cost of computing prompt tokens lo..hi in one chunk."""
+        return self.per_token * (hi - lo) + self.per_token2 * (hi * hi - lo * lo)
+
+    def step_s(self, seqs: int, kv_tokens: float, chunk_s: float | None) -> float:
+        """One step of `seqs` sequences holding `kv_tokens`; `chunk_s` its chunks' cost (None: no prefill)."""
+        s = self.step_base + self.per_seq * seqs + self.per_kv * kv_tokens
+        return s if chunk_s is None else s + self.base + chunk_s
+
+    def chunks(self, tokens: float) -> int:
+        """Steps a prompt of `tokens` takes on an idle instance."""
+        return max(math.ceil(tokens / self.budget), 1) if self.chunked else 1
+
+    def alone_s(self, tokens: float) -> float:
+        """Seconds from an idle instance taking a prompt of `tokens` to its first token: its chunks,
+        each its own step (chunk i ends at min(i·budget, tokens))."""
+        k = self.chunks(tokens)
+        sum_hi = self.budget * k * (k - 1) / 2 + tokens
+        per_step = self.step_base + self.per_seq + self.base
+        return k * per_step + self.per_kv * sum_hi + self.per_token * tokens + self.per_token2 * tokens * tokens
+
+    def alone_array(self, tokens: np.ndarray) -> np.ndarray:
+        """`alone_s` of each of `tokens`."""
+        per_step = self.step_base + self.per_seq + self.base
+        if not self.chunked or float(tokens.max(initial=0.0)) <= self.budget:
+            out: np.ndarray = per_step + (self.per_kv + self.per_token) * tokens + self.per_token2 * tokens * tokens
+            return out
+        k = np.maximum(np.ceil(tokens / self.budget), 1.0)
+        sum_hi = self.budget * k * (k - 1) / 2 + tokens
+        out = k * per_step + self.per_kv * sum_hi + self.per_token * tokens + self.per_token2 * tokens * tokens
+        return out
+
+    def marginal_s(self, tokens: float) -> float:
+        """Seconds one more prompt of `tokens` adds to a busy instance's backlog, its share of the
+        steps' fixed costs amortised over the budget (held requests are sized with it)."""
+        steps = (self.step_base + self.base) * tokens / self.budget
+        return steps + self.per_seq + self.host + self.per_token * tokens + self.per_token2 * tokens * tokens
+
+    def backlog_s(self, ahead: float, each: float, tokens: float = 0.0) -> float:
+        """Seconds until a prompt of `tokens` gets its first token behind `ahead` prompts of `each`
+        tokens on an idle instance (0 tokens: until those drain), in whole steps of the budget and
+        the slots (closed form: exact when the prompts fit the steps whole, e.g. 512-token prompts
+        under a 2048 budget; otherwise each step boundary splits a prompt, one more sequence a
+        step, and the host work of the prompts ahead is spread evenly over the steps)."""
+        n = ahead + (1 if tokens > 0 else 0)
+        total = ahead * each + tokens
+        if n <= 0 or total <= 0:
+            return 0.0
+        k = max(math.ceil(total / self.budget), math.ceil(n / self.max_seqs), 1)
+        aligned = each > 0 and self.budget % each == 0 and (tokens <= 0 or tokens == each)
+        splits = 0 if aligned or not self.chunked else k - 1
+        fixed = k * (self.step_base + self.base) + self.per_seq * (n + splits) + self.per_kv * total
+        work = self.per_token * total + self.per_token2 * (ahead * each * each + tokens * tokens)
+        return fixed + work + self.host * ahead * (k - 1) / k
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """`project`'s answer."""
+
+    first_token: np.ndarray
+    """Per queued prompt (in order), when its first token comes out (inf: never, e.g. the running
+    decodes take the whole budget)."""
+    drain: float
+    """When the instance may start a step after all of them (their host work included)."""
+    steps: int
+    partial_first_token: float | None = None
+    """When the partially prefilled running prompt's first token comes out (None: there is none)."""
+
+
+def project(
+    queued: Sequence[int],
+    terms: StepTerms,
+    *,
+    now: float = 0.0,
+    ready_at: float = 0.0,
+    decoding: int = 0,
+    decoding_kv: float = 0.0,
+    partial_done: int = 0,
+    partial_left: int = 0,
+) -> Projection:
+    """Step an instance as vLLM's scheduler does from `now` (its next step starts no earlier than
+    `ready_at`): `decoding` running sequences holding `decoding_kv` KV tokens decode one token a
+    step (they never finish here), a running prompt has `partial_left` tokens still to prefill
+    after `partial_done`, and `queued` prompts (uncached tokens, in arrival order) wait.
+    Prefill-only prompts leave host work when they finish, as the emulator's do."""
+    t = terms
+    n = len(queued)
+    first = np.full(n, math.inf)
+    done = [0] * n
+    waiting = deque(range(n))
+    running: list[int] = []  # admitted prompts still prefilling, admission order (-1: the partial one)
+    if partial_left > 0:
+        running.append(-1)
+    p_done, p_total = partial_done, partial_done + partial_left
+    p_first: float | None = None
+    clock = max(now, ready_at)
+    steps = 0
+    kv_decode = decoding_kv
+    while running or waiting:
+        budget = t.budget - decoding
+        seqs = decoding
+        kv = kv_decode + decoding
+        chunk = 0.0
+        carried = False
+        finished: list[int] = []
+        for j in running:
+            if budget <= 0:
+                break
+            lo, total = (p_done, p_total) if j < 0 else (done[j], queued[j])
+            m = min(total - lo, budget)
+            chunk += t.chunk_s(lo, lo + m)
+            kv += lo + m
+            seqs += 1
+            budget -= m
+            carried = True
+            if j < 0:
+                p_done = lo + m
+            else:
+                done[j] = lo + m
+            if lo + m >= total:
+                finished.append(j)
+        while waiting and budget > 0 and decoding + len(running) < t.max_seqs:
+            j = waiting[0]
+            total = queued[j]
+            if not t.chunked and total > budget and (carried or total <= t.budget):
+                break  # unchunked: it waits for a step with room for all of it (one longer than the budget runs alone)
+            waiting.popleft()
+            running.append(j)
+            m = total if not t.chunked else min(total, budget)
+            chunk += t.chunk_s(0, m)
+            kv += m
+            seqs += 1
+            budget -= m
+            carried = True
+            done[j] = m
+            if m >= total:
+                finished.append(j)
+        if not carried:
+            break  # the decodes take the whole budget: nothing queued ever starts
+        end = clock + t.step_s(seqs, kv, chunk)
+        steps += 1
+        for j in finished:
+            running.remove(j)
+            if j < 0:
+                p_first = end
+            else:
+                first[j] = end
+        kv_decode += decoding
+        clock = end + t.host * len(finished)
+    return Projection(first, clock, steps, p_first)
+
+
+_START, _END, _TOKENS, _SEQS, _FIN, _OWNER = range(6)
+"""A projected step: [start, end, tokens, sequences, prompts finishing in it, the request of its first chunk],
+its times in its instance's frame (absolute = frame + the instance's offset)."""
+
+
+class _Routed:
+    """A prompt in a prefill instance's projection."""
+
+    __slots__ = ("p", "tokens", "chunks", "alone", "due")
+
+    def __init__(self, p: int, tokens: int) -> None:
+        self.p = p
+        self.tokens = tokens
+        self.chunks: list[tuple[int, int]] = []
+        """(step number, tokens) of each of its chunks."""
+        self.alone = False
+        """Whether it started on an idle instance and no other prompt shared a step with it."""
+        self.due = 0.0
+
+
+class PrefillQueues:
+    """The dispatcher's per-instance prefill projection (the view's `prefill_free_at` is `free_at`).
+
+    Each prefill instance has the steps projected for the prompts routed to it and not ended. A
+    prompt routed at `now` fills the last projected step if that step starts after `now` and has
+    budget and a slot left (vLLM forms a step from what waits when it starts), the rest in new
+    steps after it. A measured prefill end settles every step up to the one its last chunk ran in
+    and moves the steps after it by how late (or early) that step ended; a prompt that leaves
+    unfinished is taken out of the steps that have not started. The prefill terms come from the
+    estimator, re-read whenever it refits.
+    """
+
+    def __init__(self, profile: PerfProfile, estimator: Any = None) -> None:
+        self.profile = profile
+        """The profile of the other terms; a view sets `view` and its own profile is read instead."""
+        self.estimator = estimator
+        """Gives `coefficients()` (base, per token, per token²): core.estimators.PrefillTimeEstimator."""
+        self.view: Any = None
+        """The ClusterView that owns it (its `profile` may be replaced, e.g. by a calibration)."""
+        self._key: tuple[object, object] = (profile, None)
+        self._terms = StepTerms.of(profile)
+        self.free_at = np.zeros(0)
+        """When each instance may start a step after everything projected there (host work included)."""
+        self.tail_start = np.zeros(0)
+        self.tail_end = np.zeros(0)
+        self.tail_tokens = np.zeros(0)
+        self.tail_seqs = np.zeros(0)
+        self.tail_fin = np.zeros(0)
+        self._steps: list[deque[list[Any]]] = []
+        self._first_sid: list[int] = []
+        self._offset: list[float] = []
+        self._anchor: list[float] = []
+        """When each instance may start its next step after its last settled one."""
+        self._queued: list[dict[Hashable, _Routed]] = []
+        self._routed: dict[Hashable, _Routed] = {}
+        self._tails: dict[int, float] = {}
+        """Instance → its last projected step's start, for the instances that have one."""
+
+    @property
+    def terms(self) -> StepTerms:
+        """The step terms now (the estimator's prefill coefficients, the profile's others)."""
+        profile = self.profile if self.view is None else self.view.profile
+        coef = None if self.estimator is None else self.estimator.coefficients()
+        key = self._key
+        if key[0] is not profile or key[1] is not coef:
+            self._key = (profile, coef)
+            self._terms = StepTerms.of(profile, coef)
+        return self._terms
+
+    def add_instance(self) -> None:
+        self.free_at = np.append(self.free_at, 0.0)
+        self.tail_start = np.append(self.tail_start, -math.inf)
+        self.tail_end = np.append(self.tail_end, -math.inf)
+        self.tail_tokens = np.append(self.tail_tokens, 0.0)
+        self.tail_seqs = np.append(self.tail_seqs, 0.0)
+        self.tail_fin = np.append(self.tail_fin, 0.0)
+        self._steps.append(deque())
+        self._first_sid.append(0)
+        self._offset.append(0.0)
+        self._anchor.append(0.0)
+        self._queued.append({})
+
+    def __contains__(self, rid: Hashable) -> bool:
+        return rid in self._routed
+
+    def queued(self, p: int) -> int:
+        """Prompts projected on instance p (routed, not ended)."""
+        return len(self._queued[p])
+
+    def queued_tokens(self, p: int) -> int:
+        return sum(r.tokens for r in self._queued[p].values())
+
+    # --- queries ------------------------------------------------------------------------------
+    def first_token_at(
+        self, tokens: Any, now: float, free_at: np.ndarray | None = None, terms: StepTerms | None = None
+    ) -> np.ndarray:
+        """Per instance index: when a prompt of `tokens` uncached tokens (a scalar, or one per
+        instance) routed now would get its first token there. `free_at` replaces the projection's
+        drain times (a view that merges in other shards' backlog); `terms` its step terms for this
+        prompt (the oracle's true ones). Vectorised where the last projected step has started
+        (the prompt starts a step of its own once the instance is free), exact per instance where
+        it has not (the prompt may join it)."""
+        t = self.terms if terms is None else terms
+        free = self.free_at if free_at is None else free_at
+        if isinstance(tokens, int | float):
+            length = max(float(tokens), 1.0)
+            out: np.ndarray = np.maximum(free, now) + t.alone_s(length)
+            for i, start in self._tails.items():
+                if start > now:
+                    out[i] = self._first_token(t, i, length, now, float(free[i]))
+            return out
+        lengths = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+        out = np.maximum(free, now) + t.alone_array(lengths)
+        for i, start in self._tails.items():
+            if start > now:
+                out[i] = self._first_token(t, i, float(lengths[i]), now, float(free[i]))
+        return out
+
+    def first_token_at_one(self, p: int, tokens: float, now: float, free_at: float | None = None) -> float:
+        """`first_token_at` for instance p alone (scalar arithmetic, for one candidate)."""
+        free = float(self.free_at[p]) if free_at is None else free_at
+        return self._first_token(self.terms, p, max(float(tokens), 1.0), now, free)
+
+    def _first_token(self, t: StepTerms, p: int, length: float, now: float, free: float) -> float:
+        room = t.budget - float(self.tail_tokens[p])
+        first = 0.0
+        end = float(self.tail_end[p]) + (free - float(self.free_at[p]))
+        joins = float(self.tail_start[p]) > now and room > 0 and self.tail_seqs[p] < t.max_seqs
+        if joins and (t.chunked or length <= room):
+            first = min(length, room)
+            end += t.per_seq + t.per_kv * first + t.chunk_s(0.0, first)
+        rest = length - first
+        if rest <= 0:
+            return end
+        start = end + float(self.tail_fin[p]) * t.host if first > 0 else max(free, now)
+        k = math.ceil(rest / t.budget) if t.chunked else 1
+        sum_hi = (k - 1) * first + t.budget * (k - 1) * k / 2 + length
+        fresh = k * (t.step_base + t.per_seq + t.base) + t.per_kv * sum_hi + t.chunk_s(first, length)
+        return start + fresh
+
+    def due(self, rid: Hashable) -> float:
+        """When the prompt's first token is projected now (its step's end; as routed once settled)."""
+        r = self._routed[rid]
+        sid = r.chunks[-1][0]
+        k = sid - self._first_sid[r.p]
+        if k < 0:
+            return r.due
+        return float(self._steps[r.p][k][_END]) + self._offset[r.p]
+
+    def ran_alone(self, rid: Hashable) -> bool:
+        """Whether the prompt started on an idle instance and shared no step with another."""
+        r = self._routed.get(rid)
+        return r is not None and r.alone
+
+    # --- changes ------------------------------------------------------------------------------
+    def push(self, p: int, rid: Hashable, tokens: int, now: float) -> float:
+        """Route a prompt of `tokens` uncached tokens to instance p at `now`; its first-token time."""
+        if rid in self._routed:
+            raise ValueError(f"prompt {rid!r} is already projected")
+        r = _Routed(p, max(int(tokens), 1))
+        r.alone = not self._queued[p] and float(self.free_at[p]) <= now
+        self._routed[rid] = r
+        self._queued[p][rid] = r
+        self._append(p, rid, r, 0, now)
+        r.due = float(self.tail_end[p])  # its last chunk is in the last step
+        return r.due
+
+    def _append(self, p: int, rid: Hashable, r: _Routed, lo: int, now: float) -> None:
+        """Project the prompt's tokens from `lo` on: into the last step if it may still take them, then new steps."""
+        t = self.terms
+        steps = self._steps[p]
+        off = self._offset[p]
+        left = r.tokens - lo
+        if steps:
+            tail = steps[-1]
+            room = t.budget - tail[_TOKENS]
+            if tail[_START] + off > now and room > 0 and tail[_SEQS] < t.max_seqs and (t.chunked or left <= room):
+                m = min(left, room)
+                tail[_END] += t.per_seq + t.per_kv * (lo + m) + t.chunk_s(lo, lo + m)
+                tail[_TOKENS] += m
+                tail[_SEQS] += 1
+                owner = self._routed.get(tail[_OWNER])
+                if owner is not None:
+                    owner.alone = False
+                r.alone = False
+                lo += m
+                left -= m
+                if left <= 0:
+                    tail[_FIN] += 1
+                r.chunks.append((self._first_sid[p] + len(steps) - 1, m))
+        while left > 0:
+            if steps:
+                tail = steps[-1]
+                ready = tail[_END] + tail[_FIN] * t.host
+            else:
+                ready = self._anchor[p] - off
+            start = max(now - off, ready)
+            m = min(left, t.budget) if t.chunked else left
+            end = start + t.step_s(1, lo + m, t.chunk_s(lo, lo + m))
+            left -= m
+            lo += m
+            steps.append([start, end, m, 1, 1 if left <= 0 else 0, rid])
+            r.chunks.append((self._first_sid[p] + len(steps) - 1, m))
+        self._sync(p)
+
+    def _sync(self, p: int) -> None:
+        steps = self._steps[p]
+        if steps:
+            tail = steps[-1]
+            off = self._offset[p]
+            self._tails[p] = self.tail_start[p] = tail[_START] + off
+            self.tail_end[p] = tail[_END] + off
+            self.tail_tokens[p] = tail[_TOKENS]
+            self.tail_seqs[p] = tail[_SEQS]
+            self.tail_fin[p] = tail[_FIN]
+            self.free_at[p] = tail[_END] + off + tail[_FIN] * self.terms.host
+        else:
+            self._tails.pop(p, None)
+            self.tail_start[p] = self.tail_end[p] = -math.inf
+            self.tail_tokens[p] = self.tail_seqs[p] = self.tail_fin[p] = 0.0
+            self.free_at[p] = self._anchor[p]
+
+    def end(self, rid: Hashable, now: float) -> None:
+        """The prompt's prefill ended at `now`: its step and every one before it are over; the
+        steps after it move by how late (or early) its step ended."""
+        r = self._routed.pop(rid, None)
+        if r is None:
+            return
+        p = r.p
+        self._queued[p].pop(rid, None)
+        k = r.chunks[-1][0] - self._first_sid[p]
+        steps = self._steps[p]
+        if k < 0:
+            return  # its step was settled by another prompt of it
+        step = steps[k]
+        for _ in range(k + 1):
+            steps.popleft()
+        self._first_sid[p] += k + 1
+        self._offset[p] += now - (step[_END] + self._offset[p])
+        self._anchor[p] = now + step[_FIN] * self.terms.host
+        self._sync(p)
+
+    def leave(self, rid: Hashable, now: float) -> None:
+        """The prompt left unfinished (failed, moved, cancelled): the steps that have not started,
+        and the last started ones that held it alone, are projected again without it."""
+        r = self._routed.pop(rid, None)
+        if r is None:
+            return
+        p = r.p
+        queued = self._queued[p]
+        queued.pop(rid, None)
+        steps = self._steps[p]
+        off = self._offset[p]
+        first_sid = self._first_sid[p]
+        keep = len(steps)
+        while keep and steps[keep - 1][_START] + off > now:
+            keep -= 1
+        while keep and steps[keep - 1][_SEQS] == 1 and steps[keep - 1][_OWNER] == rid:
+            keep -= 1  # a started step of it alone ends with it (an aborted request frees the engine)
+        if keep == len(steps):
+            return  # its steps have started beside others: the engine spends them anyway
+        for _ in range(len(steps) - keep):
+            steps.pop()
+        last_kept = first_sid + keep - 1
+        for other_id, other in queued.items():
+            other.chunks = [c for c in other.chunks if c[0] <= last_kept]
+            lo = sum(m for _, m in other.chunks)
+            if lo < other.tokens:
+                other.alone = False
+                self._append(p, other_id, other, lo, now)
+        self._sync(p)

@@ -18,6 +18,7 @@ from console.gateway.errors import error_body, unauthorized_body
 from console.gateway.openapi import build_openapi
 from console.gateway.proxy import Proxy
 from console.live.controller import Controller
+from console.live.policies import catalog
 
 HOT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
@@ -54,7 +55,7 @@ def build_app(
         doc = build_openapi(
             models=sorted(c.served_models),
             instances=list(c.instances),
-            catalog=c.policy_catalog(),
+            catalog=catalog(live=True),
             max_model_len=c.max_model_len,
         )
         return Response(orjson.dumps(doc), media_type="application/json")

@@ -15,7 +15,8 @@ from console.gateway.errors import error_body
 from console.gateway.inspector import inspector_routes
 from console.gateway.prefix_routes import prefix_routes
 from console.live.controller import Controller
-from console.live.operations import ScaleError
+from console.live.migrations import ScaleError
+from console.live.policies import catalog
 from core.errors import ConfigError, SibylError
 from core.types import PolicyKind
 
@@ -67,7 +68,7 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         return _json(c.state())
 
     async def policies(_: Request) -> Response:
-        return _json({"active": c.dispatcher.active_policies(), "available": c.policy_catalog()})
+        return _json({"active": c.dispatcher.active_policies(), "available": catalog(live=True)})
 
     async def put_policy(request: Request) -> Response:
         kind = request.path_params["kind"]
@@ -122,7 +123,11 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
                 422, f"delta must be between -{MAX_SCALE_DELTA} and {MAX_SCALE_DELTA} per request, got {delta}"
             )
         try:
-            result = await c.scale(str(body.get("role")), body.get("delta"), source=str(body.get("source") or "api"))  # type: ignore[arg-type]
+            result = await c.operations.scale(
+                str(body.get("role")),
+                body.get("delta"),  # type: ignore[arg-type]
+                source=str(body.get("source") or "api"),
+            )
         except ScaleError as e:
             return _error(409 if "must remain" in str(e) or "cannot" in str(e) else 422, str(e))
         except SibylError as e:  # the backend refused (a missing capability, an instance that did not start)
@@ -134,7 +139,7 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         if isinstance(body, Response):
             return body
         try:
-            result = await c.flip(body["instance"], body["role"], source=str(body.get("source") or "api"))
+            result = await c.operations.flip(body["instance"], body["role"], source=str(body.get("source") or "api"))
         except SibylError as e:
             return _error(409, str(e))
         return _json(result)
@@ -146,7 +151,9 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         if isinstance(body, Response):
             return body
         try:
-            result = await c.migrate(body["request_id"], body["target"], source=str(body.get("source") or "api"))
+            result = await c.migrations.migrate(
+                body["request_id"], body["target"], source=str(body.get("source") or "api")
+            )
         except SibylError as e:
             return _error(409, str(e))
         return _json(result)

@@ -38,7 +38,8 @@ def inspector_routes(c: Controller, guard: Any) -> list[Route]:
             return Response(
                 error_body(400, f"limit must be an integer in 1..{MAX_LIMIT}"), 400, media_type="application/json"
             )
-        rows = instance_requests(iid, c.live, c.recent, c.dispatcher.decisions, c.rel, int(raw))
+        out = c.outcomes
+        rows = instance_requests(iid, out.live, c.recent, c.dispatcher.decisions, out.rel, int(raw))
         return _json({"instance": iid, "requests": rows})
 
     async def decisions_of(request: Request) -> Response:

@@ -142,7 +142,7 @@ class Proxy:
             live = LiveRequest(req, scope["path"], body, forward_headers(fwd))
             if c.tracing is not None:  # the client's traceparent, if any, is the root span's parent
                 live.trace = c.tracing.start(headers, rid, arrival)
-            await live.run(c, ClientChannel(send, receive))
+            await live.run(c.services, ClientChannel(send, receive))
         finally:
             self.in_flight.discard(rid)
 

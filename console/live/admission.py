@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from console.live.channel import Rejected
+from console.live.record import Outcome
 from core.types import PolicyKind
 
 if TYPE_CHECKING:
-    from console.live.request import LiveRequest
     from core.dispatch import Dispatcher
     from core.perf import PerfProfile
 
 
+class HeldQueue(Protocol):
+    """What a live request asks of the requests held by the queue policy (HeldRequests)."""
+
+    def hold(self, request_id: str, released: asyncio.Future[None]) -> None:
+        """The queue policy holds the request until `released` is resolved (Rejected: it expired)."""
+
+    def unhold(self, request_id: str) -> None:
+        """The request left the queue by itself (its client went away)."""
+
+    def release(self) -> None:
+        """Let held requests go while the cluster has room."""
+
+    def retry_after_s(self) -> float:
+        """What a rejected client is told to wait."""
+
+
 class HeldRequests:
-    """The live requests the queue policy holds, by id; each one's `released` future is resolved here."""
+    """The live requests the queue policy holds, by id: the future each one waits on is resolved here."""
 
     def __init__(self, dispatcher: Dispatcher, profile: PerfProfile, poll_interval_s: float) -> None:
         self.dispatcher = dispatcher
@@ -24,27 +41,27 @@ class HeldRequests:
         """The performance profile (its context length sizes the retry-after hint)."""
         self.poll_interval_s = poll_interval_s
         """How often instances are polled (a retry sooner than that sees the same cluster)."""
-        self._held: dict[str, LiveRequest] = {}
+        self._held: dict[str, asyncio.Future[None]] = {}
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def hold(self, live: LiveRequest) -> None:
-        """The queue policy holds `live` until `release` or `expire` resolves it."""
-        self._held[live.id] = live
+    def hold(self, request_id: str, released: asyncio.Future[None]) -> None:
+        """The queue policy holds the request until `release` or `expire` resolves `released`."""
+        self._held[request_id] = released
 
-    def unhold(self, live: LiveRequest) -> None:
-        """`live` left the queue by itself (its client went away)."""
-        self._held.pop(live.id, None)
+    def unhold(self, request_id: str) -> None:
+        """The request left the queue by itself (its client went away)."""
+        self._held.pop(request_id, None)
 
     def release(self) -> None:
         """Let held requests go while the cluster has room (the queue policy picks which)."""
         if not self._held:
             return
         for req in self.dispatcher.release(time.monotonic()):
-            live = self._held.pop(str(req.id), None)
-            if live is not None and live.released is not None and not live.released.done():
-                live.released.set_result(None)
+            released = self._held.pop(str(req.id), None)
+            if released is not None and not released.done():
+                released.set_result(None)
 
     def expire(self) -> None:
         """Reject the held requests that waited longer than the queue policy's ttl_s, or (SLO
@@ -57,8 +74,8 @@ class HeldRequests:
         expired = self.dispatcher.expire(now)
         retry = self.retry_after_s() if expired else 0.0
         for req in expired:
-            live = self._held.pop(str(req.id), None)
-            if live is not None and live.released is not None and not live.released.done():
+            released = self._held.pop(str(req.id), None)
+            if released is not None and not released.done():
                 if gate is not None and now - req.arrival < ttl:
                     why = (
                         f"held {now - req.arrival:.1f} s while the cluster was saturated: it could no longer start "
@@ -66,7 +83,7 @@ class HeldRequests:
                     )
                 else:
                     why = f"queued longer than the queue policy's ttl_s={ttl:g} s while every instance was saturated"
-                live.released.set_exception(Rejected(503, why, retry))
+                released.set_exception(Rejected(503, why, retry, outcome=Outcome.EXPIRED))
 
     def retry_after_s(self) -> float:
         """What a rejected client is told to wait: with SLO admission, until a new request would

@@ -8,6 +8,7 @@ from typing import Any
 
 from adapters.vllm.pd_protocol import add_streamed_usage
 from console.gateway.errors import error_body
+from console.live.record import Outcome
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -27,12 +28,14 @@ async def respond(
 
 
 class Rejected(Exception):
-    """The request leaves before reaching an instance (queue full, expired, no capacity)."""
+    """The request leaves before reaching an instance (queue full, expired, no capacity, its tenant's limits)."""
 
-    def __init__(self, status: int, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(self, status: int, message: str, retry_after_s: float | None = None, *, outcome: Outcome) -> None:
         super().__init__(message)
         self.status = status
         self.retry_after_s = retry_after_s
+        self.outcome = outcome
+        """Which of the refusals it is (recorded as the request's outcome)."""
 
 
 class ClientChannel:

@@ -14,8 +14,8 @@ from adapters.backends import registry as backends
 from adapters.backends.settings import RaySettings, check_attach
 from adapters.tracing import missing, traces_url
 from core.admission import SloAdmission
-from core.cache.tracker import APPROXIMATE_TTL_S
 from core.decision_log import DecisionSettings
+from core.dispatch.prefix import APPROXIMATE_TTL_S
 from core.errors import ConfigError, PolicyError
 from core.policies import registry
 from core.slo import SLOClass

@@ -19,22 +19,22 @@ from console.live import tracing
 from console.live.admission import HeldRequests
 from console.live.config import ConsoleConfig
 from console.live.decisions import QualityCollector, RecentRequests, decision_log, quality
-from console.live.events import EventBus
+from console.live.events import EventBus, InstanceListeners
 from console.live.health import InstanceHealth, RankWatch
 from console.live.metrics import GatewayMetrics
+from console.live.migrations import Migrations
 from console.live.operations import Operations
 from console.live.outcomes import Outcomes
-from console.live.policies import POLICY_NEEDS, catalog, check_capability
+from console.live.policies import POLICY_NEEDS, check_capability
 from console.live.prefix import PrefixIndex, default_tokenizer
-from console.live.request import LiveRequest
 from console.live.scaler import Scaler
+from console.live.services import RequestServices
 from console.live.state import ConsoleState, InstanceRow, QueueState, ScrapedCounters
 from console.live.tenants import Tenants
 from core.dispatch import Dispatcher
 from core.errors import PolicyError
 from core.perf import get_profile
-from core.slo import SlidingWindow
-from core.types import PolicyEvent, PolicyKind, Role
+from core.types import PolicyEvent, PolicyKind
 
 PERIODIC_TICK_S = 0.1
 """How often the controller expires queued requests and asks whether periodic policies are due."""
@@ -45,13 +45,14 @@ STATE_PUSH_S = 0.5
 
 
 class Controller:
-    """Owns everything a live console runs; the gateway and the dashboard talk to it.
+    """Owns everything a live console runs; it wires the parts, and the gateway and the dashboard talk to them.
 
-    The work is done by its collaborators: `held` (the queue policy's held requests), `health`
-    (probes, breakers, lost signals), `outcomes` (counts, SLO window, metrics, events, stored rows)
-    and `operations` (scale, flip, migrate). The controller wires them, runs the tick, swaps
-    policies and builds the state; it is the host a LiveRequest and the scaler see through their
-    protocols (console.live.request.RequestHost, console.live.operations.OperationsHost)."""
+    The work is done by its parts, each built once here: `held` (the queue policy's held requests),
+    `health` (probes, breakers, lost signals), `outcomes` (counts, SLO window, metrics, events, stored rows),
+    `tenants`, `migrations` and `operations` (scale, flip, the periodic policies' decisions). A LiveRequest
+    gets `services` (console.live.services.RequestServices) and calls the parts themselves; instance
+    changes reach the parts through `listeners`, subscribed here. The controller keeps start and stop,
+    the tick, policy swaps and the state snapshot."""
 
     def __init__(
         self,
@@ -88,8 +89,6 @@ class Controller:
             default_tokenizer(config.backend, config.model, config.vllm.extra_args),
         )
         """Request prefix keys and the cache index's source (approximate, or KV events per instance)."""
-        self.engine_priorities = Capability.PRIORITY in backend.capabilities
-        """Whether the instances order their queues by `priority` (a queue policy may then set it)."""
         self.store = store
         self.run_id = run_id
         self.run_dir = run_dir
@@ -101,32 +100,49 @@ class Controller:
         self.outcomes = Outcomes(self.recent, config.slo, self.t0)
         self.metrics: GatewayMetrics = self.outcomes.metrics
         """The gateway's Prometheus metrics (the outcomes' own)."""
+        self.events: EventBus = self.outcomes.events
+        """The console's event bus (the outcomes' own)."""
         log = decision_log(config.decisions, lambda recs: self.recorder.decisions(recs, self.t0))
         self.dispatcher.use_decisions(log)
-        self.outcomes.metrics.registry.register(QualityCollector(self.dispatcher))
+        self.metrics.registry.register(QualityCollector(self.dispatcher))
         self.held = HeldRequests(self.dispatcher, self.profile, config.poll_interval_s)
-        self.outcomes.metrics.queue_depth.set_function(lambda: len(self.held))
-        self.outcomes.metrics.watch_instances(lambda: list(self.instances.values()))
+        self.metrics.queue_depth.set_function(lambda: len(self.held))
+        self.metrics.watch_instances(lambda: list(self.instances.values()))
         self.tenants = Tenants(config.tenants.file, self.dispatcher)
         """API keys and per-tenant limits for /v1 (one open `default` tenant without a keys file)."""
-        self.tenants.register_metrics(self.outcomes.metrics.registry)
+        self.tenants.register_metrics(self.metrics.registry)
         self.tenants.on_reload = lambda result: self.events.publish("tenants", **result)
         self.outcomes.tenant_of = self.tenants.label
-        self.health = InstanceHealth(config, self.instances, self.dispatcher, self.outcomes, self.held.release)
-        # what a request asks of its host on its way: the collaborator's own method (one call per use, not two)
-        self.request_started = self.outcomes.started
-        self.admit_tenant = self.tenants.admit
-        self.release_queued = self.held.release
-        self.upstream_ok = self.health.upstream_ok
-        self.upstream_failed = self.health.upstream_failed
-        self.lost_signal = self.health.lost_signal
+        self.listeners = InstanceListeners()
+        """Who hears that an instance joined, went down or left (subscribed below, in this order)."""
+        self.health = InstanceHealth(
+            config, self.instances, self.dispatcher, self.outcomes, self.held.release, self.listeners
+        )
+        self.listeners.subscribe(added=self.health.track_data_parallel, removed=self.health.instance_removed)
+        self.listeners.subscribe(added=self.prefix.follow, down=self.prefix.lost, removed=self.prefix.removed)
+        self.listeners.subscribe(added=lambda _: self.held.release())  # a new instance has room
         self.tracing = tracing.build(config.tracing)
         """OpenTelemetry spans of each request's phases (None: [tracing] off, opentelemetry not even imported)."""
         for inst in instances:
             self.dispatcher.add_instance(inst.id, inst.role)
             self.health.track_data_parallel(inst)
-        self.operations = Operations(self)
-        self.ranks = RankWatch(self.outcomes.events, lambda: self.dispatcher.rank.name)
+        self.migrations = Migrations(backend, self.dispatcher, self.instances, self.outcomes)
+        scaler = Scaler(backend, self.dispatcher, self.instances, config, self.metrics, self.outcomes, self.listeners)
+        self.operations = Operations(backend, self.dispatcher, self.instances, scaler, self.migrations)
+        self.services = RequestServices(
+            dispatcher=self.dispatcher,
+            instances=self.instances,
+            tenants=self.tenants,
+            held=self.held,
+            health=self.health,
+            outcomes=self.outcomes,
+            migrations=self.migrations,
+            metrics=self.metrics,
+            engine_priorities=Capability.PRIORITY in backend.capabilities,
+            failure_migration_attempts=config.failure_migration_attempts,
+        )
+        """What each LiveRequest uses (built once, here)."""
+        self.ranks = RankWatch(self.events, lambda: self.dispatcher.rank.name)
         self.served_models: set[str] = {config.served_model_name}
         self.max_model_len: int | None = None
         """The smallest context length the instances report (None when they do not say)."""
@@ -147,40 +163,6 @@ class Controller:
         self.draining = False
         for kind, policy in self.dispatcher.policies.items():
             self.outcomes.policy_active(kind.value, policy.name, policy.params.model_dump())
-
-    # --- what the gateway, the requests and the scaler read ------------------------------------
-    @property
-    def events(self) -> EventBus:
-        return self.outcomes.events
-
-    @property
-    def slo(self) -> SlidingWindow:
-        return self.outcomes.slo
-
-    @property
-    def live(self) -> Mapping[str, LiveRequest]:
-        """Requests in the gateway now, by id."""
-        return self.outcomes.live
-
-    @property
-    def in_flight(self) -> int:
-        return self.outcomes.in_flight
-
-    @property
-    def total(self) -> int:
-        return self.outcomes.total
-
-    @property
-    def failed(self) -> int:
-        return self.outcomes.failed
-
-    @property
-    def scaler(self) -> Scaler:
-        return self.operations.scaler
-
-    @property
-    def can_scale(self) -> bool:
-        return self.operations.can_scale
 
     # --- lifecycle -----------------------------------------------------------------------------
     def write_token(self) -> Path:
@@ -204,7 +186,6 @@ class Controller:
         await self.poller.poll_once()
         for inst in self.instances.values():
             self.prefix.follow(inst)
-        self.health.on_down = self.prefix.lost
         self.poller.start()
         self.backend.on_lost(self.health.instance_lost)  # backends that see instances die (ray: actor or node)
         self.dispatcher.start_periodic(time.monotonic())
@@ -229,7 +210,7 @@ class Controller:
         """Drain in-flight requests (bounded; not when `drain` is False), stop polling and periodic work,
         close clients and the run record."""
         self.draining = True
-        if drain and self.in_flight:
+        if drain and self.outcomes.in_flight:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.outcomes.idle.wait(), self.config.drain_timeout_s)
         await self.poller.stop()
@@ -246,10 +227,6 @@ class Controller:
             await asyncio.to_thread(self.tracing.shutdown)  # exports the last spans (a blocking HTTP call)
         self.recorder.close(status=status, summary=self.summary())
 
-    # --- time ----------------------------------------------------------------------------------
-    def rel(self, t: float | None) -> float | None:
-        return self.outcomes.rel(t)
-
     # --- policies ------------------------------------------------------------------------------
     def set_policy(self, kind: str, name: str, params: dict[str, Any] | None, source: str) -> PolicyEvent:
         try:
@@ -260,63 +237,8 @@ class Controller:
         ev = self.dispatcher.set_policy(k, name, params, source=source, now=time.monotonic())
         self.outcomes.policy_swapped(ev.time - self.t0, ev.kind.value, ev.old, ev.new, ev.params, source)
         if k == PolicyKind.QUEUE:
-            self.release_queued()  # a new limit may let held requests go
+            self.held.release()  # a new limit may let held requests go
         return ev
-
-    def policy_catalog(self) -> list[dict[str, Any]]:
-        return catalog(live=True)
-
-    # --- the host of a LiveRequest (console.live.request.RequestHost) and of the scaler -----------
-    # (request_started, admit_tenant, release_queued, upstream_ok, upstream_failed and lost_signal are
-    # the collaborators' methods themselves, bound in __init__)
-    def request_done(self, live: LiveRequest) -> None:
-        """The dispatcher learns the outcome, held requests may go, the outcome is recorded."""
-        finish = live.times[live.step]
-        if live.ok:
-            self.dispatcher.on_finish(live.request.id, finish, live.output_tokens, live.first_token_at)
-        else:
-            self.dispatcher.on_fail(live.request.id, finish)
-        self.outcomes.left(live)
-        self.held.release()
-        self.tenants.finished(live, self.outcomes.record(live))
-
-    def hold(self, live: LiveRequest) -> None:
-        self.held.hold(live)
-
-    def unhold(self, live: LiveRequest) -> None:
-        self.held.unhold(live)
-
-    def retry_after_s(self) -> float:
-        return self.held.retry_after_s()
-
-    def instance_removed(self, instance_id: str) -> None:
-        self.health.instance_removed(instance_id)
-        self._tasks.append(asyncio.create_task(self.prefix.forget(instance_id), name=f"prefix-forget-{instance_id}"))
-
-    def instance_ready(self, inst: Instance) -> None:
-        """A started instance joined: follow its KV events (precise prefix index)."""
-        self.prefix.follow(inst)
-
-    def track_data_parallel(self, inst: Instance) -> None:
-        self.health.track_data_parallel(inst)
-
-    def migration_done(
-        self, live: LiveRequest, src: str, target: str, last_before: float, tokens_before: int, first_after: float
-    ) -> None:
-        self.operations.migration_done(live, src, target, last_before, tokens_before, first_after)
-
-    def instance_event(self, instance_id: str, role: Role | None, event: str, detail: str, source: str = "") -> None:
-        self.outcomes.instance_event(instance_id, role, event, detail, source)
-
-    # --- operations (the control API's) ----------------------------------------------------------
-    async def scale(self, role: str, delta: int, source: str = "api") -> dict[str, Any]:
-        return await self.operations.scale(role, delta, source)
-
-    async def flip(self, instance_id: str, role: str, source: str = "api") -> dict[str, Any]:
-        return await self.operations.flip(instance_id, role, source)
-
-    async def migrate(self, request_id: str, target: str, source: str = "api", reason: str = "") -> dict[str, Any]:
-        return await self.operations.migrate(request_id, target, source, reason)
 
     # --- the tick --------------------------------------------------------------------------------
     async def _periodic(self) -> None:
@@ -361,7 +283,7 @@ class Controller:
     def snapshot(self) -> ConsoleState:
         """The console's state now, built once (see console.live.state for every field)."""
         now = time.monotonic()
-        d = self.dispatcher
+        d, out = self.dispatcher, self.outcomes
         d.view.now = now
         loads = d.projected_loads()
         rows = [self._row(inst, loads, now) for inst in self.instances.values()]
@@ -405,8 +327,8 @@ class Controller:
                 "started_at": self.started_wall,
                 "instances": rows,
                 "policies": d.active_policies(),
-                "slo": {"classes": {k: v.model_dump() for k, v in self.config.slo.items()}, **self.slo.snapshot(now)},
-                "requests": {"in_flight": self.in_flight, "total": self.total, "failed": self.failed},
+                "slo": {"classes": {k: v.model_dump() for k, v in self.config.slo.items()}, **out.slo.snapshot(now)},
+                "requests": {"in_flight": out.in_flight, "total": out.total, "failed": out.failed},
                 "queue": QueueState(
                     depth=d.queue_depth(),
                     by_class=d.queue_depth_by_class(),

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from core.decision_log import DecisionLog, DecisionSettings
 
 if TYPE_CHECKING:
+    from console.live.record import RequestRecord, RequestRow
     from core.dispatch import Dispatcher
 
 RECENT_REQUESTS = 1000
@@ -95,22 +96,23 @@ class QualityCollector(Collector):
 
 
 class RecentRequests:
-    """A RunLog in front of the run's recorder that keeps the last finished requests' rows (the
-    inspector lists them); everything is passed on unchanged."""
+    """A RunLog in front of the run's recorder that keeps the last finished requests' stored rows (the
+    inspector lists them); each request's typed row becomes the store's dict here, and only here."""
 
     def __init__(self, log: Any, keep: int = RECENT_REQUESTS) -> None:
         self._log = log
         self.rows: deque[dict[str, Any]] = deque(maxlen=keep)
 
-    def request(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        self._log.request(row)
+    def request(self, row: RequestRow) -> None:
+        stored = row.stored()
+        self.rows.append(stored)
+        self._log.request(stored)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._log, name)
 
 
-def _live_row(live: Any, rel: Any) -> dict[str, Any]:
+def _live_row(live: RequestRecord, rel: Any) -> dict[str, Any]:
     return {
         "request_id": live.id,
         "status": "in_flight",
@@ -128,7 +130,7 @@ _ROW_KEYS = ("request_id", "status", "arrival", "prompt_tokens", "output_tokens"
 
 def instance_requests(
     instance: str,
-    live: Mapping[str, Any],
+    live: Mapping[str, RequestRecord],
     recent: RecentRequests,
     log: DecisionLog | None,
     rel: Any,

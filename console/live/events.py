@@ -1,12 +1,15 @@
-"""An in-process publish/subscribe bus of console events (state snapshots, swaps, instance up/down)."""
+"""In-process events: the bus of console events the control API streams, and the instance listeners."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from adapters.vllm.instances import Instance
 
 
 class EventBus:
@@ -64,3 +67,44 @@ class EventBus:
 
 _END: dict[str, Any] = {"type": "end"}
 """The sentinel `close` puts on every subscriber's queue."""
+
+
+class InstanceListeners:
+    """Who hears that an instance joined the cluster, went down or left it; the parts subscribe once, at
+    wiring time (the controller), and whoever sees the change tells the list (the scaler, health)."""
+
+    def __init__(self) -> None:
+        self._added: list[Callable[[Instance], None]] = []
+        self._down: list[Callable[[str], None]] = []
+        self._removed: list[Callable[[str], None]] = []
+
+    def subscribe(
+        self,
+        *,
+        added: Callable[[Instance], None] | None = None,
+        down: Callable[[str], None] | None = None,
+        removed: Callable[[str], None] | None = None,
+    ) -> None:
+        """Call `added` with each instance that joined, `down` and `removed` with the id of each that went
+        down or left (in the order of subscription)."""
+        if added is not None:
+            self._added.append(added)
+        if down is not None:
+            self._down.append(down)
+        if removed is not None:
+            self._removed.append(removed)
+
+    def added(self, inst: Instance) -> None:
+        """A started instance joined the cluster and is routable."""
+        for listener in self._added:
+            listener(inst)
+
+    def down(self, instance_id: str) -> None:
+        """The poller or the backend marked the instance down."""
+        for listener in self._down:
+            listener(instance_id)
+
+    def removed(self, instance_id: str) -> None:
+        """The instance left the cluster."""
+        for listener in self._removed:
+            listener(instance_id)

@@ -12,7 +12,7 @@ from core.breaker import BreakerState, CircuitBreaker
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
     from console.live.config import ConsoleConfig
-    from console.live.events import EventBus
+    from console.live.events import EventBus, InstanceListeners
     from console.live.state import InstanceRow
     from core.dispatch import Dispatcher
     from core.types import Role
@@ -34,6 +34,19 @@ class HealthLog(Protocol):
         """Store the instance's latest /metrics sample."""
 
 
+class LegHealth(Protocol):
+    """What a live request tells, and asks, the instances' health (InstanceHealth) about its legs."""
+
+    def upstream_failed(self, instance_id: str) -> None:
+        """A leg failed because of the instance."""
+
+    def upstream_ok(self, instance_id: str) -> None:
+        """A leg succeeded on the instance."""
+
+    def lost_signal(self, instance_id: str) -> asyncio.Future[None]:
+        """A future done once the instance is marked down or removed."""
+
+
 class InstanceHealth:
     """Whether each instance may be routed to: its probes, its breaker, and who waits for it to be lost."""
 
@@ -44,6 +57,7 @@ class InstanceHealth:
         dispatcher: Dispatcher,
         log: HealthLog,
         release: Callable[[], None],
+        listeners: InstanceListeners,
     ) -> None:
         self.config = config
         """Breaker thresholds, the probe failures that mark an instance down, DP slots per rank."""
@@ -59,9 +73,9 @@ class InstanceHealth:
         self.breakers: dict[str, CircuitBreaker] = {}
         """Per-instance circuit breakers (core/breaker.py), made on an instance's first failure."""
         self._lost: dict[str, asyncio.Future[None]] = {}
-        self.on_down: Callable[[str], None] | None = None
-        """Told the id of an instance the poller or the backend marked down (its cache is forgotten)."""
         """Per instance, a future done when it is marked down (see lost_signal)."""
+        self.listeners = listeners
+        """Told the id of an instance the poller or the backend marked down (its cache is forgotten)."""
 
     # --- request outcomes ------------------------------------------------------------------------
     def upstream_failed(self, instance_id: str) -> None:
@@ -156,8 +170,7 @@ class InstanceHealth:
         else:
             if not (lost := self.lost_signal(inst.id)).done():
                 lost.set_result(None)
-            if self.on_down is not None:
-                self.on_down(inst.id)
+            self.listeners.down(inst.id)
         self._apply_health(inst)
         self.log.instance_up(inst, healthy)
         self.log.instance_event(inst.id, inst.role, "up" if healthy else "down", reason)

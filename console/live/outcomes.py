@@ -12,12 +12,11 @@ import numpy as np
 
 from console.live.events import EventBus
 from console.live.metrics import GatewayMetrics
-from console.live.request import Step
+from console.live.record import Outcome, RequestRecord, RequestRow, Step
 from core.slo import SlidingWindow
 
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
-    from console.live.request import LiveRequest
     from core.slo import SLOClass
     from core.types import Request, Role
 
@@ -41,7 +40,7 @@ class Latencies:
     """Prefill leg's end to the first decode token (streamed replies only)."""
 
 
-def latencies(live: LiveRequest) -> Latencies:
+def latencies(live: RequestRecord) -> Latencies:
     """TTFT, TPOT and the P/D hand-off of a finished request, from what the gateway saw.
 
     A streamed reply: TTFT = first token relayed − arrival; TPOT = (last − first token) / (tokens − 1)
@@ -59,7 +58,7 @@ def latencies(live: LiveRequest) -> Latencies:
     prefill_end = live.times.get(Step.DECODE_BOUND)
     first = live.first_token_at
     if first is not None:
-        finish = live.times[live.step]
+        finish = live.finish
         tpot = (finish - first) / (live.output_tokens - 1) if live.output_tokens > 1 else 0.0
         handoff = first - prefill_end if prefill_end is not None and first >= prefill_end else None
         return Latencies(first - arrival, tpot, TTFT_FROM_TOKEN, handoff)
@@ -68,8 +67,8 @@ def latencies(live: LiveRequest) -> Latencies:
     return Latencies()
 
 
-def decisions(live: LiveRequest) -> list[tuple[str, str]]:
-    """The (policy kind, outcome) of each decision taken on `live`, read from its life when it leaves.
+def decisions(live: RequestRecord) -> list[tuple[str, str]]:
+    """The (policy kind, outcome) of each decision taken on a request, read from its record when it leaves.
 
     queue: held (the queue policy held it), then expired (its ttl ran out), abandoned (its client left
     while held) or released; shed (turned away at arrival, queue full). routing: routed (a prefill
@@ -77,18 +76,16 @@ def decisions(live: LiveRequest) -> list[tuple[str, str]]:
     failed_over (continued on another decode instance after one failed), no_capacity (no instance to
     route to, at arrival or at prefill end)."""
     out: list[tuple[str, str]] = []
-    reason = live.reason or ""
-    no_capacity = reason.startswith("no capacity")
+    outcome = live.outcome
     if Step.QUEUED in live.times:
         out.append(("queue", "held"))
-        released = live.released
-        if released is None or not released.done():
+        if outcome is Outcome.ABANDONED:
             return [*out, ("queue", "abandoned")]
-        if not released.cancelled() and released.exception() is not None:
+        if outcome is Outcome.EXPIRED:
             return [*out, ("queue", "expired")]
-    elif reason.startswith("tenant "):  # refused by its tenant's own limits (console/live/tenants.py counts those)
+    elif outcome is Outcome.TENANT_LIMIT:  # refused by its tenant's own limits (console/live/tenants.py counts those)
         return []
-    elif live.prefill_instance is None and not live.ok and not no_capacity and not reason.startswith("internal error"):
+    elif outcome is Outcome.SHED:
         return [("queue", "shed")]
     if live.prefill_instance is not None:
         out.append(("routing", "routed"))
@@ -96,7 +93,7 @@ def decisions(live: LiveRequest) -> list[tuple[str, str]]:
             out.append(("routing", "prefill_retried"))
         if live.tried_decode and len({*live.tried_decode, live.decode_instance}) > 1:
             out.append(("routing", "failed_over"))
-    if no_capacity:
+    if outcome is Outcome.NO_CAPACITY:
         out.append(("routing", "no_capacity"))
     return out
 
@@ -104,7 +101,7 @@ def decisions(live: LiveRequest) -> list[tuple[str, str]]:
 class RunLog(Protocol):
     """Where the rows go (adapters.store.RunRecorder, or a list in a test)."""
 
-    def request(self, row: dict[str, Any]) -> None:
+    def request(self, row: RequestRow) -> None:
         """One finished request."""
 
     def sample(self, row: dict[str, Any]) -> None:
@@ -117,6 +114,26 @@ class RunLog(Protocol):
         self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
     ) -> None:
         """A policy became active."""
+
+
+class InstanceLog(Protocol):
+    """Where what happens to an instance is told (Outcomes: the run store and the event bus)."""
+
+    def instance_event(self, instance_id: str, role: Role | None, event: str, detail: str, source: str = "") -> None:
+        """Something happened to an instance: stored and published."""
+
+
+class OutcomeSink(Protocol):
+    """Where a live request's record goes as it enters and leaves the gateway (Outcomes)."""
+
+    def started(self, live: RequestRecord) -> None:
+        """The request entered the gateway (counted in flight)."""
+
+    def left(self, live: RequestRecord) -> None:
+        """The request left the gateway."""
+
+    def record(self, live: RequestRecord) -> bool:
+        """Its outcome, recorded once; whether it met its SLO."""
 
 
 class Outcomes:
@@ -139,8 +156,8 @@ class Outcomes:
         """Requests that entered the gateway since it started."""
         self.failed = 0
         """Requests that failed (errors, rejections, disconnects)."""
-        self.live: dict[str, LiveRequest] = {}
-        """Requests in the gateway now, by id."""
+        self.live: dict[str, RequestRecord] = {}
+        """The records of the requests in the gateway now, by id."""
         self.idle = asyncio.Event()
         """Set while nothing is in flight (a stop waits for it, bounded)."""
         self.idle.set()
@@ -155,25 +172,25 @@ class Outcomes:
         return None if t is None else t - self.t0
 
     # --- requests ------------------------------------------------------------------------------
-    def started(self, live: LiveRequest) -> None:
-        """`live` entered the gateway."""
+    def started(self, live: RequestRecord) -> None:
+        """The request entered the gateway."""
         self.live[live.id] = live
         self.in_flight += 1
         self.total += 1
         self.idle.clear()
 
-    def left(self, live: LiveRequest) -> None:
-        """`live` left the gateway (its outcome is recorded by `record`)."""
+    def left(self, live: RequestRecord) -> None:
+        """The request left the gateway (its outcome is recorded by `record`)."""
         self.live.pop(live.id, None)
         self.in_flight -= 1
         if self.in_flight == 0:
             self.idle.set()
 
-    def record(self, live: LiveRequest) -> bool:
-        """The outcome of `live`: SLO window, event on failure or recovery, metrics, the stored row.
+    def record(self, live: RequestRecord) -> bool:
+        """The outcome of a finished request: SLO window, event on failure or recovery, metrics, the stored row.
         Returns whether it met its SLO."""
         req = live.request
-        finish = live.times[live.step]
+        finish = live.finish
         lat = latencies(live)
         met = self.slo.add(finish, lat.ttft, lat.tpot, live.ok, req.slo_class)
         if not live.ok:
@@ -192,7 +209,7 @@ class Outcomes:
         self.log.request(self.request_row(live, lat, met))
         return met
 
-    def observe(self, live: LiveRequest, lat: Latencies, met: bool) -> None:
+    def observe(self, live: RequestRecord, lat: Latencies, met: bool) -> None:
         """The request's latencies into its SLO class's histograms, and its decisions into their counters."""
         m = self.metrics.of_class(live.request.slo_class)
         sent = live.times.get(Step.PREFILL)
@@ -200,7 +217,7 @@ class Outcomes:
             m.queue_wait.observe(max(sent - live.request.arrival, 0.0))
         if live.ok:
             (m.met if met else m.missed).inc()
-            m.e2e.observe(live.times[live.step] - live.request.arrival)
+            m.e2e.observe(live.finish - live.request.arrival)
             if lat.ttft is not None:
                 m.ttft.observe(lat.ttft)
             if lat.tpot is not None and live.output_tokens > 1:
@@ -214,37 +231,37 @@ class Outcomes:
         for kind, outcome in decisions(live):
             self.metrics.count_decision(kind, self.active.get(kind, "-"), outcome)
 
-    def request_row(self, live: LiveRequest, lat: Latencies, met: bool | None) -> dict[str, Any]:
+    def request_row(self, live: RequestRecord, lat: Latencies, met: bool | None) -> RequestRow:
         """The stored row of a finished request (times relative to the console's start)."""
         req, rel, at = live.request, self.rel, live.times.get
-        finish = live.times[live.step]
-        return {
-            "request_id": live.id,
-            "arrival": rel(req.arrival),
-            "prompt_tokens": req.prompt_tokens,
-            "output_tokens": live.output_tokens,
-            "max_tokens": req.max_tokens,
-            "slo_class": req.slo_class,
-            "priority": req.priority,
-            "prefill_instance": live.prefill_instance,
-            "decode_instance": live.decode_instance,
-            "dp_rank": live.dp_rank,
-            "queued": rel(at(Step.QUEUED)),
-            "prefill_start": rel(at(Step.PREFILL)),
-            "prefill_end": rel(at(Step.DECODE_BOUND)),
-            "decode_start": rel(at(Step.DECODING)),
-            "first_token": rel(live.first_token_at),
-            "finish": rel(finish),
-            "ttft": lat.ttft,
-            "tpot": lat.tpot,
-            "ttft_source": lat.ttft_source,
-            "cached_tokens": live.cached_tokens,
-            "e2e": finish - req.arrival if live.ok else None,
-            "status": "ok" if live.ok else "failed",
-            "reason": live.reason,
-            "slo_met": met,
-            "tenant": self.tenant_of(req),
-        }
+        finish = live.finish
+        return RequestRow(
+            request_id=live.id,
+            arrival=rel(req.arrival),
+            prompt_tokens=req.prompt_tokens,
+            output_tokens=live.output_tokens,
+            max_tokens=req.max_tokens,
+            slo_class=req.slo_class,
+            priority=req.priority,
+            prefill_instance=live.prefill_instance,
+            decode_instance=live.decode_instance,
+            dp_rank=live.dp_rank,
+            queued=rel(at(Step.QUEUED)),
+            prefill_start=rel(at(Step.PREFILL)),
+            prefill_end=rel(at(Step.DECODE_BOUND)),
+            decode_start=rel(at(Step.DECODING)),
+            first_token=rel(live.first_token_at),
+            finish=rel(finish),
+            ttft=lat.ttft,
+            tpot=lat.tpot,
+            ttft_source=lat.ttft_source,
+            cached_tokens=live.cached_tokens,
+            e2e=finish - req.arrival if live.ok else None,
+            status="ok" if live.ok else "failed",
+            reason=live.reason,
+            slo_met=met,
+            tenant=self.tenant_of(req),
+        )
 
     # --- instances and policies ------------------------------------------------------------------
     def instance_event(self, instance_id: str, role: Role | None, event: str, detail: str, source: str = "") -> None:

@@ -13,6 +13,7 @@ model directory, else (and for what the local path declines) by a prefill instan
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -123,6 +124,7 @@ class PrefixIndex:
         self.block_size = settings.block_size or block_size
         """The block size keys are computed in (the engines' own)."""
         self.subscribers: dict[str, KVEventSubscriber] = {}
+        self._forgetting: set[asyncio.Task[None]] = set()
         self.keyed = self.unkeyed = 0
         """Requests that got prefix keys / did not (no ids and no tokenizer)."""
         self.tokenize_s = 0.0
@@ -218,6 +220,12 @@ class PrefixIndex:
         elif self.settings.source != "off":
             self.dispatcher.clear_prefix_cache(instance_id)
 
+    def removed(self, instance_id: str) -> None:
+        """An instance left the cluster: its subscriber is stopped and its blocks forgotten (in a task)."""
+        task = asyncio.create_task(self.forget(instance_id), name=f"prefix-forget-{instance_id}")
+        self._forgetting.add(task)
+        task.add_done_callback(self._forgetting.discard)
+
     async def forget(self, instance_id: str) -> None:
         """An instance left the cluster."""
         sub = self.subscribers.pop(instance_id, None)
@@ -227,6 +235,11 @@ class PrefixIndex:
             self.dispatcher.clear_prefix_cache(instance_id)
 
     async def close(self) -> None:
+        """Cancel the forgetting under way, stop every subscriber."""
+        for task in list(self._forgetting):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for iid in list(self.subscribers):
             sub = self.subscribers.pop(iid)
             await sub.stop()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from adapters.backends import Capability, require
 from adapters.errors import BackendError
@@ -25,56 +25,41 @@ if TYPE_CHECKING:
     from adapters.backends import Backend
     from adapters.vllm.instances import Instance
     from console.live.config import ConsoleConfig
+    from console.live.events import InstanceListeners
     from console.live.metrics import GatewayMetrics
+    from console.live.outcomes import InstanceLog
     from core.dispatch import Dispatcher
 
 DRAIN_POLL_S = 0.1
 
 
-class ScalerHost(Protocol):
-    """What the scaler needs from the running console, and nothing more."""
-
-    @property
-    def backend(self) -> Backend:
-        """Starts, stops and flips the instances."""
-
-    @property
-    def dispatcher(self) -> Dispatcher:
-        """Told each instance's phase and role."""
-
-    @property
-    def instances(self) -> dict[str, Instance]:
-        """The console's instances by id: an added one is put here, a removed one taken out."""
-
-    @property
-    def config(self) -> ConsoleConfig:
-        """connect_timeout_s for a new instance's clients, instance_drain_timeout_s for a removal."""
-
-    @property
-    def metrics(self) -> GatewayMetrics:
-        """The `sibyl_instance_up` gauge."""
-
-    def instance_event(self, instance_id: str, role: Role | None, event: str, detail: str, source: str = "") -> None:
-        """Something happened to an instance: stored and published."""
-
-    def track_data_parallel(self, inst: Instance) -> None:
-        """Tell the dispatcher whether a new instance is a data-parallel group."""
-
-    def instance_ready(self, inst: Instance) -> None:
-        """A started instance joined the cluster (its KV events are followed from now on)."""
-
-    def release_queued(self) -> None:
-        """Let held requests go (a new instance has room)."""
-
-    def instance_removed(self, instance_id: str) -> None:
-        """The instance left the cluster (whoever waits on its lost signal hears it)."""
-
-
 class Scaler:
-    """Executes ScaleActions (from a scaling policy or an operator) against its host's backend."""
+    """Executes ScaleActions (from a scaling policy or an operator) against the backend."""
 
-    def __init__(self, host: ScalerHost) -> None:
-        self.c = host
+    def __init__(
+        self,
+        backend: Backend,
+        dispatcher: Dispatcher,
+        instances: dict[str, Instance],
+        config: ConsoleConfig,
+        metrics: GatewayMetrics,
+        log: InstanceLog,
+        listeners: InstanceListeners,
+    ) -> None:
+        self.backend = backend
+        """Starts, stops and flips the instances."""
+        self.dispatcher = dispatcher
+        """Told each instance's phase and role."""
+        self.instances = instances
+        """The console's instances by id: an added one is put here, a removed one taken out."""
+        self.config = config
+        """connect_timeout_s for a new instance's clients, instance_drain_timeout_s for a removal."""
+        self.metrics = metrics
+        """The `sibyl_instance_up` gauge."""
+        self.log = log
+        """Where each step goes as an instance event."""
+        self.listeners = listeners
+        """Told that an instance joined (after it became active) or left."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -84,33 +69,32 @@ class Scaler:
 
     def execute(self, action: ScaleAction, source: str) -> str | None:
         """Start carrying out one action; returns the instance id it concerns (None if refused)."""
-        c = self.c
         try:
             if action.action == "add":
-                require(c.backend, Capability.SCALE)
+                require(self.backend, Capability.SCALE)
                 iid = self._next_id(action.role)
-                c.dispatcher.add_instance(iid, action.role, phase=InstancePhase.STARTING)
-                c.instance_event(iid, action.role, "starting", action.reason, source)
+                self.dispatcher.add_instance(iid, action.role, phase=InstancePhase.STARTING)
+                self.log.instance_event(iid, action.role, "starting", action.reason, source)
                 self._spawn(self._add(iid, action.role, action.reason, source), f"add-{iid}")
                 return iid
             iid = action.instance_id or ""
-            inst = c.instances.get(iid)
+            inst = self.instances.get(iid)
             if inst is None:
-                raise ConfigError(f"no instance {iid!r}; instances: {', '.join(c.instances)}")
+                raise ConfigError(f"no instance {iid!r}; instances: {', '.join(self.instances)}")
             if action.action == "remove":
-                require(c.backend, Capability.SCALE)
-                c.dispatcher.begin_drain(iid)
-                c.metrics.instance_up.labels(instance_id=iid, role=inst.role.value).set(0)
-                c.instance_event(iid, inst.role, "draining", action.reason, source)
+                require(self.backend, Capability.SCALE)
+                self.dispatcher.begin_drain(iid)
+                self.metrics.instance_up.labels(instance_id=iid, role=inst.role.value).set(0)
+                self.log.instance_event(iid, inst.role, "draining", action.reason, source)
                 self._spawn(self._retire(iid, source), f"retire-{iid}")
                 return iid
             if action.action == "flip":
-                require(c.backend, Capability.ROLE_FLIP)
+                require(self.backend, Capability.ROLE_FLIP)
                 self._spawn(self._flip(iid, action.role, action.reason, source), f"flip-{iid}")
                 return iid
             raise ConfigError(f"unknown scaling action {action.action!r}: add, remove or flip")
         except (BackendError, ConfigError) as e:
-            c.instance_event(action.instance_id or "-", action.role, "refused", f"{action.action}: {e}", source)
+            self.log.instance_event(action.instance_id or "-", action.role, "refused", f"{action.action}: {e}", source)
             raise
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
@@ -120,56 +104,52 @@ class Scaler:
 
     def _next_id(self, role: Role) -> str:
         prefix = role.value[0]
-        used = [int(i[1:]) for i in self.c.dispatcher.view.instance_ids if i[0] == prefix and i[1:].isdigit()]
+        used = [int(i[1:]) for i in self.dispatcher.view.instance_ids if i[0] == prefix and i[1:].isdigit()]
         return f"{prefix}{max(used, default=-1) + 1}"
 
     async def _add(self, iid: str, role: Role, reason: str, source: str) -> None:
-        c = self.c
         started = time.monotonic()
         try:
-            inst = await c.backend.add(role, iid)
+            inst = await self.backend.add(role, iid)
         except Exception as e:  # the instance never came up: say so, keep serving with the others
-            c.dispatcher.remove_instance(iid)
-            c.instance_event(iid, role, "failed", f"could not start: {e}", source)
+            self.dispatcher.remove_instance(iid)
+            self.log.instance_event(iid, role, "failed", f"could not start: {e}", source)
             return
-        inst.open(connect_timeout_s=c.config.connect_timeout_s)
-        c.instances[iid] = inst
-        c.track_data_parallel(inst)
-        c.instance_ready(inst)
-        c.dispatcher.set_phase(iid, InstancePhase.ACTIVE)
-        c.metrics.instance_up.labels(instance_id=iid, role=role.value).set(1)
-        c.instance_event(iid, role, "added", f"{reason} (ready after {time.monotonic() - started:.1f} s)", source)
-        c.release_queued()
+        inst.open(connect_timeout_s=self.config.connect_timeout_s)
+        self.instances[iid] = inst
+        self.dispatcher.set_phase(iid, InstancePhase.ACTIVE)
+        self.metrics.instance_up.labels(instance_id=iid, role=role.value).set(1)
+        ready = f"{reason} (ready after {time.monotonic() - started:.1f} s)"
+        self.log.instance_event(iid, role, "added", ready, source)
+        self.listeners.added(inst)  # its data-parallel ranks, its KV events, held requests may go
 
     async def _retire(self, iid: str, source: str) -> None:
         """Wait until nothing routed to the instance is in flight (bounded), then stop it."""
-        c = self.c
-        deadline = time.monotonic() + c.config.instance_drain_timeout_s
-        while c.dispatcher.in_flight(iid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + self.config.instance_drain_timeout_s
+        while self.dispatcher.in_flight(iid) and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
-        left = c.dispatcher.in_flight(iid)
-        inst = c.instances.pop(iid)
-        c.instance_removed(iid)
-        c.dispatcher.remove_instance(iid)
+        left = self.dispatcher.in_flight(iid)
+        inst = self.instances.pop(iid)
+        self.listeners.removed(iid)
+        self.dispatcher.remove_instance(iid)
         await inst.close()
-        await c.backend.remove(iid)
+        await self.backend.remove(iid)
         detail = (
             "drained"
             if not left
-            else f"drain timed out after {c.config.instance_drain_timeout_s:g} s with {left} requests in flight"
+            else f"drain timed out after {self.config.instance_drain_timeout_s:g} s with {left} requests in flight"
         )
-        c.instance_event(iid, inst.role, "removed", detail, source)
+        self.log.instance_event(iid, inst.role, "removed", detail, source)
 
     async def _flip(self, iid: str, role: Role, reason: str, source: str) -> None:
-        c = self.c
-        inst = c.instances[iid]
+        inst = self.instances[iid]
         old = inst.role
-        await c.backend.flip(iid, role)
-        c.dispatcher.flip_role(iid, role)
+        await self.backend.flip(iid, role)
+        self.dispatcher.flip_role(iid, role)
         inst.role = role
-        c.metrics.instance_up.labels(instance_id=iid, role=old.value).set(0)
-        c.metrics.instance_up.labels(instance_id=iid, role=role.value).set(1)
-        c.instance_event(iid, role, "flipped", f"{old.value} -> {role.value}: {reason}", source)
+        self.metrics.instance_up.labels(instance_id=iid, role=old.value).set(0)
+        self.metrics.instance_up.labels(instance_id=iid, role=role.value).set(1)
+        self.log.instance_event(iid, role, "flipped", f"{old.value} -> {role.value}: {reason}", source)
 
     async def stop(self) -> None:
         """Cancel the adds, drains and flips under way."""

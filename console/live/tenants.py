@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -14,13 +14,13 @@ from prometheus_client.registry import Collector
 
 from console.live.channel import Rejected
 from console.live.config import read_mapping_file
-from console.live.request_host import Step
+from console.live.record import Outcome, Step
 from core.errors import ConfigError
 from core.tenants import DEFAULT_TENANT, FairShare, TenantSpec, TenantTable, hash_key, tenant_specs
 from core.types import Request
 
 if TYPE_CHECKING:
-    from console.live.request import LiveRequest
+    from console.live.record import RequestRecord
     from core.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,16 @@ def bearer_key(authorization: str | None) -> bytes | None:
     if scheme.lower() != "bearer":
         return None
     return value.strip().encode("latin-1", "replace") or None
+
+
+class TenantGate(Protocol):
+    """What a live request asks of its tenant's limits (Tenants)."""
+
+    def admit(self, record: RequestRecord) -> None:
+        """Charge the request to its tenant; raises console.live.channel.Rejected (429) when over its limits."""
+
+    def finished(self, record: RequestRecord, met: bool) -> None:
+        """The request left (met: whether it met its SLO)."""
 
 
 class Tenants:
@@ -107,18 +117,18 @@ class Tenants:
         spec = self.table.spec(tenant) if self.keyed else None
         return asked if spec is None else max(asked, spec.priority)
 
-    def admit(self, live: LiveRequest) -> None:
-        """Charge `live` to its tenant, or raise Rejected(429) when over the tenant's limits."""
-        r = live.request
+    def admit(self, record: RequestRecord) -> None:
+        """Charge the request to its tenant, or raise Rejected(429) when over the tenant's limits."""
+        r = record.request
         refusal = self.table.admit(self.label(r), r.id, r.prompt_tokens, r.max_tokens, time.monotonic())
         if refusal is not None:
-            raise Rejected(429, refusal.message, refusal.retry_after_s)
+            raise Rejected(429, refusal.message, refusal.retry_after_s, outcome=Outcome.TENANT_LIMIT)
 
-    def finished(self, live: LiveRequest, met: bool) -> None:
-        """`live` left: count it, free its slot, refund what it did not use."""
-        outcome = ("met" if met else "missed") if live.ok else "failed"
-        prefilled = Step.PREFILL in live.times or Step.DECODING in live.times  # the prompt was computed
-        self.table.finish(live.request.id, outcome, live.output_tokens, prefilled, time.monotonic())
+    def finished(self, record: RequestRecord, met: bool) -> None:
+        """The request left: count it, free its slot, refund what it did not use."""
+        outcome = ("met" if met else "missed") if record.ok else "failed"
+        prefilled = Step.PREFILL in record.times or Step.DECODING in record.times  # the prompt was computed
+        self.table.finish(record.request.id, outcome, record.output_tokens, prefilled, time.monotonic())
 
     # --- the keys file -----------------------------------------------------------------------------
     def poll(self, now: float) -> None:

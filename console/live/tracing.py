@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.tracing import clock_offset_ns, incoming_context, span_exporter, tracer_provider
 from console.live.config import TracingSettings
-from console.live.request_host import Step
+from console.live.record import Step
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span
 
-    from console.live.request import LiveRequest
+    from console.live.record import RequestRecord
     from core.dispatch import Dispatcher
 
 
@@ -83,7 +83,7 @@ class Trace:
 
     __slots__ = ()
 
-    def routed(self, live: LiveRequest, d: Dispatcher, decided_at: float) -> None:
+    def routed(self, live: RequestRecord, d: Dispatcher, decided_at: float) -> None:
         """The queue wait (if any) and the routing decision taken at `decided_at` (monotonic), ending now."""
 
     def bound_late(self, decode_instance: str, started: float) -> None:
@@ -112,7 +112,7 @@ class Trace:
     def migrated(self, first_after: float) -> None:
         """The first token from the migration's target arrived."""
 
-    def finish(self, live: LiveRequest) -> None:
+    def finish(self, live: RequestRecord) -> None:
         """The request left with its outcome."""
 
 
@@ -173,7 +173,7 @@ class RequestTrace(Trace):
         span.end(end_time=self.ns(time.monotonic() if at is None else at))
 
     # --- admission and routing ------------------------------------------------------------------------
-    def routed(self, live: LiveRequest, d: Dispatcher, decided_at: float) -> None:
+    def routed(self, live: RequestRecord, d: Dispatcher, decided_at: float) -> None:
         policies = {f"sibyl.policy.{k.value}": p.name for k, p in d.policies.items()}
         self.root.set_attributes(policies)
         queued = live.at(Step.QUEUED)
@@ -258,9 +258,9 @@ class RequestTrace(Trace):
             self.migration = None
 
     # --- the outcome --------------------------------------------------------------------------------
-    def finish(self, live: LiveRequest) -> None:
+    def finish(self, live: RequestRecord) -> None:
         """The KV hand-off span, the outcome on the root, every open span ended."""
-        end = live.times[live.step]
+        end = live.finish
         first = live.first_token_at
         if self.prefill_end is not None and first is not None and first >= self.prefill_end:
             ends = {"sibyl.from": live.prefill_instance or ""}

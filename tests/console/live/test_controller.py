@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from adapters.store import RunStore
+from console.live.channel import ClientChannel
 from console.live.config import ConsoleConfig
 from console.live.controller import Controller
-from console.live.request import Step
+from console.live.record import Outcome, Step
 from core.errors import PolicyError
 from core.types import InstancePhase, Role
-from tests.console.live.fakes import FakeBackend, instances, live_request
-from tests.console.live.test_state import LEGACY_ROW_KEYS
+from tests.console.live.fakes import LEGACY_ROW_KEYS, FakeBackend, Sent, instances, live_request, never_disconnects
 
 LEGACY_KEYS = [
     "run_id",
@@ -98,20 +98,49 @@ def test_a_policy_swap_is_stored_published_and_refused_when_unknown(tmp_path: Pa
     c.recorder.close(status="completed")
 
 
-def test_a_request_through_the_host_is_counted_then_recorded(tmp_path: Path) -> None:
+def test_a_request_through_the_wired_parts_is_counted_then_recorded(tmp_path: Path) -> None:
+    """A request the controller's services serve (no instance is reachable: every leg fails): counted in
+    flight while it runs, then its end told to the dispatcher, the outcomes, the queue and its tenant."""
+
     async def body() -> None:
         c = controller(tmp_path)
         live = live_request("r1")
-        c.request_started(live)
-        assert (c.in_flight, c.total, dict(c.live)) == (1, 1, {"r1": live})
-        c.dispatcher.admit(live.request, live.request.arrival)
-        c.dispatcher.route(live.request, live.request.arrival)
-        live.reason = "client went away"
-        live.enter(Step.FAILED)
-        c.request_done(live)
-        assert (c.in_flight, c.failed, dict(c.live)) == (0, 1, {})
+        seen: list[tuple[int, int, list[str]]] = []
+        started = c.outcomes.started
+
+        def counting(record: object) -> None:
+            started(record)  # type: ignore[arg-type]
+            seen.append((c.outcomes.in_flight, c.outcomes.total, list(c.outcomes.live)))
+
+        c.services.outcomes.started = counting  # type: ignore[method-assign]
+        for inst in c.instances.values():
+            inst.open(connect_timeout_s=1.0)
+        try:
+            sent = Sent()
+            await live.run(c.services, ClientChannel(sent, never_disconnects))
+        finally:
+            for inst in c.instances.values():
+                await inst.close()
+        assert seen == [(1, 1, ["r1"])]
+        rec = live.record
+        assert rec.step == Step.FAILED and rec.outcome is Outcome.UPSTREAM and sent.status == 502
+        assert (c.outcomes.in_flight, c.outcomes.failed, dict(c.outcomes.live)) == (0, 1, {})
+        assert c.dispatcher.in_flight("d0") == 0 and c.dispatcher.in_flight("p0") == 0  # the request told its end
         assert c.state()["requests"] == {"in_flight": 0, "total": 1, "failed": 1}
+        assert c.state()["tenants"]["tenants"]["default"]["requests"]["failed"] == 1
         assert c.summary()["requests_total"] == 1
+        assert c.recent.rows[-1]["request_id"] == "r1" and c.recent.rows[-1]["status"] == "failed"
+        c.recorder.close(status="completed")
+
+    asyncio.run(body())
+
+
+def test_instance_listeners_reach_the_parts_subscribed_at_wiring(tmp_path: Path) -> None:
+    async def body() -> None:
+        c = controller(tmp_path)
+        lost = c.health.lost_signal("d1")
+        c.listeners.removed("d1")  # the scaler retired it
+        assert lost.done()
         c.recorder.close(status="completed")
 
     asyncio.run(body())

@@ -6,7 +6,7 @@ import asyncio
 
 from adapters.vllm.instances import Instance
 from console.live.config import ConsoleConfig
-from console.live.events import EventBus
+from console.live.events import EventBus, InstanceListeners
 from console.live.health import InstanceHealth, RankWatch
 from console.live.state import InstanceRow
 from core.types import Role
@@ -38,6 +38,7 @@ def make(failures: int = 2, cooloff_s: float = 5.0) -> tuple[InstanceHealth, Log
         dispatcher(insts),
         log,
         lambda: released.append("release"),
+        InstanceListeners(),
     )
     health.kick = lambda: kicked.append("kick")
     return health, log, kicked
@@ -121,3 +122,35 @@ def test_a_group_whose_ranks_drift_apart_is_reported_once_and_again_when_balance
     for loads in ([100, 100], [300, 100], [400, 100], [115, 100], [105, 100]):
         watch.check([InstanceRow(id="d0", role="decode", dp_ranks=loads), InstanceRow(id="d1", role="decode")])
     assert [(e["factor"], e["balanced"], e["policy"]) for e in published] == [(1.5, False, "jsq"), (1.07, True, "jsq")]
+
+
+def test_the_console_reports_a_group_whose_ranks_drift_apart_once_and_again_when_balanced() -> None:
+    from types import SimpleNamespace
+
+    from console.live.health import RankWatch
+    from console.live.state import InstanceRow
+    from console.tui.events import describe
+    from console.tui.fmt import Palette
+
+    published: list[dict[str, object]] = []
+    events = SimpleNamespace(publish=lambda kind, **kw: published.append({"type": kind, **kw}))
+    watch = RankWatch(events, lambda: "jsq")  # type: ignore[arg-type]
+    for loads in (
+        [100, 100, 100, 100],
+        [400, 100, 100, 100],
+        [500, 100, 100, 100],
+        [130, 100, 100, 100],
+        [110, 100, 100, 100],
+    ):
+        watch.check(
+            [InstanceRow(id="d0", role="decode", dp_ranks=loads), InstanceRow(id="d1", role="decode", dp_ranks=None)]
+        )
+    # x2.29 is reported once (not again at x2.5); x1.24 is not yet balanced; x1.07 is
+    assert [(e["factor"], e["busiest"], e["balanced"]) for e in published] == [(2.29, 0, False), (1.07, 0, True)]
+    tag, text, _ = describe(published[0], Palette("g", "y", "r", "b", "d"))
+    assert tag == "RANKS" and "rank 0 at x2.29" in text and "jsq" in text
+    tag, text, _ = describe(
+        {"type": "recovered", "request_id": "r1", "detail": "decode d0 failed mid-stream: resumed on d1"},
+        Palette("g", "y", "r", "b", "d"),
+    )
+    assert tag == "MOVED" and "resumed on d1" in text

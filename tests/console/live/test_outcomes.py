@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from console.live.channel import Rejected
 from console.live.outcomes import Outcomes, decisions
-from console.live.request import LiveRequest, Step
+from console.live.record import ROW_COLUMNS, Outcome, RequestRecord, Step
 from core.slo import SLOClass
-from tests.console.live.fakes import ListLog, instances, live_request
+from tests.console.live.fakes import ListLog, instances, record
 
 
 def outcomes() -> tuple[Outcomes, ListLog]:
@@ -20,26 +17,28 @@ def outcomes() -> tuple[Outcomes, ListLog]:
 
 def test_a_finished_request_is_counted_scored_and_stored() -> None:
     out, log = outcomes()
-    live = live_request("r1", arrival=100.0)
+    live = record("r1", arrival=100.0)
     out.started(live)
     assert (out.in_flight, out.total, out.live, out.idle.is_set()) == (1, 1, {"r1": live}, False)
     live.enter(Step.PREFILL, 100.1)
     live.enter(Step.DECODE_BOUND, 100.2)
     live.enter(Step.DECODING, 100.2)
-    live.first_token_at, live.output_tokens, live.ok = 100.5, 5, True
+    live.first_token_at, live.output_tokens, live.outcome = 100.5, 5, Outcome.OK
     live.prefill_instance, live.decode_instance = "p0", "d0"
     live.enter(Step.FINISHED, 100.8)
     out.left(live)
     out.record(live)
     assert (out.in_flight, out.failed, out.live, out.idle.is_set()) == (0, 0, {}, True)
     row = log.requests[0]
-    assert row["arrival"] == 10.0 and abs(row["ttft"] - 0.5) < 1e-9 and abs(row["tpot"] - 0.075) < 1e-9
-    assert abs(row["prefill_start"] - 10.1) < 1e-9 and (row["queued"], row["status"], row["slo_met"]) == (
+    assert row.arrival == 10.0 and abs(row.ttft - 0.5) < 1e-9 and abs(row.tpot - 0.075) < 1e-9
+    assert abs(row.prefill_start - 10.1) < 1e-9 and (row.queued, row.status, row.slo_met) == (
         None,
         "ok",
         True,
     )
-    assert abs(row["finish"] - 10.8) < 1e-9 and abs(row["e2e"] - 0.8) < 1e-9
+    assert abs(row.finish - 10.8) < 1e-9 and abs(row.e2e - 0.8) < 1e-9
+    stored = row.stored()  # what the run store takes: its 25 columns, in order
+    assert list(stored) == list(ROW_COLUMNS) and len(stored) == 25 and stored["request_id"] == "r1"
     assert out.slo.snapshot(101.0)["run"]["requests"] == 1
     assert list(out.metrics.ttft.collect())[0].samples  # observed
 
@@ -47,24 +46,20 @@ def test_a_finished_request_is_counted_scored_and_stored() -> None:
 def test_a_failure_is_published_and_counted_a_recovery_is_published() -> None:
     out, log = outcomes()
     seen = out.events.history
-    failed = live_request("bad")
+    failed = record("bad")
     out.started(failed)
-    failed.reason = "decode d0 stream ended early"
+    failed.reason, failed.outcome = "decode d0 stream ended early", Outcome.UPSTREAM
     failed.enter(Step.FAILED, 101.0)
     out.left(failed)
     out.record(failed)
-    saved = live_request("saved")
+    saved = record("saved")
     out.started(saved)
-    saved.ok, saved.first_token_at, saved.output_tokens, saved.recovered = True, 100.2, 3, "resumed on d1"
+    saved.outcome, saved.first_token_at, saved.output_tokens, saved.recovered = Outcome.OK, 100.2, 3, "resumed on d1"
     saved.enter(Step.FINISHED, 101.0)
     out.left(saved)
     out.record(saved)
     assert out.failed == 1 and [e["type"] for e in seen] == ["failure", "recovered"]
-    assert (
-        log.requests[0]["status"] == "failed"
-        and log.requests[0]["ttft"] is None
-        and log.requests[0]["slo_met"] is False
-    )
+    assert log.requests[0].status == "failed" and log.requests[0].ttft is None and log.requests[0].slo_met is False
 
 
 def test_instance_and_policy_events_reach_the_log_and_the_bus() -> None:
@@ -86,12 +81,12 @@ def test_instance_and_policy_events_reach_the_log_and_the_bus() -> None:
     assert summary["requests_total"] == 0 and summary["health_rtt_s"] == {}
 
 
-def finished(live: LiveRequest, *, first: float | None, tokens: int = 5, stream: bool = True) -> LiveRequest:
+def finished(live: RequestRecord, *, first: float | None, tokens: int = 5) -> RequestRecord:
     """`live` through prefill (100.1-100.3) and decode to 101.0, as the gateway stamps it."""
     live.enter(Step.PREFILL, 100.1)
     live.enter(Step.DECODE_BOUND, 100.3)
     live.enter(Step.DECODING, 100.3)
-    live.first_token_at, live.output_tokens, live.ok = first, tokens, True
+    live.first_token_at, live.output_tokens, live.outcome = first, tokens, Outcome.OK
     live.prefill_instance, live.decode_instance = "p0", "d0"
     live.enter(Step.FINISHED, 101.0)
     return live
@@ -110,13 +105,13 @@ def test_a_whole_reply_has_no_tpot_and_its_ttft_ends_at_its_prefill_leg() -> Non
     """A non-streamed reply: no token time is seen (request.py leaves first_token_at unset), so TPOT is
     unknown and TTFT is the prefill leg's end; it is judged on TTFT alone and says so in its row."""
     out, log = outcomes()
-    whole = finished(live_request("w", stream=False), first=None)
+    whole = finished(record("w", stream=False), first=None)
     out.started(whole)
     out.left(whole)
     out.record(whole)
     row = log.requests[0]
-    assert row["tpot"] is None and row["first_token"] is None and row["ttft_source"] == "prefill_end"
-    assert abs(row["ttft"] - 0.3) < 1e-9 and abs(row["e2e"] - 1.0) < 1e-9 and row["slo_met"] is True
+    assert row.tpot is None and row.first_token is None and row.ttft_source == "prefill_end"
+    assert abs(row.ttft - 0.3) < 1e-9 and abs(row.e2e - 1.0) < 1e-9 and row.slo_met is True
     snap = out.slo.snapshot(101.5)["window"]
     assert snap["tpot_unknown"] == 1 and snap["tpot_attainment"] is None and snap["ttft_attainment"] == 1.0
     assert samples(out, "sibyl_tpot_seconds_count") == {(("slo_class", "default"),): 0.0}
@@ -127,13 +122,13 @@ def test_a_whole_reply_has_no_tpot_and_its_ttft_ends_at_its_prefill_leg() -> Non
 
 def test_a_streamed_reply_observes_every_latency_of_its_class() -> None:
     out, log = outcomes()
-    live = finished(live_request("s"), first=100.5)
+    live = finished(record("s"), first=100.5)
     out.started(live)
     out.left(live)
     out.record(live)
     row = log.requests[0]
-    assert row["ttft_source"] == "first_token" and abs(row["ttft"] - 0.5) < 1e-9 and abs(row["tpot"] - 0.125) < 1e-9
-    assert row["slo_met"] is False  # 125 ms per token against a 100 ms target
+    assert row.ttft_source == "first_token" and abs(row.ttft - 0.5) < 1e-9 and abs(row.tpot - 0.125) < 1e-9
+    assert row.slo_met is False  # 125 ms per token against a 100 ms target
     assert samples(out, "sibyl_pd_handoff_seconds_sum") == {(("slo_class", "default"),): pytest.approx(0.2)}
     assert samples(out, "sibyl_queue_wait_seconds_sum") == {(("slo_class", "default"),): pytest.approx(0.1)}
     assert samples(out, "sibyl_e2e_seconds_sum") == {(("slo_class", "default"),): pytest.approx(1.0)}
@@ -142,35 +137,28 @@ def test_a_streamed_reply_observes_every_latency_of_its_class() -> None:
     }
 
 
-def test_decisions_are_read_from_the_request_life() -> None:
-    loop = asyncio.new_event_loop()
-    try:
+def ended(rid: str, outcome: Outcome, *, queued: bool = False, reason: str = "") -> RequestRecord:
+    """A request's record as it left, with `outcome` (held by the queue policy first when `queued`)."""
+    rec = record(rid)
+    if queued:
+        rec.enter(Step.QUEUED, 100.0)
+    rec.outcome, rec.reason = outcome, reason or None
+    return rec
 
-        def held(outcome: str) -> LiveRequest:
-            live = live_request(outcome)
-            live.enter(Step.QUEUED, 100.0)
-            live.released = loop.create_future()
-            if outcome == "expired":
-                live.released.set_exception(Rejected(503, "queued longer than the queue policy's ttl_s"))
-                live.released.exception()
-            elif outcome == "released":
-                live.released.set_result(None)
-            return live
 
-        assert decisions(held("abandoned")) == [("queue", "held"), ("queue", "abandoned")]
-        assert decisions(held("expired")) == [("queue", "held"), ("queue", "expired")]
-        released = held("released")
-        released.prefill_instance, released.decode_instance, released.ok = "p0", "d0", True
-        assert decisions(released) == [("queue", "held"), ("routing", "routed")]
-    finally:
-        loop.close()
-    shed = live_request("shed")
-    shed.reason = "the gateway queue is full (3 requests held); retry later"
-    assert decisions(shed) == [("queue", "shed")]
-    none = live_request("none")
-    none.reason = "no capacity: no healthy prefill instance; try again when instances recover"
-    assert decisions(none) == [("routing", "no_capacity")]
-    retried = live_request("retried")
+def test_decisions_are_read_from_the_request_record() -> None:
+    assert decisions(ended("abandoned", Outcome.ABANDONED, queued=True)) == [("queue", "held"), ("queue", "abandoned")]
+    assert decisions(ended("expired", Outcome.EXPIRED, queued=True)) == [("queue", "held"), ("queue", "expired")]
+    released = ended("released", Outcome.OK, queued=True)
+    released.prefill_instance, released.decode_instance = "p0", "d0"
+    assert decisions(released) == [("queue", "held"), ("routing", "routed")]
+    assert decisions(ended("shed", Outcome.SHED)) == [("queue", "shed")]
+    assert decisions(ended("limited", Outcome.TENANT_LIMIT)) == []  # its tenant's own counters have it
+    assert decisions(ended("none", Outcome.NO_CAPACITY)) == [("routing", "no_capacity")]
+    # a decode-only assignment that failed on its decode leg was shed by the queue policy only by its reason's guess
+    assert decisions(ended("decode-only", Outcome.UPSTREAM, reason="decode d0 stream ended early")) == []
+    assert decisions(ended("bug", Outcome.INTERNAL, reason="internal error: KeyError")) == []
+    retried = ended("retried", Outcome.OK)
     retried.prefill_instance, retried.tried_prefill, retried.decode_instance, retried.tried_decode = (
         "p1",
         ["p0"],
@@ -180,8 +168,8 @@ def test_decisions_are_read_from_the_request_life() -> None:
     assert decisions(retried) == [("routing", "routed"), ("routing", "prefill_retried"), ("routing", "failed_over")]
     out, _ = outcomes()
     out.policy_active("routing", "least_load", {})
-    failed = finished(live_request("f"), first=100.5)
-    failed.ok, failed.tried_prefill = False, ["p9"]
+    failed = finished(record("f"), first=100.5)
+    failed.outcome, failed.tried_prefill = Outcome.UPSTREAM, ["p9"]
     out.record(failed)
     counts = samples(out, "sibyl_decisions_total")
     assert counts == {

@@ -7,30 +7,8 @@ import json
 from typing import Any
 
 from console.live.state import ConsoleState, InstanceRow, ScrapedCounters, json_schema
+from tests.console.live.fakes import LEGACY_ROW_KEYS
 from tests.console.test_tui_client import FakeConsole
-
-LEGACY_ROW_KEYS = [
-    "id",
-    "role",
-    "phase",
-    "breaker",
-    "url",
-    "healthy",
-    "managed",
-    "running",
-    "waiting",
-    "kv_usage",
-    "tokens_per_s",
-    "projected_load",
-    "routed_running",
-    "routed_pending",
-    "failures",
-    "pid",
-    "node",
-    "dp_ranks",
-    "scraped",
-]
-"""The keys of an instance in `/control/state` before the state was typed, in their order."""
 
 
 def test_a_starting_row_has_the_keys_it_always_had_and_no_breaker() -> None:

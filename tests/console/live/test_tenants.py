@@ -17,12 +17,12 @@ import console.gateway.proxy as proxy_mod
 from console.cli import _register_commands, app
 from console.gateway.proxy import Proxy
 from console.live.channel import Rejected
-from console.live.request_host import Step
+from console.live.record import Outcome, Step
 from console.live.tenants import Tenants, bearer_key, keys_file_line, read_keys_file
 from core.errors import ConfigError
 from core.tenants import hash_key
 from core.types import Request
-from tests.console.live.fakes import dispatcher, instances, live_request
+from tests.console.live.fakes import dispatcher, instances, record
 
 _register_commands()
 
@@ -71,18 +71,18 @@ def test_a_changed_file_is_reloaded_and_a_bad_one_keeps_the_table(tmp_path: Path
     seen: list[dict[str, object]] = []
     t.on_reload = seen.append
     assert t.keyed and d.admission.fair is t.fair and t.authenticate("Bearer sk-a") == "a"
-    live = live_request("r1")
+    live = record("r1")
     live.request.tenant = "a"
     t.admit(live)
     keys.write_text(keys_file_line("a", "sk-a2", max_in_flight=1) + keys_file_line("b", "sk-b", weight=3))
     t.poll(10.0)
     assert seen[-1]["ok"] and t.authenticate("Bearer sk-a") is None and t.authenticate("Bearer sk-b") == "b"
     assert t.fair is not None and t.fair.weights == {"a": 1.0, "b": 3.0}
-    second = live_request("r3")
+    second = record("r3")
     second.request.tenant = "a"
     with pytest.raises(Rejected) as over:
         t.admit(second)  # the request admitted before the reload still counts
-    assert over.value.status == 429 and over.value.retry_after_s == 1.0
+    assert over.value.status == 429 and over.value.retry_after_s == 1.0 and over.value.outcome is Outcome.TENANT_LIMIT
     keys.write_text("[tenants.a]\nkey_sha256 = 1\n")
     t.poll(20.0)
     assert not seen[-1]["ok"] and "line 1: tenant 'a'" in str(t.last_error)
@@ -135,13 +135,13 @@ def test_runs_show_sums_requests_by_tenant() -> None:
 
 def test_without_a_file_every_request_is_still_charged_to_the_default_tenant() -> None:
     t = Tenants(None, dispatcher(instances(1, 1)), now=0.0)
-    done, refused = live_request("r1", prompt=10), live_request("r2", prompt=7)
+    done, refused = record("r1", prompt=10), record("r2", prompt=7)
     for live in (done, refused):
         live.request.tenant = "named-by-the-client"  # its fair share in the queue, not its charge
         t.admit(live)
     assert t.snapshot()["tenants"]["default"]["in_flight"] == 2
     done.enter(Step.DECODING)  # a decode-only assignment: the prompt was computed all the same
-    done.ok, done.output_tokens = True, 3
+    done.outcome, done.output_tokens = Outcome.OK, 3
     t.finished(done, met=True)
     t.finished(refused, met=False)  # left before any leg: failed, its prompt not counted
     assert list(t.snapshot()["tenants"]) == ["default"]
@@ -187,6 +187,7 @@ def test_the_gateway_charges_the_keys_tenant_or_lets_the_client_name_one(
             dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False)),
             tenants=tenants,
             tracing=None,
+            services=None,  # the LiveRequest is Captured: it never uses them
         )
         scope = {"type": "http", "path": "/v1/completions", "headers": headers}
         asyncio.run(Proxy(cast(Any, c))(scope, receive, send))

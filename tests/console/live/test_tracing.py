@@ -26,8 +26,7 @@ from console.live.config import ConsoleConfig, TracingSettings, load_config
 from console.live.request import LiveRequest
 from console.live.tracing import Tracing, build
 from core.types import Request, Role
-from tests.console.live.fakes import Sent, dispatcher, never_disconnects
-from tests.console.live.test_request import FakeHost
+from tests.console.live.fakes import FakeParts, Sent, dispatcher, never_disconnects
 from tests.procs import FAST_PROFILE, ROOT, emulators
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -54,12 +53,12 @@ def cluster() -> Iterator[list[Instance]]:
 def serve(
     insts: list[Instance], headers: dict[bytes, str], max_tokens: int = 8, **host_kw: Any
 ) -> tuple[LiveRequest, list[ReadableSpan], Sent]:
-    """Run one streamed request through a FakeHost over `insts` with tracing into memory."""
+    """Run one streamed request through fake parts over `insts` with tracing into memory."""
     exporter = InMemorySpanExporter()
     tracing = Tracing(TracingSettings(endpoint="http://127.0.0.1:4318"), exporter)
 
     async def body() -> tuple[LiveRequest, Sent]:
-        host = FakeHost(insts, dispatcher(insts, **host_kw))
+        host = FakeParts(insts, dispatcher(insts, **host_kw))
         for inst in insts:
             inst.open(connect_timeout_s=2.0)
         try:
@@ -68,7 +67,7 @@ def serve(
             live = LiveRequest(req, "/v1/completions", body, b"X-Request-Id: r1\r\n")
             live.trace = tracing.start(headers, "r1", live.request.arrival)
             sent = Sent()
-            await live.run(host, ClientChannel(sent, never_disconnects))
+            await live.run(host.services, ClientChannel(sent, never_disconnects))
             return live, sent
         finally:
             for inst in insts:
@@ -85,7 +84,7 @@ def by_name(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:
 
 def test_a_request_s_phases_are_children_of_the_client_s_trace(cluster: list[Instance]) -> None:
     live, spans, sent = serve(cluster, {b"traceparent": TRACEPARENT})
-    assert live.ok and sent.status == 200
+    assert live.record.ok and sent.status == 200
     (root,) = by_name(spans, "sibyl.request")
     ctx = root.context
     assert ctx is not None and root.parent is not None
@@ -123,11 +122,10 @@ def test_a_request_s_phases_are_children_of_the_client_s_trace(cluster: list[Ins
 
 
 def test_a_queued_request_has_its_wait_and_a_new_trace_without_traceparent(cluster: list[Instance]) -> None:
-    class Releasing(FakeHost):
-        def hold(self, live: LiveRequest) -> None:  # the queue policy lets it go 50 ms later
-            super().hold(live)
-            assert live.released is not None
-            asyncio.get_running_loop().call_later(0.05, live.released.set_result, None)
+    class Releasing(FakeParts):
+        def hold(self, request_id: str, released: asyncio.Future[None]) -> None:  # let go 50 ms later
+            super().hold(request_id, released)
+            asyncio.get_running_loop().call_later(0.05, released.set_result, None)
 
     insts = cluster[1:3]  # p1, d0
     exporter = InMemorySpanExporter()
@@ -144,7 +142,7 @@ def test_a_queued_request_has_its_wait_and_a_new_trace_without_traceparent(clust
             now = time.monotonic()
             live = LiveRequest(Request("r2", now, 3, 4), "/v1/completions", {"prompt": "x", "max_tokens": 4}, b"")
             live.trace = tracing.start({}, "r2", now)
-            await live.run(host, ClientChannel(Sent(), never_disconnects))
+            await live.run(host.services, ClientChannel(Sent(), never_disconnects))
             return live
         finally:
             for inst in insts:
@@ -152,7 +150,7 @@ def test_a_queued_request_has_its_wait_and_a_new_trace_without_traceparent(clust
 
     live = asyncio.run(body())
     spans = list(exporter.get_finished_spans())
-    assert live.ok
+    assert live.record.ok
     (root,) = by_name(spans, "sibyl.request")
     assert root.parent is None  # no traceparent: the gateway starts the trace
     (queue,) = by_name(spans, "sibyl.queue")
@@ -168,7 +166,9 @@ def test_a_failover_has_its_span_and_the_continuation_its_own_leg(cluster: list[
     d0 = cluster[2]
     httpx.put(f"{d0.url}/admin/faults", json={"exit_after_tokens": 5}, timeout=5).raise_for_status()
     live, spans, _ = serve([cluster[1], d0, cluster[3]], {b"traceparent": TRACEPARENT}, max_tokens=40)
-    assert live.ok and live.tried_decode == ["d0"] and live.decode_instance == "d1"
+    rec = live.record
+    assert rec.ok and rec.tried_decode == ["d0"] and rec.decode_instance == "d1"
+    assert rec.reason is not None and "resumed on d1" in rec.reason  # the recovery, recorded as the reason
     (root,) = by_name(spans, "sibyl.request")
     assert (root.attributes or {})["sibyl.failed_decode"] == ("d0",)
     first, continued = by_name(spans, "sibyl.decode")

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from adapters.store.store import RunStore
+from adapters.store.store import RunStore, advisor_row
 from core.decisions import Record
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,7 @@ class RunRecorder:
         self._samples: list[dict[str, Any]] = []
         self._policy: list[dict[str, Any]] = []
         self._instance: list[dict[str, Any]] = []
+        self._advisor: list[dict[str, Any]] = []
         self._decisions: list[tuple[list[Record], float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"recorder-{run_id}", daemon=True)
@@ -33,6 +34,8 @@ class RunRecorder:
         self.closed = False
 
     def request(self, row: dict[str, Any]) -> None:
+        """One finished request: a key per column of RunStore.add_requests (model, lora, arm, session and
+        prefix_keys among them; a missing key is NULL)."""
         with self._lock:
             self._requests.append(row)
 
@@ -50,6 +53,26 @@ class RunRecorder:
         with self._lock:
             self._instance.append({"t": t, "instance_id": instance_id, "event": event, "detail": detail})
 
+    def advisor_event(
+        self,
+        *,
+        t: float,
+        event: str,
+        canary: str | None = None,
+        kind: str | None = None,
+        policy: str | None = None,
+        decision: str | None = None,
+        detail: str = "",
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        """An advice (event="advice") or a canary's canary_start, canary_reading or canary_end; `data` is the
+        advice, plan or reading as JSON. An unknown event is a ValueError here, at the caller."""
+        row = advisor_row(
+            t=t, event=event, canary=canary, kind=kind, policy=policy, decision=decision, detail=detail, data=data
+        )
+        with self._lock:
+            self._advisor.append(row)
+
     def decisions(self, records: list[Record], t0: float = 0.0) -> None:
         """Decision records; stored with their time minus `t0` (turned into rows by the flusher thread)."""
         with self._lock:
@@ -60,7 +83,8 @@ class RunRecorder:
             requests, samples, policy, instance = self._requests, self._samples, self._policy, self._instance
             self._requests, self._samples, self._policy, self._instance = [], [], [], []
             pending, self._decisions = self._decisions, []
-        batch = (requests, samples, policy, instance, self._rows(pending))
+            advisor, self._advisor = self._advisor, []
+        batch = (requests, samples, policy, instance, self._rows(pending), advisor)
         if any(batch):
             try:
                 self.store.write_batch(self.run_id, *batch)
@@ -83,7 +107,7 @@ class RunRecorder:
         lost = 0
         for kind, rows in enumerate(batch):
             for row in rows:
-                parts: list[list[dict[str, Any]]] = [[], [], [], [], []]
+                parts: list[list[dict[str, Any]]] = [[] for _ in batch]
                 parts[kind] = [row]
                 try:
                     self.store.write_batch(self.run_id, *parts)

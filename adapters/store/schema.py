@@ -1,16 +1,17 @@
-"""The run store's tables (sqlmodel): runs, requests, policy events, instance samples and events."""
+"""The run store's tables (sqlmodel): runs, requests, policy events, instance samples and events, advisor events."""
 
 from __future__ import annotations
 
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """1: first release. 2: requests.queued (when the gateway queue held a request). 3: runs.sweep
 (the `sweep` a run belongs to). 4: requests.dp_rank (the data-parallel rank it decoded on).
 5: requests.ttft_source (what a request's TTFT was measured to: its first streamed token, or the
 end of its prefill leg for a whole reply whose TPOT is unknown). 6: requests.cached_tokens (prompt tokens the
 engine found in its prefix cache). 7: the decisions table (decision records, created as a new table).
-8: requests.tenant (the tenant it was charged to)."""
+8: requests.tenant (the tenant it was charged to). 9: requests.model, lora, arm, session and prefix_keys (what
+the request asked for and which canary arm it ran in), and the advisor_events table (advice and canaries)."""
 
 MIGRATIONS: dict[int, list[str]] = {
     2: ["ALTER TABLE requests ADD COLUMN queued FLOAT"],
@@ -20,6 +21,13 @@ MIGRATIONS: dict[int, list[str]] = {
     6: ["ALTER TABLE requests ADD COLUMN cached_tokens INTEGER"],
     7: [],  # the decisions table: new, so create_all makes it (at any older version too)
     8: ["ALTER TABLE requests ADD COLUMN tenant VARCHAR"],
+    9: [
+        "ALTER TABLE requests ADD COLUMN model VARCHAR",
+        "ALTER TABLE requests ADD COLUMN lora VARCHAR",
+        "ALTER TABLE requests ADD COLUMN arm VARCHAR",
+        "ALTER TABLE requests ADD COLUMN session VARCHAR",
+        "ALTER TABLE requests ADD COLUMN prefix_keys BLOB",
+    ],  # and the advisor_events table: new, so create_all makes it
 }
 """Statements that bring a store of version N-1 to N (tables created afresh need none)."""
 
@@ -95,6 +103,21 @@ class RequestRecord(SQLModel, table=True):
         description="the tenant it was charged to: its API key's tenant, or default when /v1 takes no keys "
         "(None: written before schema 8, or by the simulator)",
     )
+    model: str | None = Field(
+        default=None,
+        description="the base model it ran on (its pool's model; the adapter's base model when it named an adapter); "
+        "None: not recorded (written before schema 9, or by a writer that does not know it)",
+    )
+    lora: str | None = Field(default=None, description="the LoRA adapter it named (None: the base model itself)")
+    arm: str | None = Field(
+        default=None, description="canary | control: its arm in the policy canary running when it arrived (None: none)"
+    )
+    session: str | None = Field(default=None, description="the session (conversation) it belonged to (None: none)")
+    prefix_keys: bytes | None = Field(
+        default=None,
+        description="its prompt's prefix block keys, 8 bytes each (adapters/store/keys.py); RunStore.add_requests "
+        "takes a sequence of ints and RunStore.requests gives a tuple back (None: not recorded)",
+    )
 
 
 class PolicyEventRecord(SQLModel, table=True):
@@ -160,6 +183,34 @@ class DecisionRecord(SQLModel, table=True):
     info: str = Field(default="{}", description="JSON: decision-wide facts (tau, reason, still_best)")
 
 
+ADVISOR_EVENTS = ("advice", "canary_start", "canary_reading", "canary_end")
+"""The kinds of advisor event: a window's advice; a canary's start, each reading, and its end with the verdict."""
+
+
+class AdvisorEventRecord(SQLModel, table=True):
+    """What the advisor advised, and each policy canary's life (start, readings, end)."""
+
+    __tablename__ = "advisor_events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    t: float = Field(description="seconds since the console started (the clock of requests and policy events)")
+    event: str = Field(description="advice | canary_start | canary_reading | canary_end")
+    canary: str | None = Field(default=None, description="the canary's id (None: an advice)")
+    kind: str | None = Field(default=None, description="the policy kind advised or canaried (routing, queue, rank)")
+    policy: str | None = Field(
+        default=None, description="advice: the candidate it advised (None: keep the active ones); a canary: its policy"
+    )
+    decision: str | None = Field(
+        default=None,
+        description="a canary reading's decision (continue, promote, rollback, equal, inconclusive), its end's "
+        "verdict (those, or interrupted); an advice: what was done with it (suggest, canary, auto)",
+    )
+    detail: str = Field(default="", description="the reason, in words")
+    data: str = Field(default="{}", description="JSON: the whole advice, plan or reading")
+
+
+ADVISOR_COLUMNS = [c for c in AdvisorEventRecord.model_fields if c not in ("id", "run_id")]
 DECISION_COLUMNS = [c for c in DecisionRecord.model_fields if c not in ("id", "run_id")]
 REQUEST_COLUMNS = [c for c in RequestRecord.model_fields if c not in ("id", "run_id")]
 SAMPLE_COLUMNS = [c for c in InstanceSample.model_fields if c not in ("id", "run_id")]

@@ -19,13 +19,17 @@ from sqlmodel import SQLModel, create_engine
 
 from adapters.errors import AdapterError
 from adapters.pids import pid_alive
+from adapters.store.keys import pack_keys, unpack_keys
 from adapters.store.paths import default_db_path
 from adapters.store.schema import (
+    ADVISOR_COLUMNS,
+    ADVISOR_EVENTS,
     DECISION_COLUMNS,
     MIGRATIONS,
     REQUEST_COLUMNS,
     SAMPLE_COLUMNS,
     SCHEMA_VERSION,
+    AdvisorEventRecord,
     DecisionRecord,
     InstanceEvent,
     InstanceSample,
@@ -76,6 +80,37 @@ def _storable(value: Any) -> Any:
     if type(value) is int and not SQLITE_INT[0] <= value <= SQLITE_INT[1]:
         return None
     return value
+
+
+def _packed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Request rows with their prefix keys packed into the stored BLOB (rows without keys as they are)."""
+    return [r if r.get("prefix_keys") is None else {**r, "prefix_keys": pack_keys(r["prefix_keys"])} for r in rows]
+
+
+def advisor_row(
+    *,
+    t: float,
+    event: str,
+    canary: str | None = None,
+    kind: str | None = None,
+    policy: str | None = None,
+    decision: str | None = None,
+    detail: str = "",
+    data: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One row of the advisor_events table; an unknown `event` is a ValueError (events: ADVISOR_EVENTS)."""
+    if event not in ADVISOR_EVENTS:
+        raise ValueError(f"unknown advisor event {event!r}; events: {', '.join(ADVISOR_EVENTS)}")
+    return {
+        "t": t,
+        "event": event,
+        "canary": canary,
+        "kind": kind,
+        "policy": policy,
+        "decision": decision,
+        "detail": detail,
+        "data": json.dumps(data or {}, default=str),
+    }
 
 
 class RunStore:
@@ -190,10 +225,12 @@ class RunStore:
             conn.exec_driver_sql(sql, [tuple(_storable(v) for v in row) for row in values])
 
     def add_requests(self, run_id: str, rows: list[dict[str, Any]]) -> None:
+        """Request rows, one key per column (RequestRecord's; a missing key is NULL). `prefix_keys` is a
+        sequence of ints (or None); model, lora, arm and session are strings (or None)."""
         if not rows:
             return
         with self._lock, self.engine.begin() as conn:
-            self._bulk(conn, "requests", REQUEST_COLUMNS, run_id, rows)
+            self._bulk(conn, "requests", REQUEST_COLUMNS, run_id, _packed(rows))
 
     def add_policy_event(
         self, run_id: str, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
@@ -215,6 +252,26 @@ class RunStore:
         with self._lock, self.engine.begin() as conn:
             conn.execute(insert(InstanceEvent), [row])
 
+    def add_advisor_event(
+        self,
+        run_id: str,
+        *,
+        t: float,
+        event: str,
+        canary: str | None = None,
+        kind: str | None = None,
+        policy: str | None = None,
+        decision: str | None = None,
+        detail: str = "",
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        """One advice or canary event (see `advisor_row` and the advisor_events table in schema.py)."""
+        row = advisor_row(
+            t=t, event=event, canary=canary, kind=kind, policy=policy, decision=decision, detail=detail, data=data
+        )
+        with self._lock, self.engine.begin() as conn:
+            self._bulk(conn, "advisor_events", ADVISOR_COLUMNS, run_id, [row])
+
     def add_decisions(self, run_id: str, rows: list[dict[str, Any]]) -> None:
         """Decision records as `decision_row` makes them."""
         if not rows:
@@ -230,13 +287,16 @@ class RunStore:
         policy_events: list[dict[str, Any]],
         instance_events: list[dict[str, Any]],
         decisions: list[dict[str, Any]] | None = None,
+        advisor_events: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Everything a recorder buffered, in one transaction."""
+        """Everything a recorder buffered, in one transaction (advisor events as `advisor_row` makes them)."""
         with self._lock, self.engine.begin() as conn:
             if decisions:
                 self._bulk(conn, "decisions", DECISION_COLUMNS, run_id, decisions)
             if requests:
-                self._bulk(conn, "requests", REQUEST_COLUMNS, run_id, requests)
+                self._bulk(conn, "requests", REQUEST_COLUMNS, run_id, _packed(requests))
+            if advisor_events:
+                self._bulk(conn, "advisor_events", ADVISOR_COLUMNS, run_id, advisor_events)
             if samples:
                 self._bulk(conn, "instance_samples", SAMPLE_COLUMNS, run_id, samples)
             if policy_events:
@@ -318,7 +378,24 @@ class RunStore:
             return [dict(r._mapping) for r in result]
 
     def requests(self, run_id: str) -> list[dict[str, Any]]:
-        return self._rows(RequestRecord, run_id, RequestRecord.id)
+        """A run's request rows in the order they were written; prefix_keys as a tuple of ints (or None)."""
+        rows = self._rows(RequestRecord, run_id, RequestRecord.id)
+        for r in rows:
+            if r["prefix_keys"] is not None:
+                r["prefix_keys"] = unpack_keys(r["prefix_keys"])
+        return rows
+
+    def advisor_events(self, run_id: str, event: str | None = None) -> list[dict[str, Any]]:
+        """A run's advice and canary events (those of one kind, with `event`), oldest first, data JSON decoded."""
+        table = AdvisorEventRecord.__table__  # type: ignore[attr-defined]
+        q = select(table).where(table.c.run_id == run_id)
+        if event is not None:
+            q = q.where(table.c.event == event)
+        with self._lock, self.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(q.order_by(table.c.id))]
+        for r in rows:
+            r["data"] = json.loads(r["data"] or "{}")
+        return rows
 
     def policy_events(self, run_id: str) -> list[dict[str, Any]]:
         rows = self._rows(PolicyEventRecord, run_id, PolicyEventRecord.id)

@@ -12,6 +12,7 @@ import typer
 
 from console.commands.options import DbOpt, JsonOpt, ParamOpt, ParamsJsonOpt
 from console.commands.params import params_for, policy_params
+from console.commands.runs_breakdown import fmt_metric as _fmt_metric
 from console.commands.runs_why import runs_why
 
 if TYPE_CHECKING:
@@ -97,7 +98,9 @@ def runs_list(
 
 
 def run_details(store: RunStore, run_id: str) -> dict[str, Any]:
+    from console.offline.advisor_log import advice_timeline, canary_lives
     from console.offline.analysis import run_metrics
+    from console.offline.breakdown import breakdowns
 
     info = store.get_run(run_id)
     reqs = store.requests(info.run_id)
@@ -105,6 +108,7 @@ def run_details(store: RunStore, run_id: str) -> dict[str, Any]:
     per_prefill = Counter(r["prefill_instance"] for r in reqs if r["prefill_instance"])
     outcomes = Counter(r["status"] for r in reqs)
     reasons = Counter((r["reason"] or "")[:80] for r in reqs if r["status"] != "ok")
+    advisor = store.advisor_events(info.run_id)
     return {
         **info.to_json(),
         "outcomes": dict(outcomes),
@@ -114,8 +118,11 @@ def run_details(store: RunStore, run_id: str) -> dict[str, Any]:
         "per_tenant": per_tenant(reqs),
         "cached_share": run_metrics(reqs)["cached_share"],
         "cached_reported": sum(r.get("cached_tokens") is not None for r in reqs),
+        "breakdowns": breakdowns(reqs),
         "policy_events": store.policy_events(info.run_id),
         "instance_events": store.instance_events(info.run_id),
+        "advice": advice_timeline(advisor),
+        "canaries": canary_lives(advisor),
     }
 
 
@@ -123,9 +130,12 @@ def run_details(store: RunStore, run_id: str) -> dict[str, Any]:
 def runs_show(
     run: Annotated[str, typer.Argument(help="run id (or a unique prefix)")], db: DbOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """One run: config, summary, policy timeline, per-instance counts, outcomes."""
+    """One run: config, summary, policy timeline, per-instance counts, outcomes; by model, adapter and canary arm
+    when it has several; what the advisor advised and each canary's life."""
     from rich.console import Console
     from rich.table import Table
+
+    from console.commands.runs_breakdown import advice_lines, breakdown_tables, canary_lines
 
     d = run_details(open_store(db), run)
     if as_json:
@@ -156,6 +166,10 @@ def runs_show(
     for e in d["policy_events"]:
         t.add_row(f"{e['t']:.2f}", e["kind"], e["old"] or "-", e["new"], json.dumps(e["params"]), e["source"])
     con.print(t)
+    for table in breakdown_tables(d["breakdowns"]):
+        con.print(table)
+    for line in [*advice_lines(d["advice"]), *canary_lines(d["canaries"])]:
+        con.print(line, markup=False, highlight=False, soft_wrap=True)
     if d.get("cached_share") is not None:
         con.print(
             f"prefix cache: {d['cached_share']:.1%} of prompt tokens served "
@@ -226,53 +240,61 @@ def _summary_value(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _fmt_metric(key: str, v: Any) -> str:
-    if v is None:
-        return "-"
-    if key in ("requests", "failed", "tpot_unknown"):
-        return str(v)
-    if key.startswith(("ttft", "tpot")):
-        return f"{v * 1000:.1f} ms"
-    if key in ("slo_attainment", "cached_share"):
-        return f"{v:.1%}"
-    return f"{v:.2f}"
-
-
 @runs_app.command("compare")
 def runs_compare(
     runs: Annotated[
-        list[str], typer.Argument(help="two or more run ids (or unique prefixes); the first is the baseline")
+        list[str],
+        typer.Argument(help="two or more run ids (or unique prefixes; one with --by); the first is the baseline"),
     ],
+    by: Annotated[
+        str | None,
+        typer.Option(
+            "--by",
+            help="model | lora | arm: split each run by the base model, LoRA adapter or canary arm of its requests; "
+            "each group is compared to the same group of the first run (one run: to its first group, the control arm)",
+        ),
+    ] = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Side-by-side metrics, policy timelines and relative differences to the first run.
 
     Example: sibyl-console runs compare r-20261122-1101 r-20261122-1102 r-20261122-1103
+    Example: sibyl-console runs compare r-20261122-1101 --by arm
     """
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from adapters.store import StoreError
     from console.offline.analysis import LOWER_IS_BETTER, METRICS, NEUTRAL, compare
+    from console.offline.breakdown import check_by, compare_groups
 
-    if len(runs) < 2:
-        raise StoreError("runs compare needs at least two run ids")
-    result = compare(open_store(db), runs)
+    if by is not None:
+        check_by(by)
+    if len(runs) < (1 if by else 2):
+        raise StoreError("runs compare needs at least two run ids (or one, split with --by model|lora|arm)")
+    result = compare(open_store(db), runs) if by is None else compare_groups(open_store(db), runs, by)
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return
-    t = Table(title=f"compared to {result[0]['run']['run_id']}")
+    if not result:
+        raise StoreError(f"the runs {', '.join(runs)} have no requests to split by {by}")
+    first = result[0]["run"]["run_id"] + (f" {by}={escape(result[0]['group'])}" if by and len(runs) == 1 else "")
+    if by and len(runs) > 1:
+        first += f", each {by} to its own in the first run"
+    t = Table(title=f"compared to {first}")
     t.add_column("metric")
     for entry in result:
         r = entry["run"]
-        t.add_column(f"{r['run_id']}\n{r['kind']} {r['policy'] or ''}", justify="right")
+        group = f"\n{by}={escape(entry['group'])}" if by else ""
+        t.add_column(f"{r['run_id']}\n{r['kind']} {r['policy'] or ''}{group}", justify="right")
     for key in METRICS:
         cells = []
         for k, entry in enumerate(result):
             cell = _fmt_metric(key, entry["metrics"][key])
             rel = entry["relative"][key]
-            if k and rel is not None and key not in NEUTRAL:
+            if k and not entry.get("baseline") and rel is not None and key not in NEUTRAL:
                 better = rel < 0 if key in LOWER_IS_BETTER else rel > 0
                 cell += f" [{'green' if better else 'red'}]({rel:+.1%})[/]" if rel else " (=)"
             cells.append(cell)
@@ -303,6 +325,10 @@ def runs_export(
     rows = store.requests(info.run_id)
     cols = ["request_id", *[c for c in REQUEST_COLUMNS if c != "request_id"]]
     records = [{c: r.get(c) for c in cols} for r in rows]
+    for record in records:  # prefix keys: a list of ints (in CSV, that list as JSON)
+        keys = record["prefix_keys"]
+        if keys is not None:
+            record["prefix_keys"] = json.dumps(list(keys)) if format == "csv" else list(keys)
     if format == "parquet":
         try:
             import pyarrow as pa

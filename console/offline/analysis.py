@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -85,24 +86,31 @@ def _cached_share(rows: list[dict[str, Any]]) -> float | None:
     return sum(int(r["cached_tokens"]) for r in known) / total if total else None
 
 
+def policy_timeline(store: RunStore, run_id: str) -> list[str]:
+    """A run's policy changes, one line each ("12s least_load{...} (cli)")."""
+    return [f"{e['t']:.0f}s {e['new']}{e['params'] or ''} ({e['source']})" for e in store.policy_events(run_id)]
+
+
+def relative_to(base: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, float | None]:
+    """Each metric's relative difference to `base` (None where either is unknown or the base is 0)."""
+    return {
+        k: (metrics[k] / base[k] - 1.0)
+        if isinstance(base.get(k), int | float) and base[k] and metrics[k] is not None
+        else None
+        for k in METRICS
+    }
+
+
 def compare(store: RunStore, run_ids: list[str]) -> list[dict[str, Any]]:
     """One entry per run: info, metrics, policy timeline, and relative differences to the first run."""
     out: list[dict[str, Any]] = []
     for rid in run_ids:
         info = store.get_run(rid)
         m = run_metrics(store.requests(info.run_id))
-        timeline = [
-            f"{e['t']:.0f}s {e['new']}{e['params'] or ''} ({e['source']})" for e in store.policy_events(info.run_id)
-        ]
-        out.append({"run": info.to_json(), "metrics": m, "policy_timeline": timeline})
+        out.append({"run": info.to_json(), "metrics": m, "policy_timeline": policy_timeline(store, info.run_id)})
     base = out[0]["metrics"] if out else {}
     for entry in out:
-        entry["relative"] = {
-            k: (entry["metrics"][k] / base[k] - 1.0)
-            if isinstance(base.get(k), int | float) and base[k] and entry["metrics"][k] is not None
-            else None
-            for k in METRICS
-        }
+        entry["relative"] = relative_to(base, entry["metrics"])
     return out
 
 

@@ -57,8 +57,8 @@ def test_a_store_from_before_the_decisions_table_is_upgraded(tmp_path: Path) -> 
     con = sqlite3.connect(path)
     con.execute("DROP TABLE decisions")
     for (name,) in con.execute("SELECT name FROM pragma_table_info('requests')").fetchall():
-        if name == "tenant":  # schema 8's column (a store at 6 has neither)
-            con.execute("ALTER TABLE requests DROP COLUMN tenant")
+        if name in ("tenant", "model", "lora", "arm", "session", "prefix_keys"):  # schema 8's and 9's (not at 6)
+            con.execute(f"ALTER TABLE requests DROP COLUMN {name}")
     con.execute("PRAGMA user_version = 6")
     con.commit()
     con.close()

@@ -16,7 +16,8 @@ def test_a_store_of_schema_6_gains_requests_tenant(tmp_path: Path) -> None:
     store.add_requests(old, [{"request_id": "r0", "status": "ok"}])
     store.close()
     with sqlite3.connect(path) as con:
-        con.execute("ALTER TABLE requests DROP COLUMN tenant")
+        for column in ("tenant", "model", "lora", "arm", "session", "prefix_keys"):  # schema 8's and 9's
+            con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
         con.execute("PRAGMA user_version = 6")
     store = RunStore(path)
     assert store.requests(old)[0]["tenant"] is None

@@ -8,8 +8,12 @@ the spec's concrete choices). Every `period_s`:
   outpaces processing (arrival rate / completion rate, EWMA over `rate_window_s`) > `rate_high`;
 - decode pool is hot when its utilisation — per instance the larger of in-flight / max_num_seqs
   and KV usage, averaged — exceeds `util_high`;
-- a pool is low when its utilisation < `util_low`, nothing waits past `wait_low` of its TTFT and
-  the rate ratio < `rate_low`, for `low_ticks` decisions in a row;
+- either pool is hot when SLO admission refuses (429) or expires (503) at least `refused_high`
+  requests a second for want of it (prefill for its backlog, decode for slots or KV): refusals
+  are demand the engines never show, since admission lets in only what they can start in time;
+- a pool is low when its utilisation < `util_low`, nothing is refused for want of it, nothing
+  waits past `wait_low` of its TTFT and the rate ratio < `rate_low`, for `low_ticks` decisions
+  in a row;
 - a hot pool takes an instance from a low pool by a role flip (its least-loaded instance drains,
   then flips; no restart), else gets a new one while the cluster is below `max_instances`;
 - a pool low for long enough loses its least-loaded instance (drained first), never below
@@ -49,6 +53,12 @@ class HyperFlexisScalingParams(PeriodicParams):
     )
     max_instances: int = Field(8, ge=2, description="the cluster never grows past this many instances")
     min_per_role: int = Field(1, ge=1, description="never fewer active instances of a role than this")
+    refused_high: float = Field(
+        0.5,
+        ge=0,
+        description="a pool is hot when SLO admission refuses or expires this many requests a second for want of it; "
+        "0 turns it off",
+    )
     flips: bool = Field(True, description="serve a hot pool from a low one by a role flip before adding an instance")
 
     @model_validator(mode="after")
@@ -109,6 +119,7 @@ class HyperFlexisScaling(ScalingPolicyBase):
         wait90 = float(np.percentile(waits, 90)) if len(waits) else 0.0
         util = {r: self.utilisation(signals, r) for r in (Role.PREFILL, Role.DECODE)}
         mean = {r: float(u.mean()) if len(u) else 0.0 for r, u in util.items()}
+        refused = {r: signals.refused_rate.get(r, 0.0) for r in (Role.PREFILL, Role.DECODE)}
         hot = {
             Role.PREFILL: [
                 why
@@ -126,15 +137,19 @@ class HyperFlexisScaling(ScalingPolicyBase):
             if mean[Role.DECODE] > p.util_high
             else [],
         }
+        for r in (Role.PREFILL, Role.DECODE):
+            if p.refused_high > 0 and refused[r] >= p.refused_high:
+                hot[r].insert(0, f"admission refused {refused[r]:.1f}/s ≥ {p.refused_high:g}/s for want of {r}")
         calm = wait90 < p.wait_low and ratio < p.rate_low
         for r in (Role.PREFILL, Role.DECODE):
-            low_now = not hot[r] and mean[r] < p.util_low and (calm or r == Role.DECODE)
+            low_now = not hot[r] and mean[r] < p.util_low and refused[r] == 0 and (calm or r == Role.DECODE)
             self._low[r] = self._low[r] + 1 if low_now else 0
         if signals.transitioning():
             return []
         ids = {Role.PREFILL: signals.prefill_ids, Role.DECODE: signals.decode_ids}
         active = sum(signals.count(r) for r in (Role.PREFILL, Role.DECODE))
-        for r in (Role.PREFILL, Role.DECODE):  # a hot pool: flip from the other one, else add
+        # a hot pool (the one refused more first): flip from the other one, else add
+        for r in sorted((Role.PREFILL, Role.DECODE), key=lambda r: -refused[r]):
             if not hot[r]:
                 continue
             other = Role.DECODE if r == Role.PREFILL else Role.PREFILL

@@ -1,8 +1,9 @@
-"""Scaling policies: `static` (never acts) and `threshold` (saturation with hysteresis, cooldown)."""
+"""Scaling policies: `static` (never acts) and `threshold` (saturation and admission's refusals, with hysteresis)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -32,7 +33,11 @@ class StaticScaling(ScalingPolicyBase):
 
 class ThresholdParams(PeriodicParams):
     role: Literal["decode", "prefill"] = Field(
-        "decode", description="which pool this policy sizes (run one policy per pool)"
+        "decode",
+        description=(
+            "which pool this policy sizes by its own measures (KV, utilisation, backlog, SLO); admission's refusals "
+            "grow whichever pool they were refused for"
+        ),
     )
     kv_high: float = Field(0.8, gt=0, le=1, description="saturated at mean KV usage ≥ this (llm-d's 0.80)")
     queue_high: int = Field(5, ge=1, description="saturated at this many held requests (llm-d's 5)")
@@ -64,7 +69,8 @@ class ThresholdParams(PeriodicParams):
         0.5,
         ge=0,
         description=(
-            "saturated when SLO admission refuses this many requests per second for want of this pool; 0 turns it off"
+            "a pool is saturated when SLO admission refuses or expires this many requests per second for want of it "
+            "(this policy's pool or the other one, which is drained back once low); 0 turns it off"
         ),
     )
     slo_min_samples: int = Field(
@@ -87,14 +93,30 @@ class ThresholdParams(PeriodicParams):
         return self
 
 
+@dataclass(frozen=True)
+class PoolAssessment:
+    """One pool's state as `threshold` judges it."""
+
+    hot: list[str]
+    """The high thresholds crossed, as reasons (the pool's own measures and its refusals)."""
+    refusing: str | None
+    """The refusal threshold crossed, as a reason (None when admission refuses too little for want of it)."""
+    low: bool
+    """Every measure low, nothing refused for want of it, and no threshold crossed."""
+    numbers: str
+    """The measures, for the reasons."""
+
+
 @register(
     PolicyKind.SCALING,
     "threshold",
     ThresholdParams,
-    "saturation thresholds (KV, queue, utilisation) with hysteresis, sustained-low scale-in, cooldown",
+    "saturation thresholds (KV, queue, utilisation, admission's refusals) with hysteresis, sustained-low scale-in, "
+    "cooldown",
 )
 class ThresholdScaling(ScalingPolicyBase):
-    """Saturation-based sizing of one pool, after llm-d's saturation autoscaler.
+    """Saturation-based sizing of one pool, after llm-d's saturation autoscaler, and of the pool
+    admission turns requests away for.
 
     Decode pool: saturated when mean KV usage ≥ kv_high, held requests ≥ queue_high, or mean
     utilisation (in-flight / max_num_seqs) ≥ util_high → add one instance. Low when all of
@@ -103,12 +125,19 @@ class ThresholdScaling(ScalingPolicyBase):
     Prefill pool: the same with the mean projected prefill backlog (seconds) for utilisation.
     Either pool is also saturated when its SLO was missed over the dispatcher's SLO window
     (attainment of TPOT for decode, TTFT for prefill below `slo_attainment`, with at least
-    `slo_min_samples` requests in the window), or when SLO admission turned away at least
-    `refused_high` requests a second for want of it (an overload admission sheds would otherwise
-    never show as a queue), and is never low while it is.
+    `slo_min_samples` requests in the window), and is never low while it is.
+
+    Refusals are demand: SLO admission refuses (429) or expires (503) a request for want of the
+    pool that bounds it (prefill for its backlog, decode for slots or KV), and an engine never
+    looks loaded past what admission lets in, so the refused requests are the load it cannot
+    see. At `refused_high` refusals a second for want of a pool, that pool is saturated — the
+    pool this policy sizes or the other one. An instance added to the other pool is drained
+    back (to the count it had before) once that pool has been low for `scale_in_after_s`; a pool
+    is never low while anything is refused for want of it.
     Between the thresholds nothing happens and the low timer restarts (hysteresis). At most one
-    action per decision, none within `cooldown_s` of the last, and none while any instance is
-    STARTING or DRAINING, so the policy sees the effect of one action before the next.
+    action per decision (to the pool refused more when both are saturated), none within
+    `cooldown_s` of the last, and none while any instance is STARTING or DRAINING, so the policy
+    sees the effect of one action before the next.
     """
 
     params: ThresholdParams
@@ -116,58 +145,94 @@ class ThresholdScaling(ScalingPolicyBase):
     def __init__(self, params: ThresholdParams) -> None:
         super().__init__(params)
         self._last_action = -math.inf
-        self._low_since: float | None = None
+        self._low_since: dict[Role, float | None] = {Role.PREFILL: None, Role.DECODE: None}
+        self._baseline: dict[Role, int] = {}
+        """The other pool's active instances before this policy first added one there: it drains back to this."""
 
     def propose(self, signals: ScalingSignals, view: ClusterView, now: float) -> list[ScaleAction]:
         p = self.params
-        role = Role(p.role)
-        saturated, low, numbers = self._assess(signals, role)
-        if not low:
-            self._low_since = None
-        elif self._low_since is None:
-            self._low_since = now
+        own = Role(p.role)
+        other = Role.PREFILL if own == Role.DECODE else Role.DECODE
+        pools = {own: self._assess(signals, own), other: self._assess(signals, other)}
+        for role, pool in pools.items():
+            if not pool.low:
+                self._low_since[role] = None
+            elif self._low_since[role] is None:
+                self._low_since[role] = now
         if signals.transitioning() or now - self._last_action < p.cooldown_s:
             return []
-        ids = signals.decode_ids if role == Role.DECODE else signals.prefill_ids
-        active = len(ids)
-        action: ScaleAction | None = None
-        if saturated and active < p.max_instances:
-            why = " or ".join(saturated)
-            action = ScaleAction("add", role, reason=f"{role} saturated: {why} ({numbers}; {active} active)")
-        elif (
-            low
-            and self._low_since is not None
-            and now - self._low_since >= p.scale_in_after_s
-            and active > p.min_instances
-        ):
-            load = signals.decode_in_flight if role == Role.DECODE else signals.prefill_backlog_s
+        action = self._scale_out(signals, pools, own) or self._scale_in(signals, pools, own, now)
+        if action is None:
+            return []
+        self._last_action = now
+        self._low_since[action.role] = None
+        return [action]
+
+    @staticmethod
+    def _ids(s: ScalingSignals, role: Role) -> list[str]:
+        return s.decode_ids if role == Role.DECODE else s.prefill_ids
+
+    def _scale_out(self, s: ScalingSignals, pools: dict[Role, PoolAssessment], own: Role) -> ScaleAction | None:
+        """Add one instance to a saturated pool below max_instances: the own pool by any high
+        threshold, the other by its refusals; the pool refused more first, the own one on a tie."""
+        p = self.params
+        why = {own: pools[own].hot, **{r: [a.refusing] for r, a in pools.items() if r != own and a.refusing}}
+        hot = [r for r, reasons in why.items() if reasons and len(self._ids(s, r)) < p.max_instances]
+        if not hot:
+            return None
+        role = max(hot, key=lambda r: (s.refused_rate.get(r, 0.0), r == own))
+        active = len(self._ids(s, role))
+        if role != own:
+            self._baseline.setdefault(role, active)
+        return ScaleAction(
+            "add", role, reason=f"{role} saturated: {' or '.join(why[role])} ({pools[role].numbers}; {active} active)"
+        )
+
+    def _scale_in(
+        self, s: ScalingSignals, pools: dict[Role, PoolAssessment], own: Role, now: float
+    ) -> ScaleAction | None:
+        """Remove the least-loaded instance of a pool low for scale_in_after_s: the own pool down to
+        min_instances, the other down to what it had before this policy added to it."""
+        p = self.params
+        for role, pool in pools.items():
+            since = self._low_since[role]
+            floor = p.min_instances if role == own else self._baseline.get(role)
+            if floor is None or since is None or now - since < p.scale_in_after_s:
+                continue
+            ids = self._ids(s, role)
+            active = len(ids)
+            floor = max(floor, p.min_instances)
+            if active <= floor:
+                continue
+            if role != own and active - 1 <= floor:
+                del self._baseline[role]
+            load = s.decode_in_flight if role == Role.DECODE else s.prefill_backlog_s
             # Least loaded; among equals the newest (highest index) goes first.
             k = len(load) - 1 - int(np.argmin(load[::-1]))
-            action = ScaleAction(
+            bound = f"min {p.min_instances}" if role == own else f"{floor} before admission's refusals added to it"
+            return ScaleAction(
                 "remove",
                 role,
                 ids[k],
                 reason=(
-                    f"{role} low for {now - self._low_since:.0f} s ≥ {p.scale_in_after_s:g} s "
-                    f"({numbers}; {active} active > min {p.min_instances}); "
+                    f"{role} low for {now - since:.0f} s ≥ {p.scale_in_after_s:g} s "
+                    f"({pool.numbers}; {active} active > {bound}); "
                     f"{ids[k]} is the least loaded ({load[k]:g})"
                 ),
             )
-        if action is None:
-            return []
-        self._last_action = now
-        self._low_since = None
-        return [action]
+        return None
 
-    def _assess(self, s: ScalingSignals, role: Role) -> tuple[list[str], bool, str]:
-        """Which high thresholds are crossed, whether every measure is low, and the numbers."""
+    def _assess(self, s: ScalingSignals, role: Role) -> PoolAssessment:
+        """Which high thresholds `role`'s pool crosses, whether every measure is low, and the numbers."""
         p = self.params
         hot: list[str] = []
         if s.queue_len >= p.queue_high:
             hot.append(f"queue {s.queue_len} ≥ {p.queue_high}")
         refused = s.refused_rate.get(role, 0.0)
+        refusing = None
         if p.refused_high > 0 and refused >= p.refused_high:
-            hot.append(f"admission refused {refused:.1f}/s ≥ {p.refused_high:g}/s for want of {role} capacity")
+            refusing = f"admission refused {refused:.1f}/s ≥ {p.refused_high:g}/s for want of {role} capacity"
+            hot.append(refusing)
         slo = s.slo_of(role)
         if p.slo_attainment > 0 and slo.missed(p.slo_attainment, p.slo_min_samples):
             assert slo.attainment is not None and slo.p90_s is not None
@@ -189,4 +254,6 @@ class ThresholdScaling(ScalingPolicyBase):
                 hot.append(f"prefill backlog {backlog:.2f} s ≥ {p.backlog_high_s:g} s")
             low = backlog <= p.backlog_low_s and s.queue_len == 0
             numbers = f"prefill backlog {backlog:.2f} s, queue {s.queue_len}"
-        return hot, low and not hot, numbers
+        if refused > 0:
+            numbers += f", refused {refused:.2f}/s"
+        return PoolAssessment(hot, refusing, low and refused == 0 and not hot, numbers)

@@ -1,18 +1,16 @@
-"""HyperFlexis on hand-built states: the latency fit, the token budget, the SLO queue, the
-Migrator's decode choice and the scaling policy's flips, adds and drains."""
+"""HyperFlexis on hand-built states: the latency fit, the token budget, the SLO queue and the
+Migrator's decode choice (its scaling policy: tests/core/policies/test_hyperflexis_scaling.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 
 from core.dispatch import Dispatcher
 from core.latency_model import LatencyModel
-from core.periodic import ScalingSignals
 from core.policies import build
-from core.types import InstancePhase, Request, Role
+from core.types import Request, Role
 from tests.helpers import add_running, toy_profile
 
 DECODE = dict(
@@ -124,76 +122,6 @@ def test_routing_binds_late_and_reports_the_ttft_admission_test() -> None:
     assignment = d.route(req(3, now, ttft=0.7, tpot=0.5), now)
     assert assignment.decode is None and policy.bind_at == "prefill_end"
     assert d.bind_late(3, 0.1) == "d0"
-
-
-def sig(
-    *,
-    p_backlog: list[float],
-    d_util: list[float],
-    waits: list[float] | None = None,
-    arrivals: float = 0.0,
-    done: float = 0.0,
-    starting: int = 0,
-    now: float = 0.0,
-) -> ScalingSignals:
-    nd, npf = len(d_util), len(p_backlog)
-    phases = {Role.PREFILL: {InstancePhase.ACTIVE: npf}, Role.DECODE: {InstancePhase.ACTIVE: nd}}
-    if starting:
-        phases[Role.DECODE][InstancePhase.STARTING] = starting
-    return ScalingSignals(
-        now=now,
-        phases=phases,
-        decode_ids=[f"d{k}" for k in range(nd)],
-        decode_in_flight=np.zeros(nd),
-        decode_util=np.asarray(d_util, dtype=float),
-        decode_kv=np.zeros(nd),
-        prefill_ids=[f"p{k}" for k in range(npf)],
-        prefill_backlog_s=np.asarray(p_backlog, dtype=float),
-        queue_len=len(waits or []),
-        oldest_wait_s=0.0,
-        arrival_rate=arrivals,
-        window_s=1.0,
-        completion_rate=done,
-        queued_wait_ratios=np.asarray(waits or [], dtype=float),
-    )
-
-
-def test_scaling_flips_a_low_pool_to_a_hot_one_before_adding_and_explains_why() -> None:
-    p: Any = build("scaling", "hyperflexis", {"no_scale_in_after_out_s": 0})
-    # prefill hot by waits (p90 of wait/TTFT 0.88), decode low: one of the decode instances flips
-    [a] = p.propose(sig(p_backlog=[0.5, 0.5], d_util=[0.1, 0.05], waits=[0.2, 0.9, 0.8]), None, 1.0)
-    assert (a.action, a.role, a.instance_id) == ("flip", Role.PREFILL, "d1")
-    assert "p90 wait/TTFT 0.88 > 0.5" in a.reason and "d1" in a.reason
-    # decode hot, prefill busy but not hot: nothing to flip, so an instance is added
-    [b] = p.propose(sig(p_backlog=[0.5, 0.5], d_util=[0.95, 0.9]), None, 2.0)
-    assert (b.action, b.role) == ("add", Role.DECODE) and "decode utilisation 0.93 > 0.85" in b.reason
-    # a starting instance counts as capacity: no second add for the same surge
-    assert p.propose(sig(p_backlog=[0.5, 0.5], d_util=[0.95, 0.9], starting=1), None, 3.0) == []
-
-
-def test_scaling_adds_on_input_outpacing_processing_and_respects_the_cap() -> None:
-    p: Any = build("scaling", "hyperflexis", {"max_instances": 5, "flips": False, "rate_window_s": 5.0})
-    # completions trail arrivals at the start: the ratio counts only once the averages span 5 s
-    assert p.propose(sig(p_backlog=[0.2, 0.2], d_util=[0.5, 0.5], arrivals=12.0, done=0.0, now=0.0), None, 0.0) == []
-    assert p.propose(sig(p_backlog=[0.2, 0.2], d_util=[0.5, 0.5], arrivals=12.0, done=10.0, now=4.0), None, 4.0) == []
-    [a] = p.propose(sig(p_backlog=[0.2, 0.2], d_util=[0.5, 0.5], arrivals=12.0, done=10.0, now=6.0), None, 6.0)
-    assert (a.action, a.role) == ("add", Role.PREFILL) and "input/processing" in a.reason
-    capped: Any = build("scaling", "hyperflexis", {"max_instances": 4, "flips": False})
-    assert capped.propose(sig(p_backlog=[0.9, 0.9], d_util=[0.95, 0.95]), None, 1.0) == []  # 4 active already
-
-
-def test_scale_in_needs_sustained_low_and_waits_a_cold_start_after_a_scale_out() -> None:
-    p: Any = build("scaling", "hyperflexis", {"low_ticks": 3, "no_scale_in_after_out_s": 10})
-    assert p.propose(sig(p_backlog=[0.9], d_util=[0.95]), None, 0.0)[0].action == "add"  # scale-out at t=0
-    quiet = dict(p_backlog=[0.0], d_util=[0.1, 0.0, 0.2])
-    assert [p.propose(sig(**quiet), None, t) for t in (1.0, 2.0, 3.0, 4.0)] == [[], [], [], []]  # too soon after
-    [a] = p.propose(sig(**quiet), None, 11.0)
-    assert (a.action, a.role, a.instance_id) == ("remove", Role.DECODE, "d1") and "low for" in a.reason
-    # the pool low count restarts after an action; a busy tick restarts it too
-    assert p.propose(sig(**quiet), None, 12.0) == []
-    assert p.propose(sig(p_backlog=[0.0], d_util=[0.5, 0.5, 0.5]), None, 13.0) == []
-    assert p.propose(sig(**quiet), None, 14.0) == [] and p.propose(sig(**quiet), None, 15.0) == []
-    assert p.propose(sig(**quiet), None, 16.0)[0].action == "remove"
 
 
 def test_params_are_validated() -> None:

@@ -1,4 +1,5 @@
-"""Scaling policies on hand-built signals: thresholds, cooldown, hysteresis, scale-in, limits."""
+"""Scaling policies (core/policies/scaling.py) on hand-built signals: thresholds, cooldown, hysteresis, scale-in,
+limits, and admission's refusals as demand for the pool they were refused for."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def signals(
     draining: int = 0,
     max_num_seqs: int = 100,
     now: float = 0.0,
+    prefill: int = 1,
+    backlog: float = 0.0,
+    refused: dict[Role, float] | None = None,
 ) -> ScalingSignals:
     n = len(kv or in_flight or [0, 0])
     kv_a = np.asarray(kv if kv is not None else [0.0] * n, dtype=float)
@@ -35,17 +39,18 @@ def signals(
         phases[InstancePhase.DRAINING] = draining
     return ScalingSignals(
         now=now,
-        phases={Role.DECODE: phases, Role.PREFILL: {InstancePhase.ACTIVE: 1}},
+        phases={Role.DECODE: phases, Role.PREFILL: {InstancePhase.ACTIVE: prefill}},
         decode_ids=[f"d{k}" for k in range(n)],
         decode_in_flight=fl,
         decode_util=fl / max_num_seqs,
         decode_kv=kv_a,
-        prefill_ids=["p0"],
-        prefill_backlog_s=np.zeros(1),
+        prefill_ids=[f"p{k}" for k in range(prefill)],
+        prefill_backlog_s=np.full(prefill, backlog),
         queue_len=queue,
         oldest_wait_s=0.0,
         arrival_rate=0.0,
         window_s=5.0,
+        refused_rate=refused or {},
     )
 
 
@@ -224,15 +229,6 @@ def test_the_dispatchers_scaling_signals_carry_the_windowed_slo_of_each_role() -
     assert a.action == "add" and "TPOT attainment 30%" in a.reason
 
 
-def test_requests_slo_admission_turns_away_for_want_of_a_pool_scale_that_pool_out() -> None:
-    s = signals(in_flight=[1, 1])
-    s.refused_rate = {Role.PREFILL: 3.0, Role.DECODE: 0.0}
-    assert threshold().propose(s, VIEW, 0.0) == []  # the decode pool had room
-    [a] = threshold(role="prefill").propose(s, VIEW, 0.0)
-    assert a.action == "add" and "admission refused 3.0/s ≥ 0.5/s for want of prefill capacity" in a.reason
-    assert threshold(role="prefill", refused_high=0).propose(s, VIEW, 0.0) == []
-
-
 def test_the_dispatcher_counts_refusals_by_the_pool_that_was_short() -> None:
     from core.admission import SloAdmission
     from core.dispatch import Dispatcher
@@ -250,3 +246,111 @@ def test_the_dispatcher_counts_refusals_by_the_pool_that_was_short() -> None:
     s = d.scaling_signals(2.0)
     assert s.refused_rate[Role.PREFILL] > 10 and s.refused_rate[Role.DECODE] == 0
     assert d.scaling_signals(4.0).refused_rate[Role.PREFILL] == 0  # a new window
+
+
+# --- admission's refusals are demand for the pool they were refused for ----------------------------
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+def test_prefill_backlog_refusals_add_a_prefill_instance_whichever_pool_the_policy_sizes(role: str) -> None:
+    s = signals(in_flight=[1], refused={Role.PREFILL: 3.0, Role.DECODE: 0.0})
+    [a] = threshold(role=role).propose(s, VIEW, 0.0)
+    assert (a.action, a.role, a.instance_id) == ("add", Role.PREFILL, None)
+    assert "admission refused 3.0/s ≥ 0.5/s for want of prefill capacity" in a.reason and "1 active" in a.reason
+    below = signals(in_flight=[1], refused={Role.PREFILL: 0.4})
+    assert threshold(role=role).propose(below, VIEW, 0.0) == []  # under refused_high
+    assert threshold(role=role, refused_high=0).propose(s, VIEW, 0.0) == []  # the signal turned off
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+def test_decode_slot_or_kv_refusals_add_a_decode_instance_at_low_utilisation(role: str) -> None:
+    # admission lets in only what fits its decode slots, so the engine itself never looks loaded
+    s = signals(in_flight=[20], kv=[0.2], refused={Role.DECODE: 2.0})
+    [a] = threshold(role=role).propose(s, VIEW, 0.0)
+    assert (a.action, a.role) == ("add", Role.DECODE)
+    assert "admission refused 2.0/s ≥ 0.5/s for want of decode capacity" in a.reason
+    assert "utilisation 0.20" in a.reason and "refused 2.00/s" in a.reason
+
+
+def test_refusal_driven_adds_stop_at_max_instances_and_wait_for_the_previous_one() -> None:
+    p = threshold(max_instances=2)
+    refused = {Role.PREFILL: 5.0}
+    assert p.propose(signals(in_flight=[1], prefill=2, refused=refused), VIEW, 0.0) == []  # the prefill pool is full
+    assert p.propose(signals(in_flight=[1], refused=refused, starting=1), VIEW, 0.0) == []  # one is starting
+    [a] = p.propose(signals(in_flight=[1], prefill=1, refused=refused), VIEW, 0.0)
+    assert (a.action, a.role) == ("add", Role.PREFILL)
+
+
+def test_when_both_pools_are_saturated_the_one_refused_more_grows_first() -> None:
+    both = {Role.PREFILL: 1.0, Role.DECODE: 4.0}
+    [a] = threshold(role="prefill").propose(signals(in_flight=[1], refused=both), VIEW, 0.0)
+    assert a.role == Role.DECODE
+    # the own pool saturated by its KV, admission refusing for want of prefill: prefill first
+    s = signals(kv=[0.9], refused={Role.PREFILL: 2.0})
+    [b] = threshold().propose(s, VIEW, 0.0)
+    assert b.role == Role.PREFILL
+    [c] = threshold().propose(signals(kv=[0.9]), VIEW, 0.0)
+    assert c.role == Role.DECODE and "KV mean 0.9 ≥ 0.8" in c.reason
+
+
+def test_the_pool_refusals_grew_drains_back_to_its_size_once_nothing_is_refused() -> None:
+    p = threshold(scale_in_after_s=30, cooldown_s=10)  # sizes decode; prefill grows only by refusals
+
+    def prefill_pool(n: int, backlog: float, refused: float = 0.0) -> ScalingSignals:
+        return signals(in_flight=[1], prefill=n, backlog=backlog, refused={Role.PREFILL: refused})
+
+    assert p.propose(prefill_pool(1, 1.0, 3.0), VIEW, 0.0)[0].role == Role.PREFILL  # p1
+    assert p.propose(prefill_pool(2, 0.5, 1.0), VIEW, 10.0)[0].role == Role.PREFILL  # p2
+    assert p.propose(prefill_pool(3, 0.05, 0.2), VIEW, 20.0) == []  # still refusing a little: not low
+    assert p.propose(prefill_pool(3, 0.05), VIEW, 25.0) == []  # low from 25
+    assert p.propose(prefill_pool(3, 0.05), VIEW, 54.0) == []
+    [a] = p.propose(prefill_pool(3, 0.05), VIEW, 55.0)
+    assert (a.action, a.role, a.instance_id) == ("remove", Role.PREFILL, "p2")
+    assert "prefill low for 30 s ≥ 30 s" in a.reason and "3 active > 1 before admission's refusals" in a.reason
+    assert p.propose(prefill_pool(2, 0.05), VIEW, 65.0) == []  # low again from 65
+    [b] = p.propose(prefill_pool(2, 0.05), VIEW, 95.0)
+    assert (b.action, b.instance_id) == ("remove", "p1")
+    assert p.propose(prefill_pool(1, 0.0), VIEW, 200.0) == []  # back to the size it had: nothing more
+
+
+def test_the_other_pool_is_never_shrunk_below_what_the_operator_gave_it() -> None:
+    p = threshold(scale_in_after_s=0)
+    assert p.propose(signals(in_flight=[1], prefill=3), VIEW, 0.0) == []  # low, but this policy added none
+
+
+def test_the_own_pool_is_not_low_while_anything_is_refused_for_want_of_it() -> None:
+    s = signals(prefill=2, refused={Role.PREFILL: 0.1})
+    assert threshold(role="prefill", scale_in_after_s=0).propose(s, VIEW, 0.0) == []
+    [a] = threshold(role="prefill", scale_in_after_s=0).propose(signals(prefill=2), VIEW, 0.0)
+    assert (a.action, a.role, a.instance_id) == ("remove", Role.PREFILL, "p1")
+
+
+def test_decode_slot_refusals_queue_full_sheds_and_expiries_count_as_decode_demand() -> None:
+    from core.admission import SloAdmission
+    from core.dispatch import Dispatcher
+    from core.types import Admission, Request
+    from tests.helpers import toy_profile
+
+    d = Dispatcher(
+        toy_profile(prefill_base_s=0.01, decode_step_base_s=0.01),
+        "round_robin",
+        queue=("fcfs", {"ttl_s": 0.5, "max_queued": 3}),
+    )
+    d.add_instance("p0", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    gate = d.use_slo_admission(SloAdmission(decode_slots=2, extra_wait_s=30))  # a long wait bound: held, not refused
+    d.start_periodic(0.0)
+    decisions = []
+    for k in range(8):
+        r = Request(k, 0.0, 16, 10)
+        decisions.append(d.admit(r, 0.0))
+        if decisions[-1] == Admission.ROUTE:
+            d.route(r, 0.0)
+    # two slots, three held, three shed for a full queue while no decode slot is free
+    assert [x.name for x in decisions] == ["ROUTE"] * 2 + ["QUEUED"] * 3 + ["SHED"] * 3
+    assert gate.refusals_by_cause()["queue_full"]["count"] == 3
+    assert [r.id for r in d.expire(0.6)] == [2, 3, 4]  # past ttl_s
+    s = d.scaling_signals(2.0)
+    assert s.refused_rate == {Role.PREFILL: 0.0, Role.DECODE: 6 / 2.0}
+    [a] = build("scaling", "threshold", {"role": "prefill"}).propose(s, VIEW, 2.0)
+    assert (a.action, a.role) == ("add", Role.DECODE) and "admission refused 3.0/s" in a.reason

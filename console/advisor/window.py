@@ -14,7 +14,7 @@ own arrival (unmeasured) so the simulated cluster starts the window as loaded as
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,15 @@ class RecentArrivals:
 
     def get(self, request_id: str) -> ArrivalKeys | None:
         return self._keys.get(str(request_id))
+
+    def subset(self, request_ids: Iterable[str]) -> RecentArrivals:
+        """A copy holding only these requests' keys (to read in another thread while notes go on here)."""
+        out = RecentArrivals(self.capacity)
+        for rid in request_ids:
+            found = self._keys.get(str(rid))
+            if found is not None:
+                out._keys[str(rid)] = found
+        return out
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -150,6 +159,10 @@ def window_from_rows(
     early = [r for r in timed if r["arrival"] < start and (r.get("finish") is None or r["finish"] > start)]
     chosen = sorted([*early, *measured_rows], key=lambda r: (r["arrival"], str(r["request_id"])))
     ids = [str(r["request_id"]) for r in chosen]
+    if keys is None and any(r.get("prefix_keys") or r.get("session") for r in chosen):
+        keys = RecentArrivals(len(chosen))  # the run store kept them (schema 9)
+        for r in chosen:
+            keys.note(str(r["request_id"]), r.get("prefix_keys") or (), r.get("session") or "")
     t0 = float(chosen[0]["arrival"])
     found = [keys.get(i) for i in ids] if keys is not None else []
     with_keys = any(k is not None and k.prefix_keys for k in found)

@@ -1,0 +1,113 @@
+"""The advisor's and the canary's control routes on a controller without a network: answers, the canary's life
+through the API, and bad input as clear 4xx errors."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from adapters.store import RunStore
+from console.gateway.app import build_app
+from console.gateway.openapi import build_openapi
+from console.live.config import AdvisorSettings, ConsoleConfig
+from console.live.controller import Controller
+from core.types import Request
+from tests.console.live.fakes import FakeBackend, instances
+
+
+def controller(tmp_path: Path, advisor: bool = False) -> Controller:
+    store = RunStore(tmp_path / "runs.db")
+    run_id = store.create_run(kind="live", backend="fake", cluster="1P2D", workload="", policy="round_robin", config={})
+    config = ConsoleConfig(policy="round_robin", advisor=AdvisorSettings(enabled=advisor, period_s=1, window_s=5))
+    return Controller(
+        config, instances(1, 2), store=store, run_id=run_id, run_dir=tmp_path / run_id, backend=FakeBackend()
+    )  # type: ignore[arg-type]
+
+
+def call(c: Controller, method: str, path: str, **kw: Any) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=build_app(c, manage_lifecycle=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://console") as http:
+            return await http.request(method, path, headers={"Authorization": f"Bearer {c.token}"}, **kw)
+
+    return asyncio.run(go())
+
+
+def test_advice_answers_off_and_on_and_needs_the_token(tmp_path: Path) -> None:
+    off = controller(tmp_path / "off")
+    answer = call(off, "GET", "/control/advice").json()
+    assert answer == {"enabled": False, "advice": None}
+    assert "advisor" not in off.state() and "canary" not in off.state()
+    on = controller(tmp_path / "on", advisor=True)
+    answer = call(on, "GET", "/control/advice").json()
+    assert answer["enabled"] is True and answer["advice"] is None and answer["period_s"] == 1.0
+    assert on.state()["advisor"]["apply"] == "suggest"
+
+    async def anonymous() -> int:
+        transport = httpx.ASGITransport(app=build_app(on, manage_lifecycle=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://console") as http:
+            return (await http.get("/control/advice")).status_code
+
+    assert asyncio.run(anonymous()) == 401
+    on.recorder.close()
+    off.recorder.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"kind": "routing", "name": "nope", "share": "10%", "duration_s": 60}, 422, "unknown routing policy 'nope'"),
+        ({"kind": "routing", "name": "least_load", "share": "60%", "duration_s": 60}, 422, "at most 50%"),
+        ({"kind": "routing", "name": "least_load", "share": 0, "duration_s": 60}, 422, "above 0"),
+        ({"kind": "queue", "name": "priority", "share": "10%", "duration_s": 60}, 422, "a queue policy cannot be"),
+        ({"kind": "scaling", "name": "static", "share": "10%", "duration_s": 60}, 422, "cannot be canaried"),
+        ({"kind": "routing", "name": "least_load", "share": "10%", "duration_s": 0}, 422, "duration must be > 0"),
+        ({"kind": "routing", "name": "least_load", "share": "10%"}, 422, "duration_s is required"),
+        ({"kind": "routing", "share": "10%"}, 400, "expected"),
+    ],
+)
+def test_bad_canaries_are_clear_errors(tmp_path: Path, body: dict[str, Any], status: int, message: str) -> None:
+    c = controller(tmp_path)
+    r = call(c, "POST", "/control/canary", json=body)
+    assert r.status_code == status and message in r.json()["error"]["message"], r.text
+    assert c.dispatcher.canary is None
+    c.recorder.close()
+
+
+def test_a_canary_through_the_api_splits_routing_records_arms_and_ends_interrupted(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+    body = {"kind": "routing", "name": "least_load", "params": {}, "share": "50%", "duration_s": 600}
+    started = call(c, "POST", "/control/canary", json=body).json()
+    assert started["plan"]["share"] == 0.5 and started["plan"]["name"] == "least_load"
+    assert call(c, "POST", "/control/canary", json=body).status_code == 409  # one at a time
+    arms = []
+    for k in range(40):
+        c.dispatcher.route(Request(f"r{k}", 0.0, 10, 10, session=f"s{k % 10}"), 0.0)
+        arms.append(c.dispatcher.arm_of(f"r{k}"))
+    assert {"canary", "control"} == set(arms)
+    by_session: dict[str, set[str | None]] = {}
+    for k, arm in enumerate(arms):
+        by_session.setdefault(f"s{k % 10}", set()).add(arm)
+    assert all(len(a) == 1 for a in by_session.values())  # a conversation stays in one arm
+    assert c.state()["canary"]["running"]["id"] == started["id"]
+    swap = c.set_policy("routing", "sibyl", {}, source="api")  # a swap of its kind ends it
+    assert swap.new == "sibyl" and c.canary.current is None and c.dispatcher.canary is None
+    last = call(c, "GET", "/control/canary").json()["last"]
+    assert last["decision"] == "interrupted" and "swapped during the canary" in last["reason"]
+    assert call(c, "DELETE", "/control/canary").status_code == 409
+    assert c.dispatcher.routing.name == "sibyl"
+    c.recorder.close()
+    events = c.store.advisor_events(c.run_id)
+    assert [e["event"] for e in events] == ["canary_start", "canary_end"]
+    assert events[1]["decision"] == "interrupted"
+
+
+def test_the_openapi_document_describes_the_routes() -> None:
+    doc = build_openapi(models=["m"], instances=["p0"], catalog=[])
+    assert doc["paths"]["/control/advice"]["get"]["security"] == [{"bearerAuth": []}]
+    canary = doc["paths"]["/control/canary"]
+    assert set(canary) == {"get", "post", "delete"} and "422" in canary["post"]["responses"]

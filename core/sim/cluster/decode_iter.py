@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from core.perf import PerfProfile
 
 _EPS = 1e-9
@@ -227,11 +229,11 @@ class IterationDecodeInstance:
         self.seqs.pop(req, None)
         self.kv0 = sum(self.seqs[r].prompt + self.seqs[r].generated for r in self.running)
 
-    def progress(self, now: float) -> tuple[list[int], list[float]]:
+    def progress(self, now: float) -> tuple[list[int], np.ndarray]:
         n = self._steps_done(now)
         reqs = list(self.running) + list(self.waiting)
         gen = [float(self.seqs[r].generated + (n if i < len(self.running) else 0)) for i, r in enumerate(reqs)]
-        return reqs, gen
+        return reqs, np.asarray(gen)
 
     # --- migration -----------------------------------------------------------------------------
     def is_running(self, req: int) -> bool:

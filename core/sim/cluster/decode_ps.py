@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
 from core.perf import PerfProfile
 from core.sim.cluster.decode_iter import Detached
 
@@ -89,11 +91,11 @@ class PSDecodeInstance:
             self._rerate()
         return firsts, done
 
-    def progress(self, now: float) -> tuple[list[int], list[float]]:
-        """Running requests and their generated tokens at `now`."""
+    def progress(self, now: float) -> tuple[list[int], np.ndarray]:
+        """Running requests and their generated tokens at `now` (the counter less each one's offset)."""
         c = self.counter + self.rate * (now - self.t_last)
-        reqs = list(self.offset)
-        return reqs, [c - self.offset[r] for r in reqs]
+        offsets = self.offset
+        return list(offsets), c - np.fromiter(offsets.values(), dtype=np.float64, count=len(offsets))
 
 
 class PSDecodeModel(PSDecodeInstance):

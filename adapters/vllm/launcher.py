@@ -218,9 +218,9 @@ def build_env(spec: VllmInstanceSpec, platform: Device | None = None) -> dict[st
         delay = nixl_progress_delay_us(spec, device)
         if delay:
             env[NIXL_DELAY_VAR] = str(delay)
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(NIXL_PROGRESS_SHIM), os.environ.get("PYTHONPATH", "")) if p
-            )
+    if device == "cpu" or NIXL_DELAY_VAR in env:
+        # the shim's sitecustomize: the AMX tile request on CPU hosts, NIXL's progress delay when set
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(NIXL_PROGRESS_SHIM), os.environ.get("PYTHONPATH", "")) if p)
     if spec.otlp_traces_endpoint is not None:
         env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = spec.otlp_traces_protocol
         env["OTEL_SERVICE_NAME"] = spec.name  # its spans' service.name: prefill-PORT, decode-PORT

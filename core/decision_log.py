@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.decisions import Decision, Info, Record
+from core.decision_records import Decision, Info, Record
 
 
 class DecisionLog:
@@ -150,7 +150,7 @@ def periodic_records(kind: str, policy: str, t: float, actions: Iterable[Any]) -
 
 
 class DecisionSettings(BaseModel):
-    """`[decisions]`: which decisions leave a record (core/decisions.py) and how many are kept in memory."""
+    """`[decisions]`: which decisions leave a record (core/decision_records.py) and how many are kept in memory."""
 
     model_config = ConfigDict(extra="forbid")
 

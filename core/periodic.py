@@ -88,10 +88,6 @@ class ScalingSignals:
         return float(self.decode_kv.mean()) if len(self.decode_kv) else 0.0
 
     @property
-    def kv_max(self) -> float:
-        return float(self.decode_kv.max()) if len(self.decode_kv) else 0.0
-
-    @property
     def prefill_backlog_mean_s(self) -> float:
         return float(self.prefill_backlog_s.mean()) if len(self.prefill_backlog_s) else 0.0
 

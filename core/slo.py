@@ -187,14 +187,6 @@ class SlidingWindow:
     def total(self) -> int:
         return self._run["n"]
 
-    @property
-    def total_met(self) -> int:
-        return self._run["met"]
-
-    @property
-    def total_failed(self) -> int:
-        return self._run["failed"]
-
     def add(self, now: float, ttft_s: float | None, tpot_s: float | None, ok: bool, slo_class: str = "default") -> bool:
         """One finished request; None for a latency that was not measured. Returns whether it met its SLO."""
         cls = self.slo.get(slo_class) or self.slo.get("default", DEFAULT_SLO)

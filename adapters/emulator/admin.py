@@ -27,13 +27,13 @@ from urllib.parse import parse_qs
 import orjson
 from pydantic import ValidationError
 
-from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond
+from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond_with_length
 from adapters.emulator.dp_group import DataParallelGroup
 from adapters.emulator.faults import EXIT_CODE, exit_now
 from adapters.emulator.host import InstanceHost
 from adapters.emulator.kv import KVHolder
 from adapters.emulator.migration import MigrateRequest, MigrationFailed, migrate_out
-from adapters.emulator.protocol import ApiError
+from adapters.emulator.protocol import ErrorAnswer
 
 
 class AdminApi:
@@ -48,23 +48,23 @@ class AdminApi:
         if token:
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, b"Bearer " + token.encode()):
-                return await respond(
-                    send, 401, ApiError(401, "admin endpoints need `Authorization: Bearer <--admin-token>`").body()
+                return await respond_with_length(
+                    send, 401, ErrorAnswer(401, "admin endpoints need `Authorization: Bearer <--admin-token>`").body()
                 )
         method, path = scope["method"], scope["path"]
         if path == "/admin/faults" and method == "GET":
-            return await respond(send, 200, self.inst.faults.config.model_dump_json().encode())
+            return await respond_with_length(send, 200, self.inst.faults.config.model_dump_json().encode())
         if path == "/admin/faults" and method in ("PUT", "POST", "PATCH"):
             return await self._set_faults(receive, send)
         if path == "/admin/exit" and method == "POST":
             return await self._exit(receive, send)
         if path == "/admin/info" and method == "GET":
-            return await respond(send, 200, orjson.dumps(self.info()))
+            return await respond_with_length(send, 200, orjson.dumps(self.info()))
         if path == "/admin/steps" and method == "GET":
             return await self._steps(scope, send)
         if path == "/admin/migrate" and method == "POST":
             return await self._migrate(receive, send)
-        return await respond(send, 404, orjson.dumps({"detail": "Not Found"}))
+        return await respond_with_length(send, 404, orjson.dumps({"detail": "Not Found"}))
 
     async def _set_faults(self, receive: Receive, send: Send) -> None:
         try:
@@ -73,9 +73,9 @@ class AdminApi:
                 raise ValueError("expected a JSON object")
             config = self.inst.faults.update(changes)
         except (orjson.JSONDecodeError, ValueError, ValidationError) as e:
-            return await respond(send, 400, ApiError(400, f"bad faults: {e}").body())
+            return await respond_with_length(send, 400, ErrorAnswer(400, f"bad faults: {e}").body())
         self.inst.engine.kick()
-        await respond(send, 200, config.model_dump_json().encode())
+        await respond_with_length(send, 200, config.model_dump_json().encode())
 
     async def _exit(self, receive: Receive, send: Send) -> None:
         raw = await read_body(receive)
@@ -84,20 +84,20 @@ class AdminApi:
             code = int(opts.get("code", EXIT_CODE))
             delay = float(opts.get("delay_s", 0.0))
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as e:
-            return await respond(send, 400, ApiError(400, f"bad exit request: {e}").body())
-        await respond(send, 200, orjson.dumps({"exiting": True, "code": code, "delay_s": delay}))
+            return await respond_with_length(send, 400, ErrorAnswer(400, f"bad exit request: {e}").body())
+        await respond_with_length(send, 200, orjson.dumps({"exiting": True, "code": code, "delay_s": delay}))
         asyncio.get_running_loop().call_later(max(0.05, delay), exit_now, code)
 
     async def _migrate(self, receive: Receive, send: Send) -> None:
         try:
             m = MigrateRequest.model_validate_json(await read_body(receive))
         except ValidationError as e:
-            return await respond(send, 400, ApiError(400, f"bad migration request: {e}").body())
+            return await respond_with_length(send, 400, ErrorAnswer(400, f"bad migration request: {e}").body())
         try:
             report = await migrate_out(self.inst, m)
         except MigrationFailed as e:
-            return await respond(send, 409, orjson.dumps({"ok": False, "error": str(e)}))
-        await respond(send, 200, orjson.dumps(report.as_dict()))
+            return await respond_with_length(send, 409, orjson.dumps({"ok": False, "error": str(e)}))
+        await respond_with_length(send, 200, orjson.dumps(report.as_dict()))
 
     def info(self) -> dict[str, Any]:
         inst, e, s = self.inst, self.inst.engine, self.inst.s
@@ -150,7 +150,7 @@ class AdminApi:
         try:
             since = int(qs.get("since", ["0"])[0])
         except ValueError:
-            return await respond(send, 400, ApiError(400, "since must be an integer", "since").body())
+            return await respond_with_length(send, 400, ErrorAnswer(400, "since must be an integer", "since").body())
         rows = [
             [
                 r.n,
@@ -183,4 +183,4 @@ class AdminApi:
             "woke",
             "released",
         ]
-        await respond(send, 200, orjson.dumps({"fields": fields, "steps": rows}))
+        await respond_with_length(send, 200, orjson.dumps({"fields": fields, "steps": rows}))

@@ -35,7 +35,7 @@ from adapters.emulator.asgi import (
     Send,
     direct_transport,
     read_body,
-    respond,
+    respond_with_length,
     watch_disconnect,
 )
 from adapters.emulator.dp_group import DataParallelGroup
@@ -48,7 +48,7 @@ from adapters.emulator.kv_publisher import KVEventPublisher
 from adapters.emulator.lora import EmulatedLora
 from adapters.emulator.metrics import EngineMetrics
 from adapters.emulator.migration import PARK_S, MigrationsIn
-from adapters.emulator.protocol import ApiError, Formatter, GenRequest, parse_request
+from adapters.emulator.protocol import ErrorAnswer, Formatter, GenRequest, parse_request
 from adapters.emulator.sequence import Scheduler
 from adapters.emulator.settings import InstanceSettings, OutputLengths
 from adapters.emulator.tokens import (
@@ -59,7 +59,7 @@ from adapters.emulator.tokens import (
 if TYPE_CHECKING:
     from adapters.emulator.tracing import EngineTracing
 
-INTERNAL = ApiError(500, "Internal server error")
+INTERNAL = ErrorAnswer(500, "Internal server error")
 NOT_FOUND = orjson.dumps({"detail": "Not Found"})
 
 SchedulerFactory = Callable[[InstanceSettings, Faults], Scheduler]
@@ -208,8 +208,8 @@ class EmulatedInstance:
         if path.startswith("/admin/"):
             return await self.admin.handle(scope, receive, send)
         if any(p == path for _, p in self._routes):
-            return await respond(send, 405, orjson.dumps({"detail": "Method Not Allowed"}))
-        return await respond(send, 404, NOT_FOUND)
+            return await respond_with_length(send, 405, orjson.dumps({"detail": "Method Not Allowed"}))
+        return await respond_with_length(send, 404, NOT_FOUND)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -233,8 +233,8 @@ class EmulatedInstance:
         raw = await read_body(receive)
         if self.faults.on_request():
             status = self.faults.config.fail_status
-            return await respond(
-                send, status, ApiError(status, f"injected failure (emulator fault, status {status})").body()
+            return await respond_with_length(
+                send, status, ErrorAnswer(status, f"injected failure (emulator fault, status {status})").body()
             )
         try:
             req = parse_request(
@@ -245,14 +245,14 @@ class EmulatedInstance:
                 want_ids=self.caching,
                 adapter_of=self.lora.adapter_of if self.s.lora.enable_lora else None,
             )
-        except ApiError as e:
-            return await respond(send, e.status, e.body())
+        except ErrorAnswer as e:
+            return await respond_with_length(send, e.status, e.body())
         headers = dict(scope.get("headers") or [])
         xid = (headers.get(b"x-request-id") or uuid.uuid4().hex.encode()).decode()
         try:
             dp_rank = self._dp_rank(headers.get(b"x-data-parallel-rank"))
-        except ApiError as e:
-            return await respond(send, e.status, e.body())
+        except ErrorAnswer as e:
+            return await respond_with_length(send, e.status, e.body())
         kv = req.kv_transfer_params or {}
         prefill_leg = bool(kv.get("do_remote_decode"))
         arrival = self.engine.clock()
@@ -275,7 +275,7 @@ class EmulatedInstance:
                 try:
                     external = await pull
                 except PullFailed:
-                    return await respond(send, 500, INTERNAL.body())
+                    return await respond_with_length(send, 500, INTERNAL.body())
                 except asyncio.CancelledError:
                     me = asyncio.current_task()
                     if me is not None and me.cancelling():
@@ -317,14 +317,14 @@ class EmulatedInstance:
         try:
             wait_s = min(max(float(kv.get("wait_s", PARK_S)), 0.0), PARK_S)
         except (TypeError, ValueError):
-            return await respond(
+            return await respond_with_length(
                 send,
                 400,
-                ApiError(400, "kv_transfer_params.wait_s must be a number of seconds", "kv_transfer_params").body(),
+                ErrorAnswer(400, "kv_transfer_params.wait_s must be a number of seconds", "kv_transfer_params").body(),
             )
         if not req.stream:
-            return await respond(
-                send, 400, ApiError(400, "a migrated sequence resumes as a stream only", "stream").body()
+            return await respond_with_length(
+                send, 400, ErrorAnswer(400, "a migrated sequence resumes as a stream only", "stream").body()
             )
         waiting = asyncio.ensure_future(
             self.migrations.wait(rid, wait_s)
@@ -344,8 +344,8 @@ class EmulatedInstance:
         finally:
             watch.cancel()
         if seq is None:
-            return await respond(
-                send, 404, ApiError(404, f"no migrated sequence {rid!r} arrived here", "kv_transfer_params").body()
+            return await respond_with_length(
+                send, 404, ErrorAnswer(404, f"no migrated sequence {rid!r} arrived here", "kv_transfer_params").body()
             )
         seq.id = xid
         self.in_flight += 1
@@ -362,11 +362,13 @@ class EmulatedInstance:
         try:
             body = orjson.loads(await read_body(receive))
         except orjson.JSONDecodeError:
-            return await respond(send, 400, orjson.dumps({"error": "bad migration stage"}))
+            return await respond_with_length(send, 400, orjson.dumps({"error": "bad migration stage"}))
         if not isinstance(body, dict) or "request_id" not in body:
-            return await respond(send, 400, orjson.dumps({"error": "a migration stage names its request_id"}))
+            return await respond_with_length(
+                send, 400, orjson.dumps({"error": "a migration stage names its request_id"})
+            )
         status, answer = await self.migrations.stage(body)
-        await respond(send, status, orjson.dumps(answer))
+        await respond_with_length(send, status, orjson.dumps(answer))
 
     def _dp_rank(self, raw: bytes | None) -> int:
         """The rank vLLM's X-data-parallel-rank header asks for (-1: none); out of range is a 400."""
@@ -378,7 +380,7 @@ class EmulatedInstance:
         except ValueError:
             rank = -1
         if not 0 <= rank < size:
-            raise ApiError(
+            raise ErrorAnswer(
                 400,
                 f"data_parallel_rank {raw.decode(errors='replace')} is out of range [0, {size})",
                 "X-data-parallel-rank",
@@ -462,13 +464,13 @@ class EmulatedInstance:
         if seq.finish_reason == "abort":
             return None
         if seq.finish_reason not in ("stop", "length"):
-            return await respond(send, 500, INTERNAL.body())
+            return await respond_with_length(send, 500, INTERNAL.body())
         params = self.pd.hold(seq, chat) if prefill_leg else None
         self._cache_usage(fmt, seq)
         body = fmt.full(
             output_text(seq.generated, fmt.req.first_token_index), seq.finish_reason or "length", seq.generated, params
         )
-        await respond(send, 200, body, [*JSON, (b"x-request-id", seq.id.encode())])
+        await respond_with_length(send, 200, body, [*JSON, (b"x-request-id", seq.id.encode())])
 
     def _cache_usage(self, fmt: Formatter, seq: Sequence) -> None:
         """usage.prompt_tokens_details as vLLM fills it: cached tokens (on a decode leg, the prefill
@@ -486,4 +488,4 @@ class EmulatedInstance:
         await read_body(receive)
         engines = self.engines()
         ok = bool(engines) and all([e.reset_prefix_cache() for e in engines])
-        await respond(send, 200, orjson.dumps({"success": ok}))
+        await respond_with_length(send, 200, orjson.dumps({"success": ok}))

@@ -39,7 +39,7 @@ async def read_body(receive: Receive) -> bytes:
             return b"".join(parts)
 
 
-async def respond(send: Send, status: int, body: bytes, headers: Headers = JSON) -> None:
+async def respond_with_length(send: Send, status: int, body: bytes, headers: Headers = JSON) -> None:
     await send(
         {"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", b"%d" % len(body))]}
     )

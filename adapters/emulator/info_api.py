@@ -7,9 +7,9 @@ import zlib
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond
+from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond_with_length
 from adapters.emulator.host import InstanceHost
-from adapters.emulator.protocol import ApiError
+from adapters.emulator.protocol import ErrorAnswer
 from adapters.emulator.tokens import chat_ids, count_messages, count_prompt, own_token_ids
 
 VERSION = "0.32.0+emulated"
@@ -23,18 +23,18 @@ class InfoApi:
         self.inst = inst
 
     async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 503 if self.inst.faults.config.unhealthy else 200, b"")
+        await respond_with_length(send, 503 if self.inst.faults.config.unhealthy else 200, b"")
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(
+        await respond_with_length(
             send, 200, generate_latest(self.inst.metrics.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
         )
 
     async def version(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, orjson.dumps({"version": VERSION}))
+        await respond_with_length(send, 200, orjson.dumps({"version": VERSION}))
 
     async def load(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, orjson.dumps({"server_load": self.inst.in_flight}))
+        await respond_with_length(send, 200, orjson.dumps({"server_load": self.inst.in_flight}))
 
     async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
         m = self.inst.s.model
@@ -49,7 +49,7 @@ class InfoApi:
             "permission": [],
         }
         cards = [card, *self.inst.lora.model_cards(self.inst.created)]  # loaded adapters, `parent` the base model
-        await respond(send, 200, orjson.dumps({"object": "list", "data": cards}))
+        await respond_with_length(send, 200, orjson.dumps({"object": "list", "data": cards}))
 
     async def tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Token count of a prompt or chat; ids of text prompts are stand-ins (crc32 of 4-byte pieces),
@@ -57,7 +57,9 @@ class InfoApi:
         try:
             body = orjson.loads(await read_body(receive))
         except orjson.JSONDecodeError:
-            return await respond(send, 400, ApiError(400, "JSON decode error", "body", "Bad Request").body())
+            return await respond_with_length(
+                send, 400, ErrorAnswer(400, "JSON decode error", "body", "Bad Request").body()
+            )
         body = body if isinstance(body, dict) else {}
         prompt = body.get("prompt")
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
@@ -71,8 +73,8 @@ class InfoApi:
         elif (n := count_prompt(prompt)) is not None:
             tokens = [0] * n
         else:
-            return await respond(send, 400, ApiError(400, "give a prompt or messages", "prompt").body())
-        await respond(
+            return await respond_with_length(send, 400, ErrorAnswer(400, "give a prompt or messages", "prompt").body())
+        await respond_with_length(
             send,
             200,
             orjson.dumps(

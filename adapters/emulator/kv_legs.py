@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond
+from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond_with_length
 from adapters.emulator.engine import Engine, Sequence
 from adapters.emulator.host import InstanceHost
 from adapters.emulator.kv import HeldKV, KVHolder, KVPuller, PullFailed
@@ -95,13 +95,13 @@ class KVLegs:
         try:
             body = orjson.loads(await read_body(receive))
         except orjson.JSONDecodeError:
-            return await respond(send, 400, orjson.dumps({"error": "bad pull request"}))
+            return await respond_with_length(send, 400, orjson.dumps({"error": "bad pull request"}))
         if not isinstance(body, dict) or body.get("remote_engine_id") != inst.engine_id:
-            return await respond(send, 404, orjson.dumps({"error": "unknown engine"}))
+            return await respond_with_length(send, 404, orjson.dumps({"error": "unknown engine"}))
         await inst.faults.wait_pulls_flow()
         held = self.holder.take(str(body.get("remote_request_id")))
         if held is None:
-            return await respond(
+            return await respond_with_length(
                 send, 410, orjson.dumps({"error": "no blocks held for this request (expired or pulled)"})
             )
         local = body.get("local_tokens")
@@ -111,4 +111,4 @@ class KVLegs:
             await asyncio.sleep(inst.s.profile.kv_transfer_time(tokens) * inst.faults.slowdown)
         finally:
             self.release(held)
-        await respond(send, 200, orjson.dumps({"tokens": tokens, "blocks": held.blocks}))
+        await respond_with_length(send, 200, orjson.dumps({"tokens": tokens, "blocks": held.blocks}))

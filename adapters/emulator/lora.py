@@ -37,8 +37,8 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond
-from adapters.emulator.protocol import VALIDATION, ApiError
+from adapters.emulator.asgi import Receive, Scope, Send, read_body, respond_with_length
+from adapters.emulator.protocol import VALIDATION, ErrorAnswer
 from adapters.emulator.settings import RUNTIME_ENV, LoraSettings, runtime_updating_allowed
 from core.lora import AdapterSlotsFull, InstanceAdapters
 
@@ -113,27 +113,27 @@ class EmulatedLora:
         try:
             body = _body(await read_body(receive), ("lora_name", "lora_path"))
             message = await self.load(str(body["lora_name"]), str(body["lora_path"]), bool(body.get("load_inplace")))
-        except ApiError as e:
-            return await respond(send, e.status, e.body())
-        await respond(send, 200, message.encode(), TEXT)
+        except ErrorAnswer as e:
+            return await respond_with_length(send, e.status, e.body())
+        await respond_with_length(send, 200, message.encode(), TEXT)
 
     async def _unload(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             body = _body(await read_body(receive), ("lora_name",))
             message = self.unload(str(body["lora_name"]))
-        except ApiError as e:
-            return await respond(send, e.status, e.body())
-        await respond(send, 200, message.encode(), TEXT)
+        except ErrorAnswer as e:
+            return await respond_with_length(send, e.status, e.body())
+        await respond_with_length(send, 200, message.encode(), TEXT)
 
     # --- load and unload --------------------------------------------------------------------------
     async def load(self, name: str, path: str, inplace: bool = False) -> str:
-        """Register and load an adapter as vLLM does (errors as ApiError); the success text."""
+        """Register and load an adapter as vLLM does (errors as ErrorAnswer); the success text."""
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             if not name or not path:
-                raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.", type_=INVALID)
+                raise ErrorAnswer(400, "Both 'lora_name' and 'lora_path' must be provided.", type_=INVALID)
             if not inplace and name in self.registered:
-                raise ApiError(
+                raise ErrorAnswer(
                     400,
                     f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in "
                     "place, set 'load_inplace' to True.",
@@ -141,9 +141,9 @@ class EmulatedLora:
                 )
             rank = adapter_rank(path)
             if rank is None:
-                raise ApiError(404, f"Loading lora {name} failed: No adapter found for {path}")
+                raise ErrorAnswer(404, f"Loading lora {name} failed: No adapter found for {path}")
             if rank > self.settings.max_lora_rank:
-                raise ApiError(400, f"LoRA rank {rank} is greater than max_lora_rank {self.settings.max_lora_rank}.")
+                raise ErrorAnswer(400, f"LoRA rank {rank} is greater than max_lora_rank {self.settings.max_lora_rank}.")
             old = self.registered.get(name)
             int_id = old.int_id if old is not None else next(self._ids)
             if inplace:
@@ -154,9 +154,9 @@ class EmulatedLora:
 
     def unload(self, name: str) -> str:
         if not name:
-            raise ApiError(400, "'lora_name' needs to be provided to unload a LoRA adapter.", type_=INVALID)
+            raise ErrorAnswer(400, "'lora_name' needs to be provided to unload a LoRA adapter.", type_=INVALID)
         if name not in self.registered:
-            raise ApiError(404, f"The lora adapter '{name}' cannot be found.")
+            raise ErrorAnswer(404, f"The lora adapter '{name}' cannot be found.")
         del self.registered[name]
         self.cache.unload(name)
         return f"Success: LoRA adapter '{name}' removed successfully."
@@ -181,7 +181,7 @@ class EmulatedLora:
             return None
         if model in self.registered:
             return model
-        raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+        raise ErrorAnswer(404, f"The model `{model}` does not exist.", param="model")
 
     def acquire(self, adapter: str) -> float:
         """A request under `adapter` is scheduled: seconds until it can run (a load when it was
@@ -235,15 +235,17 @@ def _body(raw: bytes, required: tuple[str, ...]) -> dict[str, Any]:
     try:
         body = orjson.loads(raw or b"null")
     except orjson.JSONDecodeError as e:
-        raise ApiError(400, f"1 validation error:\n  {{'type': 'json_invalid', 'msg': '{e}'}}", type_=VALIDATION) from e
+        raise ErrorAnswer(
+            400, f"1 validation error:\n  {{'type': 'json_invalid', 'msg': '{e}'}}", type_=VALIDATION
+        ) from e
     if not isinstance(body, dict):
-        raise ApiError(400, "1 validation error:\n  {'type': 'model_attributes_type'}", type_=VALIDATION)
+        raise ErrorAnswer(400, "1 validation error:\n  {'type': 'model_attributes_type'}", type_=VALIDATION)
     for name in required:
         if not isinstance(body.get(name), str):
             kind = "missing" if name not in body else "string_type"
             msg = "Field required" if kind == "missing" else "Input should be a valid string"
             err = {"type": kind, "loc": ("body", name), "msg": msg}
-            raise ApiError(400, f"1 validation error:\n  {err}", f"body.{name}", VALIDATION)
+            raise ErrorAnswer(400, f"1 validation error:\n  {err}", f"body.{name}", VALIDATION)
     return body
 
 

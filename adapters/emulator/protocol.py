@@ -26,6 +26,7 @@ from adapters.emulator.tokens import (
     prompt_ids,
     token_json,
 )
+from adapters.openai_errors import openai_error_body
 
 ERROR_TYPES = {
     400: "BadRequestError",
@@ -43,7 +44,7 @@ VALIDATION = "Bad Request"
 """vLLM's type for FastAPI request-validation errors (HTTPStatus.BAD_REQUEST.phrase)."""
 
 
-class ApiError(Exception):
+class ErrorAnswer(Exception):
     """An error answer: status plus vLLM's error body."""
 
     def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None) -> None:
@@ -52,19 +53,13 @@ class ApiError(Exception):
         self.type = type_ or ERROR_TYPES.get(status, "APIError")
 
     def body(self) -> bytes:
-        return orjson.dumps(
-            {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
-        )
+        return openai_error_body(self.message, self.type, self.param, self.status)
 
 
-def error_body(status: int, message: str, param: str | None = None) -> bytes:
-    return ApiError(status, message, param).body()
-
-
-def _invalid(loc: tuple[str | int, ...], kind: str, msg: str, param: str | None = None) -> ApiError:
+def _invalid(loc: tuple[str | int, ...], kind: str, msg: str, param: str | None = None) -> ErrorAnswer:
     """A FastAPI-style validation error (vLLM answers these 400 "Bad Request")."""
     err = {"type": kind, "loc": ("body", *loc), "msg": msg}
-    return ApiError(400, f"1 validation error:\n  {err}", param or ".".join(map(str, ("body", *loc))), VALIDATION)
+    return ErrorAnswer(400, f"1 validation error:\n  {err}", param or ".".join(map(str, ("body", *loc))), VALIDATION)
 
 
 @dataclass(slots=True)
@@ -119,14 +114,14 @@ def parse_request(
     want_ids: bool = False,
     adapter_of: Callable[[str], str | None] | None = None,
 ) -> GenRequest:
-    """Validate a request body the way vLLM 0.32 does; raises ApiError. `want_ids`: also give the
+    """Validate a request body the way vLLM 0.32 does; raises ErrorAnswer. `want_ids`: also give the
     prompt's token ids (prefix caching needs them). `adapter_of` resolves a `model` other than the
     served one to its LoRA adapter (raising vLLM's 404 when it names none); without it such a model is 404."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         pos = getattr(e, "pos", 0)
-        raise ApiError(
+        raise ErrorAnswer(
             400,
             f"1 validation error:\n  {{'type': 'json_invalid', 'loc': ('body', {pos}), "
             f"'msg': 'JSON decode error', 'input': {{}}, 'ctx': {{'error': {e.msg!r}}}}}",
@@ -189,10 +184,10 @@ def parse_request(
     lora = None
     if model is not None and model != served_model:
         if adapter_of is None:
-            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+            raise ErrorAnswer(404, f"The model `{model}` does not exist.", "model")
         lora = adapter_of(model)
     if n_prompt >= max_model_len:
-        raise ApiError(
+        raise ErrorAnswer(
             400,
             f"This model's maximum context length is {max_model_len} tokens. However, your request has "
             f"{n_prompt} input tokens. Please reduce the length of the input messages.",
@@ -200,12 +195,12 @@ def parse_request(
         )
     room = max_model_len - n_prompt
     if requested is not None and requested < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {requested}.", "max_tokens")
+        raise ErrorAnswer(400, f"max_tokens must be at least 1, got {requested}.", "max_tokens")
     max_tokens = room if requested is None else min(requested, room)
     if min_tokens < 0:
-        raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_tokens}.", "min_tokens")
+        raise ErrorAnswer(400, f"min_tokens must be greater than or equal to 0, got {min_tokens}.", "min_tokens")
     if min_tokens > max_tokens:
-        raise ApiError(
+        raise ErrorAnswer(
             400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.", "min_tokens"
         )
     return GenRequest(
@@ -232,7 +227,7 @@ def _continued_message(body: dict[str, Any]) -> int:
         return 0
     add_prompt = body.get("add_generation_prompt", True)
     if add_prompt is True:
-        raise ApiError(
+        raise ErrorAnswer(
             400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", None, VALIDATION
         )
     last = body["messages"][-1]
@@ -370,4 +365,4 @@ class Formatter:
 
     def stream_error(self, status: int, message: str) -> bytes:
         """An error inside a stream that already answered 200 (vLLM sends it as an event)."""
-        return b"data: " + error_body(status, message) + b"\n\ndata: [DONE]\n\n"
+        return b"data: " + ErrorAnswer(status, message).body() + b"\n\ndata: [DONE]\n\n"

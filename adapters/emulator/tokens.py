@@ -101,11 +101,6 @@ def prompt_ids(prompt: Any) -> list[int] | None:
     return None
 
 
-def token_text(i: int) -> str:
-    """Text of generated token i."""
-    return f" t{i}"
-
-
 @lru_cache(maxsize=65536)
 def token_json(i: int) -> bytes:
     """Token i's text as a JSON string literal."""

@@ -91,7 +91,7 @@ def runs_why(
     from rich.table import Table
 
     from adapters.store import RunStore
-    from console.decision_tables import decision_table, num
+    from console.why_tables import decision_table, num
 
     store = RunStore(db)
     store.mark_interrupted_runs()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import TypeAlias
 
 BlockKey: TypeAlias = int
@@ -89,9 +89,3 @@ def chain_keys(
             key = hash((key, x, block))
             append(key)
     return keys
-
-
-def block_token_ids(token_ids: Sequence[int], block_size: int, index: int) -> tuple[int, ...]:
-    """The token ids of full block ``index`` (0-based) of ``token_ids``."""
-    start = index * block_size
-    return tuple(token_ids[start : start + block_size])

@@ -4,7 +4,6 @@ from core.policies.base import NoParams, PolicyParams, RoutingPolicy, RoutingPol
 from core.policies.registry import (
     PolicySpec,
     build,
-    parse_param_assignments,
     parse_policy_spec,
     register,
     spec,
@@ -18,7 +17,6 @@ __all__ = [
     "RoutingPolicy",
     "RoutingPolicyBase",
     "build",
-    "parse_param_assignments",
     "parse_policy_spec",
     "register",
     "spec",

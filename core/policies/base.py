@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.decisions import note
+from core.decision_records import note
 from core.errors import NoCapacityError
 from core.types import Assignment, Migration, PolicyKind, Request, ScaleAction
 

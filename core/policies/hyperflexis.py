@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import Field
 
-from core.decisions import note
+from core.decision_records import note
 from core.latency_model import LatencyModel
 from core.policies.base import (
     BindPoint,

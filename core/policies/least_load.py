@@ -7,7 +7,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from core.decisions import note
+from core.decision_records import note
 from core.policies.base import BindPoint, PolicyParams, RoutingPolicyBase
 from core.policies.choice import (
     RotatingArgmin,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from core.decisions import note
+from core.decision_records import note
 from core.policies.choice import RotatingArgmin, decode_candidates
 from core.policies.compose import guarded_argmin, prefill_ttft
 from core.policies.prefix_aware import PrefixAware, PrefixAwareParams

@@ -102,18 +102,6 @@ def build(kind: PolicyKind | str, name: str, params: dict[str, Any] | None = Non
     return s.factory(p)
 
 
-def parse_param_assignments(items: Iterable[str]) -> dict[str, dict[str, str]]:
-    """Turn CLI `--param policy.key=value` (or `key=value`, policy "") into {policy: {key: value}}."""
-    out: dict[str, dict[str, str]] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise PolicyError(f"--param {item!r}: expected key=value or policy.key=value")
-        policy, dot, field = key.rpartition(".")
-        out.setdefault(policy if dot else "", {})[field] = value
-    return out
-
-
 def parse_policy_spec(text: str) -> tuple[str, dict[str, str]]:
     """The one parser of a policy written inline: `NAME`, `NAME:key=value,...` (the CLI's form) or
     `NAME(key=value, ...)` (the form the console prints a policy in) → (name, {key: value}).

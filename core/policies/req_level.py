@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.decisions import note
+from core.decision_records import note
 from core.policies.base import NoParams, RoutingPolicyBase
 from core.policies.choice import (
     RotatingArgmin,

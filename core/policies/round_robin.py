@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.decisions import note
+from core.decision_records import note
 from core.policies.base import NoParams, RoutingPolicyBase
 from core.policies.choice import decode_candidates, least_queued_prefill, projected_handoff
 from core.policies.registry import register

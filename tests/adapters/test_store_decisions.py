@@ -9,7 +9,7 @@ from pathlib import Path
 from adapters.store import RunRecorder, RunStore
 from adapters.store.recorder import decision_row
 from adapters.store.schema import SCHEMA_VERSION
-from core.decisions import Decision, Record
+from core.decision_records import Decision, Record
 
 
 def decision(rid: str, t: float) -> Decision:

@@ -1,6 +1,6 @@
 """The request inspector with Pilot: `i` on an instance lists its requests; enter shows a request's
 decisions. The inspector endpoints answer with the console's own functions over a real dispatcher's
-records (console/live/decisions.py), behind the fake control API of the other dashboard tests."""
+records (console/live/recent.py), behind the fake control API of the other dashboard tests."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from textual.widgets import DataTable
 
-from console.live.decisions import RecentRequests, instance_requests, request_decisions
+from console.live.recent import RecentRequests, instance_requests, request_decisions
 from console.tui.help import help_table
 from console.tui.inspector import InspectorScreen
 from console.tui.instances import InstanceTable

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from core.decision_log import DecisionLog
-from core.decisions import Decision
+from core.decision_records import Decision
 from core.dispatch import Dispatcher
 from core.policies import registry
 from core.types import Admission, PolicyKind, Request

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from core.errors import NoCapacityError, PolicyError
-from core.policies import build, parse_param_assignments, specs
+from core.policies import build, specs
 from core.types import PolicyKind, Request
 from tests.helpers import add_pending, add_running, cluster
 
@@ -35,15 +35,6 @@ def test_registry_lists_builtins_and_rejects_unknown_names_and_params() -> None:
     with pytest.raises(PolicyError, match="by"):
         build("routing", "least_load", {"by": "vibes"})
     assert build("routing", "sibyl", {"no_type1": "true"}).params.no_type1 is True
-
-
-def test_param_assignments_parse_policy_prefixes() -> None:
-    assert parse_param_assignments(["sibyl.no_type1=true", "by=tokens"]) == {
-        "sibyl": {"no_type1": "true"},
-        "": {"by": "tokens"},
-    }
-    with pytest.raises(PolicyError, match="key=value"):
-        parse_param_assignments(["oops"])
 
 
 def test_round_robin_cycles_and_skips_unhealthy() -> None:

@@ -91,7 +91,7 @@ def test_the_emulator_loads_the_adapter_it_writes(tmp_path: Path) -> None:
     message = asyncio.run(state.load("a", str(tmp_path / "a")))
     assert message == "Success: LoRA adapter 'a' added successfully."
     assert make(tmp_path / "b", "--rank", "32").returncode == 0
-    from adapters.emulator.protocol import ApiError
+    from adapters.emulator.protocol import ErrorAnswer
 
-    with pytest.raises(ApiError, match="LoRA rank 32 is greater than max_lora_rank 16"):
+    with pytest.raises(ErrorAnswer, match="LoRA rank 32 is greater than max_lora_rank 16"):
         asyncio.run(state.load("b", str(tmp_path / "b")))

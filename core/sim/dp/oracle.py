@@ -172,7 +172,7 @@ def solve_round(
     return OracleResult(pairs, assignment_cost(state, waiting, pairs, horizon, decay), optimal, solver, runtime)
 
 
-class OracleParams(DPParams):
+class IoOracleParams(DPParams):
     """The exact oracle's params: horizon, decay and whether admission is FCFS."""
 
     horizon: int = 0
@@ -186,8 +186,8 @@ class IoOracle:
 
     name = "io_oracle"
 
-    def __init__(self, params: OracleParams | None = None) -> None:
-        self.params: OracleParams = params or OracleParams()
+    def __init__(self, params: IoOracleParams | None = None) -> None:
+        self.params: IoOracleParams = params or IoOracleParams()
 
     @property
     def needs_requests(self) -> bool:

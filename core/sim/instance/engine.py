@@ -49,7 +49,7 @@ from core.sim.instance.model import (
     Key,
     Ordering,
     SimRequest,
-    StepRecord,
+    SimStep,
 )
 
 
@@ -279,7 +279,7 @@ class InstanceSim:
         base = prof.step_time(n_dec, kv) if n_dec else prof.prefill_base_s
         return base + chunk, n_dec, prefill_tokens
 
-    def step(self) -> StepRecord | None:
+    def step(self) -> SimStep | None:
         """Admit arrivals up to now, schedule one step and execute it; None if idle."""
         self._arrive(self.now)
         if not self.running and not self.waiting:
@@ -319,7 +319,7 @@ class InstanceSim:
             self.free_blocks += r.blocks
             r.blocks = 0
             self.ordering.on_finish(r, end)
-        return StepRecord(
+        return SimStep(
             start=start,
             dt=dt,
             batch=[(r.rid, q) for r, q in batch],

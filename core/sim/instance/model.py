@@ -175,7 +175,7 @@ class InstanceParams(BaseModel):
 
 
 @dataclass
-class StepRecord:
+class SimStep:
     """What one step did (for tests and traces)."""
 
     start: float

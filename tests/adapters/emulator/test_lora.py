@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from adapters.emulator.asgi import Receive, Scope, Send, respond
+from adapters.emulator.asgi import Receive, Scope, Send, respond_with_length
 from adapters.emulator.lora import EmulatedLora, LoraSettings, runtime_updating_allowed
-from adapters.emulator.protocol import ApiError
+from adapters.emulator.protocol import ErrorAnswer
 
 BASE = "tiny-llama"
 
@@ -43,7 +43,7 @@ def client(state: EmulatedLora) -> httpx.AsyncClient:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         handler = routes.get((scope["method"], scope["path"]))
         if handler is None:
-            return await respond(send, 404, b'{"detail":"Not Found"}')
+            return await respond_with_length(send, 404, b'{"detail":"Not Found"}')
         await handler(scope, receive, send)
 
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://emulator")
@@ -151,7 +151,7 @@ def test_each_distinct_adapter_in_a_step_adds_its_cost() -> None:
 
 
 def test_unknown_models_get_vllms_404() -> None:
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(ErrorAnswer) as e:
         lora().adapter_of("nope")
     assert e.value.status == 404 and e.value.message == "The model `nope` does not exist."
 

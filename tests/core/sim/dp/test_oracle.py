@@ -8,7 +8,7 @@ import pytest
 from core.policies.rank.bf_io import BfIoParams, BfIoRank
 from core.policies.rank.fcfs import FcfsRank
 from core.policies.rank.state import DPState, Waiting, assignment_cost, fillable
-from core.sim.dp.oracle import IoOracle, OracleParams, solve_round
+from core.sim.dp.oracle import IoOracle, IoOracleParams, solve_round
 
 
 def _tight_instance(rng: np.random.Generator, horizon: int) -> tuple[DPState, Waiting]:
@@ -28,7 +28,7 @@ def test_oracle_solves_a_hand_partition() -> None:
     result = solve_round(state, waiting)
     assert result.optimal and result.cost == 2 * 8 - 15  # {5, 3} / {4, 3}
     assert assignment_cost(state, waiting, BfIoRank().assign(state, waiting)) == result.cost
-    assert IoOracle(OracleParams()).assign(state, waiting) == result.pairs
+    assert IoOracle(IoOracleParams()).assign(state, waiting) == result.pairs
 
 
 @pytest.mark.parametrize(("horizon", "need"), [(0, 34), (4, 30)])

@@ -3,7 +3,7 @@
 
 The gateway benchmark (`gateway_bench --decisions-off-too`) measures the same end to end, but on a
 shared two-core machine its req/s moves by more than the records cost; this one isolates the work.
-Usage: python -m benchmarks.decision_records [--requests 2000] [--repeat 5]
+Usage: python -m benchmarks.decision_record_cost [--requests 2000] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from adapters.store import RunStore
 from adapters.store.recorder import decision_row
 from core.decision_log import DecisionLog
-from core.decisions import Record
+from core.decision_records import Record
 from core.dispatch import Dispatcher
 from core.perf import get_profile
 from core.types import Request, Role

@@ -1,4 +1,4 @@
-"""Rich tables of decision records (core/decisions.py as JSON), shared by `runs why` and the dashboard's inspector."""
+"""Why a request went where it did, as Rich tables of its decision records: shared by `runs why` and the inspector."""
 
 from __future__ import annotations
 

@@ -188,10 +188,6 @@ class PerfProfile(BaseModel):
         """Seconds to move the KV of `tokens` prompt tokens from prefill to decode."""
         return self.kv_transfer_base_s + self.kv_transfer_per_token_s * tokens
 
-    @property
-    def kv_capacity_blocks(self) -> int:
-        return self.kv_capacity_tokens // self.block_size
-
 
 # --- roofline -----------------------------------------------------------------------------
 

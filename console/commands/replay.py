@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from console.commands.options import DbOpt
+from console.commands.sim import LoraAdaptersOpt, LoraSkewOpt, with_lora_mix
 from core.errors import ConfigError
 
 # httpx, rich, the trace readers, the replayer and the run store load inside the command.
@@ -109,6 +110,8 @@ def replay(
             "the system-prompt block every Mooncake conversation row starts with)",
         ),
     ] = None,
+    lora_adapters: LoraAdaptersOpt = None,
+    lora_skew: LoraSkewOpt = 1.0,
     db: DbOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary at the end")] = False,
 ) -> None:
@@ -121,6 +124,9 @@ def replay(
     (seeded by --prompt-seed), so requests sharing leading hash ids share a real prefix a
     server's prefix cache can reuse, and a session derived from the hash ids goes out as the
     X-Session-ID header. A new --prompt-seed shares nothing with an earlier replay.
+
+    A request under a LoRA adapter (the trace's `lora` column, or --lora-adapters N --lora-skew S)
+    is sent with `model` = the adapter's name.
 
     Examples:
       sibyl-console replay ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv --limit 500 --speed 4
@@ -141,6 +147,7 @@ def replay(
     if speed <= 0:
         raise ConfigError("--speed must be > 0")
     t = load_window(trace, format, seed, start, duration, limit, session_min_blocks if prefixes else None)
+    t = with_lora_mix(t, lora_adapters, lora_skew, seed)
     hashed = prefixes and t.hash_ids is not None
     if hash_block_tokens != NATIVE_BLOCK_TOKENS and not hashed:
         why = "--no-prefixes" if not prefixes else f"{trace.name} has no hash_ids (only Mooncake traces do)"
@@ -179,6 +186,7 @@ def replay(
             "hash_block_tokens": hash_block_tokens if hashed else None,
             "session_min_blocks": session_min_blocks if hashed else None,
             "sessions": len(set(t.session.tolist())) if hashed and t.session is not None else None,
+            "lora_adapters": None if t.lora is None else len({a for a in t.lora if a}),
         },
     )
     recorder = RunRecorder(store, run_id)

@@ -61,6 +61,30 @@ def _load_trace(
     return t
 
 
+def with_lora_mix(t: Any, adapters: int | None, skew: float, seed: int) -> Any:
+    """The trace with a synthetic LoRA mix (`--lora-adapters N --lora-skew S`: Zipf(S) over N adapter names,
+    seeded by --seed) replacing any `lora` column it has; unchanged without --lora-adapters."""
+    if adapters is None:
+        return t
+    from core.traces.lora import zipf_mix
+
+    mix = zipf_mix(len(t), adapters, skew, seed)
+    return t.with_lora(mix, f"lora mix: Zipf({skew:g}) over {adapters} adapters, seed {seed}")
+
+
+LoraAdaptersOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="give each request one of N LoRA adapters (lora-00 ... ), Zipf-distributed by --lora-skew, seeded "
+        "by --seed; replaces a trace's `lora` column",
+    ),
+]
+LoraSkewOpt = Annotated[
+    float, typer.Option(min=0.0, help="Zipf exponent of --lora-adapters (0: uniform; 1: the k-th adapter ∝ 1/k)")
+]
+
+
 def _advance(progress: Progress, task: TaskID, _policy: str, done: int, _total: int) -> None:
     progress.update(task, completed=done)
 
@@ -187,6 +211,16 @@ def sim(
             "them) | approximate (the router's own past decisions)"
         ),
     ] = "precise",
+    lora_adapters: LoraAdaptersOpt = None,
+    lora_skew: LoraSkewOpt = 1.0,
+    max_loras: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="LoRA adapter slots of each simulated instance (vLLM's --max-loras; adapters one batch runs "
+            "and the instance keeps, least recently used evicted); only with adapters",
+        ),
+    ] = 4,
     db: DbOpt = None,
     no_db: Annotated[bool, typer.Option("--no-db", help="do not record the runs")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list, one object per policy")] = False,
@@ -204,6 +238,12 @@ def sim(
     A trace with prefix hashes (Mooncake) gives every instance a prefix cache (off with
     --no-prefix-cache): a prefill computes only what its instance has not cached, the decode
     instance pulls only the blocks it lacks; the table adds the hit rate and the KV moved.
+
+    Requests under LoRA adapters (a trace's `lora` column, or --lora-adapters N --lora-skew S) make each
+    instance hold at most --max-loras adapters: loading one stalls the instance for the profile's
+    lora_load_s, and each distinct adapter in a step adds lora_per_adapter_step_s. Wrap a routing
+    policy in lora_affinity (--policy lora_affinity --param lora_affinity.routing=sibyl) to route by
+    residency; the JSON adds adapter loads (per minute), hits and evictions.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -226,6 +266,7 @@ def sim(
         params_json,
     )
     t = _load_trace(trace, format, workload, requests, rate, rate_scale, limit, seed, burstiness)
+    t = with_lora_mix(t, lora_adapters, lora_skew, seed)
     cache, sessions = _cache_params(t, prefix_cache, block_size, hash_block_tokens, cache_blocks, prefix_source)
     plan = SimPlan(
         arrivals=t.arrivals,
@@ -248,6 +289,8 @@ def sim(
         sessions=sessions,
         cache=cache,
         prefix_source=prefix_source,  # type: ignore[arg-type]
+        lora=t.lora,
+        max_loras=max_loras,
     )
     store = None
     if not no_db:
@@ -286,6 +329,7 @@ def sim(
                         "scaling": {"name": plan.scaling[0], "params": plan.scaling[1]},
                         "slo": plan.slo.model_dump(),
                         "requests": len(plan.arrivals),
+                        **({} if t.lora is None else {"max_loras": max_loras, "adapters": len(set(t.lora) - {None})}),
                         **(
                             {}
                             if cache is None

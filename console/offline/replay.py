@@ -116,12 +116,13 @@ class Replayer:
         sessions: list[int] | None = None,
         hash_block_tokens: int = NATIVE_BLOCK_TOKENS,
         vocab_size: int = DEFAULT_VOCAB,
+        lora: list[str | None] | None = None,
     ) -> None:
         if speed <= 0:
             raise ValueError("speed must be > 0")
         if hash_block_tokens < 1:
             raise ValueError("hash_block_tokens must be >= 1")
-        for name, column in (("hash_ids", hash_ids), ("sessions", sessions)):
+        for name, column in (("hash_ids", hash_ids), ("sessions", sessions), ("lora", lora)):
             if column is not None and len(column) != len(arrivals):
                 raise ValueError(f"{name} has {len(column)} rows, arrivals has {len(arrivals)}")
         self.arrivals, self.prompts, self.outputs = arrivals, prompt_tokens, output_tokens
@@ -143,6 +144,8 @@ class Replayer:
         self.hash_block_tokens = hash_block_tokens
         """Tokens per hash block; prompt lengths scale by hash_block_tokens / 512 with hash ids."""
         self.vocab_size = vocab_size
+        self.lora = lora
+        """The LoRA adapter per row, sent as the request's `model` (None: `model`), or None."""
         self.stats = ReplayStats(total=len(arrivals))
         self._cap = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self._running = asyncio.Event()
@@ -170,6 +173,7 @@ class Replayer:
             hash_ids=trace.hash_ids if hashed else None,
             sessions=trace.session.tolist() if hashed and trace.session is not None else None,
             hash_block_tokens=hash_block_tokens,
+            lora=trace.lora,
             **kwargs,
         )
 
@@ -273,8 +277,9 @@ class Replayer:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        if self.model:
-            body["model"] = self.model
+        adapter = self.lora[i] if self.lora is not None else None
+        if adapter or self.model:
+            body["model"] = adapter or self.model
         rid = f"{self.id_prefix}-{lap}-{i}"
         headers = {**self.headers, "Content-Type": "application/json", "X-Request-Id": rid}
         if self.sessions is not None:

@@ -15,6 +15,7 @@ from core.dispatch.prefix import APPROXIMATE_TTL_S
 from core.perf import PerfProfile
 from core.policies import registry
 from core.sim.cluster import FAIL_REASONS, CacheParams, ClusterSimResult, ClusterSimulation, Mode
+from core.sim.cluster.lora import DEFAULT_MAX_LORAS
 from core.slo import SLOClass, summarize
 from core.types import PolicyKind
 
@@ -73,6 +74,11 @@ class SimPlan:
     """Per-request SLO class name; `slos` holds their targets (a class it lacks gets `slo`)."""
     slos: dict[str, SLOClass] | None = None
     """SLO targets by class name, beside `slo` (the default class)."""
+    lora: list[str | None] | None = None
+    """Per-request LoRA adapter (a trace's `lora` column or a synthetic mix; None: the base model): the
+    simulated instances hold adapters in `max_loras` slots (core/sim/cluster/lora.py)."""
+    max_loras: int = DEFAULT_MAX_LORAS
+    """Adapter slots of each simulated instance (vLLM's --max-loras), with `lora`."""
 
     @property
     def cluster(self) -> str:
@@ -123,6 +129,8 @@ def run_one(
         tenants=plan.tenants,
         slo_classes=plan.slo_classes,
         prefix_keys=plan.prefix_keys,
+        lora=plan.lora,
+        max_loras=plan.max_loras,
     )
     if sim.cache is not None and plan.prefix_source == "approximate":
         # the engine installed the exact lookup; replace it by the router's own record
@@ -163,7 +171,21 @@ def run_one(
     if result.cache_block_size:  # the cache was modelled (a trace with prefix structure)
         row.update(cache_summary(result))
         row["prefix_source"] = plan.prefix_source
+    if sim.lora is not None:
+        row.update(lora_summary(result, plan.max_loras))
     return row, result
+
+
+def lora_summary(result: ClusterSimResult, max_loras: int) -> dict[str, Any]:
+    """A run's LoRA figures: adapter loads (in all and per minute of the run), hits and evictions."""
+    span = float(np.nanmax(result.finish) - result.arrival[0]) if bool(result.ok.any()) else 0.0
+    return {
+        "max_loras": max_loras,
+        "lora_loads": result.lora_loads,
+        "lora_loads_per_min": 60.0 * result.lora_loads / span if span > 0 else None,
+        "lora_hits": result.lora_hits,
+        "lora_evictions": result.lora_evictions,
+    }
 
 
 def cache_summary(result: ClusterSimResult) -> dict[str, Any]:

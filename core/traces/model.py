@@ -35,6 +35,9 @@ class Trace:
     source: str = ""
     skipped: int = 0
     session: np.ndarray | None = None
+    lora: list[str | None] | None = None
+    """The LoRA adapter each row runs under (None: the base model), from a trace's ``lora`` column or a
+    synthetic mix (:meth:`with_lora`, core/traces/lora.py)."""
 
     def __post_init__(self) -> None:
         self.arrivals = np.asarray(self.arrivals, dtype=np.float64).reshape(-1)
@@ -52,6 +55,7 @@ class Trace:
             "priority": None if self.priority is None else len(self.priority),
             "hash_ids": None if self.hash_ids is None else len(self.hash_ids),
             "session": None if self.session is None else len(self.session),
+            "lora": None if self.lora is None else len(self.lora),
         }
         for column, length in columns.items():
             if length is not None and length != n:
@@ -80,6 +84,7 @@ class Trace:
             priority=None if self.priority is None else self.priority[index],
             hash_ids=None if self.hash_ids is None else [self.hash_ids[i] for i in idx],
             session=None if self.session is None else self.session[index],
+            lora=None if self.lora is None else [self.lora[i] for i in idx],
             source=f"{self.source} | {note}" if self.source else note,
         )
 
@@ -130,6 +135,11 @@ class Trace:
         n = DEFAULT_MIN_SHARED_BLOCKS if min_shared_blocks is None else min_shared_blocks
         return replace(self, session=derive_sessions(self.hash_ids, n))
 
+    def with_lora(self, adapters: list[str | None], note: str = "") -> Trace:
+        """This trace with ``adapters`` as its ``lora`` column (one per row; None: the base model)."""
+        source = f"{self.source} | {note}" if self.source and note else (note or self.source)
+        return replace(self, lora=list(adapters), source=source)
+
     # -- views ------------------------------------------------------------------------------
 
     @property
@@ -164,6 +174,7 @@ class Trace:
                 max_tokens=outputs[i],
                 slo_class=self.slo_class[i] if self.slo_class is not None else "default",
                 priority=priorities[i] if priorities is not None else 0,
+                lora=self.lora[i] if self.lora is not None else None,
             )
 
     def summary(self) -> dict[str, Any]:

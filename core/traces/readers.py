@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import TraceError
+from core.traces.lora import adapter_value
 from core.traces.model import Trace
 
 FORMATS = ("mooncake", "azure", "burstgpt", "servegen")
@@ -88,6 +89,19 @@ def _parse_seconds(raw: str, path: Path, line: int, field: str) -> float:
     return value
 
 
+def _parse_lora(raw: object, path: Path, line: int) -> str | None:
+    """A row's `lora` value (core/traces/lora.py): the adapter, or None for the base model."""
+    try:
+        return adapter_value(raw)
+    except ValueError as exc:
+        raise _row_error(path, line, "lora", str(exc)) from None
+
+
+def _csv_lora(row: list[str], index: int, path: Path, line: int) -> str | None:
+    """A CSV row's adapter: its `lora` cell (a row ending before that column, or a file without it: the base model)."""
+    return _parse_lora(row[index], path, line) if 0 <= index < len(row) else None
+
+
 def _sorted_order(arrivals: np.ndarray) -> np.ndarray | None:
     """A stable sorting permutation, or None when the arrivals are already non-decreasing."""
     if len(arrivals) < 2 or bool(np.all(np.diff(arrivals) >= 0)):
@@ -104,8 +118,12 @@ def _build(
     hash_ids: list[list[int]] | None = None,
     note: str = "",
     skipped: int = 0,
+    lora: list[str | None] | None = None,
 ) -> Trace:
-    """A trace re-based so the first arrival is 0.0, stably sorted when the file was not."""
+    """A trace re-based so the first arrival is 0.0, stably sorted when the file was not; `lora` is kept
+    when any row names an adapter."""
+    if lora is not None and not any(lora):
+        lora = None
     arr = np.asarray(arrivals, dtype=np.float64)
     p = np.asarray(prompts, dtype=np.int64)
     o = np.asarray(outputs, dtype=np.int64)
@@ -114,6 +132,8 @@ def _build(
         arr, p, o = arr[order], p[order], o[order]
         if hash_ids is not None:
             hash_ids = [hash_ids[int(i)] for i in order]
+        if lora is not None:
+            lora = [lora[int(i)] for i in order]
         note = f"{note}; rows re-sorted by arrival" if note else "rows re-sorted by arrival"
     if len(arr):
         arr = arr - arr[0]
@@ -126,6 +146,7 @@ def _build(
         hash_ids=hash_ids,
         source=source,
         skipped=skipped,
+        lora=lora,
     )
 
 
@@ -185,7 +206,8 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Trace:
     """A Mooncake FAST'25 JSONL trace: ``timestamp`` (ms), ``input_length``, ``output_length``,
     ``hash_ids`` (prefix blocks of 512 tokens). Arrivals are seconds from the first row.
 
-    ``hash_ids`` is kept when any row has it (rows without it get an empty list).
+    ``hash_ids`` is kept when any row has it (rows without it get an empty list). An optional ``lora``
+    (an adapter's name; null or empty: the base model) is the row's LoRA adapter.
     """
     path = Path(path)
     text = _read_text(path)
@@ -193,6 +215,7 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Trace:
     prompts: list[int] = []
     outputs: list[int] = []
     hashes: list[list[int]] = []
+    adapters: list[str | None] = []
     any_hashes = False
     for lineno, raw in enumerate(text.splitlines(), start=1):
         if limit is not None and len(arrivals) >= limit:
@@ -221,6 +244,7 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Trace:
         arrivals.append(ms / 1000.0)
         prompts.append(_json_positive_int(row["input_length"], path, lineno, "input_length"))
         outputs.append(_json_positive_int(row["output_length"], path, lineno, "output_length"))
+        adapters.append(_parse_lora(row.get("lora"), path, lineno))
         ids = row.get("hash_ids")
         if ids is None:
             hashes.append([])
@@ -236,6 +260,7 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Trace:
         prompts,
         outputs,
         hash_ids=hashes if any_hashes else None,
+        lora=adapters,
     )
 
 
@@ -248,7 +273,8 @@ def read_azure(path: str | Path, *, limit: int | None = None) -> Trace:
     """An Azure LLM inference 2023 CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
     Timestamps are wall-clock text with up to 7 fractional digits, no time zone; arrivals are
-    seconds from the first row (kept exact to 100 ns by splitting day and time of day).
+    seconds from the first row (kept exact to 100 ns by splitting day and time of day). An optional
+    ``lora`` column names each row's LoRA adapter (empty: the base model).
     """
     path = Path(path)
     text = _read_text(path)
@@ -256,8 +282,10 @@ def read_azure(path: str | Path, *, limit: int | None = None) -> Trace:
     i_ts = _column_index(header, "TIMESTAMP", path, header_line)
     i_in = _column_index(header, "ContextTokens", path, header_line)
     i_out = _column_index(header, "GeneratedTokens", path, header_line)
-    width = max(i_ts, i_in, i_out) + 1
+    i_lora = _column_index(header, "lora", path, header_line, required=False)
     names = {i_ts: "TIMESTAMP", i_in: "ContextTokens", i_out: "GeneratedTokens"}
+    width = max(names) + 1
+    adapters: list[str | None] = []
     day_numbers: dict[str, int] = {}
     days: list[int] = []
     seconds: list[float] = []
@@ -294,12 +322,13 @@ def read_azure(path: str | Path, *, limit: int | None = None) -> Trace:
         seconds.append(int(m.group(2)) * 3600 + int(m.group(3)) * 60 + float(m.group(4)))
         prompts.append(_parse_positive_int(row[i_in], path, line, "ContextTokens"))
         outputs.append(_parse_positive_int(row[i_out], path, line, "GeneratedTokens"))
+        adapters.append(_csv_lora(row, i_lora, path, line))
     if not prompts:
         raise TraceError(f"{path}: no data rows after the header")
     day_arr = np.asarray(days, dtype=np.int64)
     sec_arr = np.asarray(seconds, dtype=np.float64)
     arrivals = (day_arr - day_arr[0]).astype(np.float64) * 86400.0 + (sec_arr - sec_arr[0])
-    return _build(f"azure:{path.name}", path, arrivals.tolist(), prompts, outputs)
+    return _build(f"azure:{path.name}", path, arrivals.tolist(), prompts, outputs, lora=adapters)
 
 
 # -- BurstGPT --------------------------------------------------------------------------------
@@ -310,7 +339,8 @@ def read_burstgpt(path: str | Path, *, limit: int | None = None) -> Trace:
     ``Total tokens``, ``Log Type``; v3 adds ``Session ID``, ``Elapsed time``), columns by name.
 
     Rows with 0 response tokens are failed requests in BurstGPT: they are dropped, and so are
-    rows with 0 request tokens. ``Trace.skipped`` counts both; ``Trace.source`` breaks it down.
+    rows with 0 request tokens. ``Trace.skipped`` counts both; ``Trace.source`` breaks it down. An
+    optional ``lora`` column names each row's LoRA adapter (empty: the base model).
     """
     path = Path(path)
     text = _read_text(path)
@@ -318,8 +348,10 @@ def read_burstgpt(path: str | Path, *, limit: int | None = None) -> Trace:
     i_ts = _column_index(header, "Timestamp", path, header_line)
     i_in = _column_index(header, "Request tokens", path, header_line)
     i_out = _column_index(header, "Response tokens", path, header_line)
+    i_lora = _column_index(header, "lora", path, header_line, required=False)
     names = {i_ts: "Timestamp", i_in: "Request tokens", i_out: "Response tokens"}
     width = max(names) + 1
+    adapters: list[str | None] = []
     arrivals: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
@@ -336,6 +368,7 @@ def read_burstgpt(path: str | Path, *, limit: int | None = None) -> Trace:
         ts = _parse_seconds(row[i_ts], path, line, "Timestamp")
         n_in = _parse_nonnegative_int(row[i_in], path, line, "Request tokens")
         n_out = _parse_nonnegative_int(row[i_out], path, line, "Response tokens")
+        adapter = _csv_lora(row, i_lora, path, line)
         if n_out == 0:
             failed += 1
             continue
@@ -345,6 +378,7 @@ def read_burstgpt(path: str | Path, *, limit: int | None = None) -> Trace:
         arrivals.append(ts)
         prompts.append(n_in)
         outputs.append(n_out)
+        adapters.append(adapter)
     if not prompts:
         raise TraceError(
             f"{path}: no usable rows ({failed} failed rows with 0 response tokens, {no_prompt} with 0 request tokens)"
@@ -358,6 +392,7 @@ def read_burstgpt(path: str | Path, *, limit: int | None = None) -> Trace:
         outputs,
         note=note,
         skipped=failed + no_prompt,
+        lora=adapters,
     )
 
 

@@ -119,15 +119,16 @@ def test_same_inputs_give_identical_results() -> None:
 def test_iteration_mode_batches_waiting_prompts_within_the_token_budget_as_vllm_does() -> None:
     """Prompts of 100, 200, 300 and 400 tokens wait behind one of 50 on a single prefill instance
     (base 1 s, 0.01 s per token, budget 700 tokens, steps of 0.1 s). ps mode serves them one at a
-    time; iteration mode takes 100+200+300 (600 ≤ 700; adding 400 would pass it) in one batch of
-    1 + 6 s plus the 0.1 s step it runs in, all ending together, then 400 alone (1 + 4 + 0.1 s)."""
+    time; iteration mode steps them as vLLM's chunked prefill does: 100+200+300 and the first 100
+    tokens of 400 fill the 700-token step (1 + 7 + 0.1 s), the first three ending with it, then
+    the 300 tokens left of 400 (1 + 3 + 0.1 s)."""
     prof = toy_profile(prefill_per_token_s=0.01, max_num_batched_tokens=700)
     arrivals, prompts = [0, 0.1, 0.1, 0.1, 0.1], [50, 100, 200, 300, 400]
     ps, _ = simulate(prof, arrivals, prompts, [1] * 5, mode="ps")
     assert ps.prefill_end.tolist() == pytest.approx([1.5, 3.5, 6.5, 10.5, 15.5])
     it, _ = simulate(prof, arrivals, prompts, [1] * 5, mode="iteration")
-    assert it.prefill_start.tolist() == pytest.approx([0, 1.6, 1.6, 1.6, 8.7])
-    assert it.prefill_end.tolist() == pytest.approx([1.6, 8.7, 8.7, 8.7, 13.8])
+    assert it.prefill_start.tolist() == pytest.approx([0, 1.6, 1.6, 1.6, 1.6])
+    assert it.prefill_end.tolist() == pytest.approx([1.6, 9.7, 9.7, 9.7, 13.8])
     # the running slots cap a batch too: with two, 100+200 go together (1 + 3 + 0.1 s), then 300+400
     # (700 tokens, just within the budget: 1 + 7 + 0.1 s)
     two, _ = simulate(prof.model_copy(update={"max_num_seqs": 2}), arrivals, prompts, [1] * 5, mode="iteration")

@@ -178,3 +178,48 @@ def test_late_binding_runs_in_the_simulator() -> None:
     )
     assert r.ok.all() and (r.decode_instance >= 0).all()
     assert sorted(r.decode_instance.tolist()) == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("scaling", ["threshold", "hyperflexis"])
+def test_overload_that_slo_admission_refuses_grows_the_pool_that_bounds_it_then_drains_back(scaling: str) -> None:
+    from core.admission import SloAdmission
+    from core.perf import DecodeCurve
+
+    # Prefill 0.512 s a prompt (512 tokens × 1 ms, no fixed step cost), decode far from its limits:
+    # 6 prompts a second is three prefill instances' work; one refuses most of it, nobody queues.
+    prof = toy_profile(
+        prefill_base_s=0.0,
+        prefill_per_token_s=1e-3,
+        decode_step_base_s=0.01,
+        tps_curve=DecodeCurve(a=0.0, b=0.0, c=100.0),
+        cold_start_s=3.0,
+    )
+    params = {
+        "threshold": {"period_s": 5, "cooldown_s": 10, "scale_in_after_s": 20, "max_instances": 3},
+        "hyperflexis": {"period_s": 1, "low_ticks": 10, "no_scale_in_after_out_s": 20, "max_instances": 5},
+    }[scaling]
+    d = Dispatcher(prof, "least_load", scaling=(scaling, params))
+    d.use_slo_admission(SloAdmission())
+    arrivals = np.concatenate([np.arange(0.0, 60.0, 1 / 6), np.arange(60.0, 180.0, 2.0)])  # overload, then quiet
+    n = len(arrivals)
+    r = ClusterSimulation(
+        arrivals=arrivals,
+        prompt_tokens=np.full(n, 512),
+        output_tokens=np.full(n, 8),
+        profile=prof,
+        n_prefill=1,
+        n_decode=1,
+        dispatcher=d,
+    ).run()
+    refused = r.status != "ok"
+    first, second = refused[arrivals < 30].mean(), refused[(arrivals >= 30) & (arrivals < 60)].mean()
+    assert first > 0.05 and second <= first / 2
+    assert not refused[arrivals >= 60].any()
+    added = [e for e in r.scale_events if e.action == "add" and e.phase == "starting"]
+    assert added and all(e.role == Role.PREFILL for e in added) and added[0].time <= 5.0
+    assert "admission refused" in added[0].reason and "for want of prefill" in added[0].reason
+    removed = [e.instance_id for e in r.scale_events if e.action == "remove" and e.phase == "stopped"]
+    if scaling == "threshold":  # back to 1P1D once the load went
+        assert sorted(removed) == sorted(e.instance_id for e in added)
+    # (hyperflexis calls a prefill pool low only once input falls below 0.7 × processing, which a
+    # steady trickle never does; its drain is on hand-built signals in tests/core/policies)

@@ -7,6 +7,7 @@ count, and ones that can refuse a request (KV capacity) keep a `rejected` list t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import numpy as np
@@ -24,6 +25,10 @@ class DecodeModel(Protocol):
     def next_event_time(self) -> float: ...
     def fire(self, now: float) -> tuple[list[tuple[int, float]], list[int]]: ...
     def progress(self, now: float) -> tuple[list[int], np.ndarray]: ...
+
+    # LoRA (core/sim/cluster/lora.py): an adapter load holds the next step back; the batch's adapters' cost
+    lora_step: Callable[[Iterable[int]], float] | None
+    def stall(self, now: float, seconds: float) -> None: ...
 
     # migration (core/sim/cluster/migration.py)
     def is_running(self, req: int) -> bool: ...

@@ -18,11 +18,13 @@ before any other waiting request, without a recompute.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from core.perf import PerfProfile
+from core.sim.cluster.lora import steps_time_plus, steps_within_plus
 
 _EPS = 1e-9
 
@@ -75,6 +77,13 @@ class IterationDecodeInstance:
         self._held_waiting = 0
         self._floor = 0.0
         """The latest time the caller told us about; no event is ever scheduled before it."""
+        # --- LoRA (core/sim/cluster/lora.py) ---
+        self.lora_step: Callable[[Iterable[int]], float] | None = None
+        """Seconds a step of these requests' distinct adapters adds (None: no LoRA)."""
+        self.step_extra_s = 0.0
+        """What the current interval's batch adds to each step (its adapters)."""
+        self.stall_until = 0.0
+        """No step starts before this (an adapter load)."""
 
     # --- timing of the current interval -----------------------------------------------------
     @property
@@ -85,12 +94,17 @@ class IterationDecodeInstance:
         """Time from the interval start until n steps are done."""
         if n <= 0:
             return 0.0
+        if self.step_extra_s:
+            return self.extra + steps_time_plus(self.profile, n, self.batch, self.kv0, self.step_extra_s)
         return self.extra + self.profile.steps_time(n, self.batch, self.kv0)
 
     def _steps_done(self, now: float) -> int:
         if not self.running:
             return 0
-        return self.profile.steps_within(now - self.t0 - self.extra + _EPS, self.batch, self.kv0)
+        dt = now - self.t0 - self.extra + _EPS
+        if self.step_extra_s:
+            return steps_within_plus(self.profile, dt, self.batch, self.kv0, self.step_extra_s)
+        return self.profile.steps_within(dt, self.batch, self.kv0)
 
     def _next_boundary(self, now: float) -> float:
         """`now` if a step ends (or nothing runs) at `now`, else the end of the step under way."""
@@ -166,7 +180,7 @@ class IterationDecodeInstance:
             self.preemptions += 1
         if self._held_waiting:
             kv = self._admit_held(kv)
-        extra = 0.0
+        extra = self.stall_until - now if self.stall_until > now else 0.0
         while self.waiting and len(self.running) < self.max_seqs:
             s = self.seqs[self.waiting[0]]
             need = s.prompt + s.generated + 1
@@ -184,8 +198,15 @@ class IterationDecodeInstance:
                 extra += float(self.profile.prefill_time(s.prompt + s.generated))
                 s.recompute = False
         self.t0, self.extra, self.kv0 = now, extra, kv
+        if self.lora_step is not None:
+            self.step_extra_s = self.lora_step(self.running)
         self.rebase_at = float("inf")
         return firsts, done
+
+    def stall(self, now: float, seconds: float) -> None:
+        """Hold the next step back until `seconds` from now (an adapter load, as the emulator's engine stalls)."""
+        self.stall_until = max(self.stall_until, now + seconds)
+        self._rebase_soon(now)
 
     def _detach_now(self) -> None:
         """Pause the requests waiting to migrate; their KV stays here (outgoing) until released."""

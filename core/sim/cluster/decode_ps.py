@@ -8,6 +8,7 @@ due at C = c + 1 and its last at C = c + out, so the next event is a closed-form
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -29,17 +30,28 @@ class PSDecodeInstance:
         """Running request index → counter value when it joined."""
         self._first: list[tuple[float, int]] = []
         self._finish: list[tuple[float, int]] = []
+        self.lora_step: Callable[[Iterable[int]], float] | None = None
+        """Seconds the running requests' distinct LoRA adapters add to a step (None: no LoRA)."""
 
     @property
     def running(self) -> int:
         return len(self.offset)
 
     def _advance(self, now: float) -> None:
+        if now < self.t_last:  # stalled (an adapter load) until t_last
+            return
         self.counter += self.rate * (now - self.t_last)
         self.t_last = now
 
     def _rerate(self) -> None:
         self.rate = self.profile.per_request_rate(len(self.offset))
+        if self.lora_step is not None and self.rate > 0:  # a step of N takes N/TPS(N), plus the adapters' cost
+            self.rate = 1.0 / (1.0 / self.rate + self.lora_step(self.offset))
+
+    def stall(self, now: float, seconds: float) -> None:
+        """Nothing decodes for `seconds` from now (an adapter load, as the emulator's engine stalls)."""
+        self._advance(now)
+        self.t_last = max(self.t_last, now + seconds)
 
     def admit(self, req: int, output_tokens: int, now: float) -> None:
         self._advance(now)
@@ -93,7 +105,7 @@ class PSDecodeInstance:
 
     def progress(self, now: float) -> tuple[list[int], np.ndarray]:
         """Running requests and their generated tokens at `now` (the counter less each one's offset)."""
-        c = self.counter + self.rate * (now - self.t_last)
+        c = self.counter + self.rate * max(now - self.t_last, 0.0)
         offsets = self.offset
         return list(offsets), c - np.fromiter(offsets.values(), dtype=np.float64, count=len(offsets))
 
@@ -130,7 +142,7 @@ class PSDecodeModel(PSDecodeInstance):
         return self._sizes[req][0] + int(gen)
 
     def _generated(self, req: int, now: float) -> tuple[float, float]:
-        c = self.counter + self.rate * (now - self.t_last)
+        c = self.counter + self.rate * max(now - self.t_last, 0.0)
         return c, c - self.offset[req]
 
     def can_host(self, tokens: int, now: float) -> bool:

@@ -4,8 +4,8 @@ Events are ordered by (time, kind, sequence). Arrivals are merged from the sorte
 than heaped. Every arrival goes through the dispatcher's admission (route now, hold, or shed);
 held requests are routed when `release` hands them back (after each finish or failure, when an
 instance becomes active, after each periodic decision) and fail when they expire. Prefill
-instances serve their queue FIFO, one prompt at a time (ps mode) or in vLLM-style batches
-(iteration mode): core/sim/cluster/prefill.py forms and times each batch. The KV
+instances step their prompts with the dispatcher's own prefill model: SIBYL's serial prefill
+(ps mode) or vLLM's chunked steps (iteration mode), core/sim/cluster/prefill.py. The KV
 transfer follows; decode runs in processor-sharing or iteration-level mode. A request routed
 without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per token:
 every instance jumps from event to event.
@@ -44,15 +44,16 @@ from core.sim.cluster.decode import DecodeModel
 from core.sim.cluster.decode_iter import IterationDecodeInstance
 from core.sim.cluster.decode_ps import PSDecodeModel
 from core.sim.cluster.dispatcher import SimDispatcher
+from core.sim.cluster.lora import DEFAULT_MAX_LORAS, NO_LORA, SimLora
 from core.sim.cluster.migration import MigrationExecutor
-from core.sim.cluster.prefill import next_prefill_batch
+from core.sim.cluster.prefill import SimPrefill, step_terms
 from core.sim.cluster.result import ClusterSimResult, Mode, ScheduledSwap
 from core.sim.cluster.rows import TraceRows
 from core.sim.cluster.scaling import ScaleExecutor
 from core.types import Admission, InstancePhase, Migration, PolicyKind, Request, Role
 
 # Event kinds, in the order they run when times tie.
-_DECODE, _PREFILL_DONE, _DECODE_START, _SWAP, _READY, _PERIODIC, _EXPIRE, _MIGRATED = range(8)
+_DECODE, _PREFILL_DONE, _DECODE_START, _SWAP, _READY, _PERIODIC, _EXPIRE, _MIGRATED, _PREFILL_STEP = range(9)
 _INF = float("inf")
 
 
@@ -78,10 +79,12 @@ class ClusterSimulation:
         prefix_keys: Sequence[tuple[int, ...]] | None = None,
         cache: CacheParams | None = None,
         sessions: Sequence[str] | None = None,
+        lora: Sequence[str | None] | None = None,
+        max_loras: int = DEFAULT_MAX_LORAS,
     ) -> None:
         if n_prefill < 1 or n_decode < 1:
             raise ValueError("a P/D cluster needs at least one prefill and one decode instance")
-        self.rows = TraceRows(arrivals, prompt_tokens, output_tokens, priorities, tenants, slo_classes, sessions)
+        self.rows = TraceRows(arrivals, prompt_tokens, output_tokens, priorities, tenants, slo_classes, sessions, lora)
         self.arrival, self.prompt, self.out = self.rows.arrival, self.rows.prompt, self.rows.out
         # the loop reads the rows' Python lists (core/sim/cluster/rows.py)
         self._arr_l, self._prompt_l, self._out_l = self.rows.arr_l, self.rows.prompt_l, self.rows.out_l
@@ -91,16 +94,14 @@ class ClusterSimulation:
         self.dispatcher = dispatcher
         self.swaps = sorted(swaps, key=lambda s: s.time)
         self._make: Callable[[PerfProfile], DecodeModel] = PSDecodeModel if mode == "ps" else IterationDecodeInstance
-        # Per dispatcher instance index: prefill queue and busy flag, decode model, event version,
-        # and its positions in prefill_ids / decode_ids (-1 while it never served that role).
+        # Per dispatcher instance index: prefill engine, decode model, event version, and its
+        # positions in prefill_ids / decode_ids (-1 while it never served that role).
         self.prefill_ids: list[str] = []
         self.decode_ids: list[str] = []
-        self.queues: list[deque[int]] = []
-        self.busy: list[bool] = []
-        self._in_batch: list[int] = []
-        """Prompts of the prefill batch under way per instance (its prefill ends when they all have)."""
-        self._host_free: list[float] = []
-        """When each instance's host work for its last prefill batch ends (profile.prefill_host_per_request_s)."""
+        self._terms = step_terms(profile, mode)
+        # the dispatcher projects prefill as these instances run it (core/prefill.py PrefillQueues)
+        dispatcher.view.queues.serial = mode == "ps"
+        self.prefills: list[SimPrefill] = []
         self.decoders: list[DecodeModel | None] = []
         self._version: list[int] = []
         self._pos_p: list[int] = []
@@ -113,6 +114,8 @@ class ClusterSimulation:
         self.cache = SimCache.for_trace(n, profile, cache or CacheParams(), hash_ids, prefix_keys)
         if self.cache is not None:
             dispatcher.use_prefix_lookup(self.cache, self.cache.block_size, decode_only=True)
+        # LoRA adapters (core/sim/cluster/lora.py): on when rows name adapters
+        self.lora = SimLora.for_trace(lora, profile, max_loras, dispatcher.view, self._prompt_l, self._out_l)
         self.scaler = ScaleExecutor(dispatcher, profile, self.idle)
         self.migrator = MigrationExecutor(dispatcher, profile, self.decoders, self.decode_of, n)
         for k in range(n_prefill):
@@ -141,11 +144,8 @@ class ClusterSimulation:
         x = self.dispatcher.add_instance(iid, role, phase=phase)
         if self.cache is not None:
             self.cache.add_instance(x, iid)
-        while len(self.queues) <= x:
-            self.queues.append(deque())
-            self.busy.append(False)
-            self._in_batch.append(0)
-            self._host_free.append(0.0)
+        while len(self.prefills) <= x:
+            self.prefills.append(SimPrefill(len(self.prefills), self._terms, self._prompt_l, self.cache))
             self.decoders.append(None)
             self._version.append(0)
             self._pos_p.append(-1)
@@ -164,6 +164,8 @@ class ClusterSimulation:
             self.decode_ids.append(iid)
         if role.serves_decode() and self.decoders[x] is None:
             self.decoders[x] = self._make(self.profile)
+        if self.lora is not None:
+            self.lora.attach(x, iid, self.prefills[x], self.decoders[x])
 
     def decode_of(self, i: int) -> int:
         """The decode instance (dispatcher index) request i is bound to, -1 while unbound."""
@@ -172,7 +174,7 @@ class ClusterSimulation:
     def idle(self, x: int) -> bool:
         """Nothing routed to instance x is left: no prefill queued or running, nothing decoding."""
         iid = self.dispatcher.view.instance_ids[x]
-        return not self.busy[x] and not self.queues[x] and self.dispatcher.in_flight(iid) == 0
+        return self.prefills[x].idle and self.dispatcher.in_flight(iid) == 0
 
     # --- heap ---------------------------------------------------------------------------------
     def push(self, t: float, kind: int, a: int, b: int = 0) -> None:
@@ -262,8 +264,9 @@ class ClusterSimulation:
         self.r_prefill[i] = self._pos_p[x]
         if a.decode is not None:
             self._bind(i, d.index_of(a.decode))
-        self.queues[x].append(i)
-        if not self.busy[x]:
+        pf = self.prefills[x]
+        pf.stepper.waiting.append(i)
+        if not pf.busy:
             self._start_prefill(x, now)
 
     def _bind(self, i: int, x: int) -> None:
@@ -272,6 +275,8 @@ class ClusterSimulation:
 
     def _fail(self, i: int, now: float, status: str) -> None:
         self.status[i] = status
+        if self.lora is not None:
+            self._apply([fx.Wake(y) for y in self.lora.drop(i, now, self.decoders)])
         if self.cache is not None:
             self.cache.release(i)
         self.dispatcher.on_fail(i, now)
@@ -284,33 +289,46 @@ class ClusterSimulation:
                 self._route(req, now)
 
     def _start_prefill(self, x: int, now: float) -> None:
-        """Start the next prefill batch at instance x, all of it ending together (prefill.py)."""
-        batch, end, self._host_free[x] = next_prefill_batch(
-            self.queues[x],
-            x,
-            profile=self.profile,
-            mode=self.mode,
-            cache=self.cache,
-            prompts=self._prompt_l,
-            now=now,
-            host_free=self._host_free[x],
-        )
-        self.busy[x] = True
-        self._in_batch[x] = len(batch)
-        for i in batch:
+        """Start instance x's next prefill step (prefill.py), once its last step's host work is done."""
+        pf = self.prefills[x]
+        if pf.host_free > now:  # the step forms when the host work ends, from what waits then
+            pf.busy = True
+            self.push(pf.host_free, _PREFILL_STEP, x)
+            return
+        started = pf.start(now)
+        if started is None:
+            return
+        end, admitted = started
+        for i in admitted:
             self.t_pstart[i] = now
             self.dispatcher.on_prefill_start(i, now)
-            self.push(end, _PREFILL_DONE, x, i)
+        self.push(end, _PREFILL_DONE, x)
 
-    def _prefill_done(self, x: int, i: int, now: float) -> None:
+    def _next_step(self, x: int, now: float) -> None:
+        pf = self.prefills[x]
+        pf.busy = False
+        if pf.stepper:
+            self._start_prefill(x, now)
+
+    def _prefill_done(self, x: int, now: float) -> None:
+        """Instance x's step ended: the prompts it finished end their prefill (in admission order;
+        the next step starts once the last has told the dispatcher) and go to their decode instance."""
+        done = self.prefills[x].end(now)
+        if not done:
+            self._next_step(x, now)
+            return
+        last = done[-1]
         d = self.dispatcher
-        self.t_pend[i] = now
-        d.on_prefill_end(i, now, now - self.t_pstart[i])
-        self._in_batch[x] -= 1
-        if self._in_batch[x] == 0:
-            self.busy[x] = False
-            if self.queues[x]:
-                self._start_prefill(x, now)
+        for i in done:
+            self.t_pend[i] = now
+            d.on_prefill_end(i, now, now - self.t_pstart[i])
+            if i == last:
+                self._next_step(x, now)
+            self._hand_off(i, now)
+
+    def _hand_off(self, i: int, now: float) -> None:
+        """Request i's prefill ended: bind it if it is not bound, and move its KV to its decode instance."""
+        d = self.dispatcher
         if self._rx[i] < 0:
             if self._dirty and d.needs_progress:
                 self._sync_progress(now)
@@ -335,7 +353,8 @@ class ClusterSimulation:
         self.dispatcher.on_decode_start(i, now)
         dec = self.decoders[x]
         assert dec is not None
-        dec.admit(i, self._out_l[i], self._prompt_l[i], now)
+        if self.lora is None or self.lora.decode_arrive(x, i, now, dec):
+            dec.admit(i, self._out_l[i], self._prompt_l[i], now)
         self._dirty.add(x)
         self._reschedule(x)
 
@@ -357,6 +376,8 @@ class ClusterSimulation:
             d.on_finish(r, now, self._out_l[r], float(self.t_first[r]))
         if dec.detached:
             self._apply(mig.on_detached(x, now))
+        if self.lora is not None and done:  # their adapters are free: requests waiting for one may join
+            self._apply([fx.Wake(y) for y in self.lora.decode_end(done, now, self.decoders) if y != x])
         freed = bool(done)
         rejected: list[int] | None = getattr(dec, "rejected", None)
         if rejected:
@@ -443,7 +464,9 @@ class ClusterSimulation:
                         continue
                     self._decode_event(a, t)
                 elif kind == _PREFILL_DONE:
-                    self._prefill_done(a, b, t)
+                    self._prefill_done(a, t)
+                elif kind == _PREFILL_STEP:
+                    self._next_step(a, t)
                 elif kind == _DECODE_START:
                     self._decode_start(a, t)
                 elif kind == _SWAP:
@@ -511,4 +534,5 @@ class ClusterSimulation:
                 if self.cache is None
                 else self.cache.results()
             ),
+            **(NO_LORA if self.lora is None else self.lora.results()),
         )

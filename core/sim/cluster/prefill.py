@@ -1,60 +1,84 @@
-"""How a simulated prefill instance forms its next batch from its queue, and when that batch ends.
+"""A simulated prefill instance: its waiting and running prompts, stepped with the dispatcher's own prefill model.
 
-Prefill instances serve their queue FIFO: in ps mode one prompt at a time, for
-profile.prefill_time(l); in iteration mode, as vLLM's scheduler does, the waiting prompts that fit
-one step's token budget (profile.max_num_batched_tokens) and running slots go together, in
-prefill_base_s plus each prompt's own cost plus the engine step the batch runs in (step_time(n,
-prompt tokens), as the emulator and `calibrate` count it), and all end with the batch (unchunked:
-a longer prompt runs alone). In both, a batch of n requests leaves the instance
-n·prefill_host_per_request_s of host work that the next batch waits for. With a KV cache
-(core/sim/cluster/cache.py) each prompt computes only its tokens not cached on the instance.
+Each instance steps a core/prefill_steps.py `PrefillStepper`, the model `core.prefill.project` and
+the dispatcher's projection (core/prefill.py `PrefillQueues`) step, with the terms of the mode:
+
+* iteration mode: vLLM 0.32's scheduler (`StepTerms.of(profile)`): running prompts' next chunks
+  first, then waiting prompts FIFO while the step's token budget (`max_num_batched_tokens`) and
+  running slots (`max_num_seqs`) last, a prompt that does not fit the budget left chunked into
+  later steps; a step costs `step_time(seqs, KV)` plus, carrying prefill, `prefill_base_s` once
+  and each chunk's own tokens, as the emulator's steps do (adapters/emulator/engine.py);
+* ps mode: SIBYL App. I's serial prefill (`StepTerms.of(profile, serial=True)`): one prompt at a
+  time, for exactly `prefill_time(l)`.
+
+In both, a step finishing n prompts leaves n·`prefill_host_per_request_s` of host work; the next
+step forms when that ends, from what waits then (as the projection assumes). A prompt's first
+token, and its prefill end, come out at the end of the step computing its last chunk. With a KV
+cache (core/sim/cluster/cache.py) a prompt computes only its tokens not cached on the instance
+when it is admitted.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 from core.perf import PerfProfile
+from core.prefill import StepTerms
+from core.prefill_steps import PrefillStepper
 from core.sim.cluster.cache import SimCache
+from core.sim.cluster.lora import SimLora
 from core.sim.cluster.result import Mode
 
 
-def next_prefill_batch(
-    queue: deque[int],
-    x: int,
-    *,
-    profile: PerfProfile,
-    mode: Mode,
-    cache: SimCache | None,
-    prompts: list[int],
-    now: float,
-    host_free: float,
-) -> tuple[list[int], float, float]:
-    """Take instance x's next batch off its `queue`: the head and, in iteration mode, the prompts
-    behind it while they fit the step's token budget and running slots (vLLM schedules waiting
-    prompts into one step; a prompt longer than the budget runs alone, unchunked). `host_free` is
-    when the host work of the instance's previous batch ends. Returns the batch, when it ends, and
-    when its own host work ends."""
-    p = profile
-    head = queue.popleft()
-    batch = [head]
-    # the tokens each prompt computes: all of them, or (with the cache) its uncached part here
-    lens = [prompts[head] if cache is None else cache.prefill(x, head, prompts[head])]
-    tokens = lens[0]
-    if mode == "iteration":
-        while queue and len(batch) < p.max_num_seqs:
-            nxt = queue[0]
-            c = prompts[nxt] if cache is None else cache.would_compute(x, nxt, prompts[nxt])
-            if tokens + c > p.max_num_batched_tokens:
-                break
-            queue.popleft()
-            if cache is not None:
-                c = cache.prefill(x, nxt, prompts[nxt])
-            tokens += c
-            batch.append(nxt)
-            lens.append(c)
-    begin = max(now, host_free)  # the previous batch's host work comes first
-    end = begin + (p.prefill_time(lens[0]) if len(batch) == 1 else p.prefill_batch_time(lens))
-    if mode == "iteration":  # the engine step the batch runs in, which samples its first tokens
-        end += p.step_time(len(batch), float(tokens))
-    return batch, end, end + p.prefill_host_per_request_s * len(batch)
+def step_terms(profile: PerfProfile, mode: Mode) -> StepTerms:
+    """The prefill instances' step terms in `mode` (the dispatcher projects with the same)."""
+    return StepTerms.of(profile, serial=mode == "ps")
+
+
+class SimPrefill:
+    """One instance's prefill engine: `stepper` holds its prompts (request indices)."""
+
+    __slots__ = ("stepper", "busy", "host_free", "finishing", "x", "lora")
+
+    def __init__(self, x: int, terms: StepTerms, prompts: list[int], cache: SimCache | None) -> None:
+        if cache is None:
+            self.stepper = PrefillStepper(terms, prompts.__getitem__)
+        else:  # a prompt computes its tokens not cached here, counted when it is admitted
+            self.stepper = PrefillStepper(
+                terms,
+                lambda i: cache.would_compute(x, i, prompts[i]),
+                lambda i: cache.prefill(x, i, prompts[i]),
+            )
+        self.busy = False
+        """A step is under way, or the host work the next one waits for."""
+        self.host_free = 0.0
+        """When the host work of the last step's finished prompts ends."""
+        self.finishing: list[int] = []
+        """The prompts the step under way finishes."""
+        self.x = x
+        self.lora: SimLora | None = None
+        """LoRA adapters (core/sim/cluster/lora.py): steps within max_loras, paying loads and per-adapter cost."""
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs, waits or is under way."""
+        return not self.busy and not self.stepper
+
+    def start(self, now: float) -> tuple[float, list[int]] | None:
+        """Start the next step now (the caller has waited for `host_free`): when it ends and the
+        prompts it admits; None when nothing waits or runs."""
+        step = self.stepper.step() if self.lora is None else self.lora.step(self.x, self.stepper, now)
+        if step is None:
+            self.busy = False
+            return None
+        seconds, admitted, self.finishing = step
+        self.busy = True
+        return now + seconds, admitted
+
+    def end(self, now: float) -> list[int]:
+        """The step under way ended now: the prompts it finished (their host work starts). It stays
+        busy until the caller starts the next step."""
+        done = self.finishing
+        self.finishing = []
+        self.host_free = now + self.stepper.terms.host * len(done)
+        if self.lora is not None:
+            self.lora.prefill_end(self.x, done, now)
+        return done

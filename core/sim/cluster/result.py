@@ -92,6 +92,12 @@ class ClusterSimResult:
     """Per instance id: (prompt tokens looked up, found cached)."""
     cache_block_size: int = 0
     """Tokens per KV block of the modelled cache (0: not modelled)."""
+    lora_loads: int = 0
+    """LoRA adapter loads over every instance (core/sim/cluster/lora.py; 0: no adapters)."""
+    lora_hits: int = 0
+    """Admissions that found their adapter held (or loading) on the instance."""
+    lora_evictions: int = 0
+    """Adapters evicted (least recently used) to make room for a load."""
 
     @property
     def hit_rate(self) -> float:

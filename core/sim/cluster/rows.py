@@ -12,7 +12,7 @@ from core.types import Request
 
 class TraceRows:
     """Arrivals (sorted), prompt and output tokens (at least 1), and the optional per-row priority,
-    tenant, SLO class and session. Python lists beside the arrays: scalar access in the event loop
+    tenant, SLO class, session and LoRA adapter. Python lists beside the arrays: scalar access in the event loop
     is several times cheaper than NumPy's."""
 
     def __init__(
@@ -24,6 +24,7 @@ class TraceRows:
         tenants: Sequence[str] | None = None,
         slo_classes: Sequence[str] | None = None,
         sessions: Sequence[str] | None = None,
+        lora: Sequence[str | None] | None = None,
     ) -> None:
         if not np.all(np.diff(arrivals) >= 0):
             raise ValueError("arrivals must be sorted")
@@ -37,7 +38,9 @@ class TraceRows:
         self.tenant_l: list[str] | None = None if tenants is None else list(tenants)
         self.slo_l: list[str] | None = None if slo_classes is None else list(slo_classes)
         self.session_l: list[str] | None = None if sessions is None else list(sessions)
-        self._plain = priorities is None and tenants is None and slo_classes is None and sessions is None
+        self.lora_l: list[str | None] | None = None if lora is None or not any(lora) else list(lora)
+        plain = priorities is None and tenants is None and slo_classes is None and sessions is None
+        self._plain = plain and self.lora_l is None
 
     def request(self, i: int, cache: SimCache | None) -> Request:
         """Row i as the dispatcher sees it; with a KV cache its prefix keys (`cache.arrive`)."""
@@ -53,4 +56,5 @@ class TraceRows:
             tenant="" if self.tenant_l is None else self.tenant_l[i],
             prefix_keys=() if cache is None else cache.arrive(i, self.prompt_l[i]),
             session="" if self.session_l is None else self.session_l[i],
+            lora=None if self.lora_l is None else self.lora_l[i],
         )

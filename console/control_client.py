@@ -41,10 +41,25 @@ class ControlClient:
         result: dict[str, Any] = self._call("GET", "/control/policies")
         return result
 
-    def set_policy(self, kind: str, name: str, params: dict[str, Any], source: str = "cli") -> dict[str, Any]:
-        result: dict[str, Any] = self._call(
-            "PUT", f"/control/policies/{kind}", json={"name": name, "params": params, "source": source}
-        )
+    def set_policy(
+        self, kind: str, name: str, params: dict[str, Any], source: str = "cli", pool: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "params": params, "source": source}
+        if pool is not None:
+            body["pool"] = pool
+        result: dict[str, Any] = self._call("PUT", f"/control/policies/{kind}", json=body)
+        return result
+
+    def lora(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/control/lora")
+        return result
+
+    def add_lora(self, name: str, path: str, pool: str | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/control/lora", json={"name": name, "path": path, "pool": pool})
+        return result
+
+    def remove_lora(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("DELETE", f"/control/lora/{name}")
         return result
 
     def scale(self, role: str, delta: int, source: str = "cli") -> dict[str, Any]:
@@ -63,6 +78,26 @@ class ControlClient:
         result: dict[str, Any] = self._call(
             "POST", "/control/migrate", json={"request_id": request_id, "target": target, "source": source}
         )
+        return result
+
+    def advice(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/control/advice")
+        return result
+
+    def canary(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/control/canary")
+        return result
+
+    def start_canary(
+        self, kind: str, name: str, params: dict[str, Any], share: str | float, duration_s: float, source: str = "cli"
+    ) -> dict[str, Any]:
+        body = {"kind": kind, "name": name, "params": params, "share": share, "duration_s": duration_s}
+        body["source"] = source
+        result: dict[str, Any] = self._call("POST", "/control/canary", json=body)
+        return result
+
+    def stop_canary(self, source: str = "cli") -> dict[str, Any]:
+        result: dict[str, Any] = self._call("DELETE", "/control/canary", params={"source": source})
         return result
 
     def reload_tenants(self) -> dict[str, Any]:

@@ -217,8 +217,9 @@ class SloGate:
         self.shed = 0
         """Requests refused at arrival because they could not start within their wait bound."""
         self.refused: dict[Role, int] = {Role.PREFILL: 0, Role.DECODE: 0}
-        """Those refusals and the expiries by the pool that was short: decode when no decode slot
-        was (or would be) free, else prefill (the scaling signals' refusal rates)."""
+        """Those refusals, the sheds of a full queue and every expiry (wait bound or ttl_s) by the pool
+        that was short: decode when no decode slot was (or would be) free, else prefill (the scaling
+        signals' refusal rates: demand the engines never see)."""
         self.expired = 0
         """Held requests answered 503 because they could no longer start within their wait bound."""
         self.refusals: dict[RefusalCause, Refusals] = {c: Refusals() for c in RefusalCause}
@@ -306,10 +307,13 @@ class SloGate:
     def backlogs(self, v: ClusterView, now: float) -> np.ndarray:
         """Seconds until each routable prefill instance has drained what is queued on it: the
         projection's, or what its engine reports waiting (typical prompts, batched) if more."""
-        self._terms = v.queues.terms
+        q = v.queues
+        self._terms = q.terms
         mask = v.prefill_mask()
         projected = np.maximum(v.prefill_free_at[mask] - now, 0.0)
-        engine = np.array([self._terms.backlog_s(float(w), self.typical_prompt) for w in v.waiting_obs[mask]])
+        engine = np.array(
+            [q.terms_of(int(p)).backlog_s(float(v.waiting_obs[p]), self.typical_prompt) for p in np.flatnonzero(mask)]
+        )
         out: np.ndarray = np.maximum(projected, engine) if len(engine) else projected
         return out
 
@@ -317,13 +321,18 @@ class SloGate:
         """Per routable prefill instance: seconds from now until `r`'s first token would come out
         there if routed now — batched into the projection, or behind what the engine reports
         waiting if that is later — scaled by the instance's measured drift."""
-        t = self._terms = v.queues.terms
+        q = v.queues
+        self._terms = q.terms
         mask = v.prefill_mask()
         tokens = float(r.prompt_tokens)
         projected = v.first_token_at(tokens)[mask] - now
-        waiting = v.waiting_obs[mask]
-        if waiting.any():
-            engine = np.array([t.backlog_s(float(w), self.typical_prompt, tokens) for w in waiting])
+        if v.waiting_obs[mask].any():
+            engine = np.array(
+                [
+                    q.terms_of(int(p)).backlog_s(float(v.waiting_obs[p]), self.typical_prompt, tokens)
+                    for p in np.flatnonzero(mask)
+                ]
+            )
             projected = np.maximum(projected, engine)
         out: np.ndarray = projected * self.drift.of(v.n_instances)[mask]
         return out
@@ -359,13 +368,17 @@ class SloGate:
             return RefusalCause.PREFILL_BACKLOG
         return RefusalCause.KV if self._kv_full(v) else RefusalCause.DECODE_SLOTS
 
+    def _count_unmet(self, cause: RefusalCause, n: int = 1) -> None:
+        """`n` requests turned away for want of the pool `cause` names (the scaling signals' demand)."""
+        self.refused[Role.PREFILL if cause == RefusalCause.PREFILL_BACKLOG else Role.DECODE] += n
+
     def refusal(self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0) -> str | None:
         """Why `r` cannot be held (expected to start after its wait bound), or None."""
         start = self.predicted_start(r, v, now, held, share)
         if start <= self._budget(r):
             return None
         cause = self._cause(v, held)
-        self.refused[Role.PREFILL if cause == RefusalCause.PREFILL_BACKLOG else Role.DECODE] += 1
+        self._count_unmet(cause)
         self.count_refusal(cause, start, self._budget(r))
         return (
             f"the cluster is saturated ({cause.value}): this request would start about {start:.1f} s after arrival, "
@@ -394,6 +407,7 @@ class SloGate:
         if decision == Admission.QUEUED:
             self.held_work_s += self._terms.marginal_s(r.prompt_tokens)
         else:
+            self._count_unmet(self._cause(v, 0))  # what keeps the held ones from release
             self.count_refusal(RefusalCause.QUEUE_FULL, self.predicted_start(r, v, now, len(adm)), self.wait_bound_s(r))
         return decision, None
 
@@ -411,11 +425,12 @@ class SloGate:
         out: list[Request] = []
         if room <= 0 or not v.routable_count(Role.PREFILL):
             return out
-        extra = np.zeros(int(np.count_nonzero(v.prefill_mask())))
+        where = np.flatnonzero(v.prefill_mask())
+        extra = np.zeros(len(where))
         while (r := adm.head(queue)) is not None and room > 0:
             first = self.first_token_s(r, v, now) + extra
             k = int(np.argmin(first))
-            waits = first[k] - self._terms.alone_s(r.prompt_tokens) > 1e-9
+            waits = first[k] - v.queues.terms_of(int(where[k])).alone_s(r.prompt_tokens) > 1e-9
             if waits and first[k] + self._after_prefill_s(r.prompt_tokens) > self.target_s(r):
                 break
             popped = adm.release(queue, now, 1)
@@ -433,13 +448,15 @@ class SloGate:
     ) -> list[Request]:
         """`expired` (past the queue policy's ttl_s) plus the held requests that can no longer start
         within their wait bound, all removed from the queue (each counted by the limit that held it)."""
+        if expired:  # past ttl_s: held by the same shortage
+            self._count_unmet(self._cause(v, 0), len(expired))
         if adm:
             late = [r for r in queue.items() if self.hopeless(r, now)]
             for r in late:
                 adm.cancel(queue, r.id)
             self.expired += len(late)
             cause = self._cause(v, 0)
-            self.refused[Role.PREFILL if cause == RefusalCause.PREFILL_BACKLOG else Role.DECODE] += len(late)
+            self._count_unmet(cause, len(late))
             for r in late:
                 self.count_refusal(cause, now - r.arrival + self.service_s(r.prompt_tokens), self.wait_bound_s(r))
             expired = [*expired, *late]

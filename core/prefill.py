@@ -12,7 +12,8 @@ prefill_per_token2_s·(b² − a²)`; a step finishing n prefill-only requests l
 n·`prefill_host_per_request_s` of host work the next step waits for (adapters/emulator/engine.py).
 A backlog is therefore tokens against a per-step budget, not a sum of per-prompt times.
 
-`project` simulates that exactly for one instance's queue. `PrefillQueues` keeps the dispatcher's
+`project` simulates that exactly for one instance's queue, stepping core/prefill_steps.py's
+`PrefillStepper` (which the simulator's prefill instances step too). `PrefillQueues` keeps the dispatcher's
 projection of every prefill instance incrementally: the steps it projects for the prompts routed
 there, a new prompt joining the last projected step while that step has not started and has room,
 re-anchored on each measured prefill end.
@@ -29,6 +30,11 @@ from typing import Any
 import numpy as np
 
 from core.perf import PerfProfile
+from core.prefill_steps import PrefillStepper
+from core.prefill_terms import InstanceTerms
+
+SERIAL_BUDGET = 1 << 62
+"""The token budget of `StepTerms.of(..., serial=True)`: no prompt is ever split or held back by it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +60,21 @@ class StepTerms:
     and one longer than the budget runs alone."""
 
     @classmethod
-    def of(cls, profile: PerfProfile, coef: Sequence[float] | None = None, *, chunked: bool = True) -> StepTerms:
-        """The profile's terms; `coef` (base, per token, per token²) replaces its prefill ones."""
+    def of(
+        cls, profile: PerfProfile, coef: Sequence[float] | None = None, *, chunked: bool = True, serial: bool = False
+    ) -> StepTerms:
+        """The profile's terms; `coef` (base, per token, per token²) replaces its prefill ones.
+        `serial`: SIBYL App. I's prefill (the simulator's ps mode) instead of vLLM's: one prompt a
+        step, whole, with no engine-step cost, so a prompt of l tokens takes exactly
+        `prefill_time(l)`, then its host work."""
         a, b, c = coef if coef is not None else (
             profile.prefill_base_s,
             profile.prefill_per_token_s,
             profile.prefill_per_token2_s,
         )
+        if serial:
+            host = profile.prefill_host_per_request_s
+            return cls(SERIAL_BUDGET, 1, float(a), float(b), float(c), 0.0, 0.0, 0.0, host, chunked=False)
         return cls(
             profile.max_num_batched_tokens,
             profile.max_num_seqs,
@@ -108,8 +122,9 @@ class StepTerms:
 
     def marginal_s(self, tokens: float) -> float:
         """Seconds one more prompt of `tokens` adds to a busy instance's backlog, its share of the
-        steps' fixed costs amortised over the budget (held requests are sized with it)."""
-        steps = (self.step_base + self.base) * tokens / self.budget
+        steps' fixed costs amortised over the budget, or over the slots when more prompts of its
+        size fit the budget than a step holds (held requests are sized with it)."""
+        steps = (self.step_base + self.base) * max(tokens / self.budget, 1.0 / self.max_seqs)
         return steps + self.per_seq + self.host + self.per_token * tokens + self.per_token2 * tokens * tokens
 
     def backlog_s(self, ahead: float, each: float, tokens: float = 0.0) -> float:
@@ -160,70 +175,29 @@ def project(
     step (they never finish here), a running prompt has `partial_left` tokens still to prefill
     after `partial_done`, and `queued` prompts (uncached tokens, in arrival order) wait.
     Prefill-only prompts leave host work when they finish, as the emulator's do."""
-    t = terms
     n = len(queued)
     first = np.full(n, math.inf)
-    done = [0] * n
-    waiting = deque(range(n))
-    running: list[int] = []  # admitted prompts still prefilling, admission order (-1: the partial one)
+    stepper = PrefillStepper(terms, queued.__getitem__)
+    stepper.decoding, stepper.decoding_kv = decoding, decoding_kv
     if partial_left > 0:
-        running.append(-1)
-    p_done, p_total = partial_done, partial_done + partial_left
+        stepper.resume(-1, partial_done, partial_done + partial_left)  # -1: the partial one
+    stepper.waiting.extend(range(n))
     p_first: float | None = None
     clock = max(now, ready_at)
     steps = 0
-    kv_decode = decoding_kv
-    while running or waiting:
-        budget = t.budget - decoding
-        seqs = decoding
-        kv = kv_decode + decoding
-        chunk = 0.0
-        carried = False
-        finished: list[int] = []
-        for j in running:
-            if budget <= 0:
-                break
-            lo, total = (p_done, p_total) if j < 0 else (done[j], queued[j])
-            m = min(total - lo, budget)
-            chunk += t.chunk_s(lo, lo + m)
-            kv += lo + m
-            seqs += 1
-            budget -= m
-            carried = True
-            if j < 0:
-                p_done = lo + m
-            else:
-                done[j] = lo + m
-            if lo + m >= total:
-                finished.append(j)
-        while waiting and budget > 0 and decoding + len(running) < t.max_seqs:
-            j = waiting[0]
-            total = queued[j]
-            if not t.chunked and total > budget and (carried or total <= t.budget):
-                break  # unchunked: it waits for a step with room for all of it (one longer than the budget runs alone)
-            waiting.popleft()
-            running.append(j)
-            m = total if not t.chunked else min(total, budget)
-            chunk += t.chunk_s(0, m)
-            kv += m
-            seqs += 1
-            budget -= m
-            carried = True
-            done[j] = m
-            if m >= total:
-                finished.append(j)
-        if not carried:
+    while stepper:
+        step = stepper.step()
+        if step is None:
             break  # the decodes take the whole budget: nothing queued ever starts
-        end = clock + t.step_s(seqs, kv, chunk)
+        seconds, _, finished = step
+        end = clock + seconds
         steps += 1
         for j in finished:
-            running.remove(j)
             if j < 0:
                 p_first = end
             else:
                 first[j] = end
-        kv_decode += decoding
-        clock = end + t.host * len(finished)
+        clock = end + terms.host * len(finished)
     return Projection(first, clock, steps, p_first)
 
 
@@ -256,7 +230,8 @@ class PrefillQueues:
     steps after it. A measured prefill end settles every step up to the one its last chunk ran in
     and moves the steps after it by how late (or early) that step ended; a prompt that leaves
     unfinished is taken out of the steps that have not started. The prefill terms come from the
-    estimator, re-read whenever it refits.
+    estimator, re-read whenever it refits; an instance given its own terms (`set_terms`, a live
+    calibration) is projected with those.
     """
 
     def __init__(self, profile: PerfProfile, estimator: Any = None) -> None:
@@ -266,7 +241,10 @@ class PrefillQueues:
         """Gives `coefficients()` (base, per token, per token²): core.estimators.PrefillTimeEstimator."""
         self.view: Any = None
         """The ClusterView that owns it (its `profile` may be replaced, e.g. by a calibration)."""
-        self._key: tuple[object, object] = (profile, None)
+        self.serial = False
+        """Project SIBYL App. I's serial prefill (`StepTerms.of(..., serial=True)`) instead of vLLM's
+        steps: the simulator sets it in ps mode, where its prefill instances run that way."""
+        self._key: tuple[object, object, bool] = (profile, None, False)
         self._terms = StepTerms.of(profile)
         self.free_at = np.zeros(0)
         """When each instance may start a step after everything projected there (host work included)."""
@@ -284,6 +262,8 @@ class PrefillQueues:
         self._routed: dict[Hashable, _Routed] = {}
         self._tails: dict[int, float] = {}
         """Instance → its last projected step's start, for the instances that have one."""
+        self.own = InstanceTerms()
+        """The instances projected with their own step terms (`set_terms`)."""
 
     @property
     def terms(self) -> StepTerms:
@@ -291,10 +271,19 @@ class PrefillQueues:
         profile = self.profile if self.view is None else self.view.profile
         coef = None if self.estimator is None else self.estimator.coefficients()
         key = self._key
-        if key[0] is not profile or key[1] is not coef:
-            self._key = (profile, coef)
-            self._terms = StepTerms.of(profile, coef)
+        if key[0] is not profile or key[1] is not coef or key[2] != self.serial:
+            self._key = (profile, coef, self.serial)
+            self._terms = StepTerms.of(profile, coef, serial=self.serial)
         return self._terms
+
+    def set_terms(self, p: int, terms: StepTerms | None) -> None:
+        """Project instance p with `terms` from now on (None: the shared `terms` again); the steps
+        already projected keep their times."""
+        self.own.set(p, terms)
+
+    def terms_of(self, p: int) -> StepTerms:
+        """The step terms instance p is projected with."""
+        return self.own.of(p, self.terms) if self.own else self.terms
 
     def add_instance(self) -> None:
         self.free_at = np.append(self.free_at, 0.0)
@@ -331,24 +320,30 @@ class PrefillQueues:
         it has not (the prompt may join it)."""
         t = self.terms if terms is None else terms
         free = self.free_at if free_at is None else free_at
-        if isinstance(tokens, int | float):
+        own = self.own if terms is None and self.own else None
+        if own is not None:  # some instances have their own terms: every one's, vectorised
+            lengths = np.maximum(np.broadcast_to(np.asarray(tokens, dtype=float), free.shape), 1.0)
+            out: np.ndarray = np.maximum(free, now) + own.alone_s(lengths, t)
+        elif isinstance(tokens, int | float):
             length = max(float(tokens), 1.0)
-            out: np.ndarray = np.maximum(free, now) + t.alone_s(length)
+            out = np.maximum(free, now) + t.alone_s(length)
             for i, start in self._tails.items():
                 if start > now:
                     out[i] = self._first_token(t, i, length, now, float(free[i]))
             return out
-        lengths = np.maximum(np.asarray(tokens, dtype=float), 1.0)
-        out = np.maximum(free, now) + t.alone_array(lengths)
+        else:
+            lengths = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+            out = np.maximum(free, now) + t.alone_array(lengths)
         for i, start in self._tails.items():
             if start > now:
-                out[i] = self._first_token(t, i, float(lengths[i]), now, float(free[i]))
+                ti = t if own is None else own.of(i, t)
+                out[i] = self._first_token(ti, i, float(lengths[i]), now, float(free[i]))
         return out
 
     def first_token_at_one(self, p: int, tokens: float, now: float, free_at: float | None = None) -> float:
         """`first_token_at` for instance p alone (scalar arithmetic, for one candidate)."""
         free = float(self.free_at[p]) if free_at is None else free_at
-        return self._first_token(self.terms, p, max(float(tokens), 1.0), now, free)
+        return self._first_token(self.terms_of(p), p, max(float(tokens), 1.0), now, free)
 
     def _first_token(self, t: StepTerms, p: int, length: float, now: float, free: float) -> float:
         room = t.budget - float(self.tail_tokens[p])
@@ -396,7 +391,7 @@ class PrefillQueues:
 
     def _append(self, p: int, rid: Hashable, r: _Routed, lo: int, now: float) -> None:
         """Project the prompt's tokens from `lo` on: into the last step if it may still take them, then new steps."""
-        t = self.terms
+        t = self.terms_of(p)
         steps = self._steps[p]
         off = self._offset[p]
         left = r.tokens - lo
@@ -442,7 +437,7 @@ class PrefillQueues:
             self.tail_tokens[p] = tail[_TOKENS]
             self.tail_seqs[p] = tail[_SEQS]
             self.tail_fin[p] = tail[_FIN]
-            self.free_at[p] = tail[_END] + off + tail[_FIN] * self.terms.host
+            self.free_at[p] = tail[_END] + off + tail[_FIN] * self.terms_of(p).host
         else:
             self._tails.pop(p, None)
             self.tail_start[p] = self.tail_end[p] = -math.inf
@@ -466,7 +461,7 @@ class PrefillQueues:
             steps.popleft()
         self._first_sid[p] += k + 1
         self._offset[p] += now - (step[_END] + self._offset[p])
-        self._anchor[p] = now + step[_FIN] * self.terms.host
+        self._anchor[p] = now + step[_FIN] * self.terms_of(p).host
         self._sync(p)
 
     def leave(self, rid: Hashable, now: float) -> None:

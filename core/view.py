@@ -39,7 +39,7 @@ def _ints() -> np.ndarray:
 
 
 class DecisionNotes(Protocol):
-    """Where policies note what they saw while a sampled decision is taken (core/decisions.py's `Explain`,
+    """Where policies note what they saw while a sampled decision is taken (core/decision_records.py's `Explain`,
     which `note` fills and the dispatcher turns into records): stage → the choice noted."""
 
     choices: dict[str, Any]

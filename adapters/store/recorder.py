@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from adapters.store.store import RunStore, advisor_row
-from core.decisions import Record
+from core.decision_records import Record
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class RunRecorder:
 
 def decision_row(r: Record, t0: float = 0.0) -> dict[str, Any]:
     """A decision record as a row of the `decisions` table (its time minus `t0`); the candidates are
-    kept as the hot path left them (core.decisions.Record.payload), one JSON encoding."""
+    kept as the hot path left them (core.decision_records.Record.payload), one JSON encoding."""
     kind, stage, policy, t, chosen, scorer, score_name, info = r.head
     return {
         "request_id": r.request_id,

@@ -161,7 +161,7 @@ class InstanceEvent(SQLModel, table=True):
 
 
 class DecisionRecord(SQLModel, table=True):
-    """One decision as the policy saw it (core/decisions.py): candidates with features and scores."""
+    """One decision as the policy saw it (core/decision_records.py): candidates with features and scores."""
 
     __tablename__ = "decisions"
 
@@ -178,7 +178,7 @@ class DecisionRecord(SQLModel, table=True):
     candidates: str = Field(
         default="{}",
         description="JSON: the candidates column-wise ({names, scores, eligible, features}), or the maker and "
-        "arguments of core.decisions that rebuild them (read through RunStore.decisions)",
+        "arguments of core.decision_records that rebuild them (read through RunStore.decisions)",
     )
     info: str = Field(default="{}", description="JSON: decision-wide facts (tau, reason, still_best)")
 

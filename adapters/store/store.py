@@ -37,7 +37,7 @@ from adapters.store.schema import (
     RequestRecord,
     Run,
 )
-from core.decisions import from_payload
+from core.decision_records import from_payload
 
 
 class StoreError(AdapterError):

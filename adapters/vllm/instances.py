@@ -50,6 +50,8 @@ class Instance:
     """Where this instance publishes its KV events (ZMQ PUB, vLLM's --kv-events-config), if it does."""
     kv_events_replay: str | None = None
     """Its replay socket for missed event batches (ZMQ ROUTER), if any."""
+    metrics_page: str = field(default="", repr=False)
+    """The text of its latest /metrics page (the live calibration reads its histograms)."""
     health_rtt_s: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     """Round trips of the latest /health probes: the HTTP cost of one request to this instance
     as the gateway sees it (calibration takes it out of the prefill legs it measured)."""

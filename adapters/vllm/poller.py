@@ -78,7 +78,8 @@ class Poller:
             if ok:
                 async with inst.session.get("/metrics", timeout=timeout) as r:
                     if r.status == 200:
-                        sample = parse_metrics(await r.text())
+                        inst.metrics_page = await r.text()
+                        sample = parse_metrics(inst.metrics_page)
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
             ok = False
             reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -24,6 +24,11 @@ class MetricsSample:
     """Prompt tokens looked up in the instance's prefix cache (vllm:prefix_cache_queries)."""
     prefix_cache_hits_total: float = 0.0
     """Prompt tokens found there (vllm:prefix_cache_hits)."""
+    lora_running: tuple[str, ...] | None = None
+    """The adapters its latest step ran under (`running_lora_adapters` of vllm:lora_requests_info's newest
+    series); None: the instance exports no LoRA info (not started with --enable-lora)."""
+    lora_at: float = 0.0
+    """When that step ran (the series' value: vLLM sets it to the wall-clock time)."""
 
 
 _GAUGES = {
@@ -42,6 +47,10 @@ _COUNTERS = {
 }
 
 
+LORA_INFO = "vllm:lora_requests_info"
+"""vLLM's LoRA gauge: one series per (max_lora, waiting_lora_adapters, running_lora_adapters) ever seen, each
+set to the wall-clock time of the last step that ran with those values (the newest is the current one)."""
+
 _SAMPLES = {
     **{name: attr for name, attr in _GAUGES.items()},
     **{f"{name}_total": attr for name, attr in _COUNTERS.items()},
@@ -58,6 +67,7 @@ def parse_metrics(text: str) -> MetricsSample:
     exposition format: `name{labels} value [timestamp]`; label values may hold spaces and braces."""
     totals: dict[str, float] = {}
     wanted = _SAMPLES
+    lora: tuple[float, str] | None = None
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -66,6 +76,10 @@ def parse_metrics(text: str) -> MetricsSample:
             end = line.find(" ")
         attr = wanted.get(line[:end])
         if attr is None:
+            if line[:end] == LORA_INFO and end > 0 and line[end] == "{":
+                at = _value(line, end)
+                if lora is None or at >= lora[0]:
+                    lora = (at, _label(line, end, "running_lora_adapters") or "")
             continue
         rest = line[line.rfind("}") + 1 :] if line[end] == "{" else line[end:]
         fields = rest.split()
@@ -75,6 +89,9 @@ def parse_metrics(text: str) -> MetricsSample:
     sample = MetricsSample()
     for attr, total in totals.items():
         setattr(sample, attr, total)
+    if lora is not None:
+        sample.lora_at = lora[0]
+        sample.lora_running = tuple(a for a in lora[1].split(",") if a)
     return sample
 
 

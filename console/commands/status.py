@@ -61,21 +61,35 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
     )
     con.print("policies: " + ", ".join(f"{k}={v.name}{v.params or ''}" for k, v in s.policies.items()))
     t = Table()
-    for col in ("id", "role", "healthy", "running", "waiting", "KV", "tok/s", "load", "url"):
+    pools = s.pools or {}
+    by_pool = len(pools) > 1 or any(p.adapters for p in pools.values())
+    columns = ("id", "role", "healthy", "running", "waiting", "backlog", "KV", "tok/s", "load", "url")
+    for col in ("pool",) * by_pool + columns:
         t.add_column(col)
-    for i in s.instances:
+    order = list(pools)
+    for i in sorted(s.instances, key=lambda r: order.index(r.pool) if r.pool in order else len(order)):
         t.add_row(
+            *(i.pool or "-",) * by_pool,
             i.id,
             i.role,
             "yes" if i.healthy else "[red]DOWN[/]",
             str(i.running),
             str(i.waiting),
+            "-" if i.backlog_s is None else f"{i.backlog_s:.2f} s",
             _pct(i.kv_usage),
             f"{i.tokens_per_s or 0.0:.0f}",
             "-" if i.projected_load is None else f"{i.projected_load:.0f}",
             i.url,
         )
     con.print(t)
+    for name, p in pools.items():
+        if p.adapters:
+            held = "; ".join(f"{a} on {', '.join(v['instances']) or '-'}" for a, v in p.adapters.items())
+            c = p.lora_counts
+            con.print(
+                f"pool {name} ({p.model}) adapters: {held}  [hits {c.get('hits', 0)}, misses {c.get('misses', 0)}, "
+                f"loads {c.get('loads', 0)}, evictions {c.get('evictions', 0)}]"
+            )
     w, r = s.slo.window, s.slo.run
     if s.queue is not None:
         q, a = s.queue, s.queue.admission
@@ -93,6 +107,10 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         else:
             held += f"; SLO admission off ({q.max_in_flight_per_instance} in flight per decode instance)"
         con.print(held)
+        if q.refusals is not None:
+            con.print(refusals_line(q.refusals))
+    if any(i.calibration is not None for i in s.instances):
+        con.print(_calibration_table(s))
     if s.tenants is not None and s.tenants.required:
         con.print(_tenant_table(s))
     con.print(
@@ -100,6 +118,56 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         f"p50/p99 {_ms(w.ttft_p50)}/{_ms(w.ttft_p99)} ms  TPOT p50/p99 "
         f"{_ms(w.tpot_p50)}/{_ms(w.tpot_p99)} ms   run: attainment {_pct(r.attainment)}"
     )
+
+
+def refusals_line(refusals: dict[str, Any]) -> str:
+    """Admission's refusals by cause, each with the last one's projected start against its bound."""
+    parts = []
+    for cause, r in refusals.items():
+        if not r.count:
+            continue
+        label = "KV cache full" if cause == "kv" else cause.replace("_", " ")
+        if cause == "tenant_limit":
+            parts.append(f"{label} {r.count}")
+        else:
+            parts.append(f"{label} {r.count} (last projected {r.last_projected_s:.2f} s against {r.bound_s:.2f} s)")
+    return "refused by cause: " + ("; ".join(parts) if parts else "none")
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _calibration_table(s: ConsoleState) -> Table:
+    """Per instance and fitted term: the value it is projected with, its prior, residual, samples, age and source."""
+    from rich.table import Table
+
+    t = Table(title="online calibration (the profile is the prior; a term the data cannot identify keeps it)")
+    for col in ("instance", "term", "value", "prior", "residual", "samples", "age", "source"):
+        t.add_column(col)
+    for i in s.instances:
+        c = i.calibration
+        if c is None:
+            continue
+        checks = ", ".join(
+            f"{kind} measured {v.measured_s * 1000:.1f} ms, projected {v.projected_s * 1000:.1f} ms"
+            for kind, v in c.check.items()
+        )
+        head = f"{i.id} ({'calibrated' if c.calibrated else 'prior'}, refit {c.fitted_age_s or 0:.0f} s ago)"
+        t.add_row(head, "", "", "", "", "", "", checks or "-")
+        for name, term in c.terms.items():
+            fitted = term.source.startswith("fit")
+            t.add_row(
+                "",
+                name,
+                _num(term.value),
+                _num(term.prior),
+                "-" if term.residual is None else f"{term.residual:.0%}",
+                str(term.samples),
+                "-" if term.age_s is None else f"{term.age_s:.0f} s",
+                term.source if fitted else f"[dim]{term.source}[/]",
+            )
+    return t
 
 
 def _tenant_table(s: ConsoleState) -> Table:
@@ -173,28 +241,33 @@ def policy_set(
     name: Annotated[str, typer.Argument(help="policy name (see `policy list`)")],
     param: ParamOpt = [],  # noqa: B006
     params_json: ParamsJsonOpt = [],  # noqa: B006
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="the pool whose policy to swap (default: the only one)")
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Hot-swap a policy while traffic flows; the swap is recorded with source `cli`.
+    """Hot-swap a policy of one pool while traffic flows; the swap is recorded with source `cli`.
 
     Params are validated before the swap; a periodic policy the backend cannot carry out
     (e.g. a scaling policy on attached instances) is refused with the reason.
 
     Examples:
       sibyl-console policy set routing least_load --param by=tokens
+      sibyl-console policy set routing lora_affinity --param routing=least_load --pool llama-8b
       sibyl-console policy set queue priority --param max_in_flight_per_instance=32
       sibyl-console policy set scaling threshold --param max_decode=8
       sibyl-console policy set routing prefix_aware --param decode_params={} --param balance_s=2
       sibyl-console policy set queue fcfs --params-json "$(sibyl-console status --json | jq -c .policies.queue.params)"
     """
     params = params_for(policy_params(param, params_json), name)
-    ev = _control(url, token).set_policy(kind, name, params)
+    ev = _control(url, token).set_policy(kind, name, params, pool=pool)
     if as_json:
         typer.echo(json.dumps(ev))
     else:
-        typer.echo(f"{ev['kind']}: {ev['old']} -> {ev['new']} {ev['params'] or ''}")
+        where = f" (pool {ev['pool']})" if pool is not None and ev.get("pool") else ""
+        typer.echo(f"{ev['kind']}{where}: {ev['old']} -> {ev['new']} {ev['params'] or ''}")
 
 
 def scale(
@@ -257,6 +330,9 @@ def migrate(
 
 
 def register(app: typer.Typer) -> None:
+    from console.commands.policy_canary import canary
+
+    policy_app.command("canary")(canary)
     app.command("status")(status)
     app.command("scale")(scale)
     app.command("flip")(flip)

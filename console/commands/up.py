@@ -121,6 +121,14 @@ def up(
             "no GPU) | vllm (`vllm serve` on the node's GPUs; needs --model)"
         ),
     ] = None,
+    lora_adapter: Annotated[
+        list[str],
+        typer.Option(
+            "--lora-adapter",
+            help="NAME=PATH: a LoRA adapter clients name in `model` (repeat; PATH a PEFT adapter directory); "
+            "added to the \\[lora] adapters of CONFIG; emulated instances then start with --enable-lora",
+        ),
+    ] = [],  # noqa: B006
     otlp_endpoint: Annotated[
         str | None,
         typer.Option(
@@ -167,7 +175,7 @@ launched so far).
     from rich.console import Console
 
     from adapters.ports import cannot_listen
-    from console.live.config import load_config, parse_attach
+    from console.live.config import load_config, parse_attach, parse_lora_adapters
     from console.live.serve import describe
     from console.live.server_process import stop_bound_s
 
@@ -200,6 +208,8 @@ launched so far).
     for kind, name in (("queue", queue), ("scaling", scaling), ("reschedule", reschedule), ("rank", rank)):
         if name is not None:
             overrides[kind] = {"name": name, "params": params.get(name, {})}
+    if lora_adapter:
+        overrides["lora.adapters"] = {**_file_adapters(config_file), **parse_lora_adapters(lora_adapter)}
     cfg = load_config(config_file, overrides)
     flags = {"policy": policy, "queue": queue, "scaling": scaling, "reschedule": reschedule, "rank": rank}
     if named := _named_params(cfg, params, flags):
@@ -236,6 +246,17 @@ launched so far).
     from console.tui.launch import run_owned_dashboard
 
     run_owned_dashboard(handle, stop_bound_s(cfg), out)
+
+
+def _file_adapters(config_file: Path | None) -> dict[str, str]:
+    """The [lora] adapters of CONFIG (the flags add to them rather than replace them)."""
+    if config_file is None:
+        return {}
+    from console.live.config import read_mapping_file
+
+    lora = read_mapping_file(config_file)[0].get("lora")
+    adapters = lora.get("adapters") if isinstance(lora, dict) else None
+    return dict(adapters) if isinstance(adapters, dict) else {}
 
 
 def _named_params(

@@ -38,22 +38,12 @@ def build_app(
         authorization = request.headers.get("authorization")
         if c.tenants.authenticate(authorization) is None:  # /v1 takes the same keys as the completions
             return Response(unauthorized_body(authorization), 401, media_type="application/json")
-        created = int(c.started_wall)
-        data = [
-            {
-                "id": m,
-                "object": "model",
-                "created": created,
-                "owned_by": "sibyl-console",
-                "max_model_len": c.max_model_len,
-            }
-            for m in sorted(c.served_models)
-        ]
+        data = c.pools.cards(int(c.started_wall), c.max_model_len)  # every pool's models, adapters with their parent
         return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
     async def openapi(_: Request) -> Response:
         doc = build_openapi(
-            models=sorted(c.served_models),
+            models=sorted(c.pools.routes),
             instances=list(c.instances),
             catalog=catalog(live=True),
             max_model_len=c.max_model_len,

@@ -11,13 +11,16 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from console.gateway.advisor_routes import advisor_routes
 from console.gateway.errors import error_body
 from console.gateway.inspector import inspector_routes
+from console.gateway.lora_routes import lora_routes
 from console.gateway.prefix_routes import prefix_routes
 from console.live.controller import Controller
 from console.live.migrations import ScaleError
 from console.live.policies import catalog
 from core.errors import ConfigError, SibylError
+from core.pools import UnknownPool
 from core.types import PolicyKind
 
 MAX_SCALE_DELTA = 16
@@ -81,11 +84,25 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         if not isinstance(params, dict):
             return _error(400, "params must be an object")
         source = str(body.get("source") or request.headers.get("x-sibyl-source") or "api")
+        pool = body.get("pool")
+        if pool is not None and not isinstance(pool, str):
+            return _error(400, "pool must be a string (a pool's name; default: the only pool)")
         try:
-            ev = c.set_policy(kind, body["name"], params, source=source)
+            ev = c.set_policy(kind, body["name"], params, source=source, pool=pool)
+        except UnknownPool as e:
+            return _error(404, str(e))
         except ConfigError as e:
             return _error(422, str(e))
-        return _json({"kind": ev.kind.value, "old": ev.old, "new": ev.new, "params": ev.params, "source": ev.source})
+        return _json(
+            {
+                "kind": ev.kind.value,
+                "old": ev.old,
+                "new": ev.new,
+                "params": ev.params,
+                "source": ev.source,
+                "pool": c.pools.pick(pool).name,
+            }
+        )
 
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[bytes]:
@@ -191,5 +208,7 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         Route("/control/migrate", guard(migrate), methods=["POST"]),
         Route("/control/shutdown", guard(shutdown), methods=["POST"]),
         *inspector_routes(c, guard),
+        *advisor_routes(c, guard),
         *prefix_routes(c, guard),
+        *lora_routes(c, guard),
     ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import orjson
+from adapters.openai_errors import openai_error_body
 
 _TYPES = {
     400: "BadRequestError",
@@ -19,9 +19,8 @@ _TYPES = {
 
 
 def error_body(status: int, message: str, param: str | None = None) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": _TYPES.get(status, "APIError"), "param": param, "code": status}}
-    )
+    """The gateway's error answer: vLLM's shape, typed by this gateway's own table (422 is a BadRequestError here)."""
+    return openai_error_body(message, _TYPES.get(status, "APIError"), param, status)
 
 
 def sse_error(status: int, message: str) -> bytes:
@@ -41,4 +40,4 @@ def unauthorized_body(authorization: str | None) -> bytes:
             "auth (i.e. Authorization: Bearer YOUR_KEY).",
             None,
         )
-    return orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}})
+    return openai_error_body(message, "invalid_request_error", None, code)

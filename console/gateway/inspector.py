@@ -10,7 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from console.gateway.errors import error_body
-from console.live.decisions import instance_requests, request_decisions
+from console.live.recent import instance_requests, request_decisions
 
 if TYPE_CHECKING:
     from console.live.controller import Controller

@@ -15,8 +15,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from console.gateway.advisor_routes import advisor_paths
 from console.gateway.control import MAX_SCALE_DELTA
 from console.gateway.inspector import inspector_paths
+from console.gateway.lora_routes import lora_paths
 from console.live.state import json_schema
 from core.types import PolicyKind
 
@@ -38,7 +40,7 @@ _SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"t
 
 _HOT_ERRORS = {
     "400": _error_response("malformed body, missing prompt/messages or a bad max_tokens"),
-    "404": _error_response("unknown model"),
+    "404": _error_response("unknown model or adapter (the message names it)"),
     "409": _error_response("a request with this X-Request-Id is already in flight"),
     "401": _error_response("with a tenants' keys file: a missing or unknown API key (OpenAI's shape)"),
     "413": _error_response("body larger than max_body_bytes"),
@@ -114,6 +116,7 @@ def _policy_put_body(catalog: list[dict[str, Any]]) -> dict[str, Any]:
                     "name": {"type": "string", "const": p["name"], "description": f"{p['kind']} policy"},
                     "params": params,
                     "source": {"type": "string"},
+                    "pool": {"type": ["string", "null"], "description": "the pool (default: the only one)"},
                 },
             }
         )
@@ -244,6 +247,8 @@ def build_openapi(
                 }
             },
             **inspector_paths(bearer),
+            **advisor_paths(bearer, _error_response, _UNAUTHORIZED, [k.value for k in PolicyKind]),
+            **lora_paths(bearer),
             "/control/state": {
                 "get": {
                     "operationId": "getState",

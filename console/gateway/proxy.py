@@ -19,6 +19,7 @@ from console.gateway.errors import error_body, unauthorized_body
 from console.live.channel import JSON_HEADERS, ClientChannel, respond
 from console.live.controller import Controller
 from console.live.request import LiveRequest
+from core.pools import Route, UnknownModel
 from core.types import Request
 
 Scope = dict[str, Any]
@@ -53,7 +54,7 @@ def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     return 1
 
 
-async def read_body(receive: Any, limit: int) -> bytes:
+async def read_bounded_body(receive: Any, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -94,7 +95,8 @@ class Proxy:
             await respond(send, 401, unauthorized_body(authorization))
             return
         try:
-            body = self._parse(await read_body(receive, c.config.max_body_bytes))
+            body = self._parse(await read_bounded_body(receive, c.config.max_body_bytes))
+            route = self._route(body.get("model"))
         except ClientError as e:
             await respond(send, e.status, error_body(e.status, e.message, e.param))
             return
@@ -119,9 +121,10 @@ class Proxy:
             else:  # an open /v1: the client names its tenant for the queue's fair share
                 tenant = headers.get(b"x-sibyl-tenant") or str(body.get("user") or "")
             arrival = time.monotonic()
-            keys = c.prefix.known_keys(body, tokenize=c.dispatcher.routing.reads_prefix)
+            lora = route.adapter
+            keys = c.prefix.known_keys(body, tokenize=c.dispatcher.reads_prefix, lora=lora)
             if keys is None:  # a text or chat prompt for a policy that reads the cache: the engine tokenizes it
-                keys = await c.prefix.tokenized_keys(body, c.instances.values())
+                keys = await c.prefix.tokenized_keys(body, c.instances.values(), lora)
             session = headers.get(b"x-session-id", "")
             req = Request(
                 rid,
@@ -133,18 +136,33 @@ class Proxy:
                 tenant=tenant,
                 prefix_keys=keys,
                 session=session,
+                lora=lora,
             )
             fwd = [("X-Request-Id", rid)]
             if session:
                 fwd.append(("X-Session-ID", session))
             if authorization is not None and not tenants.keyed:  # a tenant's key stays in the gateway
                 fwd.append(("Authorization", authorization))
-            live = LiveRequest(req, scope["path"], body, forward_headers(fwd))
+            live = LiveRequest(req, scope["path"], body, forward_headers(fwd), route.pool.model)
             if c.tracing is not None:  # the client's traceparent, if any, is the root span's parent
                 live.trace = c.tracing.start(headers, rid, arrival)
             await live.run(c.services, ClientChannel(send, receive))
         finally:
             self.in_flight.discard(rid)
+
+    def _route(self, model: str | None) -> Route:
+        """The pool (and adapter) a request's `model` names: 404 in OpenAI's shape when none, naming it."""
+        routes = self.c.pools
+        route = routes.routes.get(model) if model is not None else routes.default
+        if route is None:
+            try:
+                routes.resolve(model)
+            except UnknownModel as e:
+                if model is None:
+                    raise ClientError(400, "model is required: this gateway serves several models", "model") from None
+                raise ClientError(404, str(e), "model") from None
+        assert route is not None
+        return route
 
     def _parse(self, raw: bytes) -> dict[str, Any]:
         try:
@@ -156,8 +174,6 @@ class Proxy:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise ClientError(400, "model must be a string", "model")
-        if model is not None and model not in self.c.served_models:
-            raise ClientError(404, f"The model `{model}` does not exist.", "model")
         if "prompt" not in body and "messages" not in body:
             raise ClientError(400, "either 'prompt' (completions) or 'messages' (chat) is required")
         for key in ("max_tokens", "max_completion_tokens"):  # both: either may be the one used

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from core.dispatch import Dispatcher
     from core.perf import PerfProfile
 
+WAIT_BOUND_EXPIRY = "held "
+"""How the reason of a held request that SLO admission expired (past its wait bound) begins."""
+
 
 class HeldQueue(Protocol):
     """What a live request asks of the requests held by the queue policy (HeldRequests)."""
@@ -78,8 +81,9 @@ class HeldRequests:
             if released is not None and not released.done():
                 if gate is not None and now - req.arrival < ttl:
                     why = (
-                        f"held {now - req.arrival:.1f} s while the cluster was saturated: it could no longer start "
-                        f"within its class's wait bound ({gate.wait_bound_s(req):g} s: TTFT target + bounded wait)"
+                        f"{WAIT_BOUND_EXPIRY}{now - req.arrival:.1f} s while the cluster was saturated: "
+                        f"it could no longer start within its class's wait bound "
+                        f"({gate.wait_bound_s(req):g} s: TTFT target + bounded wait)"
                     )
                 else:
                     why = f"queued longer than the queue policy's ttl_s={ttl:g} s while every instance was saturated"

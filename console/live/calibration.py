@@ -167,3 +167,13 @@ class CalibrationFeed:
         """The engine's own mean queue time over the latest interval with requests (not work)."""
         fitter = self._fitters.get(instance_id)
         return None if fitter is None else fitter.queue_s
+
+    def check(
+        self, instance_id: str, now: float | None = None, window_s: float = 30.0
+    ) -> dict[str, tuple[float, float, float]]:
+        """What the engine measured against what the fitted terms project (and the part of it the
+        terms left at their prior contribute), per kind of interval, over the last `window_s` seconds
+        (`OnlineFitter.measured_vs_projected`; empty before any data)."""
+        fitter = self._fitters.get(instance_id)
+        t = time.monotonic() if now is None else now
+        return {} if fitter is None else fitter.measured_vs_projected(t, window_s)

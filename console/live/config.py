@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -13,6 +15,9 @@ from adapters.backends import BackendSettings, EmulatorSettings, VllmSettings
 from adapters.backends import registry as backends
 from adapters.backends.settings import RaySettings, check_attach
 from adapters.tracing import missing, traces_url
+from adapters.vllm.lora import check_adapter_dir
+from console.advisor.settings import AdvisorSettings
+from console.live.config_lines import line_of
 from core.admission import SloAdmission
 from core.decision_log import DecisionSettings
 from core.dispatch.prefix import APPROXIMATE_TTL_S
@@ -109,6 +114,66 @@ class TracingSettings(BaseModel):
         if self.enabled and (need := missing(self.protocol)) is not None:
             raise ValueError(f"tracing needs the OpenTelemetry packages: {need}")
         return self
+
+
+def _adapter_paths(adapters: dict[str, str]) -> dict[str, str]:
+    """Each adapter's directory made absolute, after checking it holds an adapter (its adapter_config.json)."""
+    out = {}
+    for name, path in adapters.items():
+        if not name:
+            raise ValueError("an adapter needs a name")
+        try:
+            out[name] = str(check_adapter_dir(path))
+        except ValueError as e:
+            raise ValueError(f"adapter {name!r}: {e}") from None
+    return out
+
+
+class LoraSettings(BaseModel):
+    """`[lora]`: LoRA adapters served under the base model (console/live/lora.py loads them where requests run)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="NAME = PATH: adapters clients name in `model` (each PATH a PEFT adapter directory with "
+        "adapter_config.json, as the instances read it); more come with `up --lora-adapter` and `lora add`",
+    )
+    max_loras: int | None = Field(
+        None,
+        ge=1,
+        description="adapters the console keeps loaded on one instance, the least recently used idle one unloaded "
+        "to make room (default: the emulator's max_cpu_loras or max_loras, vLLM's --max-cpu-loras or --max-loras "
+        "from [vllm] extra_args, else 1)",
+    )
+
+    @field_validator("adapters")
+    @classmethod
+    def _paths(cls, v: dict[str, str]) -> dict[str, str]:
+        return _adapter_paths(v)
+
+
+class PoolSettings(BaseModel):
+    """One `[[pools]]` entry: a base model's P/D pool (one per model behind the gateway)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, description="the base model's served name (what clients put in `model`)")
+    name: str | None = Field(None, min_length=1, description="the pool's name (default: its model)")
+    prefill: int = Field(2, ge=1, le=256, description="prefill instances to start")
+    decode: int = Field(4, ge=1, le=256, description="decode instances to start")
+    profile: str | None = Field(None, description="performance profile (default: the top-level profile)")
+    path: str | None = Field(None, description="model path for --backend vllm (default: the top-level model)")
+    adapters: dict[str, str] = Field(default_factory=dict, description="NAME = PATH: this pool's LoRA adapters")
+
+    @field_validator("adapters")
+    @classmethod
+    def _paths(cls, v: dict[str, str]) -> dict[str, str]:
+        return _adapter_paths(v)
+
+    @property
+    def pool_name(self) -> str:
+        return self.name or self.model
 
 
 class PolicyChoice(BaseModel):
@@ -213,6 +278,15 @@ class ConsoleConfig(BaseModel):
     tracing: TracingSettings = Field(
         default_factory=TracingSettings, description="OpenTelemetry spans of each request's phases (off by default)"
     )
+    advisor: AdvisorSettings = Field(
+        default_factory=AdvisorSettings, description="the live what-if advisor and policy canaries' autopilot"
+    )
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters served under the base model")
+    pools: list[PoolSettings] = Field(
+        default_factory=list,
+        description="[[pools]]: one P/D pool per base model (model, name, prefill, decode, profile, path, adapters); "
+        "none: one pool of the top-level prefill, decode, profile and served_model_name",
+    )
     emulator: EmulatorSettings = Field(default_factory=EmulatorSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     ray: RaySettings = Field(
@@ -249,6 +323,50 @@ class ConsoleConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _one_pool(self) -> ConsoleConfig:
+        """One `[[pools]]` entry is the console's pool: its model, counts, profile and adapters stand for the
+        top-level ones. Names must be unique across pools and adapters."""
+        seen: dict[str, str] = {}
+        for i, p in enumerate(self.pools):
+            for what, names in (("pool", {p.pool_name, p.model}), ("adapter", set(p.adapters))):
+                for name in sorted(names):
+                    if name in seen:
+                        raise ValueError(
+                            f"pools[{i}]: {what} name {name!r} is already {seen[name]}; names must be unique"
+                        )
+                    seen[name] = f"a {what} name of pools[{i}]"
+        if len(self.pools) == 1:
+            p = self.pools[0]
+            self.served_model_name, self.prefill, self.decode = p.model, p.prefill, p.decode
+            if p.profile:
+                self.profile = p.profile
+            if p.path:
+                self.model = p.path
+            if p.adapters:
+                self.lora = self.lora.model_copy(update={"adapters": {**self.lora.adapters, **p.adapters}})
+        return self
+
+    @property
+    def pool_name(self) -> str:
+        """The name of the console's (single) pool."""
+        return self.pools[0].pool_name if self.pools else self.served_model_name
+
+    def max_loras(self) -> int:
+        """Adapters the console keeps loaded per instance (see LoraSettings.max_loras)."""
+        if self.lora.max_loras is not None:
+            return self.lora.max_loras
+        if self.backend == "emulator":
+            return self.emulator.max_cpu_loras or self.emulator.max_loras
+        args = self.vllm.extra_args
+        for flag in ("--max-cpu-loras", "--max-loras"):
+            for i, a in enumerate(args):
+                key, eq, value = a.partition("=")
+                if key == flag and (eq or i + 1 < len(args)):
+                    with contextlib.suppress(ValueError):
+                        return max(int(value if eq else args[i + 1]), 1)
+        return 1
+
+    @model_validator(mode="after")
     def _engine_priority(self) -> ConsoleConfig:
         """A queue policy that sets each request's engine `priority` (tail_aware) starts vLLM with
         `--scheduling-policy priority` unless the configuration chose the policy itself."""
@@ -258,6 +376,14 @@ class ConsoleConfig(BaseModel):
             return self  # an unknown name is reported where policies are checked, with the list
         if sets and "scheduling_policy" not in self.vllm.model_fields_set:
             self.vllm = self.vllm.model_copy(update={"scheduling_policy": "priority"})
+        return self
+
+    @model_validator(mode="after")
+    def _lora_instances(self) -> ConsoleConfig:
+        """Adapters configured: emulated instances start with --enable-lora (and runtime loading) unless the
+        configuration says otherwise."""
+        if self.lora.adapters and self.backend == "emulator" and "enable_lora" not in self.emulator.model_fields_set:
+            self.emulator = self.emulator.model_copy(update={"enable_lora": True})
         return self
 
     @model_validator(mode="after")
@@ -298,6 +424,17 @@ class ConsoleConfig(BaseModel):
         )
 
 
+def parse_lora_adapters(items: list[str]) -> dict[str, str]:
+    """`--lora-adapter NAME=PATH` (repeated) → {NAME: PATH}."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ConfigError(f"--lora-adapter {item!r}: expected NAME=PATH (PATH a LoRA adapter directory)")
+        out[name.strip()] = path.strip()
+    return out
+
+
 def parse_attach(text: str) -> dict[str, list[str]]:
     """`prefill=URL,URL;decode=URL` → {"prefill": [...], "decode": [...]}."""
     out: dict[str, list[str]] = {}
@@ -335,7 +472,7 @@ def read_mapping_file(path: Path, what: str = "config") -> tuple[dict[str, Any],
 def load_config(path: Path | None, overrides: dict[str, Any]) -> ConsoleConfig:
     """Defaults ← file ← flags (only flags the user actually gave, i.e. not None; "section.key"
     overrides one key of a section)."""
-    data = read_mapping_file(path)[0] if path is not None else {}
+    data, text = read_mapping_file(path) if path is not None else ({}, "")
     for key, value in overrides.items():
         if value is None:
             continue
@@ -350,8 +487,14 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> ConsoleConfig:
         return ConsoleConfig.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        allowed = ", ".join(ConsoleConfig.model_fields) if err["type"] == "extra_forbidden" else ""
-        src = f"{path}: " if path is not None else ""
+        loc: tuple[str | int, ...] = tuple(err["loc"])
+        if not loc and (m := re.match(r"Value error, (\w+)\[(\d+)\]", err["msg"])):
+            loc = (m.group(1), int(m.group(2)))  # a check across a list's entries names the entry in its message
+        where = ".".join(str(x) for x in loc)
+        allowed = ", ".join(ConsoleConfig.model_fields) if err["type"] == "extra_forbidden" and len(loc) == 1 else ""
+        if loc and loc[-1] == "adapters" and (m := re.search(r"adapter '([^']+)'", err["msg"])):
+            loc = (*loc, m.group(1))  # the adapter whose path does not load
+        line = line_of(text, loc, path.suffix) if path is not None else None
+        src = f"{path}:{line}: " if line is not None else f"{path}: " if path is not None else ""
         extra = f" (allowed keys: {allowed})" if allowed else ""
         raise ConfigError(f"{src}field {where!r}: {err['msg']}{extra}") from None

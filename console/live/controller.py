@@ -17,16 +17,23 @@ from adapters.vllm.instances import Instance
 from adapters.vllm.poller import Poller
 from console.live import tracing
 from console.live.admission import HeldRequests
+from console.live.advisor import AdvisorCollector, LiveAdvisor, RowTee, cluster_profile
+from console.live.calibration import CalibrationFeed
+from console.live.calibrator import Calibrator
+from console.live.canary import LiveCanary
 from console.live.config import ConsoleConfig
-from console.live.decisions import QualityCollector, RecentRequests, decision_log, quality
+from console.live.decision_quality import QualityCollector, decision_log, quality
 from console.live.events import EventBus, InstanceListeners
 from console.live.health import InstanceHealth, RankWatch
+from console.live.lora import LiveAdapters, LoraCollector
 from console.live.metrics import GatewayMetrics
 from console.live.migrations import Migrations
 from console.live.operations import Operations
 from console.live.outcomes import Outcomes
 from console.live.policies import POLICY_NEEDS, check_capability
 from console.live.prefix import PrefixIndex, default_tokenizer
+from console.live.recent import RecentRequests
+from console.live.refusals import RefusalCollector, RefusalLines, counted_by_admission
 from console.live.scaler import Scaler
 from console.live.services import RequestServices
 from console.live.state import ConsoleState, InstanceRow, QueueState, ScrapedCounters
@@ -34,6 +41,7 @@ from console.live.tenants import Tenants
 from core.dispatch import Dispatcher
 from core.errors import PolicyError
 from core.perf import get_profile
+from core.pools import Pool, Pools
 from core.types import PolicyEvent, PolicyKind
 
 PERIODIC_TICK_S = 0.1
@@ -95,7 +103,9 @@ class Controller:
         self.recorder = RunRecorder(store, run_id)
         self.t0 = time.monotonic()
         self.started_wall = time.time()
-        self.recent = RecentRequests(self.recorder)
+        self.finished = RowTee(self.recorder)
+        """Each finished request's stored row, to the recorder and to the canary and the advisor."""
+        self.recent = RecentRequests(self.finished)
         """The run's rows pass through it; it keeps the last finished requests for the request inspector."""
         self.outcomes = Outcomes(self.recent, config.slo, self.t0)
         self.metrics: GatewayMetrics = self.outcomes.metrics
@@ -105,6 +115,11 @@ class Controller:
         log = decision_log(config.decisions, lambda recs: self.recorder.decisions(recs, self.t0))
         self.dispatcher.use_decisions(log)
         self.metrics.registry.register(QualityCollector(self.dispatcher))
+        self.metrics.registry.register(RefusalCollector(lambda: self.dispatcher.gate))
+        self.refusals = RefusalLines(self.events, lambda: self.dispatcher.gate)
+        """Admission's refusals as one event line per cause per few seconds (not one per request)."""
+        if self.dispatcher.gate is not None:
+            self.outcomes.counted_refusal = counted_by_admission
         self.held = HeldRequests(self.dispatcher, self.profile, config.poll_interval_s)
         self.metrics.queue_depth.set_function(lambda: len(self.held))
         self.metrics.watch_instances(lambda: list(self.instances.values()))
@@ -121,14 +136,44 @@ class Controller:
         self.listeners.subscribe(added=self.health.track_data_parallel, removed=self.health.instance_removed)
         self.listeners.subscribe(added=self.prefix.follow, down=self.prefix.lost, removed=self.prefix.removed)
         self.listeners.subscribe(added=lambda _: self.held.release())  # a new instance has room
+        self.calibration = Calibrator(CalibrationFeed(self.profile, refit_every_s=0), self.dispatcher)
+        """Each instance's step terms refitted online from its scrapes (the profile is the prior)."""
+        self.health.scraped.append(self.calibration.scraped)
+        self.listeners.subscribe(removed=self.calibration.forget)
+        pool = Pool(config.pool_name, config.served_model_name, self.dispatcher, adapters=dict(config.lora.adapters))
+        self.pools = Pools([pool])
+        """The pools behind the gateway (one: this console's dispatcher) and the table from a model to its pool."""
+        self.lora = LiveAdapters(self.pools, self.instances, config.max_loras(), events=self.events)
+        """The pools' LoRA adapters on their instances: loaded where requests need them, residency for routing."""
+        self.listeners.subscribe(added=self.lora.instance_added, removed=self.lora.instance_removed)
+        self.health.scraped.append(self.lora.observe)
+        self.metrics.registry.register(LoraCollector(self.lora.counts))
         self.tracing = tracing.build(config.tracing)
         """OpenTelemetry spans of each request's phases (None: [tracing] off, opentelemetry not even imported)."""
         for inst in instances:
             self.dispatcher.add_instance(inst.id, inst.role)
             self.health.track_data_parallel(inst)
+            self.lora.instance_added(inst)
         self.migrations = Migrations(backend, self.dispatcher, self.instances, self.outcomes)
         scaler = Scaler(backend, self.dispatcher, self.instances, config, self.metrics, self.outcomes, self.listeners)
         self.operations = Operations(backend, self.dispatcher, self.instances, scaler, self.migrations)
+        self.canary = LiveCanary(self.dispatcher, self.recorder, self.events, self.t0, self.set_policy)
+        """The policy canary (one at a time), its arms and readings."""
+        self.advisor = LiveAdvisor(
+            config.advisor,
+            dispatcher=self.dispatcher,
+            canary=self.canary,
+            log=self.recorder,
+            events=self.events,
+            t0=self.t0,
+            run_id=run_id,
+            slos=config.slo,
+            shape=lambda: self.snapshot().cluster,
+            profile=lambda: cluster_profile(self.profile, [a.terms for a in self.calibration.applied.values()]),
+        )
+        """The what-if advisor ([advisor]; its simulations run in a niced worker process)."""
+        self.finished.listeners += [self.canary.request, self.advisor.request]
+        self.metrics.registry.register(AdvisorCollector(self.advisor))
         self.services = RequestServices(
             dispatcher=self.dispatcher,
             instances=self.instances,
@@ -140,6 +185,8 @@ class Controller:
             metrics=self.metrics,
             engine_priorities=Capability.PRIORITY in backend.capabilities,
             failure_migration_attempts=config.failure_migration_attempts,
+            lora=self.lora,
+            arrivals=self.advisor if config.advisor.enabled else None,
         )
         """What each LiveRequest uses (built once, here)."""
         self.ranks = RankWatch(self.events, lambda: self.dispatcher.rank.name)
@@ -191,6 +238,8 @@ class Controller:
         self.dispatcher.start_periodic(time.monotonic())
         self._tasks.append(asyncio.create_task(self._publish_state(), name="state-publisher"))
         self._tasks.append(asyncio.create_task(self._periodic(), name="periodic-policies"))
+        self._tasks.append(asyncio.create_task(self.canary.run(), name="canary"))
+        self._tasks.append(asyncio.create_task(self.advisor.run(), name="advisor"))
 
     async def _discover_models(self) -> None:
         for inst in self.instances.values():
@@ -200,8 +249,10 @@ class Controller:
                     if r.status == 200:
                         data = await r.json()
                         for m in data.get("data", []):
-                            if "id" in m:
+                            pool = self.pools.of_instance(inst.id)
+                            if "id" in m and not m.get("parent") and pool is not None:  # adapters have a parent
                                 self.served_models.add(m["id"])
+                                self.pools.add_alias(pool, m["id"])
                             if isinstance(m.get("max_model_len"), int):
                                 old = self.max_model_len
                                 self.max_model_len = m["max_model_len"] if old is None else min(old, m["max_model_len"])
@@ -210,17 +261,20 @@ class Controller:
         """Drain in-flight requests (bounded; not when `drain` is False), stop polling and periodic work,
         close clients and the run record."""
         self.draining = True
+        self.canary.interrupt(f"the console stopped ({status})")  # the active policy stays in force
         if drain and self.outcomes.in_flight:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.outcomes.idle.wait(), self.config.drain_timeout_s)
         await self.poller.stop()
         await self.prefix.close()
+        await self.lora.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self.operations.stop()
+        await asyncio.to_thread(self.advisor.close)
         for inst in self.instances.values():
             await inst.close()
         if self.tracing is not None:
@@ -228,14 +282,19 @@ class Controller:
         self.recorder.close(status=status, summary=self.summary())
 
     # --- policies ------------------------------------------------------------------------------
-    def set_policy(self, kind: str, name: str, params: dict[str, Any] | None, source: str) -> PolicyEvent:
+    def set_policy(
+        self, kind: str, name: str, params: dict[str, Any] | None, source: str, pool: str | None = None
+    ) -> PolicyEvent:
+        """Hot-swap one policy of pool `pool` (None: the only pool; UnknownPool otherwise)."""
+        dispatcher = self.pools.pick(pool).dispatcher
         try:
             k = PolicyKind(kind)
         except ValueError:
             raise PolicyError(f"unknown policy kind {kind!r}; kinds: {', '.join(PolicyKind)}") from None
         check_capability(self.backend, k, name)
-        ev = self.dispatcher.set_policy(k, name, params, source=source, now=time.monotonic())
+        ev = dispatcher.set_policy(k, name, params, source=source, now=time.monotonic())
         self.outcomes.policy_swapped(ev.time - self.t0, ev.kind.value, ev.old, ev.new, ev.params, source)
+        self.canary.policy_swapped(ev.kind.value, source)
         if k == PolicyKind.QUEUE:
             self.held.release()  # a new limit may let held requests go
         return ev
@@ -249,6 +308,8 @@ class Controller:
             self.held.release()  # the prefill backlog drains with time, not only on events
             now = time.monotonic()
             self.health.tick(now)
+            self.calibration.tick(now)
+            self.refusals.tick(now)
             self.tenants.poll(now)
             if now < self.dispatcher.next_periodic_at():
                 continue
@@ -336,6 +397,7 @@ class Controller:
                     max_in_flight_per_instance=queue.max_in_flight_per_instance,
                     ttl_s=queue.ttl_s,
                     admission=d.gate.describe() if d.gate is not None else None,
+                    refusals=d.gate.refusals_by_cause() if d.gate is not None else None,
                 ),
                 "assignment_ratio": d.assignment_ratios()["active"],
                 "draining": self.draining,
@@ -343,8 +405,33 @@ class Controller:
                 "prefix": self.prefix.snapshot(),
                 "capabilities": caps,
                 "tenants": self.tenants.snapshot(),
+                **self._advisor_state(),
+                "pools": self._pools_state(),
             }
         )
+
+    def _pools_state(self) -> dict[str, Any]:
+        """Each pool: its model, instances, active policies and adapters (console.live.state.PoolState)."""
+        lora = self.lora.snapshot()
+        return {
+            p.name: {
+                "model": p.model,
+                "instances": sorted(p.instance_ids),
+                "policies": p.dispatcher.active_policies(),
+                "adapters": lora[p.name]["adapters"],
+                "lora_counts": lora[p.name]["counts"],
+            }
+            for p in self.pools
+        }
+
+    def _advisor_state(self) -> dict[str, Any]:
+        """The advisor's and the canary's state, when the advisor is on or a canary has run (else no keys)."""
+        out: dict[str, Any] = {}
+        if (advisor := self.advisor.snapshot()) is not None:
+            out["advisor"] = advisor
+        if self.canary.current is not None or self.canary.last is not None:
+            out["canary"] = self.canary.snapshot()
+        return out
 
     def _row(self, inst: Instance, loads: Mapping[str, float], now: float) -> InstanceRow:
         d = self.dispatcher
@@ -371,6 +458,10 @@ class Controller:
             pid=inst.pid,
             node=inst.node,
             dp_ranks=d.rank_loads(inst.id, now),
+            backlog_s=d.prefill_backlog_s(inst.id, now) if inst.role.serves_prefill() else None,
+            calibration=self.calibration.row(inst.id, now),
+            pool=pool.name if (pool := self.pools.of_instance(inst.id)) is not None else None,
+            adapters=self.lora.adapters_on(inst.id),
             scraped=ScrapedCounters(
                 prompt_tokens_total=s.prompt_tokens_total,
                 generation_tokens_total=s.generation_tokens_total,

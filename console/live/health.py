@@ -76,6 +76,8 @@ class InstanceHealth:
         """Per instance, a future done when it is marked down (see lost_signal)."""
         self.listeners = listeners
         """Told the id of an instance the poller or the backend marked down (its cache is forgotten)."""
+        self.scraped: list[Callable[[Instance, float], None]] = []
+        """Who else reads each instance's scrape (the live calibration), in order."""
 
     # --- request outcomes ------------------------------------------------------------------------
     def upstream_failed(self, instance_id: str) -> None:
@@ -178,9 +180,11 @@ class InstanceHealth:
             self.release()
 
     def on_sample(self, inst: Instance, now: float) -> None:
-        """The poller scraped `inst`'s /metrics."""
+        """The poller scraped `inst`'s /metrics (or failed to: its last page stays)."""
         self.dispatcher.observe_instance(inst.state())
         self.log.sample(inst, now)
+        for reader in self.scraped:
+            reader(inst, now)
 
     def track_data_parallel(self, inst: Instance) -> None:
         """Tell the dispatcher whether `inst` is a data-parallel group (its ranks and slots per rank)."""

@@ -166,6 +166,9 @@ class Outcomes:
         """The active policy's name of each kind (decisions are counted under it)."""
         self.tenant_of: Callable[[Request], str] = lambda _: "default"
         """The tenant a request is charged to (the controller's tenants say)."""
+        self.counted_refusal: Callable[[RequestRecord], bool] = lambda _: False
+        """Whether a failed request's refusal is told by a refusal line of its cause (console/live/refusals.py)
+        rather than a failure event of its own (the controller sets it while SLO admission counts refusals)."""
 
     def rel(self, t: float | None) -> float | None:
         """A monotonic time as seconds since the console started (None stays None)."""
@@ -195,13 +198,14 @@ class Outcomes:
         met = self.slo.add(finish, lat.ttft, lat.tpot, live.ok, req.slo_class)
         if not live.ok:
             self.failed += 1
-            self.events.publish(
-                "failure",
-                request_id=live.id,
-                reason=live.reason,
-                prefill=live.prefill_instance,
-                decode=live.decode_instance,
-            )
+            if not self.counted_refusal(live):  # else its cause's refusal line counts it
+                self.events.publish(
+                    "failure",
+                    request_id=live.id,
+                    reason=live.reason,
+                    prefill=live.prefill_instance,
+                    decode=live.decode_instance,
+                )
         elif live.recovered is not None:  # saved after a failure (failure migration, a lost prefill's KV)
             self.events.publish("recovered", request_id=live.id, detail=live.recovered, decode=live.decode_instance)
         self.observe(live, lat, met)
@@ -261,6 +265,11 @@ class Outcomes:
             reason=live.reason,
             slo_met=met,
             tenant=self.tenant_of(req),
+            model=live.model or None,
+            lora=req.lora,
+            arm=live.arm,
+            session=req.session or None,
+            prefix_keys=req.prefix_keys or None,
         )
 
     # --- instances and policies ------------------------------------------------------------------

@@ -27,7 +27,7 @@ from adapters.tokenizer import LocalTokenizer
 from adapters.vllm.instances import Instance
 from adapters.vllm.kv_events import KVEventSubscriber
 from console.live.config import PrefixSettings
-from core.cache.keys import chain_keys
+from core.cache.keys import prompt_keys
 from core.dispatch import Dispatcher
 from core.types import Role
 
@@ -142,12 +142,15 @@ class PrefixIndex:
         elif s.source == "precise":
             dispatcher.use_prefix_events(self.block_size, decode_only=s.decode_only)
 
-    def known_keys(self, body: dict[str, Any], tokenize: bool = True) -> tuple[int, ...] | None:
+    def known_keys(
+        self, body: dict[str, Any], tokenize: bool = True, lora: str | None = None
+    ) -> tuple[int, ...] | None:
         """The prefix keys of a request body without any I/O: empty when the cache is off or the
         prompt has no ids; None when a text or chat prompt must go through `tokenized_keys` (only
         when `tokenize`: the active routing policy reads the cache). Token-id prompts are hashed
         here (microseconds), and text and chat prompts the local tokenizer takes are tokenized here
-        too, so the hot path awaits nothing for them."""
+        too, so the hot path awaits nothing for them. Under LoRA adapter `lora` the keys carry it (as
+        vLLM's do): a prefix cached under one adapter never matches another's nor the base model's."""
         if self.settings.source == "off":
             return ()
         ids = token_ids(body)
@@ -167,9 +170,11 @@ class PrefixIndex:
                 self.unkeyed += 1
                 return ()
         self.keyed += 1
-        return tuple(chain_keys(ids, self.block_size))
+        return tuple(prompt_keys(ids, self.block_size, lora))
 
-    async def tokenized_keys(self, body: dict[str, Any], instances: Iterable[Instance]) -> tuple[int, ...]:
+    async def tokenized_keys(
+        self, body: dict[str, Any], instances: Iterable[Instance], lora: str | None = None
+    ) -> tuple[int, ...]:
         """The prefix keys of a text or chat prompt, tokenized by a prefill instance's /tokenize."""
         t = time.perf_counter()
         ids = await engine_token_ids(body, [i for i in instances if i.role != Role.DECODE], self.no_tokenize)
@@ -178,7 +183,7 @@ class PrefixIndex:
             self.unkeyed += 1
             return ()
         self.keyed += 1
-        return tuple(chain_keys(ids, self.block_size))
+        return tuple(prompt_keys(ids, self.block_size, lora))
 
     async def lookup(self, body: dict[str, Any], instances: Iterable[Instance]) -> dict[str, Any]:
         """Where a request body's blocks are cached as routing sees it (POST /control/prefix/match):

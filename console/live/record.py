@@ -78,6 +78,12 @@ class RequestRecord:
     """What the gateway did to save it after a failure (recorded as part of the reason)."""
     outcome: Outcome | None = None
     """How it ended (None while it is in the gateway)."""
+    model: str = ""
+    """The base model it ran on (its pool's model; for a request naming an adapter, the adapter's base model)."""
+    lora_wait_s: float = 0.0
+    """Seconds it waited for its LoRA adapter to be loaded where its legs run (0: held there, or no adapter)."""
+    arm: str | None = None
+    """canary or control: its arm in the policy canary running when it was routed (None: none ran)."""
 
     def __post_init__(self) -> None:
         self.id = str(self.request.id)
@@ -137,6 +143,17 @@ class RequestRow:
     reason: str | None
     slo_met: bool | None
     tenant: str
+    model: str | None = None
+    """The base model it ran on (None: not known)."""
+    lora: str | None = None
+    """The LoRA adapter it named (None: the base model)."""
+    arm: str | None = None
+    """canary or control: its arm in the policy canary running when it was routed (None: none ran)."""
+    session: str | None = None
+    """The session (conversation) it belonged to (None: none)."""
+    prefix_keys: tuple[int, ...] | None = None
+    """Its prompt's prefix block keys as routing saw them (None: none were computed), so a window read back
+    from the run store keeps its prefix structure (console/advisor/window.py)."""
 
     def stored(self) -> dict[str, Any]:
         """The row as the run store takes it (adapters.store.RunRecorder.request): one key per column."""

@@ -14,6 +14,7 @@ import orjson
 
 from adapters.http.upstream import Response
 from adapters.vllm.forward import StreamBroken, UpstreamFailure, open_decode, relay_stream, tokenize
+from adapters.vllm.lora import AdapterCallError
 from adapters.vllm.pd_protocol import (
     SSETokenCounter,
     StreamTranscript,
@@ -29,7 +30,7 @@ from console.live.record import Outcome
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
     from console.live.services import RequestServices
-    from console.live.tracing import Trace
+    from console.live.tracing import SpanHooks
     from core.types import Request
 
 PROGRESS_EVERY_S = 0.05
@@ -86,7 +87,7 @@ class DecodeRelay:
         path: str,
         body: dict[str, Any],
         forward_headers: bytes,
-        trace: Trace,
+        trace: SpanHooks,
         decode_id: str,
     ) -> None:
         self.s = services
@@ -145,8 +146,20 @@ class DecodeRelay:
             )
 
     async def _resume_stream(self, target: Instance) -> Response:
+        await self._under_adapter(target)
         headers = self.trace.decode_leg(target.id, self.forward_headers, "migration")
         return await open_decode(target, self.path, orjson.dumps(resume_leg_body(self.body, self.request_id)), headers)
+
+    async def _under_adapter(self, target: Instance) -> None:
+        """The request's LoRA adapter is loaded on `target` before a leg goes there (both legs run under it);
+        an UpstreamFailure of the target's when it cannot be."""
+        adapter, lora = self.request.lora, self.s.lora
+        if adapter is None or lora is None:
+            return
+        try:
+            await lora.place(self.request_id, target, adapter)
+        except AdapterCallError as e:
+            raise UpstreamFailure(target.id, 502, str(e)) from None
 
     # --- legs --------------------------------------------------------------------------------------
     def leg_headers(self, dec: Instance) -> bytes:
@@ -305,6 +318,7 @@ class DecodeRelay:
             target = moved.target
             notes.append(moved.note)
             try:
+                await self._under_adapter(target)
                 if by_ids:  # a token-id prompt continues with the streamed text as the target tokenizes it
                     body, _ = continuation_body(
                         self.body,

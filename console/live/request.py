@@ -34,13 +34,14 @@ from adapters.vllm.forward import (
     decode_leg,
     prefill_leg,
 )
+from adapters.vllm.lora import AdapterCallError
 from adapters.vllm.pd_protocol import SSETokenCounter, completion_tokens, decode_leg_body, prefill_leg_body
 from console.live.channel import JSON_HEADERS, ClientChannel, Rejected
 from console.live.record import Outcome, RequestRecord, Step
 from console.live.relay import DecodeRelay, FailOver, Relayed
-from console.live.tracing import NO_TRACE, Trace
+from console.live.tracing import NO_TRACE, SpanHooks
 from core.errors import NoCapacityError
-from core.types import Admission, Request
+from core.types import Admission, Request, Role
 
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
@@ -65,7 +66,9 @@ class LiveRequest:
     s: RequestServices
     """The console's parts it uses (given to `run`)."""
 
-    def __init__(self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes) -> None:
+    def __init__(
+        self, request: Request, path: str, body: dict[str, Any], forward_headers: bytes, model: str = ""
+    ) -> None:
         self.request = request
         self.id = str(request.id)
         self.path = path
@@ -73,9 +76,9 @@ class LiveRequest:
         self.stream = bool(body.get("stream"))
         self.forward_headers = forward_headers
         """Header lines both legs carry (X-Request-Id, the client's Authorization)."""
-        self.record = RequestRecord(request, self.stream)
+        self.record = RequestRecord(request, self.stream, model=model)
         """What happened to it, as it happens (written here only)."""
-        self.trace: Trace = NO_TRACE  # its spans when [tracing] is on (console/live/tracing.py, set by the gateway)
+        self.trace: SpanHooks = NO_TRACE  # its spans when [tracing] is on (console/live/tracing.py, set by the gateway)
         self.relay: DecodeRelay | None = None
         """Its decode side, from the binding of its decode instance on."""
 
@@ -87,6 +90,8 @@ class LiveRequest:
         services.outcomes.started(rec)
         try:
             await self._admit(client)
+            if self.request.lora is not None:
+                await self._under_adapter()
             reply = await self._prefill()
             rec.cached_tokens = cached_tokens(reply)
             await self._decode(client, reply)
@@ -118,6 +123,8 @@ class LiveRequest:
             relay.drop_resume()
             s.migrations.left(self.id)
             rec.tried_decode, rec.dp_rank, rec.first_token_at = relay.tried_decode, relay.dp_rank, relay.first_token_at
+        if self.request.lora is not None and s.lora is not None:
+            s.lora.release(self.id)
         if rec.outcome is None:  # its task was cancelled (the server stopping under it)
             rec.outcome = Outcome.ABANDONED if rec.step == Step.QUEUED else Outcome.CLIENT_GONE
         if rec.recovered is not None:
@@ -136,6 +143,8 @@ class LiveRequest:
         """The tenant's limits, the queue policy's decision, then the routing policy's."""
         s, rec = self.s, self.record
         s.tenants.admit(rec)
+        if s.arrivals is not None:
+            s.arrivals.note(self.request)
         d = s.dispatcher
         decision = d.admit(self.request, self.request.arrival)
         if decision == Admission.SHED:
@@ -170,11 +179,57 @@ class LiveRequest:
             ) from None
         rec.prefill_instance = assignment.prefill
         rec.decode_instance = assignment.decode
+        rec.arm = d.arm_of(self.request.id)  # routed under a canary's candidate, or the active policy
         self.trace.routed(rec, d, now)
         if s.engine_priorities:
             prio = d.queue.engine_priority(self.request)
             if prio is not None:
                 self.body = {**self.body, "priority": prio}
+
+    async def _under_adapter(self) -> None:
+        """Both legs run under the request's LoRA adapter: it is loaded on its prefill and decode instances
+        (concurrently, before the first leg; the wait is part of its TTFT and recorded). An instance that
+        cannot load it is replaced by another of its role, one holding the adapter when one is routable;
+        with none left the request fails with the instance's and vLLM's reason."""
+        rec = self.record
+        t = time.monotonic()
+        legs = [self._adapter_leg(Role.PREFILL)]
+        if rec.decode_instance is not None:
+            legs.append(self._adapter_leg(Role.DECODE))
+        await asyncio.gather(*legs)
+        rec.lora_wait_s += time.monotonic() - t
+
+    async def _adapter_leg(self, role: Role) -> None:
+        """Load the adapter on this request's instance of `role` (moving the leg when it cannot be)."""
+        s, rec, adapter = self.s, self.record, self.request.lora
+        assert adapter is not None
+        if s.lora is None:
+            raise Rejected(404, f"The model `{adapter}` does not exist.", outcome=Outcome.UPSTREAM)
+        tried: list[str] = []
+        while True:
+            iid = rec.prefill_instance if role == Role.PREFILL else rec.decode_instance
+            if iid is None:
+                return
+            try:
+                await s.lora.place(self.id, s.instances[iid], adapter)
+                return
+            except AdapterCallError as e:
+                tried.append(iid)
+                holders = s.lora.holders(adapter) - set(tried)
+                index = s.dispatcher.view.index
+                members = [i for i, inst in s.instances.items() if inst.role in (role, Role.BOTH) and i in index]
+                avoid = tried + [i for i in members if i not in holders] if holders else tried
+                retry = s.dispatcher.retry_prefill if role == Role.PREFILL else s.dispatcher.retry_decode
+                moved = retry(self.request.id, avoid, time.monotonic())
+                if moved is None and holders:  # no holder is routable: any instance not tried
+                    moved = retry(self.request.id, tried, time.monotonic())
+                if moved is None:
+                    raise Rejected(502, str(e), outcome=Outcome.UPSTREAM) from None
+                if role == Role.PREFILL:
+                    rec.prefill_instance = moved
+                else:
+                    rec.decode_instance = moved
+                self._saved(f"{e}; its {role.value} leg moved to {moved}")
 
     async def _prefill(self) -> dict[str, Any]:
         """Leg 1, sent once more to another prefill instance if the first one is at fault.
@@ -240,6 +295,10 @@ class LiveRequest:
                     outcome=Outcome.NO_CAPACITY,
                 ) from None
             self.trace.bound_late(rec.decode_instance, bind_at)
+            if self.request.lora is not None:
+                t = time.monotonic()
+                await self._adapter_leg(Role.DECODE)
+                rec.lora_wait_s += time.monotonic() - t
         rec.enter(Step.DECODE_BOUND)
         dec = s.instances[rec.decode_instance]
         kv = reply.get("kv_transfer_params")
@@ -270,7 +329,9 @@ class LiveRequest:
                 raise
             self._saved(f"{e} before its first token: sent to {retry} with the prompt's KV")
             rec.decode_instance = retry
-            await self._decode_with_kv(client, s.instances[retry], kv)
+            if self.request.lora is not None:
+                await self._adapter_leg(Role.DECODE)
+            await self._decode_with_kv(client, s.instances[rec.decode_instance], kv)
 
     async def _decode_with_kv(self, client: ClientChannel, dec: Instance, kv: dict[str, Any] | None) -> None:
         """Leg 2 on `dec`, recomputing the prompt there if its prefill instance is lost first."""

@@ -96,6 +96,11 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
     dashboard is another process, a client of the control API (`console.live.server_process`)."""
     if config.port and (problem := cannot_listen(config.host, config.port)):  # before anything starts
         raise ConfigError(problem)
+    if len(config.pools) > 1:
+        raise ConfigError(
+            f"{len(config.pools)} [[pools]] are configured, but a console serves one pool for now "
+            "(one [[pools]] entry, or the top-level prefill/decode/served_model_name)"
+        )
     reaped = orphans.reap(discovery.runs_dir())  # instances a crashed console left running
     store = RunStore(config.db)
     store.mark_interrupted_runs()

@@ -8,23 +8,26 @@ on what a request calls lands on that Protocol and its implementer is one module
     health      console.live.health.LegHealth          (InstanceHealth)
     outcomes    console.live.outcomes.OutcomeSink      (Outcomes)
     migrations  console.live.migrations.MigrationWatch (Migrations)
+    lora        console.live.lora.AdapterPlacement     (LiveAdapters)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
     from console.live.admission import HeldQueue
     from console.live.health import LegHealth
+    from console.live.lora import AdapterPlacement
     from console.live.metrics import GatewayMetrics
     from console.live.migrations import MigrationWatch
     from console.live.outcomes import OutcomeSink
     from console.live.tenants import TenantGate
     from core.dispatch import Dispatcher
+    from core.types import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +49,14 @@ class RequestServices:
     """Whether the instances order their queues by `priority` (then the queue policy may set it)."""
     failure_migration_attempts: int
     """How many decode instances may fail under one request before it fails (0: failure migration off)."""
+    lora: AdapterPlacement | None = None
+    """Loads a request's LoRA adapter where its legs run (None: this console serves no adapters)."""
+    arrivals: ArrivalNotes | None = None
+    """Notes each arrival's prefix keys and session for the advisor (console.live.advisor.LiveAdvisor; None: off)."""
+
+
+class ArrivalNotes(Protocol):
+    """Who keeps what the gateway knew of each arrival that the run store does not (the advisor's windows)."""
+
+    def note(self, request: Request) -> None:
+        """One arrival, as the gateway keyed it."""

@@ -28,6 +28,60 @@ class ScrapedCounters(_Model):
     )
 
 
+class CalibratedTerm(_Model):
+    """One step or KV term of an instance's profile as its online fitter last reported it."""
+
+    value: float | None = Field(None, description="the value the instance is projected with, seconds (per unit)")
+    prior: float | None = Field(None, description="the console's profile's value (the prior)")
+    source: str = Field(
+        "", description="fit, fit: clipped …, or prior: not identified (why) (the term then keeps its prior)"
+    )
+    residual: float | None = Field(
+        None, description="relative RMS residual of the regression it belongs to (none before a fit)"
+    )
+    samples: int = Field(0, description="intervals (or legs) in the window that moved it")
+    age_s: float | None = Field(None, description="seconds since the newest of them (none: none yet)")
+
+
+class CalibrationCheck(_Model):
+    """What an engine measured against what its fitted terms project, over the last 30 s."""
+
+    measured_s: float = Field(description="mean seconds the engine reported (prefill time or time per output token)")
+    projected_s: float = Field(description="mean seconds the fitted step model projects for the same intervals")
+
+
+class InstanceCalibration(_Model):
+    """An instance's online calibration (core/calibration/online.py): its fitted terms, refitted every few seconds."""
+
+    calibrated: bool = Field(
+        False,
+        description="whether its prefill steps are projected with these terms (some step term was fitted, or the "
+        "terms were scaled to what the engine measured); else with the console's profile",
+    )
+    fitted_age_s: float | None = Field(None, description="seconds since the last refit")
+    terms: dict[str, CalibratedTerm] = Field(default_factory=dict, description="each fitted term by profile name")
+    correction: dict[str, float] = Field(
+        default_factory=dict,
+        description="per group (prefill, decode): the factor the terms not identified alone were scaled by so the "
+        "projection matches what the engine measured (empty: none)",
+    )
+    check: dict[str, CalibrationCheck] = Field(
+        default_factory=dict,
+        description="per kind of interval (prefill: the engine's prefill time; tpot: its time per output token): "
+        "measured against projected",
+    )
+
+
+class RefusalCount(_Model):
+    """Requests refused for one cause since the console started; the last one's projected start against its bound."""
+
+    count: int = Field(0, description="requests refused (429 at arrival, 503 once held)")
+    last_projected_s: float | None = Field(
+        None, description="seconds after its arrival the last one was projected to start"
+    )
+    bound_s: float | None = Field(None, description="the bound it was held to, seconds after arrival")
+
+
 class InstanceRow(_Model):
     """One instance as the console sees it: identity, health, its own load and what the gateway routed to it."""
 
@@ -75,6 +129,17 @@ class InstanceRow(_Model):
         default_factory=ScrapedCounters,
         description="its cumulative counters at the last /metrics scrape (empty while it starts)",
     )
+    backlog_s: float | None = Field(
+        None,
+        description="prefill instances: seconds until what the gateway projects queued there has drained "
+        "(its batching-aware projection, the backlog SLO admission judges by; 0: nothing queued)",
+    )
+    calibration: InstanceCalibration | None = Field(
+        None, description="its online calibration: fitted terms, residual, age, source (none before its first refit)"
+    )
+
+    pool: str | None = Field(None, description="the pool it serves (one per base model)")
+    adapters: list[str] | None = Field(None, description="the LoRA adapters loaded on it")
 
     @property
     def load(self) -> float:
@@ -157,6 +222,11 @@ class QueueState(_Model):
             "SLO admission's limits in force (decode slots, wait bound, ...) and its shed/expired counts; none when off"
         ),
     )
+    refusals: dict[str, RefusalCount] | None = Field(
+        None,
+        description="SLO admission's refusals by cause (prefill_backlog, decode_slots, kv, queue_full, tenant_limit); "
+        "none when off",
+    )
 
 
 class TenantRow(_Model):
@@ -209,6 +279,21 @@ class ReplayProgress(_Model):
     label: str | None = Field(None, description="the trace, its speed-up and whether it loops")
 
 
+class PoolState(_Model):
+    """One pool: a base model's instances, its policies and its LoRA adapters."""
+
+    model: str = Field(description="the base model's served name")
+    instances: list[str] = Field(default_factory=list, description="its instances' ids")
+    policies: dict[str, ActivePolicy] = Field(default_factory=dict, description="its active policy of each kind")
+    adapters: dict[str, Any] = Field(
+        default_factory=dict,
+        description="its LoRA adapters by name: path, the instances holding it, requests running under it",
+    )
+    lora_counts: dict[str, int] = Field(
+        default_factory=dict, description="adapter hits, misses, loads, evictions and load failures since start"
+    )
+
+
 class ConsoleState(_Model):
     """A snapshot of a running console (`GET /control/state`, the `state` events, `status --json`)."""
 
@@ -241,6 +326,20 @@ class ConsoleState(_Model):
         description="what the backend can do beyond the basics (scale, role_flip, migration...) and replay",
     )
     tenants: TenantsState | None = Field(None, description="API keys, per-tenant limits and counters of /v1")
+    advisor: dict[str, Any] | None = Field(
+        None,
+        description="the what-if advisor ([advisor]; none: off): apply mode, period and window, its worker's pid "
+        "and CPU share, and the latest advice's ranking (predicted P99 TTFT, attainment and gain of each candidate, "
+        "whether the gain clears the advisor's error, which is shown beside it); GET /control/advice has it whole",
+    )
+    canary: dict[str, Any] | None = Field(
+        None,
+        description="the policy canary: the running one (plan, elapsed, requests finished per arm, latest reading) "
+        "and the last one that ended, with its verdict",
+    )
+    pools: dict[str, PoolState] | None = Field(
+        None, description="the pools by name (one per base model): instances, policies, LoRA adapters"
+    )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object served: the keys the console set, nothing added."""

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from console.live.channel import Rejected
 from console.live.config import read_mapping_file
 from console.live.record import Outcome, Step
+from core.admission_signals import RefusalCause
 from core.errors import ConfigError
 from core.tenants import DEFAULT_TENANT, FairShare, TenantSpec, TenantTable, hash_key, tenant_specs
 from core.types import Request
@@ -122,6 +123,9 @@ class Tenants:
         r = record.request
         refusal = self.table.admit(self.label(r), r.id, r.prompt_tokens, r.max_tokens, time.monotonic())
         if refusal is not None:
+            gate = self.dispatcher.gate
+            if gate is not None:  # counted with admission's refusals: the wait its limit asks, no bound
+                gate.count_refusal(RefusalCause.TENANT_LIMIT, refusal.retry_after_s or 0.0, 0.0)
             raise Rejected(429, refusal.message, refusal.retry_after_s, outcome=Outcome.TENANT_LIMIT)
 
     def finished(self, record: RequestRecord, met: bool) -> None:

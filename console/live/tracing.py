@@ -13,7 +13,7 @@ and its children:
 
 Every leg carries a `traceparent` naming its own span, so an engine that traces (vLLM with
 --otlp-traces-endpoint, the emulator with the same flag) adds its `llm_request` span under the leg.
-A LiveRequest holds its RequestTrace in `trace`; with tracing off it holds NO_TRACE, whose hooks do nothing (no
+A LiveRequest holds its RequestSpans in `trace`; with tracing off it holds NO_TRACE, whose hooks do nothing (no
 allocation, and opentelemetry is never imported).
 """
 
@@ -58,9 +58,9 @@ class Tracing:
         self.SERVER, self.CLIENT, self.INTERNAL = SpanKind.SERVER, SpanKind.CLIENT, SpanKind.INTERNAL
         self.ERROR = StatusCode.ERROR
 
-    def start(self, headers: Mapping[bytes, str], request_id: str, arrival: float) -> RequestTrace:
+    def start(self, headers: Mapping[bytes, str], request_id: str, arrival: float) -> RequestSpans:
         """The root span of a request that arrived at `arrival` (monotonic) with these HTTP headers."""
-        return RequestTrace(self, incoming_context(headers), request_id, arrival)
+        return RequestSpans(self, incoming_context(headers), request_id, arrival)
 
     def header_lines(self, span: Span) -> bytes:
         """`traceparent` (and `tracestate`) header lines naming `span` as the parent."""
@@ -78,7 +78,7 @@ def build(settings: TracingSettings) -> Tracing | None:
     return Tracing(settings) if settings.enabled else None
 
 
-class Trace:
+class SpanHooks:
     """The hooks a LiveRequest calls as it enters each phase; these do nothing (tracing off: NO_TRACE)."""
 
     __slots__ = ()
@@ -116,11 +116,11 @@ class Trace:
         """The request left with its outcome."""
 
 
-NO_TRACE = Trace()
+NO_TRACE = SpanHooks()
 """The hooks of every request while tracing is off."""
 
 
-class RequestTrace(Trace):
+class RequestSpans(SpanHooks):
     """One request's spans (see the module docstring for each)."""
 
     __slots__ = (

@@ -22,6 +22,7 @@ from textual.worker import Worker, WorkerState
 
 from console.live.state import ConsoleState
 from console.tui.actions import ACTIONS, POLICY_KINDS, action_name, bindings, requirement
+from console.tui.advisor import AdvisorPanel
 from console.tui.charts import LoadChart, SloChart
 from console.tui.client import ApiError, ConnectionLost, DashboardClient
 from console.tui.events import EventLog
@@ -85,6 +86,7 @@ class SibylDashboard(App[str]):
         with Horizontal(id="charts"):
             yield LoadChart(history=self.history, id="load-chart")
             yield SloChart(history=self.history, id="slo-chart")
+        yield AdvisorPanel(id="advisor")
         yield EventLog(id="log")
         yield Footer()
 
@@ -97,7 +99,7 @@ class SibylDashboard(App[str]):
     def on_mount(self) -> None:
         header = self.dashboard.query_one(DashboardHeader)
         header.url, header.owns_cluster = self.client.url, self.owns_cluster
-        for wid, title in (("instances", "instances"), ("slo", "SLO"), ("log", "events")):
+        for wid, title in (("instances", "instances"), ("slo", "SLO"), ("advisor", "advisor"), ("log", "events")):
             self.dashboard.query_one(f"#{wid}").border_title = title
         if self.autopoll:
             self.poll_state()
@@ -189,6 +191,7 @@ class SibylDashboard(App[str]):
         decode = {i.id: i.load for i in instances if i.role in ("decode", "both")}
         self.dashboard.query_one(LoadChart).push(t, decode)
         self.dashboard.query_one(SloChart).push(t, s.slo)
+        self.dashboard.query_one(AdvisorPanel).show(s.advisor, s.canary)
         caps = {k for k, v in s.capabilities.items() if v}
         if s.replay is not None:
             caps.add("replay")

@@ -1,4 +1,4 @@
-"""The event log: policy swaps, instances up/down, failures, scaling, replay, connection notes."""
+"""The event log: policy swaps, instances up/down, failures, refusals by cause, scaling, replay, connection notes."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def describe(event: Mapping[str, Any], p: Palette) -> tuple[str, str, str]:
     if kind == "failure":
         where = f"{event.get('prefill') or '-'} → {event.get('decode') or '-'}"
         return "FAIL", f"request {event.get('request_id')} failed: {event.get('reason')}  ({where})", p.bad
+    if kind == "refusals":  # one line per cause per few seconds (console/live/refusals.py), not one per request
+        return "REFUSE", str(event.get("detail") or f"{event.get('cause')}: {event.get('count')} refused"), p.warn
     if kind == "recovered":
         return "MOVED", f"request {event.get('request_id')} saved: {event.get('detail')}", p.warn
     if kind == "ranks":
@@ -66,6 +68,16 @@ def describe(event: Mapping[str, Any], p: Palette) -> tuple[str, str, str]:
         except ValidationError:
             progress = None
         return "REPLAY", replay_label(progress) or "replay", ""
+    if kind == "advice":
+        best = event.get("best") or "keep the active policies"
+        return "ADVICE", str(event.get("detail") or f"best: {best}"), p.accent
+    if kind == "canary":
+        phase = str(event.get("phase", "?"))
+        text = f"{event.get('kind')} {event.get('policy')} {phase}: {event.get('detail')}"
+        if phase == "end":
+            good = event.get("decision") in ("promote", "equal")
+            return "CANARY", text, p.ok if good else p.warn
+        return "CANARY", text, p.accent if phase == "start" else ""
     if kind == "note":
         return "NOTE", str(event.get("message", "")), str(event.get("style") or p.muted)
     rest = ", ".join(f"{k}={v}" for k, v in event.items() if k not in _SKIP)

@@ -13,8 +13,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from console.decision_tables import decision_table, num
 from console.tui.client import ApiError, ConnectionLost, DashboardClient
+from console.why_tables import decision_table, num
 
 COLUMNS = (
     ("request_id", "request"),

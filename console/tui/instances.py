@@ -20,6 +20,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("health", "health"),
     ("running", "run"),
     ("waiting", "wait"),
+    ("backlog", "backlog"),
     ("kv", "KV"),
     ("tps", "tok/s"),
     ("hit", "hit"),
@@ -34,7 +35,10 @@ NODE_COLUMN = ("node", "node")
 RANKS_COLUMN = ("ranks", "DP ranks (KV tokens, max/mean)")
 """Per-rank load of a data-parallel decode group: appended once some instance is one."""
 RANKS_WIDTH = 16
-SORTABLE: tuple[str, ...] = ("id", "health", "running", "waiting", "kv", "tps", "hit", "load")
+CALIBRATION_COLUMN = ("calib", "calibrated")
+"""Whether the instance is projected with its own fitted terms, and their fit's residual: appended once
+some instance reports a calibration."""
+SORTABLE: tuple[str, ...] = ("id", "health", "running", "waiting", "backlog", "kv", "tps", "hit", "load")
 """Columns the table can sort by, in the order the sort key cycles through them."""
 GROUP = {"prefill": 0, "both": 1, "decode": 2}
 BAR_WIDTH = 16
@@ -90,7 +94,29 @@ def _sort_value(inst: InstanceRow, column: str) -> Any:
         return float(inst.prefix_hit_rate or 0.0)
     if column == "load":
         return inst.load
+    if column == "backlog":
+        return float(inst.backlog_s or 0.0)
     return float(getattr(inst, column, None) or 0)
+
+
+def backlog_cell(inst: InstanceRow, p: Palette) -> Text:
+    """The prefill backlog admission judges by, in projected seconds to drain ("-": not a prefill instance)."""
+    b = inst.backlog_s
+    if b is None:
+        return Text("-", justify="right", style=p.muted)
+    return Text(f"{b:.2f}s" if b < 10 else f"{b:.0f}s", justify="right", style=p.warn if b >= 1.0 else "")
+
+
+def calibration_cell(inst: InstanceRow, p: Palette) -> Text:
+    """"fit ±r%" (its prefill steps are projected with its fitted terms; r the residual), "prior" (not
+    identified yet), "-" (no refit yet)."""
+    c = inst.calibration
+    if c is None:
+        return Text("-", style=p.muted)
+    if not c.calibrated:
+        return Text("prior", style=p.muted)
+    residuals = [t.residual for t in c.terms.values() if t.source.startswith("fit") and t.residual is not None]
+    return Text(f"fit ±{max(residuals):.0%}" if residuals else "fit", style=p.ok)
 
 
 def _share(x: float | None) -> str:
@@ -114,6 +140,7 @@ class InstanceTable(DataTable[Any]):
         self._order: list[str] = []
         self._node_column = False
         self._ranks_column = False
+        self._calibration_column = False
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
@@ -133,6 +160,9 @@ class InstanceTable(DataTable[Any]):
         if not self._ranks_column and any(inst.dp_ranks for inst in instances):
             self._ranks_column = True
             self.add_column(RANKS_COLUMN[1], key=RANKS_COLUMN[0], default="")
+        if not self._calibration_column and any(inst.calibration for inst in instances):
+            self._calibration_column = True
+            self.add_column(CALIBRATION_COLUMN[1], key=CALIBRATION_COLUMN[0], default="")
         scale: dict[str, float] = {}
         for inst in instances:
             role = inst.role
@@ -183,6 +213,7 @@ class InstanceTable(DataTable[Any]):
             "health": _health(inst, p),
             "running": Text(str(inst.running), justify="right"),
             "waiting": Text(str(inst.waiting), justify="right", style=p.warn if inst.waiting else ""),
+            "backlog": backlog_cell(inst, p),
             "kv": Text("-" if kv is None else f"{kv:.0%}", justify="right", style=kv_style),
             "tps": Text(num(inst.tokens_per_s), justify="right"),
             "hit": Text(_share(inst.prefix_hit_rate), justify="right"),
@@ -195,6 +226,8 @@ class InstanceTable(DataTable[Any]):
             cells["node"] = Text(inst.node or "-", style=p.muted)
         if self._ranks_column:
             cells["ranks"] = rank_cell(inst.dp_ranks, p)
+        if self._calibration_column:
+            cells["calib"] = calibration_cell(inst, p)
         return cells
 
     def _restyle(self) -> None:

@@ -511,3 +511,24 @@ class OnlineFitter:
                 "fit": {k: t.as_dict() for k, t in terms.items()},
             }
         )
+
+    def measured_vs_projected(self, now: float, window_s: float = 30.0) -> dict[str, tuple[float, float, float]]:
+        """Per row kind ("prefill": the engine's mean prefill time, "tpot": its mean time per output
+        token; "prefill leg" / "decode leg" where the gateway's legs stand in), over the rows of the
+        last `window_s` seconds: (measured, projected by the fitted terms, the part of that projection
+        the terms left at their prior contribute), means weighted by requests."""
+        terms = self.terms(now)
+        theta = np.array([terms[k].value for k in STEP_TERMS])
+        prior = np.array([0.0 if terms[k].source.startswith("fit") else terms[k].value for k in STEP_TERMS])
+        rows = self._step
+        out: dict[str, tuple[float, float, float]] = {}
+        for kind in ("prefill", "tpot", "prefill leg", "decode leg"):
+            idx = [
+                i for i, (a, k) in enumerate(zip(rows.at, rows.kind, strict=True)) if k == kind and now - a <= window_s
+            ]
+            if idx:
+                w = np.array([rows.count[i] for i in idx])
+                measured = float(w @ np.array([rows.y[i] for i in idx]) / w.sum())
+                projected = float(w @ np.array([rows.x[i] @ theta for i in idx]) / w.sum())
+                out[kind] = (measured, projected, float(w @ np.array([rows.x[i] @ prior for i in idx]) / w.sum()))
+        return out

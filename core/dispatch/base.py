@@ -8,6 +8,7 @@ from typing import Any
 
 from core.admission import AdmissionControl, SloGate
 from core.decision_log import DecisionLog, PrefixHits
+from core.dispatch.canary import CANARY, Canary
 from core.dispatch.prefix import PrefixTracker
 from core.periodic import PeriodicRunner, SloWindow
 from core.policies.base import QueuePolicy, ReschedulePolicy, RoutingPolicy, ScalingPolicy
@@ -56,6 +57,10 @@ class _Tracked:
     sampled: bool = False
     """Whether the decision log wanted its decisions when it was routed (one it did not want then is
     never in the log: the log is not asked about it again)."""
+    arm: str | None = None
+    """Its arm in the canary running when it was routed (core/dispatch/canary.py; None: no canary ran)."""
+    canary_policy: Any = None
+    """The canary's candidate when it is in the canary arm (it routed it, or chooses its rank)."""
 
 
 class DispatcherBase:
@@ -84,6 +89,7 @@ class DispatcherBase:
     score: AssignmentScore
     decisions: DecisionLog | None
     prefix_hits: PrefixHits
+    canary: Canary | None
 
     # --- the active policies --------------------------------------------------------------------
     @property
@@ -114,7 +120,30 @@ class DispatcherBase:
     @property
     def needs_progress(self) -> bool:
         """Whether any active or shadow policy reads per-request progress."""
-        return bool(self.routing.needs_progress or any(p.needs_progress for _, p in self.shadows))
+        canary = self.canary
+        return bool(
+            self.routing.needs_progress
+            or any(p.needs_progress for _, p in self.shadows)
+            or (canary is not None and getattr(canary.policy, "needs_progress", False))
+        )
+
+    @property
+    def reads_prefix(self) -> bool:
+        """Whether the active routing policy, or a routing canary's candidate, reads the prefix cache."""
+        canary = self.canary
+        return bool(self.routing.reads_prefix or (canary is not None and getattr(canary.policy, "reads_prefix", False)))
+
+    def arm_of(self, request_id: Hashable) -> str | None:
+        """The canary arm a tracked request was routed in (None: untracked, or no canary ran then)."""
+        tracked = self._tracked.get(request_id)
+        return None if tracked is None else tracked.arm
+
+    def _canary_policy(self, request_id: Hashable, kind: PolicyKind) -> Any:
+        """The canary's candidate of `kind` if the request is in its canary arm, else None."""
+        tracked = self._tracked.get(request_id)
+        if tracked is None or tracked.arm != CANARY or tracked.canary_policy is None:
+            return None
+        return tracked.canary_policy if getattr(tracked.canary_policy, "kind", None) == kind else None
 
     def set_targets(self, request: Request) -> None:
         """Fill the request's TTFT/TPOT targets from its SLO class where the client set none."""

@@ -8,7 +8,7 @@ it virtual time; the live gateway feeds it time.monotonic(). Both drive the same
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ from core.cache.events import KVEvent
 from core.cache.index import PrefixLookup
 from core.decision_log import DecisionLog, PrefixHits, periodic_records
 from core.dispatch.base import AssignmentScore, PolicySetting, _Tracked
+from core.dispatch.canary import SPLIT_KINDS, Canary
 from core.dispatch.lifecycle import LifecycleMixin
 from core.dispatch.prefix import APPROXIMATE_TTL_S, PrefixTracker
 from core.errors import PolicyError
@@ -32,6 +33,7 @@ from core.types import (
     PeriodicDecisions,
     PolicyEvent,
     PolicyKind,
+    Request,
     Role,
 )
 from core.view import ClusterView
@@ -124,9 +126,11 @@ class Dispatcher(LifecycleMixin):
         """Where decision records go (`use_decisions`); None: no records are made."""
         self.prefix_hits = PrefixHits()
         """Achieved against achievable prefix-cache hits of the routing decisions taken."""
+        self.canary: Canary | None = None
+        """The policy canary running (`start_canary`; None: every request is decided by the active policies)."""
 
     def use_decisions(self, log: DecisionLog | None) -> None:
-        """Record decisions into `log` from now on (core/decisions.py; None: stop recording)."""
+        """Record decisions into `log` from now on (core/decision_records.py; None: stop recording)."""
         self.decisions = log if log is not None and log.enabled else None
 
     @staticmethod
@@ -176,6 +180,34 @@ class Dispatcher(LifecycleMixin):
         event = PolicyEvent(now, k, getattr(old, "name", None), name, new.params.model_dump(), source)
         self.policy_events.append(event)
         return event
+
+    def start_canary(
+        self,
+        kind: PolicyKind | str,
+        name: str,
+        params: dict[str, Any] | None,
+        in_canary: Callable[[Request], bool],
+        label: str = "canary",
+    ) -> Canary:
+        """Decide the requests `in_canary` says are in the canary arm (asked once per request, when it is
+        routed) with the candidate `name`, built and validated as a swap builds it; the active policy
+        decides the rest. A kind that cannot be split, or a second canary, is a PolicyError."""
+        k = PolicyKind(kind) if kind in set(PolicyKind) else None
+        if k not in SPLIT_KINDS:
+            can = ", ".join(s.value for s in SPLIT_KINDS)
+            raise PolicyError(
+                f"a {kind} policy cannot be canaried: it acts on every request at once (canaries split {can})"
+            )
+        if self.canary is not None:
+            raise PolicyError(f"a canary of {self.canary.kind} policy {self.canary.name} is already running")
+        self.canary = Canary(k, self._build(k, name, params), in_canary, label)
+        return self.canary
+
+    def stop_canary(self) -> Canary | None:
+        """End the canary: new requests are all decided by the active policies. Requests already routed
+        under the candidate keep it (it binds them late and chooses their rank), as after a swap."""
+        canary, self.canary = self.canary, None
+        return canary
 
     def active_policies(self) -> dict[str, dict[str, Any]]:
         """Name and params of the active policy of every kind."""

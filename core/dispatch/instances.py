@@ -6,15 +6,18 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from core.decisions import Record
+from core.decision_records import Record
 from core.dispatch.base import DispatcherBase
 from core.dispatch.recording import rank_record
+from core.perf import PerfProfile
 from core.policies.rank.state import DPState, dp_state
 from core.predict.survival import SurvivalPredictor
+from core.prefill import StepTerms
 from core.request_table import RUNNING
 from core.types import (
     InstancePhase,
     InstanceState,
+    PolicyKind,
     Role,
 )
 from core.view import phase_code
@@ -71,10 +74,10 @@ class InstancesMixin(DispatcherBase):
         t = v.table
         i = t.row[rid]
         group = self._dp_groups.get(int(t.inst[i]))
-        policy = self.rank
+        policy = self._canary_policy(rid, PolicyKind.RANK) or self.rank
         if group is None or not policy.acts:
             return None
-        state = self.dp_state(int(t.inst[i]), now, exclude=i)
+        state = self.dp_state(int(t.inst[i]), now, exclude=i, needs_requests=policy.needs_requests)
         rank = policy.choose(state, int(t.l_in[i]))
         t.rank[i] = -1 if rank is None else rank
         if self.decisions is not None and self.decisions.sampled(rid):
@@ -82,7 +85,7 @@ class InstancesMixin(DispatcherBase):
             self.decisions.add([Record.of(rec)])
         return rank
 
-    def dp_state(self, index: int, now: float, exclude: int = -1) -> DPState:
+    def dp_state(self, index: int, now: float, exclude: int = -1, needs_requests: bool | None = None) -> DPState:
         """What each rank of group `index` holds: the tracked requests sent to a rank there (their
         prompt plus tokens generated so far; predicted remaining steps when the policy looks ahead)."""
         ranks, slots = self._dp_groups[index]
@@ -94,7 +97,7 @@ class InstancesMixin(DispatcherBase):
         generated = np.where(running, t.generated_at(now, rows), 0.0)
         size = (t.l_in[rows] + generated).astype(np.int64)
         remaining = None
-        if self.rank.needs_requests and len(rows):
+        if (self.rank.needs_requests if needs_requests is None else needs_requests) and len(rows):
             remaining = np.maximum(SurvivalPredictor(self.view.survival).remaining(generated), 1.0).astype(np.int64)
         return dp_state(ranks, slots, t.rank[rows], size, remaining)
 
@@ -156,3 +159,23 @@ class InstancesMixin(DispatcherBase):
 
     def index_of(self, instance_id: str) -> int:
         return self._index[instance_id]
+
+    # --- per-instance step terms (a live calibration) ------------------------------------------
+    def set_instance_profile(self, instance_id: str, profile: PerfProfile | None) -> None:
+        """Project the instance's prefill steps with `profile`'s step terms from now on (its
+        calibrated profile: core/calibration/online.py); None: the shared terms again (the
+        cluster's profile, the prefill estimator's coefficients). Unknown ids are ignored."""
+        i = self._index.get(instance_id)
+        if i is None:
+            return
+        q = self.view.queues
+        q.set_terms(i, None if profile is None else StepTerms.of(profile, chunked=q.terms.chunked))
+
+    def instance_terms(self, instance_id: str) -> StepTerms:
+        """The step terms the instance's prefill steps are projected with."""
+        return self.view.queues.terms_of(self._index[instance_id])
+
+    def prefill_backlog_s(self, instance_id: str, now: float) -> float:
+        """Seconds until what the projection holds on the instance has drained (0: nothing queued),
+        the backlog SLO admission judges a new prompt by (before its drift correction)."""
+        return max(float(self.view.prefill_free_at[self._index[instance_id]]) - now, 0.0)

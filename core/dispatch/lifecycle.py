@@ -6,14 +6,16 @@ from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from core.decisions import Explain, Record
+from core.decision_records import Explain, Record
 from core.dispatch import recording
 from core.dispatch.admitting import AdmittingMixin
 from core.dispatch.base import _Tracked
+from core.dispatch.canary import CANARY
 from core.errors import NoCapacityError
 from core.request_table import RUNNING
 from core.types import (
     Assignment,
+    PolicyKind,
     Request,
     Role,
 )
@@ -29,7 +31,11 @@ class LifecycleMixin(AdmittingMixin):
         v.now = now
         if request.tpot_s is None or request.ttft_s is None:
             self.set_targets(request)
+        canary = self.canary
+        arm = canary.arm(request) if canary is not None else None
         router = self.routing
+        if arm == CANARY and canary is not None and canary.kind is PolicyKind.ROUTING:
+            router = canary.policy
         log = self.decisions
         ex = v.explain = Explain() if log is not None and log.want(request.id, now) else None
         try:
@@ -80,6 +86,8 @@ class LifecycleMixin(AdmittingMixin):
             routed_at=now,
             computed=computed,
             sampled=ex is not None,
+            arm=arm,
+            canary_policy=canary.policy if arm == CANARY and canary is not None else None,
         )
         for _, shadow in self.shadows:
             try:
@@ -266,7 +274,7 @@ class LifecycleMixin(AdmittingMixin):
         t = self.view.table
         if len(generated) == 0:
             return
-        rows = np.array([t.row[r] for r in rids], dtype=np.int64)
+        rows = np.fromiter(map(t.row.__getitem__, rids), dtype=np.int64, count=len(generated))
         dt = now - t.t_obs[rows]
         ok = dt > 0
         t.v[rows[ok]] = (generated[ok] - t.l_obs[rows[ok]]) / dt[ok]
@@ -294,9 +302,8 @@ class LifecycleMixin(AdmittingMixin):
                     after = v.profile.kv_transfer_time(req.prompt_tokens) + v.profile.step_time(1, req.prompt_tokens)
                     projected = tracked.prefill_due + after - tracked.routed_at
                     self.gate.observe_ttft(p, projected, first_token_at - tracked.routed_at)
-                self.routing.observe_completion(
-                    req, first_token_at - req.arrival, tpot, tracked.routed_at - req.arrival
-                )
+                learner = tracked.router if tracked.arm == CANARY else self.routing  # each arm's router learns its own
+                learner.observe_completion(req, first_token_at - req.arrival, tpot, tracked.routed_at - req.arrival)
             # a whole reply has no first-token time: its TTFT is taken at the handoff, its TPOT is unknown
             first = (
                 first_token_at

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.decision_log import PrefixHits
-from core.decisions import Decision, Record
+from core.decision_records import Decision, Record
 from core.types import Assignment, Request
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def handoff(
     best: bool,
     unit: str,
 ) -> Record:
-    """A handoff record (core.decisions.handoff_decision), made when read; the load is copied now."""
+    """A handoff record (core.decision_records.handoff_decision), made when read; the load is copied now."""
     ids = view.instance_ids
     head = (
         "handoff",

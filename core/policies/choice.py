@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.decisions import note
+from core.decision_records import note
 from core.errors import NoCapacityError
 from core.types import Request, Role
 from core.view import ClusterView

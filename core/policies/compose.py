@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from core.decisions import note
+from core.decision_records import note
 from core.errors import NoCapacityError, PolicyError
 from core.policies import registry
 from core.policies.base import PolicyParams, QueuePolicy, RoutingPolicy, RoutingPolicyBase

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from core.decisions import annotate, note
+from core.decision_records import annotate, note
 from core.errors import NoCapacityError, PolicyError
 from core.lora import Tier
 from core.policies import registry

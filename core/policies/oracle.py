@@ -8,7 +8,7 @@ from collections import deque
 import numpy as np
 from pydantic import Field
 
-from core.decisions import note
+from core.decision_records import note
 from core.errors import NoCapacityError
 from core.policies.choice import RotatingArgmin
 from core.policies.compose import ComposedParams, ComposedRouting

@@ -10,7 +10,7 @@ from bisect import bisect_right
 import numpy as np
 from pydantic import Field
 
-from core.decisions import note
+from core.decision_records import note
 from core.errors import NoCapacityError
 from core.policies.choice import least_queued_prefill
 from core.policies.compose import ComposedParams, ComposedRouting

@@ -14,7 +14,7 @@ import string
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 import console.gateway.proxy as proxy_mod
 from adapters.vllm.pd_protocol import SSETokenCounter
-from console.gateway.proxy import ClientError, Proxy, estimate_prompt_tokens, read_body
+from console.gateway.proxy import ClientError, Proxy, estimate_prompt_tokens, read_bounded_body
 from core.errors import TraceError
+from core.pools import Pool, Pools
 from core.traces import Trace, read_azure, read_burstgpt, read_mooncake, read_servegen, read_trace
 
 FAST = settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -85,16 +86,17 @@ request_bodies = st.fixed_dictionaries(
 def fake_controller(**kw: Any) -> Any:
     config = SimpleNamespace(max_body_bytes=kw.get("limit", 1 << 20), slo={"default": None, "interactive": None})
 
-    def no_keys(body: Any, tokenize: bool = True) -> tuple[int, ...]:
+    def no_keys(body: Any, tokenize: bool = True, lora: str | None = None) -> tuple[int, ...]:
         return ()
 
+    pool = Pool(MODEL, MODEL, cast(Any, SimpleNamespace(view=SimpleNamespace(lora=None))))
     return SimpleNamespace(
-        served_models={MODEL},
+        pools=Pools([pool]),
         draining=False,
         config=config,
         instances={},
         prefix=SimpleNamespace(known_keys=no_keys),
-        dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False)),
+        dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False), reads_prefix=False),
         # an open /v1 (no keys file), as console.live.tenants.Tenants is without one
         tenants=SimpleNamespace(keyed=False, authenticate=lambda header: "default", priority=lambda t, asked: asked),
         tracing=None,
@@ -110,16 +112,16 @@ def error_shaped(raw: bytes, status: int) -> None:
     assert err["code"] == status
 
 
-# -- read_body --------------------------------------------------------------------------------
+# -- read_bounded_body ----------------------------------------------------------------------------
 
 
-def run_read_body(messages: list[dict[str, Any]], limit: int) -> bytes:
+def run_read_bounded_body(messages: list[dict[str, Any]], limit: int) -> bytes:
     it = iter(messages)
 
     async def receive() -> dict[str, Any]:
         return next(it)
 
-    return asyncio.run(read_body(receive, limit))
+    return asyncio.run(read_bounded_body(receive, limit))
 
 
 @FAST
@@ -128,14 +130,16 @@ def run_read_body(messages: list[dict[str, Any]], limit: int) -> bytes:
     limit=st.integers(min_value=0, max_value=300),
     gone_at=st.none() | st.integers(min_value=0, max_value=7),
 )
-def test_read_body_joins_chunks_or_refuses_cleanly(chunks: list[bytes], limit: int, gone_at: int | None) -> None:
+def test_read_bounded_body_joins_chunks_or_refuses_cleanly(
+    chunks: list[bytes], limit: int, gone_at: int | None
+) -> None:
     msgs: list[dict[str, Any]] = [
         {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)
     ]
     if gone_at is not None and gone_at < len(msgs):
         msgs[gone_at] = {"type": "http.disconnect"}
     try:
-        body = run_read_body(msgs, limit)
+        body = run_read_bounded_body(msgs, limit)
     except ClientError as e:
         if gone_at is not None and gone_at < len(msgs) and sum(map(len, chunks[:gone_at])) <= limit:
             assert e.status == 400 and "disconnected" in e.message
@@ -220,7 +224,7 @@ header_names = st.sampled_from(
 class Captured:
     runs: list[Any] = []
 
-    def __init__(self, req: Any, path: str, body: dict[str, Any], fwd: bytes) -> None:
+    def __init__(self, req: Any, path: str, body: dict[str, Any], fwd: bytes, model: str = "") -> None:
         self.req, self.path, self.body, self.fwd = req, path, body, fwd
 
     async def run(self, c: Any, client: Any) -> None:

@@ -53,15 +53,18 @@ def test_the_state_has_the_keys_clients_read(tmp_path: Path) -> None:
     c = controller(tmp_path)
     c.dispatcher.add_instance("d2", Role.DECODE, phase=InstancePhase.STARTING)
     state = c.state()
-    # added: prefix (the prefix-cache index), tenants (keys and per-tenant limits of /v1)
-    assert list(state) == [*LEGACY_KEYS[:14], "prefix", LEGACY_KEYS[14], "tenants"]
+    # added: prefix (the prefix-cache index), tenants (keys and per-tenant limits of /v1), pools (one per base model)
+    assert list(state) == [*LEGACY_KEYS[:14], "prefix", LEGACY_KEYS[14], "tenants", "pools"]
+    assert list(state["pools"]) == ["sibyl-model"] and state["pools"]["sibyl-model"]["instances"] == ["d0", "d1", "p0"]
     assert state["tenants"]["required"] is False and list(state["tenants"]["tenants"]) == ["default"]
     assert state["prefix"]["source"] == "approximate" and state["prefix"]["events"] == {}
     assert state["cluster"] == "1P2D" and state["capabilities"] == {"replay": False} and state["replay"] is None
     rows = {r["id"]: r for r in state["instances"]}
     assert list(rows) == ["p0", "d0", "d1", "d2"]
     added = ["prefix_hit_rate", "cached_share"]  # added after the typed state: the instance's prefix cache
-    assert list(rows["d0"]) == [*LEGACY_ROW_KEYS[:11], *added, *LEGACY_ROW_KEYS[11:]] and list(
+    calibrated = ["backlog_s", "calibration"]  # added: the prefill backlog admission judges by, the online fit
+    pooled = ["pool", "adapters"]  # added: its pool (one per base model), the LoRA adapters loaded on it
+    assert list(rows["d0"]) == [*LEGACY_ROW_KEYS[:11], *added, *LEGACY_ROW_KEYS[11:], *calibrated, *pooled] and list(
         rows["d0"]["scraped"]
     ) == [
         "prompt_tokens_total",
@@ -80,7 +83,8 @@ def test_the_state_has_the_keys_clients_read(tmp_path: Path) -> None:
         "max_in_flight_per_instance",
         "ttl_s",
         "admission",
-    ]  # admission: added (SLO admission)
+        "refusals",
+    ]  # admission, refusals: added (SLO admission, its refusals by cause)
     assert list(state["policies"]) == ["routing", "queue", "reschedule", "scaling", "rank"]
     c.recorder.close(status="completed")
 

@@ -38,7 +38,7 @@ def test_a_finished_request_is_counted_scored_and_stored() -> None:
     )
     assert abs(row.finish - 10.8) < 1e-9 and abs(row.e2e - 0.8) < 1e-9
     stored = row.stored()  # what the run store takes: its 25 columns, in order
-    assert list(stored) == list(ROW_COLUMNS) and len(stored) == 25 and stored["request_id"] == "r1"
+    assert list(stored) == list(ROW_COLUMNS) and len(stored) == 30 and stored["request_id"] == "r1"
     assert out.slo.snapshot(101.0)["run"]["requests"] == 1
     assert list(out.metrics.ttft.collect())[0].samples  # observed
 

@@ -28,7 +28,7 @@ def test_recoveries_are_kept_in_the_order_they_happened() -> None:
 
 def test_the_stored_row_has_exactly_the_stores_request_columns() -> None:
     stored = set(StoredRequest.model_fields) - {"id", "run_id"}  # the store adds its key and the run
-    assert set(ROW_COLUMNS) == stored and len(ROW_COLUMNS) == 25
+    assert set(ROW_COLUMNS) == stored and len(ROW_COLUMNS) == 30
 
 
 def test_every_way_a_request_ends_is_one_outcome() -> None:

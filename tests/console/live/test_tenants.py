@@ -19,6 +19,7 @@ from console.gateway.proxy import Proxy
 from console.live.channel import Rejected
 from console.live.record import Outcome, Step
 from console.live.tenants import Tenants, bearer_key, keys_file_line, read_keys_file
+from core.admission import SloAdmission
 from core.errors import ConfigError
 from core.tenants import hash_key
 from core.types import Request
@@ -67,6 +68,7 @@ def test_a_changed_file_is_reloaded_and_a_bad_one_keeps_the_table(tmp_path: Path
     keys = tmp_path / "tenants.toml"
     keys.write_text(keys_file_line("a", "sk-a", max_in_flight=1))
     d = dispatcher(instances(1, 1))
+    gate = d.use_slo_admission(SloAdmission())
     t = Tenants(keys, d, now=0.0)
     seen: list[dict[str, object]] = []
     t.on_reload = seen.append
@@ -83,6 +85,8 @@ def test_a_changed_file_is_reloaded_and_a_bad_one_keeps_the_table(tmp_path: Path
     with pytest.raises(Rejected) as over:
         t.admit(second)  # the request admitted before the reload still counts
     assert over.value.status == 429 and over.value.retry_after_s == 1.0 and over.value.outcome is Outcome.TENANT_LIMIT
+    # counted with admission's refusals, by cause (the wait its limit asks, no bound)
+    assert gate.refusals_by_cause()["tenant_limit"] == {"count": 1, "last_projected_s": 1.0, "bound_s": 0.0}
     keys.write_text("[tenants.a]\nkey_sha256 = 1\n")
     t.poll(20.0)
     assert not seen[-1]["ok"] and "line 1: tenant 'a'" in str(t.last_error)
@@ -160,7 +164,7 @@ def test_the_gateway_charges_the_keys_tenant_or_lets_the_client_name_one(
     runs: list[tuple[Request, dict[str, Any], bytes]] = []
 
     class Captured:
-        def __init__(self, req: Request, path: str, body: dict[str, Any], fwd: bytes) -> None:
+        def __init__(self, req: Request, path: str, body: dict[str, Any], fwd: bytes, model: str = "") -> None:
             runs.append((req, body, fwd))
 
         async def run(self, c: Any, client: Any) -> None:
@@ -179,12 +183,12 @@ def test_the_gateway_charges_the_keys_tenant_or_lets_the_client_name_one(
             sent.append(m)
 
         c = SimpleNamespace(
-            served_models=set(),
+            pools=SimpleNamespace(routes={}, default=SimpleNamespace(pool=SimpleNamespace(model="m"), adapter=None)),
             draining=False,
             config=SimpleNamespace(max_body_bytes=1 << 20, slo={"default": None}),
             instances={},
-            prefix=SimpleNamespace(known_keys=lambda body, tokenize=True: ()),
-            dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False)),
+            prefix=SimpleNamespace(known_keys=lambda body, tokenize=True, lora=None: ()),
+            dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False), reads_prefix=False),
             tenants=tenants,
             tracing=None,
             services=None,  # the LiveRequest is Captured: it never uses them

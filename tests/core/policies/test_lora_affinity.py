@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from core.decision_log import DecisionLog
-from core.decisions import Decision
+from core.decision_records import Decision
 from core.dispatch import Dispatcher
 from core.errors import PolicyError
 from core.lora import LoraResidency, Tier

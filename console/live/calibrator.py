@@ -1,0 +1,180 @@
+"""The live calibration wired to the dispatcher: each scrape feeds an instance's fitter, one refit a tick is applied.
+
+Every /metrics page the poller reads goes to the `CalibrationFeed` (console/live/calibration.py) as
+one more interval of that instance's `OnlineFitter`. A fit costs milliseconds (~8.5 ms with 60 rows),
+so it never runs per scrape: the controller's tick (every 0.1 s) refits at most one instance, the
+one whose turn is longest past, and each instance at most every `APPLY_EVERY_S` seconds. That
+staggers the fits of a large cluster (64 instances: one refit each every 6.4 s at most) and keeps
+the event loop's share small. The fitted profile then projects the instance's prefill steps
+(`Dispatcher.set_instance_profile`) once the data identify at least one of its step terms; until
+then, or when they no longer do, the instance keeps the shared terms (the console's profile, with
+the prefill estimator's coefficients). What each fit said is kept for `status`, `/control/state`
+and the dashboard.
+
+Under steady load the step model's terms are rarely identified one by one (an interval's batch,
+prompt tokens and resident KV move together), yet what the engine measures at its operating point
+is known: the terms left at their prior are then scaled together, by one correction factor per kind
+of interval (measured over projected, as Dynamo's planner corrects its estimates), so the projection
+matches what the engine reports. Each such term says so ("prior × s, scaled to what the engine
+measured (why it was not identified alone)"); its prior is still shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from core.calibration.online import STEP_TERMS
+from core.perf import PerfProfile
+
+if TYPE_CHECKING:
+    from adapters.vllm.instances import Instance
+    from console.live.calibration import CalibrationFeed
+    from core.dispatch import Dispatcher
+
+APPLY_EVERY_S = 5.0
+"""Each instance is refitted and its projection updated at most this often."""
+FIRST_EVERY_S = 0.5
+"""... or this often while it is still projected with the shared terms (the first seconds of load)."""
+CHECK_WINDOW_S = 30.0
+"""The measured-against-projected check covers the scrape intervals of this many last seconds."""
+CORRECT_ABOVE = 0.05
+"""Terms left at their prior are scaled once the projection misses what the engine measured by more than this."""
+SCALE_BOUNDS = (0.05, 20.0)
+"""A factor outside these is not applied: a miss that large says the intervals do not follow the step
+model (e.g. prompt tokens the engine found cached counted as computed), not that the engine is that
+much faster or slower; the check still shows measured against projected."""
+PREFILL_TERMS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s")
+SCALED_BY = {"prefill": ("prefill", "prefill leg"), "decode": ("tpot", "decode leg")}
+"""Which kinds of interval correct which group of terms (the first one with data)."""
+
+
+def _factor(entry: tuple[float, float, float]) -> float | None:
+    """The factor on the prior-held part of a projection that makes it what the engine measured."""
+    measured, projected, held = entry
+    if held <= 0 or measured <= 0 or projected <= 0 or abs(measured / projected - 1) <= CORRECT_ABOVE:
+        return None
+    factor = 1 + (measured - projected) / held
+    return factor if SCALE_BOUNDS[0] <= factor <= SCALE_BOUNDS[1] else None
+
+
+def corrected(
+    profile: PerfProfile, check: dict[str, tuple[float, float, float]]
+) -> tuple[PerfProfile, dict[str, float], dict[str, tuple[float, float, float]]]:
+    """`profile` with its prior-held step terms scaled to what the engine measured (see the module
+    docstring): the profile, the factor per group (prefill, decode) applied, and the check after it."""
+    factors: dict[str, float] = {}
+    for group, kinds in SCALED_BY.items():
+        entry = next((check[k] for k in kinds if k in check), None)
+        f = None if entry is None else _factor(entry)
+        if f is not None:
+            factors[group] = f
+    if not factors:
+        return profile, factors, check
+    fit = {k: dict(v) for k, v in (profile.fit or {}).items()}
+    update: dict[str, Any] = {}
+    for name in STEP_TERMS:
+        term = fit.get(name)
+        group = "prefill" if name in PREFILL_TERMS else "decode"
+        f = factors.get(group) if len(factors) > 1 else next(iter(factors.values()))
+        if term is None or f is None or str(term.get("source", "")).startswith("fit"):
+            continue
+        update[name] = float(term["value"]) * f
+        term["value"] = update[name]
+        term["source"] = f"prior × {f:.3g}, scaled to what the engine measured ({term['source']})"
+    if any(k.startswith("decode") for k in update):
+        update["tps_curve"] = None  # TPS(N) then derives from the scaled step, as after a fit
+    after = {}
+    for kind, (measured, projected, held) in check.items():
+        group = "prefill" if kind in SCALED_BY["prefill"] else "decode"
+        f = factors.get(group) if len(factors) > 1 else next(iter(factors.values()))
+        after[kind] = (measured, projected + ((f or 1.0) - 1) * held, (f or 1.0) * held)
+    return profile.model_copy(update={**update, "fit": fit}), factors, after
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One refit of an instance, as applied to the dispatcher."""
+
+    at: float
+    """When (monotonic seconds)."""
+    terms: dict[str, dict[str, Any]]
+    """Per fitted term: value, prior, source ("fit…" or "prior: why"), residual, samples, age_s (at `at`)."""
+    calibrated: bool
+    """Whether the instance is projected with these terms (some step term was fitted, or the terms
+    held at their prior were scaled to what the engine measured) or the shared ones."""
+    correction: dict[str, float]
+    """The factor the prior-held terms were scaled by, per group (prefill, decode); empty: none."""
+    check: dict[str, tuple[float, float, float]]
+    """Per kind of interval ("prefill", "tpot", or the gateway's legs): (measured, projected) means
+    over the last CHECK_WINDOW_S seconds."""
+
+
+class Calibrator:
+    """Feeds each instance's scrapes to its fitter; `tick` refits and applies one instance at a time."""
+
+    def __init__(self, feed: CalibrationFeed, dispatcher: Dispatcher, *, apply_every_s: float = APPLY_EVERY_S) -> None:
+        self.feed = feed
+        self.dispatcher = dispatcher
+        """Told each instance's fitted profile (`set_instance_profile`)."""
+        self.apply_every_s = apply_every_s
+        self._seen: dict[str, str] = {}
+        """The last page observed per instance (a failed probe leaves the old one in place)."""
+        self._turn: dict[str, float] = {}
+        """When each instance with new data may be refitted next."""
+        self._next: dict[str, float] = {}
+        """When each instance may be refitted next (apply_every_s after its last refit)."""
+        self.applied: dict[str, Applied] = {}
+        """The last refit of each instance."""
+
+    def scraped(self, inst: Instance, now: float) -> None:
+        """The poller read `inst`'s /metrics: one more interval for its fitter (a page seen already is skipped)."""
+        page = inst.metrics_page
+        if not page or self._seen.get(inst.id) is page:
+            return
+        self._seen[inst.id] = page
+        self.feed.observe_scrape(inst.id, page, now)
+        self._turn.setdefault(inst.id, self._next.setdefault(inst.id, now))
+
+    def tick(self, now: float) -> str | None:
+        """Refit the instance whose turn is longest past, if any is due, and apply it; its id."""
+        if not self._turn:
+            return None
+        iid = min(self._turn, key=self._turn.__getitem__)
+        if self._turn[iid] > now:
+            return None
+        del self._turn[iid]  # its next scrape gives it a turn again, apply_every_s from now
+        fitted = self.feed.profile_for(iid, now)
+        profile, factors, check = corrected(fitted, self.feed.check(iid, now, CHECK_WINDOW_S))
+        fit = profile.fit or {}
+        calibrated = bool(factors) or any(str(fit.get(k, {}).get("source", "")).startswith("fit") for k in STEP_TERMS)
+        self.dispatcher.set_instance_profile(iid, profile if calibrated else None)
+        self.applied[iid] = Applied(now, fit, calibrated, factors, check)
+        self._next[iid] = now + (self.apply_every_s if calibrated else min(FIRST_EVERY_S, self.apply_every_s))
+        return iid
+
+    def forget(self, instance_id: str) -> None:
+        """The instance left: its fitter, its turn and its last refit go."""
+        self.feed.forget(instance_id)
+        self._seen.pop(instance_id, None)
+        self._turn.pop(instance_id, None)
+        self._next.pop(instance_id, None)
+        self.applied.pop(instance_id, None)
+        self.dispatcher.set_instance_profile(instance_id, None)
+
+    def row(self, instance_id: str, now: float) -> dict[str, Any] | None:
+        """The instance's calibration as `/control/state` shows it (None before its first refit)."""
+        a = self.applied.get(instance_id)
+        if a is None:
+            return None
+        since = now - a.at
+        terms = {
+            k: {**t, "age_s": None if t.get("age_s") is None else float(t["age_s"]) + since} for k, t in a.terms.items()
+        }
+        return {
+            "calibrated": a.calibrated,
+            "fitted_age_s": since,
+            "terms": terms,
+            "correction": a.correction,
+            "check": {k: {"measured_s": m, "projected_s": p} for k, (m, p, _) in a.check.items()},
+        }

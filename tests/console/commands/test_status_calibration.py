@@ -1,0 +1,71 @@
+"""`status` shows admission's refusals by cause and each instance's fitted terms with residual, age and source."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from console.commands.status import _calibration_table, refusals_line
+from console.live.state import ConsoleState, QueueState
+
+
+def state() -> ConsoleState:
+    return ConsoleState.model_validate(
+        {
+            "instances": [
+                {
+                    "id": "p0",
+                    "role": "prefill",
+                    "backlog_s": 2.9,
+                    "calibration": {
+                        "calibrated": True,
+                        "fitted_age_s": 3.0,
+                        "terms": {
+                            "prefill_per_token_s": {
+                                "value": 2e-5,
+                                "prior": 2e-4,
+                                "source": "fit",
+                                "residual": 0.05,
+                                "samples": 40,
+                                "age_s": 1.0,
+                            },
+                            "kv_transfer_base_s": {
+                                "value": 0.002,
+                                "prior": 0.002,
+                                "source": "prior: no samples of the constant yet",
+                            },
+                        },
+                        "check": {"prefill": {"measured_s": 0.0222, "projected_s": 0.0224}},
+                    },
+                },
+                {"id": "d0", "role": "decode"},
+            ],
+            "queue": QueueState.model_validate(
+                {
+                    "refusals": {
+                        "prefill_backlog": {"count": 37, "last_projected_s": 2.9, "bound_s": 1.6},
+                        "kv": {"count": 0, "last_projected_s": 0.0, "bound_s": 0.0},
+                        "tenant_limit": {"count": 2, "last_projected_s": 4.0, "bound_s": 0.0},
+                    }
+                }
+            ),
+        }
+    )
+
+
+def test_refusals_by_cause_with_the_projected_wait_against_the_bound() -> None:
+    s = state()
+    assert s.queue is not None and s.queue.refusals is not None
+    assert refusals_line(s.queue.refusals) == (
+        "refused by cause: prefill backlog 37 (last projected 2.90 s against 1.60 s); tenant limit 2"
+    )
+    assert refusals_line({}) == "refused by cause: none"
+
+
+def test_the_calibration_table_lists_every_term_and_says_why_a_prior_is_kept() -> None:
+    con = Console(record=True, width=200)
+    con.print(_calibration_table(state()))
+    text = con.export_text()
+    assert "p0 (calibrated, refit 3 s ago)" in text and "prefill measured 22.2 ms, projected 22.4 ms" in text
+    assert "prefill_per_token_s" in text and "2e-05" in text and "0.0002" in text and "5%" in text and "40" in text
+    assert "prior: no samples of the constant yet" in text
+    assert "d0" not in text  # no calibration yet: no rows

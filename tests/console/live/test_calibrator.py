@@ -1,0 +1,148 @@
+"""The live calibration wired to the dispatcher: scrapes of an engine 10× faster than the console's
+prior move the dispatcher's projection of that instance to the engine's own speed; one refit a tick;
+an instance that leaves is forgotten."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from adapters.vllm.instances import Instance
+from console.live.calibration import CalibrationFeed
+from console.live.calibrator import Calibrator
+from core.dispatch import Dispatcher
+from core.perf import PerfProfile
+from core.prefill import StepTerms
+from core.types import Role
+
+TRUE = PerfProfile(
+    name="engine",
+    description="what the engine runs",
+    prefill_base_s=0.002,
+    prefill_per_token_s=2e-5,
+    decode_step_base_s=0.003,
+    decode_step_per_seq_s=2e-4,
+    kv_capacity_tokens=65536,
+    block_size=16,
+    max_num_seqs=64,
+    max_model_len=4096,
+)
+PRIOR = TRUE.model_copy(
+    update={
+        "name": "prior",
+        **{k: 10 * getattr(TRUE, k) for k in ("prefill_base_s", "prefill_per_token_s")},
+        **{k: 10 * getattr(TRUE, k) for k in ("decode_step_base_s", "decode_step_per_seq_s")},
+    }
+)
+
+
+class FakeEngine:
+    """A /metrics page of vLLM's request histograms, cumulative, advanced one interval at a time
+    with requests whose prefill time and time per output token follow TRUE exactly."""
+
+    def __init__(self) -> None:
+        self.hist: dict[str, tuple[float, float]] = {}
+        self.running = 0.0
+
+    def _observe(self, name: str, value: float, n: int) -> None:
+        count, total = self.hist.get(name, (0.0, 0.0))
+        self.hist[name] = (count + n, total + n * value)
+
+    def interval(self, requests: int, prompt: int, batch: int, output: int = 20) -> str:
+        kv = batch * (prompt + output / 2)
+        step = TRUE.decode_step_base_s + TRUE.decode_step_per_seq_s * batch
+        self._observe("vllm:request_prefill_time_seconds", step + TRUE.prefill_base_s + 2e-5 * prompt, requests)
+        self._observe("vllm:request_time_per_output_token_seconds", step + 0 * kv, requests)
+        self._observe("vllm:request_prompt_tokens", prompt, requests)
+        self._observe("vllm:request_generation_tokens", output, requests)
+        self.running = batch
+        lines = [f"vllm:num_requests_running {self.running}", "vllm:num_requests_waiting 0"]
+        for name, (count, total) in self.hist.items():
+            lines += [f'{name}_bucket{{le="+Inf"}} {count}', f"{name}_sum {total}", f"{name}_count {count}"]
+        return "\n".join(lines) + "\n"
+
+
+def cluster() -> tuple[Dispatcher, Calibrator, Instance]:
+    d = Dispatcher(PRIOR)
+    d.add_instance("p0", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    return d, Calibrator(CalibrationFeed(PRIOR, refit_every_s=0), d, apply_every_s=1.0), Instance("p0", Role.PREFILL, "http://p0")
+
+
+def test_scrapes_of_an_engine_ten_times_faster_move_the_dispatchers_projection_to_its_speed() -> None:
+    d, cal, inst = cluster()
+    prior_alone = StepTerms.of(PRIOR).alone_s(512)
+    assert d.view.first_token_at(512)[0] == pytest.approx(prior_alone)
+    engine, rng = FakeEngine(), random.Random(3)
+    inst.metrics_page = engine.interval(0, 1, 1)
+    cal.scraped(inst, 0.0)
+    assert cal.row("p0", 0.0) is None  # no refit yet
+    assert cal.tick(0.05) == "p0" and cal.row("p0", 0.1)["calibrated"] is False  # its first page: no interval yet
+    for t in range(1, 31):
+        inst.metrics_page = engine.interval(rng.randint(2, 8), rng.choice([64, 256, 700, 1500]), rng.randint(1, 24))
+        cal.scraped(inst, float(t))
+        cal.scraped(inst, float(t))  # the same page again (a failed probe) adds nothing
+        cal.tick(float(t) + 0.05)
+    row = cal.row("p0", 31.0)
+    assert row is not None and row["calibrated"] and row["fitted_age_s"] == pytest.approx(0.95)
+    for name in ("prefill_per_token_s", "decode_step_base_s", "decode_step_per_seq_s"):
+        term = row["terms"][name]
+        assert term["source"].startswith("fit") and term["prior"] == getattr(PRIOR, name), (name, term)
+        assert term["value"] == pytest.approx(getattr(TRUE, name), rel=0.2)
+        assert term["residual"] is not None and term["residual"] < 0.1 and term["age_s"] == pytest.approx(1.0)
+    assert row["terms"]["kv_transfer_base_s"]["source"].startswith("prior:")  # nothing timed a hand-off
+    for kind in ("prefill", "tpot"):
+        check = row["check"][kind]
+        assert check["projected_s"] == pytest.approx(check["measured_s"], rel=0.05)
+    # the dispatcher now projects p0 at the engine's speed, not the prior's
+    first = float(d.view.first_token_at(512)[0])
+    assert first == pytest.approx(StepTerms.of(TRUE).alone_s(512), rel=0.2) and first < prior_alone / 5
+    assert d.instance_terms("d0") == StepTerms.of(PRIOR)
+    cal.forget("p0")
+    assert cal.row("p0", 32.0) is None and d.view.first_token_at(512)[0] == pytest.approx(prior_alone)
+
+
+def test_one_refit_a_tick_the_instance_longest_due_first() -> None:
+    d, cal, p0 = cluster()
+    d.add_instance("p1", Role.PREFILL)
+    p1 = Instance("p1", Role.PREFILL, "http://p1")
+    engines = {"p0": FakeEngine(), "p1": FakeEngine()}
+    for at, inst in ((0.0, p1), (0.2, p0)):
+        inst.metrics_page = engines[inst.id].interval(2, 100, 2)
+        cal.scraped(inst, at)
+    assert cal.tick(0.1) == "p1" and cal.tick(0.1) is None  # p0's turn comes with its page, at 0.2 s
+    assert cal.tick(0.25) == "p0" and cal.tick(0.3) is None  # nothing new scraped: no turn
+    for at, inst in ((0.4, p1), (0.45, p0)):  # uncalibrated: their next turn comes 0.5 s after the last
+        inst.metrics_page = engines[inst.id].interval(2, 100, 2)
+        cal.scraped(inst, at)
+    assert cal.tick(0.5) is None and cal.tick(0.6) == "p1" and cal.tick(0.6) is None and cal.tick(0.75) == "p0"
+    row = cal.row("p1", 2.0)
+    # one interval identifies no term alone: the terms held at their prior are scaled to what it measured
+    assert row is not None and row["calibrated"] and row["correction"]["prefill"] == pytest.approx(0.1)
+    assert not any(t["source"].startswith("fit") for t in row["terms"].values())
+    assert d.instance_terms("p1") != StepTerms.of(PRIOR)
+
+
+def test_under_a_steady_load_the_terms_held_at_their_prior_are_scaled_to_what_the_engine_measured() -> None:
+    """Every interval alike: no term is identified alone, yet the projection must match the engine."""
+    d, cal, inst = cluster()
+    engine = FakeEngine()
+    inst.metrics_page = engine.interval(0, 1, 1)
+    cal.scraped(inst, 0.0)
+    for t in range(1, 4):
+        inst.metrics_page = engine.interval(4, 300, 8)
+        cal.scraped(inst, float(t))
+        cal.tick(float(t) + 0.05)
+    row = cal.row("p0", 4.0)
+    assert row is not None and row["calibrated"] and set(row["correction"]) == {"prefill", "decode"}
+    factor = row["correction"]["prefill"]
+    assert 0.09 < factor < 0.11  # the engine is 10× faster than the prior, in every term
+    check = row["check"]["prefill"]
+    assert check["projected_s"] == pytest.approx(check["measured_s"], rel=1e-6)
+    term = row["terms"]["prefill_per_token_s"]
+    assert term["source"].startswith(f"prior × {factor:.3g}, scaled to what the engine measured (prior: ")
+    assert term["prior"] == PRIOR.prefill_per_token_s
+    assert term["value"] == pytest.approx(PRIOR.prefill_per_token_s * factor)
+    # the dispatcher projects p0 with the scaled terms: a prompt alone as fast as the engine runs it
+    assert float(d.view.first_token_at(300)[0]) == pytest.approx(StepTerms.of(TRUE).alone_s(300), rel=0.15)

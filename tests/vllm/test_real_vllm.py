@@ -292,7 +292,13 @@ def test_vllm_bench_serve_through_the_gateway(
         f"{time.monotonic() - started:.0f} s"
     )
     assert (result["completed"], result["failed"]) == (n, 0)
-    rows = [r for r in RunStore(con.db).requests(con.run_id) if r["request_id"].startswith("bench-")]
+
+    def bench_rows() -> list[dict[str, Any]]:
+        return [r for r in RunStore(con.db).requests(con.run_id) if r["request_id"].startswith("bench-")]
+
+    # the recorder writes every 0.5 s: the last requests' rows may land just after the bench exits
+    wait_for(lambda: len(bench_rows()) >= n, timeout=10.0, what=f"{n} bench rows in the run store")
+    rows = bench_rows()
     assert len(rows) == n and all(r["status"] == "ok" and r["output_tokens"] == 16 for r in rows)
 
 

@@ -62,16 +62,18 @@ class ControlClient:
         result: dict[str, Any] = self._call("DELETE", f"/control/lora/{name}")
         return result
 
-    def scale(self, role: str, delta: int, source: str = "cli") -> dict[str, Any]:
-        result: dict[str, Any] = self._call(
-            "POST", "/control/scale", json={"role": role, "delta": delta, "source": source}
-        )
+    def scale(self, role: str, delta: int, source: str = "cli", pool: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"role": role, "delta": delta, "source": source}
+        if pool is not None:
+            body["pool"] = pool
+        result: dict[str, Any] = self._call("POST", "/control/scale", json=body)
         return result
 
-    def flip(self, instance: str, role: str, source: str = "cli") -> dict[str, Any]:
-        result: dict[str, Any] = self._call(
-            "POST", "/control/flip", json={"instance": instance, "role": role, "source": source}
-        )
+    def flip(self, instance: str, role: str, source: str = "cli", pool: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"instance": instance, "role": role, "source": source}
+        if pool is not None:
+            body["pool"] = pool
+        result: dict[str, Any] = self._call("POST", "/control/flip", json=body)
         return result
 
     def migrate(self, request_id: str, target: str, source: str = "cli") -> dict[str, Any]:

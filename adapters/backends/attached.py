@@ -41,7 +41,7 @@ class AttachedBackend(BackendBase):
         down = await unhealthy([u for _, u in pairs])
         if down:
             raise BackendError(f"attached instances are not healthy: {', '.join(down)}")
-        ids = instance_ids([r for r, _ in pairs])
+        ids = instance_ids([r for r, _ in pairs], self.settings.instance_prefix)
         dp = self.settings.vllm.data_parallel_size
         return [
             Instance(i, r, u, managed=False, dp_size=dp if r == Role.DECODE else 1)

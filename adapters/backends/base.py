@@ -141,14 +141,14 @@ def require(backend: Declares, capability: Capability) -> None:
         )
 
 
-def instance_ids(roles: list[Role]) -> list[str]:
-    """p0, p1, …, d0, d1, …, b0, … in the order given."""
+def instance_ids(roles: list[Role], prefix: str = "") -> list[str]:
+    """p0, p1, …, d0, d1, …, b0, … in the order given, each after `prefix` (a pool's, e.g. `A.`)."""
     counters: dict[Role, int] = {}
     out = []
     for r in roles:
         k = counters.get(r, 0)
         counters[r] = k + 1
-        out.append(f"{r.value[0]}{k}")
+        out.append(f"{prefix}{r.value[0]}{k}")
     return out
 
 

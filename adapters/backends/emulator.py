@@ -138,7 +138,7 @@ class EmulatorBackend(BackendBase):
         roles = self.settings.initial_roles()
         base = self.settings.instance_base_port
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        ids = instance_ids(roles)
+        ids = instance_ids(roles, self.settings.instance_prefix)
         for k, (iid, role) in enumerate(zip(ids, roles, strict=True)):
             self.procs[iid] = self._spawn(role, base + k if base else free_port())
             orphans.record(self.run_dir, iid, self.procs[iid].pid or 0)

@@ -226,6 +226,9 @@ class BackendSettings(BaseModel):
     profile: str = Field("h20-qwen3-32b", description="performance profile (emulator/sim timing)")
     model: str | None = Field(None, description="model path for real vLLM")
     served_model_name: str = Field("sibyl-model", description="model name clients use")
+    instance_prefix: str = Field(
+        "", pattern=r"^[A-Za-z0-9_.-]*$", description="before each started instance's id (a pool's, e.g. `A.`)"
+    )
     instance_base_port: int = Field(0, ge=0, le=65535, description="first port for started instances (0: free ports)")
     attach: dict[str, list[str]] | None = Field(
         None, description="{'prefill': [url...], 'decode': [url...]}: instances started elsewhere"

@@ -69,7 +69,7 @@ class SimBackend(BackendBase):
     async def start(self) -> list[Instance]:
         roles = self.settings.initial_roles()
         base = self.settings.instance_base_port
-        ids = instance_ids(roles)
+        ids = instance_ids(roles, self.settings.instance_prefix)
         urls = [
             self._serve(iid, role, base + k if base else free_port())
             for k, (iid, role) in enumerate(zip(ids, roles, strict=True))

@@ -126,7 +126,7 @@ class VllmBackend(BackendBase):
         roles = s.initial_roles()
         ports = [s.instance_base_port + k if s.instance_base_port else free_port() for k in range(len(roles))]
         launched = await self._launch(roles, ports, None if s.vllm.cpu_bind else [])
-        ids = instance_ids(roles)
+        ids = instance_ids(roles, s.instance_prefix)
         self.launched = dict(zip(ids, launched, strict=True))
         for iid, li in self.launched.items():
             orphans.record(self.run_dir, iid, li.pid)

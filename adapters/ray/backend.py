@@ -111,7 +111,7 @@ class RayBackend(BackendBase):
             await asyncio.to_thread(cluster.check_placeable, s, roles)
             tasks = [
                 asyncio.ensure_future(self._launch(iid, role))
-                for iid, role in zip(instance_ids(roles), roles, strict=True)
+                for iid, role in zip(instance_ids(roles, s.instance_prefix), roles, strict=True)
             ]
             instances = await asyncio.gather(*tasks)
         except BaseException:

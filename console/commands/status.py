@@ -59,9 +59,14 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         f"run [bold]{s.run_id}[/]  backend {s.backend}  cluster {s.cluster}  up {s.uptime_s:.0f}s  "
         f"requests {req.total} ({req.in_flight} in flight, {req.failed} failed)"
     )
-    con.print("policies: " + ", ".join(f"{k}={v.name}{v.params or ''}" for k, v in s.policies.items()))
-    t = Table()
     pools = s.pools or {}
+    if len(pools) > 1:  # each pool its own policies
+        for name, p in pools.items():
+            listed = ", ".join(f"{k}={v.name}{v.params or ''}" for k, v in p.policies.items())
+            con.print(f"pool {name} ({p.model}, {p.cluster or '-'}) policies: {listed}")
+    else:
+        con.print("policies: " + ", ".join(f"{k}={v.name}{v.params or ''}" for k, v in s.policies.items()))
+    t = Table()
     by_pool = len(pools) > 1 or any(p.adapters for p in pools.values())
     columns = ("id", "role", "healthy", "running", "waiting", "backlog", "KV", "tok/s", "load", "url")
     for col in ("pool",) * by_pool + columns:
@@ -276,21 +281,29 @@ def scale(
         int,
         typer.Argument(help="instances to add (negative: remove; routing stops at once, the process after draining)"),
     ],
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="the pool to scale (one per base model; default: the only one)")
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Add or remove instances of a running console (backends that declare scale: emulator, sim, vllm).
+    """Add or remove instances of one pool of a running console (backends that declare scale: emulator, sim, vllm).
 
     Examples: sibyl-console scale decode 2      sibyl-console scale decode -- -1
+              sibyl-console scale prefill 1 --pool B
     """
-    result = _control(url, token).scale(role, delta)
-    typer.echo(json.dumps(result) if as_json else f"{role} {delta:+d}: {', '.join(result['instances'])}")
+    result = _control(url, token).scale(role, delta, pool=pool)
+    where = f" (pool {result['pool']})" if pool is not None and result.get("pool") else ""
+    typer.echo(json.dumps(result) if as_json else f"{role}{where} {delta:+d}: {', '.join(result['instances'])}")
 
 
 def flip(
     instance: Annotated[str, typer.Argument(help="instance id, e.g. d3 (see `status`)")],
     role: Annotated[str, typer.Argument(help="the role it serves from now on: prefill | decode")],
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="the instance's pool (default: the pool the instance serves)")
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -299,9 +312,9 @@ def flip(
     vLLM with kv_role=kv_both). New requests follow the new role at once; requests already on
     the instance finish where they are.
 
-    Example: sibyl-console flip d3 prefill
+    Examples: sibyl-console flip d3 prefill      sibyl-console flip B.d1 prefill   (ids are unique across pools)
     """
-    result = _control(url, token).flip(instance, role)
+    result = _control(url, token).flip(instance, role, pool=pool)
     typer.echo(json.dumps(result) if as_json else f"{result['instance']} now serves {result['role']}")
 
 

@@ -71,7 +71,8 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         return _json(c.state())
 
     async def policies(_: Request) -> Response:
-        return _json({"active": c.dispatcher.active_policies(), "available": catalog(live=True)})
+        pools = {r.pool.name: r.dispatcher.active_policies() for r in c.runtimes}
+        return _json({"active": c.dispatcher.active_policies(), "pools": pools, "available": catalog(live=True)})
 
     async def put_policy(request: Request) -> Response:
         kind = request.path_params["kind"]
@@ -131,35 +132,49 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         return _json(c.replay.snapshot())
 
     async def scale(request: Request) -> Response:
-        body = await _object(request, '{"role": "prefill"|"decode", "delta": N}')
+        body = await _object(request, '{"role": "prefill"|"decode", "delta": N, "pool": "<name>"}')
         if isinstance(body, Response):
             return body
+        pool = body.get("pool")
+        if pool is not None and not isinstance(pool, str):
+            return _error(400, "pool must be a string (a pool's name; default: the only pool)")
         delta = body.get("delta")
         if type(delta) is int and abs(delta) > MAX_SCALE_DELTA:
             return _error(
                 422, f"delta must be between -{MAX_SCALE_DELTA} and {MAX_SCALE_DELTA} per request, got {delta}"
             )
         try:
-            result = await c.operations.scale(
+            runtime = c.runtime(pool)
+            result = await runtime.operations.scale(
                 str(body.get("role")),
                 body.get("delta"),  # type: ignore[arg-type]
                 source=str(body.get("source") or "api"),
             )
+        except UnknownPool as e:
+            return _error(404, str(e))
         except ScaleError as e:
             return _error(409 if "must remain" in str(e) or "cannot" in str(e) else 422, str(e))
         except SibylError as e:  # the backend refused (a missing capability, an instance that did not start)
             return _error(409, str(e))
-        return _json(result)
+        return _json({**result, "pool": runtime.pool.name} if len(c.runtimes) > 1 else result)
 
     async def flip(request: Request) -> Response:
         body = await _object(request, '{"instance": "<id>", "role": "prefill"|"decode"}', ("instance", "role"))
         if isinstance(body, Response):
             return body
-        try:
-            result = await c.operations.flip(body["instance"], body["role"], source=str(body.get("source") or "api"))
+        pool = body.get("pool")
+        if pool is not None and not isinstance(pool, str):
+            return _error(400, "pool must be a string (a pool's name; default: the instance's pool)")
+        try:  # instance ids are unique across pools: the instance names its pool unless one is given
+            runtime = c.runtime(pool) if pool is not None else c.runtime_with(body["instance"]) or c.runtimes[0]
+            result = await runtime.operations.flip(
+                body["instance"], body["role"], source=str(body.get("source") or "api")
+            )
+        except UnknownPool as e:
+            return _error(404, str(e))
         except SibylError as e:
             return _error(409, str(e))
-        return _json(result)
+        return _json({**result, "pool": runtime.pool.name} if len(c.runtimes) > 1 else result)
 
     async def migrate(request: Request) -> Response:
         body = await _object(
@@ -167,8 +182,9 @@ def control_routes(c: Controller, request_shutdown: Callable[[str], None] | None
         )
         if isinstance(body, Response):
             return body
+        runtime = c.runtime_with(body["target"]) or c.runtimes[0]  # a move stays within the target's pool
         try:
-            result = await c.migrations.migrate(
+            result = await runtime.migrations.migrate(
                 body["request_id"], body["target"], source=str(body.get("source") or "api")
             )
         except SibylError as e:

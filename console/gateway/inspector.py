@@ -28,8 +28,9 @@ def inspector_routes(c: Controller, guard: Any) -> list[Route]:
 
     async def requests_of(request: Request) -> Response:
         iid = request.path_params["instance"]
-        if iid not in c.dispatcher.view.index:
-            known = ", ".join(c.dispatcher.view.instance_ids) or "none"
+        pool = next((r for r in c.runtimes if iid in r.dispatcher.view.index), None)
+        if pool is None:
+            known = ", ".join(i for r in c.runtimes for i in r.dispatcher.view.instance_ids) or "none"
             return Response(
                 error_body(404, f"unknown instance {iid!r}; instances: {known}"), 404, media_type="application/json"
             )
@@ -39,11 +40,16 @@ def inspector_routes(c: Controller, guard: Any) -> list[Route]:
                 error_body(400, f"limit must be an integer in 1..{MAX_LIMIT}"), 400, media_type="application/json"
             )
         out = c.outcomes
-        rows = instance_requests(iid, out.live, c.recent, c.dispatcher.decisions, out.rel, int(raw))
+        rows = instance_requests(iid, out.live, c.recent, pool.dispatcher.decisions, out.rel, int(raw))
         return _json({"instance": iid, "requests": rows})
 
     async def decisions_of(request: Request) -> Response:
-        return _json(request_decisions(request.path_params["request_id"], c.dispatcher.decisions, c.t0))
+        rid = request.path_params["request_id"]
+        for r in c.runtimes[1:]:  # a request is decided in one pool: the first that has records of it
+            log = r.dispatcher.decisions
+            if log is not None and log.of_request(rid):
+                return _json(request_decisions(rid, r.dispatcher.decisions, c.t0))
+        return _json(request_decisions(rid, c.dispatcher.decisions, c.t0))
 
     return [
         Route("/control/instances/{instance}/requests", guard(requests_of), methods=["GET"]),

@@ -333,6 +333,7 @@ def build_openapi(
                                             "maximum": MAX_SCALE_DELTA,
                                             "not": {"enum": [0]},
                                         },
+                                        "pool": {"type": "string", "description": "the pool (default: the only one)"},
                                         "source": {"type": "string"},
                                     },
                                 }
@@ -346,6 +347,7 @@ def build_openapi(
                         ),
                         "400": _error_response("malformed body"),
                         "401": _UNAUTHORIZED,
+                        "404": _error_response("no such pool, or none named where several run"),
                         "409": _error_response("the backend cannot scale, or the last instance of a role would go"),
                         "422": _error_response("bad role or delta"),
                     },
@@ -365,6 +367,7 @@ def build_openapi(
                                     "properties": {
                                         "instance": instance_field,
                                         "role": {"type": "string", "enum": ["prefill", "decode"]},
+                                        "pool": {"type": "string", "description": "default: the instance's pool"},
                                         "source": {"type": "string"},
                                     },
                                 }
@@ -375,6 +378,7 @@ def build_openapi(
                         "200": _json_response("the flip", {"type": "object", "required": ["instance", "role"]}),
                         "400": _error_response("malformed body"),
                         "401": _UNAUTHORIZED,
+                        "404": _error_response("no such pool"),
                         "409": _error_response(
                             "unknown instance, same role, the last active instance of its role, "
                             "or a backend that cannot flip"

@@ -122,9 +122,10 @@ class Proxy:
                 tenant = headers.get(b"x-sibyl-tenant") or str(body.get("user") or "")
             arrival = time.monotonic()
             lora = route.adapter
-            keys = c.prefix.known_keys(body, tokenize=c.dispatcher.reads_prefix, lora=lora)
+            pool = c.runtime_of[route.pool]  # the route's pool: its prefix index, its instances, its services
+            keys = pool.prefix.known_keys(body, tokenize=pool.dispatcher.reads_prefix, lora=lora)
             if keys is None:  # a text or chat prompt for a policy that reads the cache: the engine tokenizes it
-                keys = await c.prefix.tokenized_keys(body, c.instances.values(), lora)
+                keys = await pool.prefix.tokenized_keys(body, pool.instances.values(), lora)
             session = headers.get(b"x-session-id", "")
             req = Request(
                 rid,
@@ -146,7 +147,7 @@ class Proxy:
             live = LiveRequest(req, scope["path"], body, forward_headers(fwd), route.pool.model)
             if c.tracing is not None:  # the client's traceparent, if any, is the root span's parent
                 live.trace = c.tracing.start(headers, rid, arrival)
-            await live.run(c.services, ClientChannel(send, receive))
+            await live.run(pool.services, ClientChannel(send, receive))
         finally:
             self.in_flight.discard(rid)
 

@@ -45,6 +45,7 @@ class Scaler:
         metrics: GatewayMetrics,
         log: InstanceLog,
         listeners: InstanceListeners,
+        id_prefix: str = "",
     ) -> None:
         self.backend = backend
         """Starts, stops and flips the instances."""
@@ -60,6 +61,8 @@ class Scaler:
         """Where each step goes as an instance event."""
         self.listeners = listeners
         """Told that an instance joined (after it became active) or left."""
+        self.id_prefix = id_prefix
+        """Before each added instance's id (its pool's, e.g. `A.`; empty with one pool)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -103,8 +106,9 @@ class Scaler:
         task.add_done_callback(self._tasks.discard)
 
     def _next_id(self, role: Role) -> str:
-        prefix = role.value[0]
-        used = [int(i[1:]) for i in self.dispatcher.view.instance_ids if i[0] == prefix and i[1:].isdigit()]
+        prefix = self.id_prefix + role.value[0]
+        n = len(prefix)
+        used = [int(i[n:]) for i in self.dispatcher.view.instance_ids if i.startswith(prefix) and i[n:].isdigit()]
         return f"{prefix}{max(used, default=-1) + 1}"
 
     async def _add(self, iid: str, role: Role, reason: str, source: str) -> None:

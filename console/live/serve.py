@@ -1,4 +1,4 @@
-"""Runs a live console: start the backend, the controller and the gateway; shut all down cleanly."""
+"""Runs a live console: start each pool's backend, the controller and the gateway; shut all down cleanly."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from console.live import discovery
 from console.live.config import ConsoleConfig
 from console.live.controller import Controller
 from console.live.policies import check_policies
+from console.live.pools import cluster_label, plan_pools, start_backends
 from console.live.shutdown import Shutdown
 from core.errors import ConfigError
 
@@ -64,7 +65,7 @@ def describe(live: LiveConsole) -> dict[str, Any]:
     }
 
 
-async def _starting(start: Coroutine[object, object, list[Instance]]) -> list[Instance]:
+async def _starting(start: Coroutine[object, object, list[list[Instance]]]) -> list[list[Instance]]:
     """Await a backend's start-up; SIGINT/SIGTERM meanwhile cancel it (the backend then stops what
     it launched) instead of killing the console with its instances left running."""
     loop = asyncio.get_running_loop()
@@ -96,31 +97,36 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
     dashboard is another process, a client of the control API (`console.live.server_process`)."""
     if config.port and (problem := cannot_listen(config.host, config.port)):  # before anything starts
         raise ConfigError(problem)
-    if len(config.pools) > 1:
-        raise ConfigError(
-            f"{len(config.pools)} [[pools]] are configured, but a console serves one pool for now "
-            "(one [[pools]] entry, or the top-level prefill/decode/served_model_name)"
-        )
+    plans = plan_pools(config)  # one pool, or one per [[pools]] entry (refused with why before anything starts)
     reaped = orphans.reap(discovery.runs_dir())  # instances a crashed console left running
     store = RunStore(config.db)
     store.mark_interrupted_runs()
     run_id = store.create_run(
         kind="live",
         backend=config.backend,
-        cluster=f"{config.prefill}P{config.decode}D",
+        cluster=cluster_label(plans),
         workload=str(config.replay or ""),
         policy=config.policy,
         config=redact_config(config.model_dump(mode="json")),
     )
     run_dir = discovery.runs_dir() / run_id
-    backend = backends.create(config.backend, config.backend_settings(), run_dir)
+    pool_backends = [backends.create(config.backend, plan.settings, run_dir) for plan in plans]
+    backend = pool_backends[0]
     status = "failed"
     shutdown: Shutdown | None = None
     controller_started = False
     try:
         check_policies(config, backend)
-        instances = await _starting(backend.start())
-        controller = Controller(config, instances, store=store, run_id=run_id, run_dir=run_dir, backend=backend)
+        started = await _starting(start_backends(pool_backends))
+        controller = Controller(
+            config,
+            started[0],
+            store=store,
+            run_id=run_id,
+            run_dir=run_dir,
+            backend=backend,
+            pools=list(zip(plans, pool_backends, started, strict=True)),
+        )
         token_file = controller.write_token()
 
         def request_shutdown(reason: str) -> None:
@@ -193,8 +199,9 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
             with contextlib.suppress(Exception):
                 await controller.stop(status=status, drain=False)
         discovery.withdraw(run_id)
-        with contextlib.suppress(Exception):
-            await backend.stop()
+        for b in pool_backends:
+            with contextlib.suppress(Exception):
+                await b.stop()
         run = store.get_run(run_id)
         if run.status == "running" or (status == "interrupted" and run.status == "completed"):
             store.finish_run(run_id, status=status)  # the controller closes the run when it got that far

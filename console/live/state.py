@@ -283,6 +283,7 @@ class PoolState(_Model):
     """One pool: a base model's instances, its policies and its LoRA adapters."""
 
     model: str = Field(description="the base model's served name")
+    cluster: str | None = Field(None, description="its active prefill and decode instances, e.g. 1P1D")
     instances: list[str] = Field(default_factory=list, description="its instances' ids")
     policies: dict[str, ActivePolicy] = Field(default_factory=dict, description="its active policy of each kind")
     adapters: dict[str, Any] = Field(

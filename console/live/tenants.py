@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -73,11 +73,16 @@ class Tenants:
     changes (checked every POLL_EVERY_S) or on `reload`; a file that does not load keeps the table in
     force and its error is reported (`last_error`, the log, a `tenants` event)."""
 
-    def __init__(self, path: Path | None, dispatcher: Dispatcher, now: float | None = None) -> None:
+    def __init__(
+        self, path: Path | None, dispatcher: Dispatcher, now: float | None = None, others: Sequence[Dispatcher] = ()
+    ) -> None:
         now = time.monotonic() if now is None else now
         self.path = path
         self.table = TenantTable(read_keys_file(path) if path is not None else None, now)
         self.dispatcher = dispatcher
+        """The (first) pool's dispatcher: its queue releases fairly between tenants, its gate counts their refusals."""
+        self.others = list(others)
+        """The other pools' dispatchers: their queues release fairly too (one share table for the gateway)."""
         self.fair: FairShare | None = None
         self._signature = _signature(path) if path is not None else None
         self._next_poll = now + POLL_EVERY_S
@@ -100,7 +105,8 @@ class Tenants:
             self.fair.weights = self.table.weights()
         else:
             self.fair = None
-        self.dispatcher.admission.fair = self.fair
+        for d in (self.dispatcher, *self.others):
+            d.admission.fair = self.fair
 
     # --- per request -------------------------------------------------------------------------------
     def authenticate(self, authorization: str | None) -> str | None:

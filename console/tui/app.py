@@ -287,7 +287,8 @@ class SibylDashboard(App[str]):
     def _swapped(self, result: dict[str, Any] | None) -> None:
         if result is None:
             return
-        self.notify(f"{result.get('kind')}: {result.get('old')} → {result.get('new')}", title="policy swapped")
+        where = f" (pool {result['pool']})" if self.state is not None and len(self.state.pools or {}) > 1 else ""
+        self.notify(f"{result.get('kind')}{where}: {result.get('old')} → {result.get('new')}", title="policy swapped")
         if not self.events_live:
             self._show_swap({"type": "policy", **result}, fallback=True)
 
@@ -296,7 +297,15 @@ class SibylDashboard(App[str]):
 
     @work(group="control-actions", exit_on_error=False)
     async def action_scale(self, role: str, delta: int) -> None:
-        await self._control(f"scale {role} {delta:+d}", self.client.scale(role, delta))
+        pool = None  # several pools: the selected instance's
+        if self.state is not None and len(self.state.pools or {}) > 1:
+            iid = self.dashboard.query_one(InstanceTable).selected_id()
+            pool = next((i.pool for i in self.state.instances if i.id == iid), None)
+            if pool is None:
+                self.notify("select an instance of the pool to scale first", severity="warning")
+                return
+        where = f" in pool {pool}" if pool else ""
+        await self._control(f"scale {role} {delta:+d}{where}", self.client.scale(role, delta, pool))
 
     @work(group="control-actions", exit_on_error=False)
     async def action_flip_selected(self) -> None:

@@ -93,15 +93,23 @@ class DashboardClient:
         result: dict[str, Any] = await self._call("GET", "/control/policies")
         return result
 
-    async def set_policy(self, kind: str, name: str, params: dict[str, Any], source: str = "tui") -> dict[str, Any]:
-        """`PUT /control/policies/{kind}`: hot-swap; returns {kind, old, new, params, source}."""
-        body = {"name": name, "params": params, "source": source}
+    async def set_policy(
+        self, kind: str, name: str, params: dict[str, Any], source: str = "tui", pool: str | None = None
+    ) -> dict[str, Any]:
+        """`PUT /control/policies/{kind}` of pool `pool` (None: the only one): hot-swap; returns {kind, old, new,
+        params, source, pool}."""
+        body: dict[str, Any] = {"name": name, "params": params, "source": source}
+        if pool is not None:
+            body["pool"] = pool
         result: dict[str, Any] = await self._call("PUT", f"/control/policies/{kind}", body)
         return result
 
-    async def scale(self, role: str, delta: int) -> dict[str, Any]:
-        """`POST /control/scale`: add (delta > 0) or remove instances of one role."""
-        result: dict[str, Any] = await self._call("POST", "/control/scale", {"role": role, "delta": delta})
+    async def scale(self, role: str, delta: int, pool: str | None = None) -> dict[str, Any]:
+        """`POST /control/scale`: add (delta > 0) or remove instances of one role of pool `pool` (None: the only)."""
+        body: dict[str, Any] = {"role": role, "delta": delta}
+        if pool is not None:
+            body["pool"] = pool
+        result: dict[str, Any] = await self._call("POST", "/control/scale", body)
         return result
 
     async def flip(self, instance: str, role: str) -> dict[str, Any]:

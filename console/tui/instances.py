@@ -241,11 +241,11 @@ class InstanceTable(DataTable[Any]):
 
     # --- sorting ----------------------------------------------------------------------------
     def desired_order(self) -> list[str]:
-        """Instance ids as they should appear: role group first, then the sort column."""
+        """Instance ids as they should appear: pool first (several pools), role group next, then the sort column."""
         col, rev = self.sort_column, self.sort_reverse
-        groups: dict[int, list[InstanceRow]] = {}
+        groups: dict[tuple[str, int], list[InstanceRow]] = {}
         for inst in self._instances.values():
-            groups.setdefault(GROUP.get(inst.role, 3), []).append(inst)
+            groups.setdefault((inst.pool or "", GROUP.get(inst.role, 3)), []).append(inst)
         order: list[str] = []
         for g in sorted(groups):
             rows = sorted(groups[g], key=lambda i: natural(i.id))

@@ -16,8 +16,8 @@ from textual.widgets.option_list import Option
 from console.tui.client import ApiError, ConnectionLost
 from console.tui.params_form import ParamsForm
 
-ApplyFn = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
-"""Swaps a policy: (kind, name, params) → the API's {kind, old, new, params, source}."""
+ApplyFn = Callable[..., Awaitable[dict[str, Any]]]
+"""Swaps a policy: (kind, name, params[, pool=NAME]) → the API's {kind, old, new, params, source}."""
 
 
 class PolicyPicker(ModalScreen[dict[str, Any] | None]):
@@ -32,8 +32,12 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
         super().__init__()
         self.available: list[Mapping[str, Any]] = list(catalog.get("available") or [])
         """Every registered policy: {kind, name, summary, params_schema, defaults}."""
-        self.active: Mapping[str, Any] = catalog.get("active") or {}
-        """The active policy of each kind: {kind: {name, params}}."""
+        self.pools: Mapping[str, Mapping[str, Any]] = catalog.get("pools") or {}
+        """Each pool's active policies (several pools: the picker acts on the one chosen)."""
+        self.pool: str | None = next(iter(self.pools)) if len(self.pools) > 1 else None
+        """The pool being edited (None: the console runs one pool)."""
+        self.active: Mapping[str, Any] = self.pools[self.pool] if self.pool else catalog.get("active") or {}
+        """The active policy of each kind (of the chosen pool): {kind: {name, params}}."""
         self._apply_fn = apply
         kinds = list(dict.fromkeys(str(p["kind"]) for p in self.available))
         self.kinds = kinds
@@ -47,6 +51,14 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
         with Vertical(id="picker"):
             yield Static("Swap a policy", id="picker-title")
             with Horizontal(id="picker-top"):
+                if self.pool is not None:
+                    yield Select(
+                        [(f"pool {p}", p) for p in self.pools],
+                        value=self.pool,
+                        allow_blank=False,
+                        id="picker-pool",
+                        compact=True,
+                    )
                 yield Select(
                     [(k, k) for k in self.kinds], value=self.kind, allow_blank=False, id="picker-kind", compact=True
                 )
@@ -85,6 +97,13 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
     def _kind_changed(self, event: Select.Changed) -> None:
         if isinstance(event.value, str) and event.value != self.kind:
             self.kind = event.value
+            self._fill_policies()
+
+    @on(Select.Changed, "#picker-pool")
+    def _pool_changed(self, event: Select.Changed) -> None:
+        if isinstance(event.value, str) and event.value != self.pool:
+            self.pool = event.value
+            self.active = self.pools[event.value]
             self._fill_policies()
 
     @on(OptionList.OptionHighlighted, "#picker-policies")
@@ -139,7 +158,10 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
     async def _apply(self, kind: str, name: str, params: dict[str, Any]) -> None:
         error = self.query_one("#picker-error", Static)
         try:
-            result = await self._apply_fn(kind, name, params)
+            if self.pool is None:
+                result = await self._apply_fn(kind, name, params)
+            else:
+                result = await self._apply_fn(kind, name, params, pool=self.pool)
         except ApiError as e:
             form = self.query_one("#picker-form ParamsForm", ParamsForm)
             form.show_errors(form.fields_named_in(e.message))

@@ -1,9 +1,9 @@
-"""A pool with LoRA adapters end to end on emulated processes (127.0.0.1, free ports): `lora add` refuses a bad path
-before touching an instance and loads a good one; a request under it runs on instances holding it on both legs
-(loaded where it was missing, counted in /metrics), the run store records its model and adapter; /v1/models lists
-the model and the adapter with its parent; an unknown model gets OpenAI's 404 naming it; `policy set --pool` acts
-on the pool. Several [[pools]] in one console are refused with the reason (see the report: not wired yet)."""
-
+"""Pools with LoRA adapters end to end on emulated processes (127.0.0.1, free ports). One pool: `lora add` refuses a
+bad path before touching an instance and loads a good one; a request under it runs on instances holding it on both
+legs (loaded where it was missing, counted in /metrics), the run store records its model and adapter; /v1/models lists
+the model and the adapter with its parent; an unknown model gets OpenAI's 404 naming it; `policy set --pool` acts on
+the pool. Two [[pools]]: each model's requests run on its own pool's instances (ids `A.p0`, `B.d0`), /v1/models lists
+both and the adapter, `policy set`/`scale` act on the pool named, and the run store records each request's model."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from adapters.store import RunStore
-from tests.procs import FAST_PROFILE, ROOT, kill_children, start_console
+from tests.procs import FAST_PROFILE, ROOT, kill_children, start_console, wait_for
 
 MODEL = "tiny"
 
@@ -96,19 +96,67 @@ def test_an_adapter_added_at_run_time_is_served_on_both_legs(tmp_path: Path) -> 
     assert {rows[f"lora-{k}"]["decode_instance"] for k in range(4)} == {"d0", "d1"}
 
 
-def test_several_pools_are_refused_with_the_reason(tmp_path: Path) -> None:
+def test_two_pools_serve_each_model_on_its_own_instances(tmp_path: Path) -> None:
+    sql = adapter_dir(tmp_path, "sql")
+    pool = f'prefill = 1\ndecode = 1\nprofile = "{FAST_PROFILE}"\n'
     config = tmp_path / "pools.toml"
-    pool = 'prefill = 1\ndecode = 1\n'
-    config.write_text(f'[[pools]]\nmodel = "a"\n{pool}\n[[pools]]\nmodel = "b"\n{pool}')
-    out = subprocess.run(
-        [sys.executable, "-m", "console.cli", "up", "--headless", "--port", "0", str(config)],
-        cwd=ROOT,
-        env={"SIBYL_HOME": str(tmp_path / "home"), "SIBYL_DB": str(tmp_path / "runs.db"), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    config.write_text(
+        f'policy = "round_robin"\n[[pools]]\nmodel = "A"\n{pool}[pools.adapters]\nsql = "{sql}"\n\n'
+        f'[[pools]]\nmodel = "B"\n{pool}'
     )
-    assert out.returncode != 0 and "2 [[pools]] are configured, but a console serves one pool" in out.stderr
+    con = start_console(tmp_path, str(config))
+    try:
+        state = con.state()
+        urls = {i["id"]: i["url"] for i in state["instances"]}
+        assert sorted(urls) == ["A.d0", "A.p0", "B.d0", "B.p0"] and state["cluster"] == "2P2D"
+        assert {i["id"]: i["pool"] for i in state["instances"]} == {"A.d0": "A", "A.p0": "A", "B.d0": "B", "B.p0": "B"}
+        assert {n: (p["model"], p["instances"]) for n, p in state["pools"].items()} == {
+            "A": ("A", ["A.d0", "A.p0"]),
+            "B": ("B", ["B.d0", "B.p0"]),
+        }
+        served = {iid: httpx.get(u + "/v1/models", timeout=5).json()["data"][0]["id"] for iid, u in urls.items()}
+        assert served == {"A.d0": "A", "A.p0": "A", "B.d0": "B", "B.p0": "B"}  # each pool's model name
+
+        with httpx.Client(base_url=con.url, timeout=30) as http:
+            cards = {c["id"]: c for c in http.get("/v1/models").json()["data"]}
+            assert set(cards) == {"A", "B", "sql"} and cards["sql"]["parent"] == "A"
+            for k, model in enumerate(("A", "B", "sql", "A", "B")):
+                body = {"model": model, "prompt": [1, 2, 3, 4, k], "max_tokens": 3, "ignore_eos": True}
+                r = http.post("/v1/completions", json=body, headers={"X-Request-Id": f"{model}-{k}"})
+                assert r.status_code == 200, r.text
+            nope = http.post("/v1/completions", json={"model": "C", "prompt": "x", "max_tokens": 2})
+            err = nope.json()["error"]
+            assert nope.status_code == 404 and err["type"] == "NotFoundError" and err["param"] == "model"
+            assert "`C` does not exist" in err["message"] and "A, B, sql" in err["message"]
+            unnamed = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+            assert unnamed.status_code == 400 and "serves several models" in unnamed.json()["error"]["message"]
+
+        ambiguous = con.cli("policy", "set", "routing", "least_load")
+        assert ambiguous.returncode == 2 and "this console runs 2 pools (A, B): name one" in ambiguous.stderr
+        swap = con.cli("policy", "set", "routing", "least_load", "--pool", "B")
+        assert swap.returncode == 0 and "routing (pool B): round_robin -> least_load" in swap.stdout
+        pools = con.state()["pools"]
+        assert pools["A"]["policies"]["routing"]["name"] == "round_robin"
+        assert pools["B"]["policies"]["routing"]["name"] == "least_load"
+        status = con.cli("status").stdout
+        assert "pool A (A, 1P1D) policies: routing=round_robin" in status
+        assert "pool B (B, 1P1D) policies: routing=least_load" in status
+
+        assert con.cli("scale", "decode", "1").returncode == 2  # which pool?
+        scaled = con.cli("scale", "decode", "1", "--pool", "B", "--json")
+        assert scaled.returncode == 0, scaled.stderr
+        assert json.loads(scaled.stdout) == {"role": "decode", "delta": 1, "instances": ["B.d1"], "pool": "B"}
+        wait_for(lambda: con.state()["pools"]["B"]["cluster"] == "1P2D", 30, "B.d1 to start")
+        assert con.state()["pools"]["A"]["instances"] == ["A.d0", "A.p0"]
+    finally:
+        con.stop()
+        kill_children(con.home)
+    rows = {r["request_id"]: r for r in RunStore(con.db).requests(con.run_id)}
+    for k, model in enumerate(("A", "B", "sql", "A", "B")):
+        row = rows[f"{model}-{k}"]
+        pool = "B" if model == "B" else "A"
+        assert row["status"] == "ok" and row["model"] == pool and row["lora"] == (model if model == "sql" else None)
+        assert row["prefill_instance"] == f"{pool}.p0" and row["decode_instance"] == f"{pool}.d0"
 
 
 @pytest.mark.parametrize("bad", ['prefill = 0', 'colour = "red"'])

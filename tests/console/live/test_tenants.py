@@ -182,16 +182,20 @@ def test_the_gateway_charges_the_keys_tenant_or_lets_the_client_name_one(
         async def send(m: dict[str, Any]) -> None:
             sent.append(m)
 
-        c = SimpleNamespace(
-            pools=SimpleNamespace(routes={}, default=SimpleNamespace(pool=SimpleNamespace(model="m"), adapter=None)),
-            draining=False,
-            config=SimpleNamespace(max_body_bytes=1 << 20, slo={"default": None}),
+        pool = type("Pool", (), {"model": "m"})()  # hashable, as core.pools.Pool: runtime_of is keyed by it
+        runtime = SimpleNamespace(  # the pool's own parts (console.live.pools.PoolRuntime)
             instances={},
             prefix=SimpleNamespace(known_keys=lambda body, tokenize=True, lora=None: ()),
             dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False), reads_prefix=False),
+            services=None,  # the LiveRequest is Captured: it never uses them
+        )
+        c = SimpleNamespace(
+            pools=SimpleNamespace(routes={}, default=SimpleNamespace(pool=pool, adapter=None)),
+            runtime_of={pool: runtime},
+            draining=False,
+            config=SimpleNamespace(max_body_bytes=1 << 20, slo={"default": None}),
             tenants=tenants,
             tracing=None,
-            services=None,  # the LiveRequest is Captured: it never uses them
         )
         scope = {"type": "http", "path": "/v1/completions", "headers": headers}
         asyncio.run(Proxy(cast(Any, c))(scope, receive, send))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.emulator.process import EmulatorProcess
 from adapters.pids import running
@@ -144,3 +145,30 @@ def kill_children(home: Path) -> None:
             cwd_env = Path(f"/proc/{pid}/environ").read_bytes()
             if str(home).encode() in cwd_env:
                 os.kill(pid, signal.SIGKILL)
+
+
+def decode_counts(console: Console) -> dict[str, float]:
+    """Requests per decode instance, from the gateway's Prometheus counter."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(console.url + "/metrics").text):
+        if fam.name == "sibyl_gateway_requests":
+            for sample in fam.samples:
+                if sample.name.endswith("_total"):
+                    d = sample.labels["decode"]
+                    out[d] = out.get(d, 0) + sample.value
+    return out
+
+
+def instance_steps_live(con: Console, iid: str) -> list[tuple[str, str]]:
+    """Instance events from the console's own event stream history (before the run is flushed)."""
+    with con.control() as c, c.stream("GET", "/control/events") as r:
+        out = []
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            ev = json.loads(line[6:])
+            if ev["type"] == "state":
+                return out
+            if ev["type"] == "instance" and ev["instance"] == iid:
+                out.append((ev["event"], ev["detail"]))
+    return out

@@ -13,29 +13,9 @@ import pytest
 from adapters.emulator.engine import Engine, Sequence
 from adapters.emulator.faults import Faults
 from core.prefill import PrefillQueues, StepTerms, project
-from tests.helpers import toy_profile
-
-
-def profile(**kw: Any) -> Any:
-    """Round numbers: a step 10 ms + 1 ms a sequence, prefill 5 ms once a step + 10 µs a token
-    (+ 1e-8 s a token² where asked), a 2048-token budget."""
-    base: dict[str, Any] = dict(
-        decode_step_base_s=0.010,
-        decode_step_per_seq_s=0.001,
-        prefill_base_s=0.005,
-        prefill_per_token_s=0.00001,
-        max_num_batched_tokens=2048,
-        block_size=16,
-    )
-    return toy_profile(**{**base, **kw})
-
+from tests.core.prefill_profile import profile, step
 
 TERMS = StepTerms.of(profile())
-
-
-def step(seqs: int, tokens: float) -> float:
-    """One prefill step by hand: 10 ms + 1 ms·seqs + 5 ms + 10 µs·tokens."""
-    return 0.010 + 0.001 * seqs + 0.005 + 0.00001 * tokens
 
 
 def test_four_prompts_of_512_under_a_2048_budget_come_out_together_in_one_step_paying_its_base_once() -> None:

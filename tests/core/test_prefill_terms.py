@@ -10,7 +10,7 @@ from core.dispatch import Dispatcher
 from core.prefill import PrefillQueues, StepTerms, project
 from core.prefill_terms import InstanceTerms
 from core.types import Role
-from tests.core.test_prefill import profile, step
+from tests.core.prefill_profile import profile, step
 
 SLOW = StepTerms.of(profile())
 FAST = StepTerms.of(

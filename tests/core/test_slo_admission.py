@@ -9,23 +9,31 @@ import math
 import numpy as np
 import pytest
 
-from core.admission import SloAdmission, tpot_slots
+from core.admission import SloAdmission, pool_drained_s, tpot_slots
 from core.admission_signals import RefusalCause
 from core.dispatch import Dispatcher
 from core.perf import get_profile
 from core.types import Admission, InstanceState, Request, Role
+from tests.core.policies.states import prefix_cluster, prefix_request
 
 PROFILE = get_profile("h20-qwen3-32b")
 PREFILL_256 = float(PROFILE.prefill_time(256))  # ≈ 0.24 s
 
 
-def cluster(prefill: int = 1, decode: int = 1, queue: str = "fcfs", **settings: object) -> Dispatcher:
+def cluster(
+    prefill: int = 1, decode: int = 1, queue: str = "fcfs", measured: bool = True, **settings: object
+) -> Dispatcher:
+    """`measured`: eight requests per prefill instance have borne the projection out (measured TTFT
+    = projected), so admission refuses on it at once; else nothing was measured yet."""
     d = Dispatcher(PROFILE, "round_robin", queue=(queue, {}))
     for k in range(prefill):
         d.add_instance(f"p{k}", Role.PREFILL)
     for k in range(decode):
         d.add_instance(f"d{k}", Role.DECODE)
-    d.use_slo_admission(SloAdmission.model_validate(settings))
+    gate = d.use_slo_admission(SloAdmission.model_validate(settings))
+    for k in range(prefill if measured else 0):
+        for _ in range(8):
+            gate.observe_ttft(k, 0.5, 0.5)
     return d
 
 
@@ -199,14 +207,16 @@ def test_the_measured_ttft_corrects_a_projection_that_drifts_within_bounds() -> 
     assert gate is not None
     r = Request(1, 0.0, 40, 16)
     plain = float(gate.first_token_s(r, d.view, 0.0)[0])
+    gate.observe_ttft(0, 0.05, 0.1)  # one request backs a factor of 2^(1/2) at most
+    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(math.sqrt(2) * plain)
+    assert not gate.drift.settled(0)
     for _ in range(7):
         gate.observe_ttft(0, 0.05, 0.1)
-    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(plain)  # too few samples yet
-    gate.observe_ttft(0, 0.05, 0.1)
-    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(2 * plain)
+    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(2 * plain)  # the mean of log 2
+    assert gate.drift.settled(0)
     for _ in range(200):
-        gate.observe_ttft(0, 0.05, 5.0)
-    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(4 * plain)  # bounded
+        gate.observe_ttft(0, 0.05, 5.0)  # 100× slower than projected: followed as far as that
+    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(100 * plain, rel=1e-3)
 
 
 def test_finished_requests_feed_the_drift_of_the_instance_that_prefilled_them() -> None:
@@ -228,3 +238,109 @@ def test_concurrent_prefill_durations_do_not_inflate_the_prefill_estimate() -> N
     for k in range(64):
         d.on_prefill_end(k, 0.5, 0.5)
     assert d.view.prefill_time.observations == 1
+
+
+# --- hold on what the engines report, shed late: a prior is a starting point (issue 37) ----------
+def test_before_anything_is_measured_a_burst_the_prior_says_is_too_much_is_held_not_refused() -> None:
+    """600 prompts of 256 tokens, nothing measured, no engine reporting a queue: the prior alone
+    projects most past the 1.6 s bound, so they are held (evidence_hold_s = 0.5 s), and refused
+    (as expired, by cause) only once that hold is over and the projection still says so."""
+    d = cluster(measured=False)
+    decisions = admit_all(d, 600)
+    assert Admission.SHED not in decisions
+    routed = decisions.count(Admission.ROUTE)
+    assert 4 <= routed <= 7 and d.queue_depth() == 600 - routed
+    gate = d.gate
+    assert gate is not None and len(gate.unverified) == 600 - routed
+    assert d.expire(0.4) == []  # within the hold
+    late = d.expire(0.55)
+    assert len(late) > 500 and gate.shed == 0 and gate.expired == len(late)
+    by_cause = gate.refusals_by_cause()
+    assert by_cause["prefill_backlog"]["count"] > 0  # the first ones; those behind 154 wait for decode slots too
+    assert by_cause["prefill_backlog"]["count"] + by_cause["decode_slots"]["count"] == len(late)
+    assert not gate.unverified and d.queue_depth() == 600 - routed - len(late)
+
+
+def test_a_prior_a_hundred_times_too_slow_costs_the_first_requests_latency_not_refusals() -> None:
+    d = cluster(measured=False)
+    decisions = admit_all(d, 64)
+    assert Admission.SHED not in decisions and Admission.QUEUED in decisions
+    gate = d.gate
+    assert gate is not None
+    for _ in range(16):  # the first requests came back 100× sooner than projected
+        gate.observe_ttft(0, 1.0, 0.01)
+    assert gate.drift.settled(0) and float(gate.drift.ratio[0]) == pytest.approx(0.01)
+    released = d.release(0.05)
+    assert len(released) == decisions.count(Admission.QUEUED) and d.queue_depth() == 0
+    assert d.expire(1.0) == [] and gate.expired == 0
+
+
+def test_an_engines_own_queue_backs_a_refusal_before_anything_is_measured() -> None:
+    d = cluster(measured=False)
+    d.observe_instance(InstanceState("p0", Role.PREFILL, waiting=20))
+    decisions = admit_all(d, 50)
+    assert Admission.SHED in decisions and d.gate is not None and not d.gate.unverified
+
+
+def test_decode_slots_from_the_prior_hold_but_do_not_refuse_until_an_engine_reports_a_queue() -> None:
+    d = cluster()
+    gate = d.gate
+    assert gate is not None and not gate.slots.fixed
+    gate.slots.value = 2.0  # a prior that allows 2 in flight where the engine takes many more
+    d.admit(req(1), 0.0)
+    d.route(req(1), 0.0)
+    d.admit(req(2), 0.0)
+    d.route(req(2), 0.0)
+    assert d.admit(req(3, 0.0, prompt=16), 0.0) == Admission.QUEUED  # held: nothing reports a shortage
+    assert gate.unverified[3][1] == RefusalCause.DECODE_SLOTS
+    d.observe_instance(InstanceState("d0", Role.DECODE, waiting=8))  # now the engine says it is full
+    assert d.admit(req(4, 0.0, prompt=16), 0.0) == Admission.SHED
+    assert gate.refusals_by_cause()["decode_slots"]["count"] == 1
+
+
+def test_decode_slots_grow_while_measured_tpot_is_within_target_and_shrink_when_the_engine_queues() -> None:
+    d = cluster()
+    gate = d.gate
+    assert gate is not None and gate.decode_slots == 154
+    gate.slots.value = 2.0
+    live: list[int] = []
+    t, k = 0.0, 0
+
+    def start(rid: int, at: float) -> None:
+        d.route(req(rid, at, prompt=16), at)
+        d.on_prefill_end(rid, at + 0.01, 0.01)
+        d.on_decode_start(rid, at + 0.01)
+
+    for _ in range(12):  # every slot the estimate allows is taken; the oldest finishes at 20 ms a token
+        while len(live) < gate.decode_slots:
+            start(k, t)
+            live.append(k)
+            k += 1
+        assert gate.decode_room(d.view) <= 0  # the estimate is what holds arrivals back
+        d.on_finish(live.pop(0), t + 0.41, 21, first_token_at=t + 0.01)
+        t += 0.5
+    # the first 7 only measure; from the 8th on, each adds a slot (20 ms ≤ 0.8 × the 100 ms target)
+    assert gate.decode_slots == 2 + 5
+    before = gate.slots.value
+    d.observe_instance(InstanceState("d0", Role.DECODE, waiting=8))
+    d.on_finish(live.pop(0), t + 0.41, 21, first_token_at=t + 0.01)
+    assert gate.slots.value == pytest.approx(0.8 * before)
+    d.on_finish(live.pop(0), t + 0.5, 21, first_token_at=t + 0.01)
+    assert gate.slots.value == pytest.approx(0.8 * before)  # one cut per second
+
+
+def test_held_work_is_served_by_whichever_prefill_instance_frees_first() -> None:
+    """First tokens at 0.2, 1.0 and 3.0 s on three instances, 1 s of held prompts ahead: the first
+    two share it (0.2 + 0.9 = 1.0 + 0.1 → 1.1 s); the third is still busy. Not the mean over all."""
+    assert pool_drained_s(np.array([1.0, 0.2, 3.0]), 1.0) == pytest.approx(1.1)
+    assert pool_drained_s(np.array([1.0, 0.2, 3.0]), 0.0) == pytest.approx(0.2)
+    assert pool_drained_s(np.array([0.5]), 1.0) == pytest.approx(1.5)
+    assert pool_drained_s(np.array([0.0, 0.0]), 4.0) == pytest.approx(2.0)
+
+
+def test_the_projection_counts_only_the_tokens_an_instance_would_compute_past_its_cached_prefix() -> None:
+    d = prefix_cluster("round_robin", prefill=2, decode=1, held={"p1": 39}, decode_only=False)
+    gate = d.use_slo_admission(SloAdmission())
+    first = gate.first_token_s(prefix_request(tokens=640), d.view, 0.0)
+    # a 0.1 s step + 1 ms a token: the whole prompt on p0, the 16 tokens past p1's 39 cached blocks on p1
+    assert first == pytest.approx([0.1 + 0.640, 0.1 + 0.016], rel=0.02)

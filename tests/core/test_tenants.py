@@ -198,7 +198,7 @@ def test_with_a_fair_share_slo_admission_holds_a_quiet_tenants_request_behind_a_
         d = Dispatcher(get_profile("h20-qwen3-32b"), "round_robin")
         d.add_instance("p0", Role.PREFILL)
         d.add_instance("d0", Role.DECODE)
-        d.use_slo_admission(SloAdmission(extra_wait_s=2.0))
+        d.use_slo_admission(SloAdmission(extra_wait_s=2.0, evidence_hold_s=0.0))  # refuse on the prior at once
         d.admission.fair = FairShare() if fair else None
         out = []
         for k in range(60):  # the flood: routed until the prefill is full, then held up to the bound, then shed

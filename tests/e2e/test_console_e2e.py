@@ -23,6 +23,7 @@ from tests.procs import (
     FIXED_PROFILE,
     Console,
     alive,
+    decode_counts,
     emulators,
     kill_children,
     start_console,
@@ -112,18 +113,6 @@ def test_control_api_needs_the_token(console: Console) -> None:
     assert json.loads(named.stdout)["run_id"] == console.run_id
     listed = console.cli("policy", "list", "--json")
     assert listed.returncode == 0 and json.loads(listed.stdout)["active"]["queue"]["name"] == "fcfs"
-
-
-def decode_counts(console: Console) -> dict[str, float]:
-    """Requests per decode instance, from the gateway's Prometheus counter."""
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(httpx.get(console.url + "/metrics").text):
-        if fam.name == "sibyl_gateway_requests":
-            for sample in fam.samples:
-                if sample.name.endswith("_total"):
-                    d = sample.labels["decode"]
-                    out[d] = out.get(d, 0) + sample.value
-    return out
 
 
 def test_policy_swap_under_load_drops_nothing_and_is_recorded(console: Console) -> None:
@@ -491,6 +480,7 @@ def _counter(metrics_text: str, name: str, **labels: str) -> float:
     )
 
 
+@pytest.mark.slow  # ~15 s (make test-slow); the default suite's failover matrix runs this case
 def test_a_prefill_instance_lost_before_its_kv_is_pulled_is_recomputed_on_the_decode_instance(tmp_path: Path) -> None:
     # vLLM keeps a NIXL read to a dead peer open (the decode leg then never answers); the emulator's
     # kv_pull_hang fault reproduces it. When the console marks the prefill instance down, it drops
@@ -552,6 +542,7 @@ def test_a_prefill_instance_lost_before_its_kv_is_pulled_is_recomputed_on_the_de
         kill_children(con.home)
 
 
+@pytest.mark.slow  # ~8 s (make test-slow); failover stays in the default suite through the failover matrix
 def test_a_decode_instance_that_refuses_the_connection_is_replaced_before_anything_streams(tmp_path: Path) -> None:
     # d0 dies; before the console's probes mark it down (20 failed probes: 10 s here), round
     # robin still sends it every other request: each of those is rebound to d1, which pulls the

@@ -146,7 +146,10 @@ def _wait_gone(pids: list[int], timeout: float, what: str) -> float:
     return time.monotonic() - start
 
 
-@pytest.mark.parametrize("frozen_s", [pytest.param(10, id="10s"), pytest.param(60, id="60s", marks=pytest.mark.slow)])
+# The default suite keeps test_leave_running_then_reattach_then_down (up, leave running, reattach, down) as
+# this file's check; a closed terminal stopping everything is also in tests/adapters/test_orphans.py.
+@pytest.mark.slow  # a dashboard start and a 10 s frozen span: ~17 s (make test-slow)
+@pytest.mark.parametrize("frozen_s", [pytest.param(10, id="10s"), pytest.param(60, id="60s")])
 def test_a_terminal_that_stops_reading_never_stalls_the_gateway(cluster: Cluster, frozen_s: float) -> None:
     cluster.term.freeze()
     traffic = Traffic(cluster.url)
@@ -163,6 +166,7 @@ def test_a_terminal_that_stops_reading_never_stalls_the_gateway(cluster: Cluster
     cluster.term.wait_for_text("escape closes", 30, start=len(cluster.term.text()) - 200_000)
 
 
+@pytest.mark.slow  # a dashboard start per test: ~14 s (make test-slow)
 def test_a_closed_terminal_stops_everything_within_the_drain_bound(cluster: Cluster) -> None:
     pids = cluster.processes()
     assert len(pids) == 4  # the dashboard, the server, two emulated instances
@@ -205,6 +209,7 @@ def test_leave_running_then_reattach_then_down(cluster: Cluster) -> None:
     assert not (cluster.home / "runs" / cluster.run_id / "console.pid").exists()
 
 
+@pytest.mark.slow  # a dashboard start per test: ~13 s each (make test-slow)
 @pytest.mark.parametrize("target", ["server", "dashboard"])
 def test_sigterm_while_the_dashboard_is_frozen_stops_within_the_bound(cluster: Cluster, target: str) -> None:
     cluster.term.freeze()

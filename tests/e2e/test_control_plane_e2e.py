@@ -21,6 +21,7 @@ from tests.procs import (
     FIXED_PROFILE,
     Console,
     emulators,
+    instance_steps_live,
     kill_children,
     start_console,
     wait_for,
@@ -111,21 +112,6 @@ def test_threshold_scales_out_under_load_then_drains_back_with_no_failed_request
     finally:
         con.stop()
         kill_children(con.home)
-
-
-def instance_steps_live(con: Console, iid: str) -> list[tuple[str, str]]:
-    """Instance events from the console's own event stream history (before the run is flushed)."""
-    with con.control() as c, c.stream("GET", "/control/events") as r:
-        out = []
-        for line in r.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            ev = json.loads(line[6:])
-            if ev["type"] == "state":
-                return out
-            if ev["type"] == "instance" and ev["instance"] == iid:
-                out.append((ev["event"], ev["detail"]))
-    return out
 
 
 def test_the_same_threshold_policy_in_the_simulator_scales_at_the_same_load() -> None:
@@ -258,6 +244,7 @@ def test_priority_queue_releases_urgent_requests_first_and_sheds_past_its_bound(
         kill_children(con.home)
 
 
+@pytest.mark.slow  # ~11 s (make test-slow); refusals on a constructed controller: tests/console/live/test_controller.py
 def test_what_a_backend_cannot_do_is_refused_with_the_reason(tmp_path: Path) -> None:
     """Attached instances are never started or stopped by the console: a scaling policy and a
     flip are refused, saying which capability is missing; nothing changes."""
@@ -294,6 +281,7 @@ def test_what_a_backend_cannot_do_is_refused_with_the_reason(tmp_path: Path) -> 
             kill_children(con.home)
 
 
+@pytest.mark.slow  # ~14 s (make test-slow); the queue in the default suite: the priority-queue test above
 def test_a_request_queued_past_its_ttl_gets_a_prompt_503_with_retry_after(tmp_path: Path) -> None:
     con = start_console(
         tmp_path,
@@ -418,6 +406,7 @@ def test_hyperflexis_flips_a_decode_instance_to_prefill_under_prompt_heavy_load_
         kill_children(con.home)
 
 
+@pytest.mark.slow  # ~9 s (make test-slow); tail_aware on constructed states: tests/core/policies/test_tail_aware.py
 def test_tail_aware_releases_held_requests_in_phi_order_and_the_config_asks_vllm_for_priority(tmp_path: Path) -> None:
     """One request in flight at a time: a long prompt held first and a short one held 0.2 s later
     leave the queue in Φ = arrival − boost(τ·bin(prompt)) order: the short one first (τ = 10 ms
@@ -480,6 +469,7 @@ def test_tail_aware_releases_held_requests_in_phi_order_and_the_config_asks_vllm
         kill_children(con.home)
 
 
+@pytest.mark.slow  # ~10 s (make test-slow); bf_io: tests/core/policies/rank/, DP groups: tests/adapters/emulator/
 def test_bf_io_chooses_the_rank_of_every_request_on_data_parallel_decode_groups(tmp_path: Path) -> None:
     """Two emulated decode instances, each a 4-rank data-parallel group. The rank policy starts as
     the group's own balancer (no header), is swapped to bf_io live, and then every stream carries

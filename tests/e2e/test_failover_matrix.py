@@ -275,7 +275,14 @@ CASES: dict[str, Callable[[Cluster], None]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+DEFAULT_CASE = "prefill-killed-before-kv-pulled"
+"""The case the default suite runs (~8 s each): a decode killed mid-stream is also in the default suite
+(tests/e2e/test_console_e2e.py); the other cases run in make test-slow."""
+
+
+@pytest.mark.parametrize(
+    "case", [case if case == DEFAULT_CASE else pytest.param(case, marks=pytest.mark.slow) for case in CASES]
+)
 def test_every_shape_is_answered_in_full_when_an_instance_dies(cluster: Cluster, case: str) -> None:
     for iid in ("p0", "d0", "d1"):
         cluster.restart(iid)

@@ -19,8 +19,7 @@ import pytest
 from openai import OpenAI
 
 from adapters.store import RunStore
-from tests.e2e.test_control_plane_e2e import instance_steps_live
-from tests.procs import FIXED_PROFILE, kill_children, start_console, wait_for
+from tests.procs import FIXED_PROFILE, instance_steps_live, kill_children, start_console, wait_for
 
 THRESHOLD = {
     "role": "decode",

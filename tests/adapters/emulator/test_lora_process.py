@@ -22,8 +22,7 @@ from adapters.emulator.process import EmulatorProcess
 from adapters.emulator.settings import RUNTIME_ENV
 from adapters.ports import free_port
 from core.cache.keys import prompt_keys
-from tests.adapters.test_emulator_prefix_cache import Events
-from tests.emulator_fixtures import FAST_PROFILE, delta, profile_file, scrape
+from tests.emulator_fixtures import FAST_PROFILE, Events, delta, profile_file, scrape
 
 MODEL = "tiny-llama"
 LORA_PROFILE = FAST_PROFILE.model_copy(

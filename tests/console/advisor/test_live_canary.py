@@ -13,7 +13,7 @@ import numpy as np
 from console.advisor.autopilot import Autopilot
 from console.advisor.figures import Figures
 from console.advisor.simulate import Advice, Errors, Ranked
-from tests.console.advisor.test_control_routes import controller
+from tests.console.advisor.fakes import controller
 
 
 def feed(c, arm: str, ttft: np.ndarray, started_rel: float) -> None:  # type: ignore[no-untyped-def]

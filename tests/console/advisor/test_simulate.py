@@ -8,16 +8,21 @@ import pytest
 
 from console.advisor.figures import Figures
 from console.advisor.simulate import (
+    NOTHING_HELD,
     Candidate,
     Errors,
     Shape,
     advise,
     clears,
+    coarse_keys,
     default_candidates,
     error_bound,
     gain_over,
     parse_candidate,
+    predict,
     prediction_error,
+    replays_active,
+    simulate,
 )
 from console.advisor.window import Window
 from core.errors import PolicyError
@@ -113,3 +118,64 @@ def test_an_unknown_or_unsplittable_candidate_is_a_clear_error() -> None:
         parse_candidate("scaling:threshold")
     with pytest.raises(PolicyError, match="simulator-only"):
         parse_candidate("clairvoyant")
+
+
+QUEUES = [Candidate("queue", "priority"), Candidate("queue", "tail_aware")]
+
+
+def test_a_queue_candidate_is_not_simulated_where_the_active_pair_held_nothing(
+    prefix_window: Window, small_cache_profile: PerfProfile
+) -> None:
+    # 300 requests on 2 decode instances never reach fcfs's 256 in flight per instance: nothing is held
+    advice = advise(prefix_window, Shape(2, 2), small_cache_profile, candidates=QUEUES)
+    by = {r.label: r for r in advice.ranked}
+    for label in ("queue:priority", "queue:tail_aware"):
+        assert by[label].note == NOTHING_HELD and by[label].predicted == advice.predicted_active
+        assert by[label].gain == Errors(0.0, 0.0) and not by[label].shown
+        assert by[label].to_json()["note"] == NOTHING_HELD
+    assert by["active"].note == "" and [r.label for r in advice.ranked][0] == "active"  # ties rank the active first
+    # the shortcut is exact: simulating the candidate gives the active pair's figures to the last digit
+    routing = prefix_window.active["routing"]
+    for c in QUEUES:
+        alone = predict(prefix_window, Shape(2, 2), small_cache_profile, routing, (c.name, {}))
+        assert alone == advice.predicted_active
+    held = simulate(prefix_window, Shape(2, 2), small_cache_profile, routing, ("fcfs", {}))
+    assert held.queued == 0
+
+
+def test_a_queue_candidate_is_simulated_where_requests_were_held_or_its_limits_differ(
+    prefix_window: Window, small_cache_profile: PerfProfile
+) -> None:
+    tight = {"max_in_flight_per_instance": 4}
+    window = dataclasses.replace(prefix_window, active={**prefix_window.active, "queue": ("fcfs", tight)})
+    assert simulate(window, Shape(2, 2), small_cache_profile, window.active["routing"], ("fcfs", tight)).queued > 0
+    advice = advise(window, Shape(2, 2), small_cache_profile, candidates=QUEUES)
+    by = {r.label: r for r in advice.ranked}
+    assert by["queue:priority"].note == "" and by["queue:priority"].queue == ("priority", tight)  # limits inherited
+    routing, fcfs = prefix_window.active["routing"], prefix_window.active["queue"]
+    assert not replays_active((routing, ("fcfs", {"max_in_flight_per_instance": 4})), (routing, fcfs), held=0)
+    assert not replays_active((("sibyl", {}), fcfs), (routing, fcfs), held=0)  # a routing change always runs
+    assert not replays_active((routing, ("priority", {})), (routing, fcfs), held=3)
+    assert replays_active((routing, ("priority", {})), (routing, fcfs), held=0)
+
+
+def test_coarse_keys_keep_every_nth_key_of_the_chain_and_drop_a_partial_block() -> None:
+    assert coarse_keys([(1, 2, 3, 4, 5, 6, 7), (9,), ()], 3) == [(3, 6), (), ()]
+    assert coarse_keys([(1, 2)], 1) == [(1, 2)]
+    with pytest.raises(ValueError, match="key_blocks"):
+        coarse_keys([(1,)], 0)
+
+
+def test_coarser_cache_blocks_keep_the_prefix_structure(
+    prefix_window: Window, small_cache_profile: PerfProfile
+) -> None:
+    # 2 048-token shared prefixes are whole 128-token blocks: an 8-fold coarser cache finds the same hits
+    exact = advise(prefix_window, Shape(2, 2), small_cache_profile, candidates=PAIR)
+    coarse = advise(prefix_window, Shape(2, 2), small_cache_profile, candidates=PAIR, key_blocks=8)
+    for e, c in zip(sorted(exact.ranked, key=lambda r: r.label), sorted(coarse.ranked, key=lambda r: r.label),
+                    strict=True):
+        assert e.predicted.prefix_hit_rate is not None and c.predicted.prefix_hit_rate is not None
+        assert c.predicted.prefix_hit_rate == pytest.approx(e.predicted.prefix_hit_rate, abs=0.05)
+    assert [r.label for r in coarse.ranked].index("routing:prefix_aware") < [r.label for r in coarse.ranked].index(
+        "active"
+    )

@@ -8,7 +8,7 @@ from typing import Any
 
 from console.live.state import ConsoleState, InstanceRow, ScrapedCounters, json_schema
 from tests.console.live.fakes import LEGACY_ROW_KEYS
-from tests.console.test_tui_client import FakeConsole
+from tests.console.tui.fakes import FakeConsole
 
 
 def test_a_starting_row_has_the_keys_it_always_had_and_no_breaker() -> None:

@@ -1,13 +1,18 @@
-"""The dashboard's control-API client against a real server that closes kept-alive connections."""
+"""The dashboard's control-API client: against the fake control API (state, catalog, swaps, errors, SSE), and
+against a real server that closes kept-alive connections."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from console.tui.client import ConnectionLost, DashboardClient
+from console.tui.client import ApiError, ConnectionLost, DashboardClient
+from tests.console.tui.fakes import TOKEN, FakeConsole, free_port, served
 
 
 class OneRequestPerConnection:
@@ -86,3 +91,84 @@ def test_a_post_is_not_sent_twice() -> None:
         assert server.answered == ["POST /control/scale HTTP/1.1"] == server.dropped
 
     asyncio.run(body())
+
+
+def test_state_and_catalog() -> None:
+    async def body() -> None:
+        fake = FakeConsole(1, 2)
+        c = fake.client()
+        s = await c.state()
+        assert [i.id for i in s.instances] == ["p0", "d0", "d1"]
+        cat = await c.policies()
+        assert {p["name"] for p in cat["available"]} >= {"least_load", "sibyl", "static"}
+        await c.aclose()
+
+    asyncio.run(body())
+
+
+def test_set_policy_records_source_and_maps_422() -> None:
+    async def body() -> None:
+        fake = FakeConsole()
+        c = fake.client()
+        r = await c.set_policy("routing", "least_load", {"by": "tokens"})
+        assert r == {
+            "kind": "routing",
+            "old": "sibyl",
+            "new": "least_load",
+            "params": {"by": "tokens"},
+            "source": "tui",
+        }
+        with pytest.raises(ApiError) as e:
+            await c.set_policy("routing", "least_load", {"by": "bytes"})
+        assert e.value.status == 422 and "by: Input should be" in e.value.message
+        await c.aclose()
+
+    asyncio.run(body())
+
+
+def test_errors_become_connection_lost_or_api_error() -> None:
+    async def body() -> None:
+        fake = FakeConsole()
+        bad = fake.client(token="wrong")
+        with pytest.raises(ApiError) as e:
+            await bad.state()
+        assert e.value.status == 401
+        fake.down = True
+        with pytest.raises(ConnectionLost):
+            await fake.client().state()
+        refused = DashboardClient(f"http://127.0.0.1:{free_port()}", TOKEN, timeout_s=1.0)
+        with pytest.raises(ConnectionLost):
+            await refused.state()
+        await refused.aclose()
+
+    asyncio.run(body())
+
+
+def test_sse_over_real_http() -> None:
+    async def body() -> None:
+        fake = FakeConsole()
+        fake.publish("policy", kind="routing", old="round_robin", new="sibyl", params={}, source="cli", t=1.0)
+        async with served(fake) as url:
+            c = DashboardClient(url, TOKEN)
+            stream = c.events()
+            first = await asyncio.wait_for(stream.__anext__(), 5)
+            assert first["type"] == "policy" and first["source"] == "cli"
+            snapshot = await asyncio.wait_for(stream.__anext__(), 5)
+            assert snapshot["type"] == "state" and len(snapshot["state"]["instances"]) == 6
+            fake.set_health("d1", False)
+            second = await asyncio.wait_for(stream.__anext__(), 5)
+            assert second == {**second, "type": "instance", "instance": "d1", "event": "down"}
+            await stream.aclose()
+            r = await c.set_policy("routing", "round_robin", {})
+            assert r["new"] == "round_robin"
+            await c.aclose()
+
+    asyncio.run(body())
+
+
+def test_cli_and_launcher_defer_textual() -> None:
+    """`sibyl-console tui --help` and `up --headless` must not pay for importing Textual."""
+    code = "import sys, console.commands.tui, console.tui.launch; print('textual' in sys.modules)"
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.strip() == "False"

@@ -3,51 +3,15 @@ prefix_pd's decode choice and decode-only decider, the oracle, hot swaps, and th
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from core.cache.events import BlockStored
-from core.cache.index import CacheIndex
-from core.cache.keys import chain_keys
 from core.dispatch import Dispatcher
 from core.errors import PolicyError
-from core.types import Request, Role
+from core.types import Role
+from tests.core.policies.states import BS, KEYS, prefix_request
+from tests.core.policies.states import prefix_cluster as cluster
 from tests.helpers import toy_profile
-
-BS = 16
-KEYS = tuple(chain_keys(list(range(640)), BS))  # 40 blocks
-"""A 640-token prompt's keys; prompts below use prefixes of it."""
-
-
-def cluster(
-    policy: str,
-    params: dict[str, Any] | None = None,
-    *,
-    prefill: int = 3,
-    decode: int = 3,
-    held: dict[str, int] | None = None,
-    decode_only: bool = True,
-    **kw: Any,
-) -> Dispatcher:
-    """A dispatcher whose prefix view is an index in which instance i holds held[i] leading blocks."""
-    prof = toy_profile(
-        prefill_base_s=0.0, prefill_per_token_s=0.001, kv_transfer_per_token_s=0.0001, max_model_len=4096
-    )
-    d = Dispatcher(prof, policy, params, **kw)
-    for i in range(prefill):
-        d.add_instance(f"p{i}", Role.PREFILL)
-    for i in range(decode):
-        d.add_instance(f"d{i}", Role.DECODE)
-    index = CacheIndex(ttl_s=None)
-    for iid, n in (held or {}).items():
-        index.apply(iid, BlockStored(KEYS[:n], None, (), BS))
-    d.use_prefix_lookup(index, BS, decode_only=decode_only)
-    return d
-
-
-def request(rid: str = "r", tokens: int = 640, session: str = "") -> Request:
-    return Request(rid, 0.0, tokens, 10, prefix_keys=KEYS[: tokens // BS], session=session)
 
 
 def queue(d: Dispatcher, **seconds: float) -> None:
@@ -76,23 +40,23 @@ def test_prefix_aware_prefill_choice(
 ) -> None:
     d = cluster("prefix_aware", {"balance_s": balance, "decode": "least_load"}, held=held)
     queue(d, **queued)
-    assert d.route(request(), 0.0).prefill in want.split("|")
+    assert d.route(prefix_request(), 0.0).prefill in want.split("|")
 
 
 def test_prefix_aware_takes_the_decode_policys_binding_and_load() -> None:
     d = cluster("prefix_aware", {"decode": "least_load", "decode_params": {"bind": "prefill_end"}})
     assert d.routing.bind_at == "prefill_end"
-    a = d.route(request(), 0.0)
+    a = d.route(prefix_request(), 0.0)
     assert a.decode is None
     assert d.bind_late("r", 1.0) in ("d0", "d1", "d2")
     s = cluster("prefix_aware")
     assert s.routing.bind_at == "prefill_start" and s.routing.needs_progress  # sibyl's
-    assert s.route(request(), 0.0).decode is not None
+    assert s.route(prefix_request(), 0.0).decode is not None
 
 
 def test_the_projection_counts_uncached_tokens_on_the_chosen_instance() -> None:
     d = cluster("prefix_aware", {"decode": "least_load"}, held={"p1": 30})
-    d.route(request(), 0.0)
+    d.route(prefix_request(), 0.0)
     # 640 tokens, 480 cached on p1: 0.16 s of prefill work projected there, in one 0.1 s engine step
     assert d.view.prefill_free_at[d.index_of("p1")] == pytest.approx(0.16 + 0.1)
 
@@ -110,7 +74,7 @@ def test_one_prefill_instance_projects_as_the_scoring_path_does(held: int, queue
         if recorded:
             d.use_decisions(DecisionLog(max_per_s=10**9, sink=lambda records: None))
         queue(d, p0=queued)
-        a = d.route(request(), 0.0)
+        a = d.route(prefix_request(), 0.0)
         assert a.prefill == "p0"
         taus.append(a.projected_handoff)
     # 640 tokens at 1 ms each less what p0 holds in one 0.1 s engine step, after its queue, plus 64 ms of KV transfer
@@ -120,22 +84,22 @@ def test_one_prefill_instance_projects_as_the_scoring_path_does(held: int, queue
 # --- session affinity -------------------------------------------------------------------------
 def test_session_affinity_is_sticky_and_spreads_sessions() -> None:
     d = cluster("session_affinity", {"decode": "least_load", "epsilon": 10.0}, prefill=4)
-    first = {s: d.route(request(f"{s}-0", session=s), 0.0).prefill for s in map(str, range(40))}
-    again = {s: d.route(request(f"{s}-1", session=s), 0.0).prefill for s in map(str, range(40))}
+    first = {s: d.route(prefix_request(f"{s}-0", session=s), 0.0).prefill for s in map(str, range(40))}
+    again = {s: d.route(prefix_request(f"{s}-1", session=s), 0.0).prefill for s in map(str, range(40))}
     assert first == again
     assert len(set(first.values())) == 4
 
 
 def test_session_affinity_skips_an_instance_above_the_load_bound() -> None:
     d = cluster("session_affinity", {"decode": "least_load", "epsilon": 0.0}, prefill=3)
-    home = d.route(request("a", session="s"), 0.0).prefill
+    home = d.route(prefix_request("a", session="s"), 0.0).prefill
     assert home is not None
     # 3 more in prefill on the session's instance: mean with the newcomer (4 + 1) / 3, bound 2
     d.view.prefill_n[d.index_of(home)] += 3
-    moved = d.route(request("b", session="s"), 0.0).prefill
+    moved = d.route(prefix_request("b", session="s"), 0.0).prefill
     assert moved != home
     d.view.prefill_n[:] = 0
-    assert d.route(request("c", session="s"), 0.0).prefill == home
+    assert d.route(prefix_request("c", session="s"), 0.0).prefill == home
 
 
 @pytest.mark.parametrize(
@@ -150,8 +114,8 @@ def test_session_affinity_without_a_session_routes_by_load(queued: dict[str, flo
     ll = cluster("least_load", prefill=4)
     queue(d, **queued)
     queue(ll, **queued)
-    ours = [d.route(request(f"x{i}"), 0.0).prefill for i in range(12)]
-    theirs = [ll.route(request(f"x{i}"), 0.0).prefill for i in range(12)]
+    ours = [d.route(prefix_request(f"x{i}"), 0.0).prefill for i in range(12)]
+    theirs = [ll.route(prefix_request(f"x{i}"), 0.0).prefill for i in range(12)]
     assert ours[0] == want
     # as the projected queues grow, session-less requests keep going where least_load sends them
     assert ours == theirs and len(set(ours)) == 4
@@ -161,16 +125,16 @@ def test_session_affinity_load_fallback_skips_an_unhealthy_instance_and_keeps_se
     d = cluster("session_affinity", {"decode": "least_load", "epsilon": 100.0}, prefill=3)
     queue(d, p0=0.9, p1=0.1, p2=0.5)
     d.set_health("p1", False)
-    assert d.route(request("x"), 0.0).prefill == "p2"
-    home = d.route(request("s-0", session="s"), 0.0).prefill
+    assert d.route(prefix_request("x"), 0.0).prefill == "p2"
+    home = d.route(prefix_request("s-0", session="s"), 0.0).prefill
     queue(d, **{home: 5.0})  # a session stays on its instance within the load bound, queued or not
-    assert d.route(request("s-1", session="s"), 0.0).prefill == home
+    assert d.route(prefix_request("s-1", session="s"), 0.0).prefill == home
 
 
 # --- prefix_pd --------------------------------------------------------------------------------
 def test_prefix_pd_prefers_the_decode_instance_missing_the_fewest_blocks() -> None:
     d = cluster("prefix_pd", {"decode": "least_load", "decode_only_min_share": 2.0}, held={"d2": 20, "d1": 5})
-    assert d.route(request(), 0.0).decode == "d2"
+    assert d.route(prefix_request(), 0.0).decode == "d2"
 
 
 def test_prefix_pd_keeps_the_decode_policys_choice_outside_the_slack() -> None:
@@ -180,12 +144,12 @@ def test_prefix_pd_keeps_the_decode_policys_choice_outside_the_slack() -> None:
         "prefix_pd", {"decode": "least_load", "decode_only_min_share": 2.0, "decode_slack": 0.5}, held={"d2": 20}
     )
     add_running(d, "busy", "d2", prompt=10, generated=1, rate=1.0, now=0.0)
-    assert d.route(request(), 0.0).decode in ("d0", "d1")
+    assert d.route(prefix_request(), 0.0).decode in ("d0", "d1")
     d2 = cluster(
         "prefix_pd", {"decode": "least_load", "decode_only_min_share": 2.0, "decode_slack": 1.0}, held={"d2": 20}
     )
     add_running(d2, "busy", "d2", prompt=10, generated=1, rate=1.0, now=0.0)
-    assert d2.route(request(), 0.0).decode == "d2"
+    assert d2.route(prefix_request(), 0.0).decode == "d2"
 
 
 @pytest.mark.parametrize(
@@ -200,7 +164,7 @@ def test_prefix_pd_keeps_the_decode_policys_choice_outside_the_slack() -> None:
 )
 def test_decode_only_decider(held: dict[str, int], share: float, allowed: bool, decode_only: bool) -> None:
     d = cluster("prefix_pd", {"decode": "least_load", "decode_only_min_share": share}, held=held, decode_only=allowed)
-    a = d.route(request(), 0.0)
+    a = d.route(prefix_request(), 0.0)
     assert a.decode_only == decode_only
     assert a.decode == "d1"
     if decode_only:
@@ -224,16 +188,16 @@ def test_the_oracle_runs_only_in_the_simulator() -> None:
 
 def test_the_oracle_counts_what_its_queue_will_have_cached() -> None:
     d = cluster("oracle", {"decode": "least_load"}, true_lengths=True)
-    first = d.route(request("a"), 0.0).prefill
+    first = d.route(prefix_request("a"), 0.0).prefill
     # nothing is cached yet anywhere, but the first request's blocks will be on its instance
     # before the second one's prefill starts there: 0.64 + 0.016 s beats 0.64 s elsewhere? no:
     # it waits 0.64 s then computes 16 tokens (0.656 s) vs 0.64 s on an idle one
-    assert d.route(request("b"), 0.0).prefill != first
+    assert d.route(prefix_request("b"), 0.0).prefill != first
     d2 = cluster("oracle", {"decode": "least_load"}, true_lengths=True, prefill=2)
     queue(d2, p1=1.0)
-    assert d2.route(request("a"), 0.0).prefill == "p0"
+    assert d2.route(prefix_request("a"), 0.0).prefill == "p0"
     # p0 now has 0.64 s queued and will hold the prefix: 0.64 + 0.016 < 1.0 + 0.64 on p1
-    assert d2.route(request("b"), 0.0).prefill == "p0"
+    assert d2.route(prefix_request("b"), 0.0).prefill == "p0"
 
 
 # --- hot swap and the dispatcher's sources -----------------------------------------------------
@@ -241,7 +205,7 @@ def test_hot_swap_to_and_from_the_prefix_policies() -> None:
     d = cluster("least_load", held={"p2": 30})
     for i, name in enumerate(["prefix_aware", "session_affinity", "prefix_pd", "least_load", "prefix_aware"]):
         d.set_policy("routing", name, now=float(i))
-        a = d.route(request(f"r{i}", session="s"), float(i))
+        a = d.route(prefix_request(f"r{i}", session="s"), float(i))
         assert a.decode is not None
     assert [e.new for e in d.policy_events if e.kind == "routing"][-5:] == [
         "prefix_aware",
@@ -259,14 +223,14 @@ def test_approximate_source_remembers_routes_for_its_ttl() -> None:
         d.add_instance(f"p{i}", Role.PREFILL)
     d.add_instance("d0", Role.DECODE)
     d.use_prefix_routes(BS, ttl_s=10.0)
-    first = d.route(request("a"), 0.0)
+    first = d.route(prefix_request("a"), 0.0)
     d.on_prefill_end("a", 0.64, 0.64)
-    assert d.view.cached_tokens(request("probe"))[d.index_of(first.prefill or "")] == 624
-    assert d.route(request("b"), 1.0).prefill == first.prefill  # the remembered prefix
-    assert d.view.cached_tokens(request("probe")).tolist()[d.index_of("d0")] == 624
+    assert d.view.cached_tokens(prefix_request("probe"))[d.index_of(first.prefill or "")] == 624
+    assert d.route(prefix_request("b"), 1.0).prefill == first.prefill  # the remembered prefix
+    assert d.view.cached_tokens(prefix_request("probe")).tolist()[d.index_of("d0")] == 624
     d.view.now = 20.0
     d.view.forget_cached()
-    assert d.view.cached_tokens(request("probe")).sum() == 0  # expired
+    assert d.view.cached_tokens(prefix_request("probe")).sum() == 0  # expired
 
 
 def test_precise_source_takes_kv_events_and_forgets_a_reset_instance() -> None:
@@ -277,9 +241,9 @@ def test_precise_source_takes_kv_events_and_forgets_a_reset_instance() -> None:
     d.add_instance("d0", Role.DECODE)
     d.use_prefix_events(BS)
     d.apply_kv_events("p1", [BlockStored(KEYS[:20], None, (), BS)])
-    assert d.route(request("a"), 0.0).prefill == "p1"
+    assert d.route(prefix_request("a"), 0.0).prefill == "p1"
     d.clear_prefix_cache("p1")
-    assert d.view.cached_tokens(request("b")).sum() == 0
+    assert d.view.cached_tokens(prefix_request("b")).sum() == 0
     d2 = Dispatcher(prof, "least_load")
     with pytest.raises(ValueError, match="precise"):
         d2.apply_kv_events("p0", [])

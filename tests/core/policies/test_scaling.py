@@ -238,7 +238,7 @@ def test_the_dispatcher_counts_refusals_by_the_pool_that_was_short() -> None:
     d = Dispatcher(get_profile("h20-qwen3-32b"), "round_robin")
     d.add_instance("p0", Role.PREFILL)
     d.add_instance("d0", Role.DECODE)
-    d.use_slo_admission(SloAdmission())
+    d.use_slo_admission(SloAdmission(evidence_hold_s=0.0))  # refuse on the prior at once
     d.start_periodic(0.0)
     for k in range(40):  # one prefill instance cannot start 40 prompts of 512 tokens within 2 s
         if d.admit(Request(k, 0.0, 512, 100), 0.0) == Admission.ROUTE:

@@ -1,0 +1,168 @@
+"""The discrete-event engine against timelines computed by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.dispatch import Dispatcher
+from core.perf import DecodeCurve
+from core.sim.cluster import ClusterSimulation, ScheduledSwap
+from tests.helpers import toy_profile
+
+
+def simulate(
+    profile, arrivals, prompts, outputs, *, mode="ps", policy="round_robin", n_prefill=1, n_decode=1, swaps=()
+):
+    d = Dispatcher(profile, policy)
+    sim = ClusterSimulation(
+        arrivals=np.array(arrivals, dtype=float),
+        prompt_tokens=np.array(prompts),
+        output_tokens=np.array(outputs),
+        profile=profile,
+        n_prefill=n_prefill,
+        n_decode=n_decode,
+        dispatcher=d,
+        mode=mode,
+        swaps=swaps,
+    )
+    return sim.run(), d
+
+
+def test_processor_sharing_timeline() -> None:
+    # TPS(N) = 10 tok/s in total, so each of N running requests decodes at 10/N; prefill 1 s FIFO.
+    prof = toy_profile(tps_curve=DecodeCurve(a=0, b=0, c=10))
+    r, _ = simulate(prof, [0, 0], [5, 5], [11, 6])
+    # A: prefill [0,1], alone at 10 tok/s: first token 1.1, 10 tokens by 2.0; shares at 5 tok/s
+    #    from 2.0, last token at 2.2.  B: prefill [1,2], first token at 2.2, alone again from 2.2,
+    #    5 more tokens at 10 tok/s → 2.7.
+    assert r.prefill_start.tolist() == [0, 1]
+    assert r.decode_start.tolist() == [1, 2]
+    assert r.first_token == pytest.approx([1.1, 2.2])
+    assert r.finish == pytest.approx([2.2, 2.7])
+    assert r.ok.all()
+
+
+def test_iteration_level_timeline_joins_at_step_boundaries() -> None:
+    # step(B) = 0.05 + 0.05·B; prefill 0.05 + 0.1·l plus the step it runs in, step(1) = 0.1.
+    prof = toy_profile(
+        prefill_base_s=0.05, prefill_per_token_s=0.1, decode_step_base_s=0.05, decode_step_per_seq_s=0.05
+    )
+    r, _ = simulate(prof, [0, 0], [10, 5], [10, 6], mode="iteration")
+    # A's prefill ends at 1.05 + 0.1; B (arrived as A's step began) follows: 1.15 + 0.55 + 0.1 = 1.8.
+    # A decodes alone from 1.15 in 0.1 s steps: tokens at 1.25 … 1.85 (7 tokens). B's prefill ends
+    # at 1.8, mid-step: its KV read (no transfer time here) starts at that step's end, 1.85, and it
+    # joins there; pair steps take 0.15: 2.00 (B's first), 2.15, 2.30 (A's 10th: done). B alone:
+    # 2.40, 2.50, 2.60 (6th: done).
+    assert r.decode_start == pytest.approx([1.15, 1.85])
+    assert r.first_token == pytest.approx([1.25, 2.00])
+    assert r.finish == pytest.approx([2.30, 2.60])
+
+
+def test_iteration_level_preempts_by_recompute_when_kv_runs_out() -> None:
+    prof = toy_profile(prefill_base_s=0.001, kv_capacity_tokens=25, decode_step_base_s=0.1)
+    r, _ = simulate(prof, [0, 0], [10, 10], [8, 8], mode="iteration")
+    # Each prefill takes 0.001 plus its 0.1 s step: A's ends at 0.101, B's at 0.202. A decodes
+    # from 0.101; B joins at the 0.301 boundary (KV 12+10). One pair step brings it to 24; the next
+    # would need 26, so B (latest admitted) is evicted at 0.401 with 1 token. A finishes at 0.901;
+    # B is readmitted, pays a 0.001 s recompute, and needs 7 more steps.
+    assert r.preemptions == 1
+    assert r.first_token == pytest.approx([0.201, 0.401])
+    assert r.finish == pytest.approx([0.901, 1.602])
+
+
+def test_request_larger_than_kv_capacity_fails_instead_of_hanging() -> None:
+    prof = toy_profile(prefill_base_s=0.001, kv_capacity_tokens=50, decode_step_base_s=0.1)
+    r, _ = simulate(prof, [0, 0], [80, 10], [5, 5], mode="iteration")
+    assert r.ok.tolist() == [False, True]
+
+
+@pytest.mark.parametrize("mode", ["iteration", "ps"])
+def test_kv_read_starts_at_the_decode_step_boundary_and_joins_after_the_step_it_ends_in(mode: str) -> None:
+    """vLLM's NIXL pull: the read starts in the decode instance's next step and the request joins the
+    step after the one the read ends in. step(B) = 0.05 + 0.05·B, transfer 0.25 s, prefill 1 s plus
+    its step(1) = 0.1 s. A (alone) prefills [0, 1.1]; the decode instance is idle, so its read runs
+    [1.1, 1.35], it joins at once and its first token comes a step later, at 1.45. B prefills
+    [1.1, 2.2] while A decodes in 0.1 s steps ending at 1.35 + 0.1·k: the read starts at the end of
+    the step under way, 2.25, ends at 2.50 inside the step [2.45, 2.55], and B joins at 2.55 for a
+    pair step of 0.15: first token 2.70 (a flat transfer from 2.2 would join at 2.45, first 2.60).
+    ps mode has no steps: each read starts at its prefill's end and the request joins when it ends."""
+    prof = toy_profile(decode_step_base_s=0.05, decode_step_per_seq_s=0.05, kv_transfer_base_s=0.25)
+    r, _ = simulate(prof, [0, 0], [10, 10], [30, 3], mode=mode)
+    assert r.prefill_end == pytest.approx([1.1, 2.2] if mode == "iteration" else [1.0, 2.0])
+    if mode == "iteration":
+        assert r.decode_start == pytest.approx([1.35, 2.50])
+        assert r.first_token == pytest.approx([1.45, 2.70])
+    else:
+        assert r.decode_start == pytest.approx([1.25, 2.25])
+
+
+def test_kv_transfer_delays_decode_start() -> None:
+    prof = toy_profile(kv_transfer_base_s=0.5, kv_transfer_per_token_s=0.01)
+    r, _ = simulate(prof, [0], [50], [1])
+    assert r.decode_start == pytest.approx([1.0 + 0.5 + 0.5])
+    assert r.first_token == pytest.approx(r.finish)
+
+
+def test_round_robin_spreads_over_decode_instances_and_prefill_queues() -> None:
+    prof = toy_profile()
+    r, _ = simulate(prof, [0, 0, 0, 0], [1] * 4, [3] * 4, n_prefill=2, n_decode=2)
+    assert r.prefill_instance.tolist() == [0, 1, 0, 1]
+    assert r.decode_instance.tolist() == [0, 1, 0, 1]
+    assert r.prefill_start.tolist() == [0, 0, 1, 1]
+
+
+def test_scheduled_swap_changes_later_decisions_and_is_recorded() -> None:
+    prof = toy_profile(prefill_base_s=0.01)
+    arrivals = np.arange(8) * 0.001
+    r, d = simulate(prof, arrivals, [1] * 8, [1000] * 8, n_decode=2, swaps=[ScheduledSwap(0.0035, "least_load")])
+    assert [e.new for e in r.policy_events if e.kind == "routing"] == ["round_robin", "least_load"]
+    assert r.policy_events[-1].source == "sim" and r.policy_events[-1].time == pytest.approx(0.0035)
+    assert d.routing.name == "least_load"
+
+
+def test_same_inputs_give_identical_results() -> None:
+    rng = np.random.default_rng(3)
+    arr = np.sort(rng.uniform(0, 20, 300))
+    pr, out = rng.integers(1, 300, 300), rng.integers(1, 400, 300)
+    from core.perf import get_profile
+
+    prof = get_profile("h20-qwen3-32b")
+    a, _ = simulate(prof, arr, pr, out, policy="sibyl", n_prefill=2, n_decode=4)
+    b, _ = simulate(prof, arr, pr, out, policy="sibyl", n_prefill=2, n_decode=4)
+    assert np.array_equal(a.finish, b.finish) and np.array_equal(a.decode_instance, b.decode_instance)
+    assert a.ok.all()
+    # Every request keeps causality: arrival ≤ prefill ≤ decode ≤ first token ≤ finish.
+    assert np.all(a.arrival <= a.prefill_start) and np.all(a.prefill_end <= a.decode_start)
+    assert np.all(a.decode_start < a.first_token) and np.all(a.first_token <= a.finish + 1e-9)
+
+
+def test_iteration_mode_batches_waiting_prompts_within_the_token_budget_as_vllm_does() -> None:
+    """Prompts of 100, 200, 300 and 400 tokens wait behind one of 50 on a single prefill instance
+    (base 1 s, 0.01 s per token, budget 700 tokens, steps of 0.1 s). ps mode serves them one at a
+    time; iteration mode steps them as vLLM's chunked prefill does: 100+200+300 and the first 100
+    tokens of 400 fill the 700-token step (1 + 7 + 0.1 s), the first three ending with it, then
+    the 300 tokens left of 400 (1 + 3 + 0.1 s)."""
+    prof = toy_profile(prefill_per_token_s=0.01, max_num_batched_tokens=700)
+    arrivals, prompts = [0, 0.1, 0.1, 0.1, 0.1], [50, 100, 200, 300, 400]
+    ps, _ = simulate(prof, arrivals, prompts, [1] * 5, mode="ps")
+    assert ps.prefill_end.tolist() == pytest.approx([1.5, 3.5, 6.5, 10.5, 15.5])
+    it, _ = simulate(prof, arrivals, prompts, [1] * 5, mode="iteration")
+    assert it.prefill_start.tolist() == pytest.approx([0, 1.6, 1.6, 1.6, 1.6])
+    assert it.prefill_end.tolist() == pytest.approx([1.6, 9.7, 9.7, 9.7, 13.8])
+    # the running slots cap a batch too: with two, 100+200 go together (1 + 3 + 0.1 s), then 300+400
+    # (700 tokens, just within the budget: 1 + 7 + 0.1 s)
+    two, _ = simulate(prof.model_copy(update={"max_num_seqs": 2}), arrivals, prompts, [1] * 5, mode="iteration")
+    assert two.prefill_end.tolist() == pytest.approx([1.6, 5.7, 5.7, 13.8, 13.8])
+
+
+@pytest.mark.parametrize("mode", ["ps", "iteration"])
+def test_host_work_per_prefill_request_delays_the_next_batch_not_an_idle_instance(mode: str) -> None:
+    """Three 1-token prompts at 0 (base 1 s each, 2 s of host work each): one at a time, each
+    prefill waits for its predecessor's host work (ends 1, 4, 7); iteration mode batches the two
+    waiting ones and adds the 0.1 s step a batch runs in (ends 1.1, then 3.1 + 1.1 = 4.2 for
+    both). A prompt arriving at 20, when all host work is done, takes its plain time."""
+    prof = toy_profile(prefill_host_per_request_s=2.0)
+    r, _ = simulate(prof, [0, 0, 0, 20], [1, 1, 1, 1], [1] * 4, mode=mode)
+    expected = [1, 4, 7, 21] if mode == "ps" else [1.1, 4.2, 4.2, 21.1]
+    assert r.prefill_end.tolist() == pytest.approx(expected)

@@ -68,7 +68,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, dict[str, Any]
         def __init__(self, url: str | None, token: str | None) -> None:
             pass
 
-        def set_policy(self, kind: str, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        def set_policy(self, kind: str, name: str, params: dict[str, Any], pool: str | None = None) -> dict[str, Any]:
             calls.append((kind, name, params))
             return {"kind": kind, "old": "x", "new": name, "params": params, "source": "cli"}
 

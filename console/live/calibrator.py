@@ -17,6 +17,12 @@ is known: the terms left at their prior are then scaled together, by one correct
 of interval (measured over projected, as Dynamo's planner corrects its estimates), so the projection
 matches what the engine reports. Each such term says so ("prior × s, scaled to what the engine
 measured (why it was not identified alone)"); its prior is still shown.
+
+An instance that has no calibration of its own yet (one just added, or one whose data do not
+identify a term) is projected with what its calibrated peers of the same role measured (the mean of
+their step terms), not with the prior: the instances of a pool run one model on one kind of
+hardware, and judging a new instance by the prior beside calibrated peers made it look slower or
+faster than it is (prefix_aware then sent a prompt away from the new instance that held its prefix).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.calibration.online import STEP_TERMS
 from core.perf import PerfProfile
+from core.types import Role
 
 if TYPE_CHECKING:
     from adapters.vllm.instances import Instance
@@ -126,6 +133,10 @@ class Calibrator:
         """When each instance may be refitted next (apply_every_s after its last refit)."""
         self.applied: dict[str, Applied] = {}
         """The last refit of each instance."""
+        self._role: dict[str, Role] = {}
+        """Each instance's role (peers share what they measured)."""
+        self._calibrated: dict[str, PerfProfile] = {}
+        """The profile each calibrated instance is projected with."""
 
     def scraped(self, inst: Instance, now: float) -> None:
         """The poller read `inst`'s /metrics: one more interval for its fitter (a page seen already is skipped)."""
@@ -133,6 +144,7 @@ class Calibrator:
         if not page or self._seen.get(inst.id) is page:
             return
         self._seen[inst.id] = page
+        self._role[inst.id] = inst.role
         self.feed.observe_scrape(inst.id, page, now)
         self._turn.setdefault(inst.id, self._next.setdefault(inst.id, now))
 
@@ -148,8 +160,16 @@ class Calibrator:
         profile, factors, check = corrected(fitted, self.feed.check(iid, now, CHECK_WINDOW_S))
         fit = profile.fit or {}
         calibrated = bool(factors) or any(str(fit.get(k, {}).get("source", "")).startswith("fit") for k in STEP_TERMS)
-        self.dispatcher.set_instance_profile(iid, profile if calibrated else None)
+        was = iid in self._calibrated
+        if calibrated:
+            self._calibrated[iid] = profile
+        else:
+            self._calibrated.pop(iid, None)
         self.applied[iid] = Applied(now, fit, calibrated, factors, check)
+        if calibrated or was:
+            self._share(self._role.get(iid))
+        else:
+            self.dispatcher.set_instance_profile(iid, self.peer_profile(self._role.get(iid)))
         self._next[iid] = now + (self.apply_every_s if calibrated else min(FIRST_EVERY_S, self.apply_every_s))
         return iid
 
@@ -160,7 +180,28 @@ class Calibrator:
         self._turn.pop(instance_id, None)
         self._next.pop(instance_id, None)
         self.applied.pop(instance_id, None)
+        role = self._role.pop(instance_id, None)
         self.dispatcher.set_instance_profile(instance_id, None)
+        if self._calibrated.pop(instance_id, None) is not None:
+            self._share(role)
+
+    def peer_profile(self, role: Role | None) -> PerfProfile | None:
+        """What the calibrated instances of `role` measured: the first one's profile with each step
+        term the mean over them (None when none is calibrated: the shared terms then)."""
+        peers = [p for iid, p in self._calibrated.items() if self._role.get(iid) == role]
+        if not peers:
+            return None
+        if len(peers) == 1:
+            return peers[0]
+        mean = {k: sum(float(getattr(p, k)) for p in peers) / len(peers) for k in STEP_TERMS}
+        return peers[0].model_copy(update={**mean, "tps_curve": None})
+
+    def _share(self, role: Role | None) -> None:
+        """Project each instance of `role` with its own calibration, or else with its peers'."""
+        shared = self.peer_profile(role)
+        for iid, r in self._role.items():
+            if r == role:
+                self.dispatcher.set_instance_profile(iid, self._calibrated.get(iid, shared))
 
     def row(self, instance_id: str, now: float) -> dict[str, Any] | None:
         """The instance's calibration as `/control/state` shows it (None before its first refit)."""
@@ -173,6 +214,7 @@ class Calibrator:
         }
         return {
             "calibrated": a.calibrated,
+            "from_peers": not a.calibrated and self.peer_profile(self._role.get(instance_id)) is not None,
             "fitted_age_s": since,
             "terms": terms,
             "correction": a.correction,

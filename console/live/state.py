@@ -58,6 +58,10 @@ class InstanceCalibration(_Model):
         description="whether its prefill steps are projected with these terms (some step term was fitted, or the "
         "terms were scaled to what the engine measured); else with the console's profile",
     )
+    from_peers: bool = Field(
+        False,
+        description="not calibrated itself, so projected with what its calibrated peers of the same role measured",
+    )
     fitted_age_s: float | None = Field(None, description="seconds since the last refit")
     terms: dict[str, CalibratedTerm] = Field(default_factory=dict, description="each fitted term by profile name")
     correction: dict[str, float] = Field(

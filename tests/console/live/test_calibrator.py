@@ -146,3 +146,30 @@ def test_under_a_steady_load_the_terms_held_at_their_prior_are_scaled_to_what_th
     assert term["value"] == pytest.approx(PRIOR.prefill_per_token_s * factor)
     # the dispatcher projects p0 with the scaled terms: a prompt alone as fast as the engine runs it
     assert float(d.view.first_token_at(300)[0]) == pytest.approx(StepTerms.of(TRUE).alone_s(300), rel=0.15)
+
+
+def test_an_instance_without_a_calibration_of_its_own_borrows_its_calibrated_peers() -> None:
+    """A prefill instance added after p0 was calibrated is projected with what p0 measured, not with the
+    prior (the prior made it look 10× slower than its calibrated peer); its own calibration replaces
+    that once it has one; decode instances are not its peers."""
+    d, cal, p0 = cluster()
+    engine = FakeEngine()
+    p0.metrics_page = engine.interval(0, 1, 1)
+    cal.scraped(p0, 0.0)
+    for t in range(1, 4):
+        p0.metrics_page = engine.interval(4, 300, 8)
+        cal.scraped(p0, float(t))
+        cal.tick(float(t) + 0.05)
+    assert cal.row("p0", 4.0)["calibrated"]
+    d.add_instance("p1", Role.PREFILL)
+    p1 = Instance("p1", Role.PREFILL, "http://p1")
+    assert d.instance_terms("p1") == StepTerms.of(PRIOR)  # not seen yet: the shared terms
+    p1.metrics_page = FakeEngine().interval(0, 1, 1)  # its first page: no interval of its own yet
+    cal.scraped(p1, 4.0)
+    assert cal.tick(4.6) == "p1"
+    row = cal.row("p1", 4.7)
+    assert row is not None and not row["calibrated"] and row["from_peers"]
+    assert d.instance_terms("p1") == d.instance_terms("p0") != StepTerms.of(PRIOR)
+    assert d.instance_terms("d0") == StepTerms.of(PRIOR)
+    cal.forget("p0")  # the only calibrated peer left: p1 goes back to the shared terms
+    assert d.instance_terms("p1") == StepTerms.of(PRIOR)

@@ -144,7 +144,11 @@ class Calibrator:
         if not page or self._seen.get(inst.id) is page:
             return
         self._seen[inst.id] = page
-        self._role[inst.id] = inst.role
+        if inst.id not in self._role:  # first seen: its peers' measurements until it has its own
+            self._role[inst.id] = inst.role
+            shared = self.peer_profile(inst.role)
+            if shared is not None:
+                self.dispatcher.set_instance_profile(inst.id, shared)
         self.feed.observe_scrape(inst.id, page, now)
         self._turn.setdefault(inst.id, self._next.setdefault(inst.id, now))
 

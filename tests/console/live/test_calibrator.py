@@ -166,6 +166,7 @@ def test_an_instance_without_a_calibration_of_its_own_borrows_its_calibrated_pee
     assert d.instance_terms("p1") == StepTerms.of(PRIOR)  # not seen yet: the shared terms
     p1.metrics_page = FakeEngine().interval(0, 1, 1)  # its first page: no interval of its own yet
     cal.scraped(p1, 4.0)
+    assert d.instance_terms("p1") == d.instance_terms("p0")  # from its first scrape, before any refit
     assert cal.tick(4.6) == "p1"
     row = cal.row("p1", 4.7)
     assert row is not None and not row["calibrated"] and row["from_peers"]

@@ -60,9 +60,11 @@ def _register_commands(argv: Sequence[str] | None = None) -> None:
     store or the simulator); no command, an option first or an unknown name registers them all."""
     first = argv[0] if argv else ""
     wanted = COMMANDS.get(first, first)
-    for name in (wanted,) if wanted in MODULES else MODULES:
+    listing = wanted not in MODULES  # the root --help (or a typo): names and summaries, nothing runs
+    for name in MODULES if listing else (wanted,):
         if name not in _registered:
-            importlib.import_module(f"console.commands.{name}").register(app)
+            module = importlib.import_module(f"console.commands.{name}")
+            getattr(module, "register_listing", module.register)(app) if listing else module.register(app)
             _registered.add(name)
 
 

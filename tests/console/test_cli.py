@@ -156,3 +156,24 @@ def test_policy_list_works_without_a_console(sibyl_home: Path) -> None:  # no co
     assert next(p for p in listed["available"] if p["name"] == "clairvoyant")["sim_only"] is True
     code, out = invoke("policy", "list", "--kind", "scaling")
     assert code == 0 and "threshold" in out and "no console running" in out
+
+
+def test_the_root_help_lists_emulate_with_its_own_summary_without_loading_it() -> None:
+    """The root --help names `emulate` by the first line of its real help, and loads neither the
+    emulator's settings nor the profiles (NumPy) to do so."""
+    import subprocess
+    import sys
+
+    from adapters.emulator.cli import HELP
+    from console.commands.emulate import SUMMARY
+
+    assert HELP.splitlines()[0] == SUMMARY
+    probe = (
+        "import sys; sys.argv = ['sibyl-console', '--help']\n"
+        "from console.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', 'numpy' in sys.modules, 'adapters.emulator.settings' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "LOADED False False" in done.stdout, done.stdout[-500:] + done.stderr[-500:]
+    assert "emulate" in done.stdout

@@ -219,7 +219,7 @@ def policy_list(
     from rich.table import Table
 
     from console.live.discovery import local_running
-    from console.live.policies import catalog
+    from core.policies.registry import catalog
 
     active: dict[str, Any] = {}
     if url or token or local_running():

@@ -18,7 +18,7 @@ from console.gateway.errors import error_body, unauthorized_body
 from console.gateway.openapi import build_openapi
 from console.gateway.proxy import Proxy
 from console.live.controller import Controller
-from console.live.policies import catalog
+from core.policies.registry import catalog
 
 HOT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 

@@ -18,8 +18,8 @@ from console.gateway.lora_routes import lora_routes
 from console.gateway.prefix_routes import prefix_routes
 from console.live.controller import Controller
 from console.live.migrations import ScaleError
-from console.live.policies import catalog
 from core.errors import ConfigError, SibylError
+from core.policies.registry import catalog
 from core.pools import UnknownPool
 from core.types import PolicyKind
 

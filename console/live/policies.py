@@ -1,4 +1,4 @@
-"""Policies on a live console: the backend capability each one needs, the startup check, the catalogue."""
+"""Policies on a live console: the backend capability each one needs and the startup check (catalogue: registry)."""
 
 from __future__ import annotations
 
@@ -47,23 +47,3 @@ def check_policies(config: ConsoleConfig, backend: Backend) -> None:
     for kind, choice in choices:
         registry.build(kind, choice.name, choice.params)
         check_capability(backend, kind, choice.name, choice.params)
-
-
-def catalog(live: bool = False) -> list[dict[str, Any]]:
-    """Every registered policy of every kind with its params schema and defaults; `live` leaves out
-    the simulator-only ones (a clairvoyant needs true output lengths no live console knows)."""
-    out = []
-    for s in registry.specs():
-        if live and s.sim_only:
-            continue
-        out.append(
-            {
-                "kind": s.kind.value,
-                "name": s.name,
-                "summary": s.summary,
-                "params_schema": s.schema(),
-                "defaults": s.defaults(),
-                "sim_only": s.sim_only,
-            }
-        )
-    return out

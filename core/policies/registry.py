@@ -121,3 +121,23 @@ def parse_policy_spec(text: str) -> tuple[str, dict[str, str]]:
     if not name:
         raise PolicyError(f"policy {text!r}: no name")
     return name, params
+
+
+def catalog(live: bool = False) -> list[dict[str, Any]]:
+    """Every registered policy of every kind with its params schema and defaults; `live` leaves out
+    the simulator-only ones (a clairvoyant needs true output lengths no live console knows)."""
+    out = []
+    for s in specs():
+        if live and s.sim_only:
+            continue
+        out.append(
+            {
+                "kind": s.kind.value,
+                "name": s.name,
+                "summary": s.summary,
+                "params_schema": s.schema(),
+                "defaults": s.defaults(),
+                "sim_only": s.sim_only,
+            }
+        )
+    return out

@@ -21,12 +21,12 @@ from starlette.routing import Route
 from textual.css.query import NoMatches
 from textual.pilot import Pilot
 
-from console.live.policies import catalog
 from console.live.state import ConsoleState
 from console.tui.app import SibylDashboard
 from console.tui.client import DashboardClient
 from core.errors import PolicyError
 from core.policies import registry
+from core.policies.registry import catalog
 
 TOKEN = "test-token"
 

@@ -9,8 +9,8 @@ from typing import Any
 from textual.app import App
 from textual.widgets import Select, Static
 
-from console.live.policies import catalog
 from console.tui.policy_picker import PolicyPicker
+from core.policies.registry import catalog
 from tests.console.tui.fakes import until
 
 ROUND_ROBIN = {"name": "round_robin", "params": {}}

@@ -1,24 +1,22 @@
 """Admission control: route now, hold in the active queue policy while saturated, or shed; SLO-protecting limits.
 
-The dispatcher owns one AdmissionControl and passes it the active queue policy and the cluster's
-room on every call, so a swapped queue policy takes effect at once. It remembers when each held
-request was queued (for ttl_s expiry and the oldest-wait signal) independently of the policy's
-order, so expiry is oldest-first whatever order the policy releases in.
+The held-request bookkeeping (`AdmissionControl`) lives in core/admission_queue.py and is re-exported
+here; this module holds the SLO's settings (`SloAdmission`) and the saturation model behind them
+(`SloGate`), which decides on that bookkeeping.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.admission_signals import RefusalCause, Refusals, TtftDrift
+from core.admission_queue import AdmissionControl as AdmissionControl
+from core.admission_signals import DecodeSlots, RefusalCause, Refusals, TtftDrift
 from core.policies.base import QueuePolicy
 from core.prefill import StepTerms
-from core.tenants import FairShare
 from core.types import Admission, Request, Role
 
 if TYPE_CHECKING:
@@ -27,119 +25,20 @@ if TYPE_CHECKING:
     from core.view import ClusterView
 
 
-class AdmissionControl:
-    """Held-request bookkeeping shared by the gateway and the simulator (through the dispatcher)."""
-
-    def __init__(self) -> None:
-        self.held_since: OrderedDict[Hashable, float] = OrderedDict()
-        """Held request id → when it was queued, oldest first."""
-        self.arrivals = 0
-        """Requests seen by admit (routed, queued or shed)."""
-        self.fair: FairShare | None = None
-        """Release between tenants by their shares (console/live/tenants.py sets it when /v1 takes keys);
-        None: in the queue policy's order."""
-
-    def __len__(self) -> int:
-        return len(self.held_since)
-
-    def admit(self, queue: QueuePolicy, request: Request, now: float, room: int) -> Admission:
-        """ROUTE if `room` > 0 and nothing is held; else QUEUED, or SHED when the queue is full."""
-        self.arrivals += 1
-        if room > 0 and not self.held_since:
-            return Admission.ROUTE
-        if len(queue) >= queue.params.max_queued:
-            return Admission.SHED
-        queue.push(request, now)
-        self.held_since[request.id] = now
-        return Admission.QUEUED
-
-    def release(self, queue: QueuePolicy, now: float, room: int) -> list[Request]:
-        """Pop up to `room` held requests in the policy's order."""
-        out: list[Request] = []
-        while room > 0 and self.held_since:
-            r = queue.pop(now) if self.fair is None else self._pop_fair(queue)
-            if r is None:
-                break
-            self.held_since.pop(r.id, None)
-            out.append(r)
-            room -= 1
-        return out
-
-    def head(self, queue: QueuePolicy) -> Request | None:
-        """The held request `release` lets go next."""
-        items = queue.items()
-        if not items:
-            return None
-        return items[0] if self.fair is None else self.fair.pick(items)
-
-    def ahead_of(self, queue: QueuePolicy, r: Request) -> float:
-        """How many held requests go before `r` if it were held now: all of them in the queue policy's
-        order; with a fair share, its tenant's own and what the others release meanwhile."""
-        if self.fair is None or not self.held_since:
-            return float(len(self.held_since))
-        held: dict[str, int] = {}
-        for h in queue.items():
-            held[h.tenant] = held.get(h.tenant, 0) + 1
-        return self.fair.ahead(held, r.tenant)
-
-    def _pop_fair(self, queue: QueuePolicy) -> Request | None:
-        assert self.fair is not None
-        r = self.fair.pick(queue.items())
-        if r is not None:
-            queue.remove(r.id)
-            self.fair.served(r)
-        return r
-
-    def expire(self, queue: QueuePolicy, now: float) -> list[Request]:
-        """Remove and return the requests queued `ttl_s` ago or earlier, oldest first."""
-        ttl = queue.params.ttl_s
-        out: list[Request] = []
-        held = self.held_since
-        while held:
-            rid, since = next(iter(held.items()))
-            if since + ttl > now:
-                break
-            held.popitem(last=False)
-            r = queue.remove(rid)  # type: ignore[arg-type]
-            if r is not None:
-                out.append(r)
-        return out
-
-    def next_expiry_at(self, queue: QueuePolicy) -> float:
-        """When the oldest held request expires (inf when none is held)."""
-        if not self.held_since:
-            return float("inf")
-        return next(iter(self.held_since.values())) + queue.params.ttl_s
-
-    def oldest_wait(self, now: float) -> float:
-        """How long the oldest held request has waited (0 when none is held)."""
-        if not self.held_since:
-            return 0.0
-        return max(now - next(iter(self.held_since.values())), 0.0)
-
-    def cancel(self, queue: QueuePolicy, request_id: Hashable) -> bool:
-        """Drop a held request; False if it was not held."""
-        if self.held_since.pop(request_id, None) is None:
-            return False
-        queue.remove(request_id)  # type: ignore[arg-type]
-        return True
-
-    def hand_over(self, old: QueuePolicy, new: QueuePolicy) -> None:
-        """Push every request held by `old` into `new`, in old's release order, keeping queue times."""
-        for r in old.items():
-            new.push(r, self.held_since.get(r.id, 0.0))
-
-
 class SloAdmission(BaseModel):
     """Admission that protects the SLO (the live console's `[admission]` settings).
 
     Arrivals are routed while the cluster can start them within their class's TTFT target: a
-    decode slot is free (slots per decode instance from vLLM's max_num_seqs and the TPOT target)
-    and the least-loaded prefill instance's backlog (the dispatcher's projections, or the
-    engine's own waiting requests if more) leaves room for the prompt. Otherwise a request is
-    held in the queue policy's order if it is expected to start within its wait bound (TTFT
-    target + extra_wait_s), or refused at once with 429 and Retry-After; a held request that can
-    no longer start within its wait bound is answered 503 with Retry-After.
+    decode slot is free (slots per decode instance start from vLLM's max_num_seqs and the TPOT
+    target on the profile, then follow what the decode engines report and the measured TPOT)
+    and the least-loaded prefill instance's backlog (the dispatcher's projections corrected by the
+    measured TTFT, or the engine's own waiting requests if more) leaves room for the prompt.
+    Otherwise a request is held in the queue policy's order if it is expected to start within its
+    wait bound (TTFT target + extra_wait_s), or refused at once with 429 and Retry-After; a held
+    request that can no longer start within its wait bound is answered 503 with Retry-After.
+    A saturation only the prior projects (no engine reports a queue, too little measured to back
+    the projection) is not refused at once: the request is held up to evidence_hold_s, then
+    judged again with what was measured meanwhile.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -171,6 +70,15 @@ class SloAdmission(BaseModel):
     kv_high: float = Field(
         0.95, gt=0, le=1, description="a decode instance whose polled KV usage is at least this takes no new request"
     )
+    evidence_hold_s: float = Field(
+        0.5,
+        ge=0,
+        description=(
+            "a request refused only by the prior's projection (no engine reports a queue, too few measured TTFTs "
+            "or TPOTs back it) is held up to this long instead, then judged again (a wrong prior costs the first "
+            "requests latency, not refusals)"
+        ),
+    )
     waiting_high: int = Field(
         8,
         ge=1,
@@ -189,14 +97,33 @@ def tpot_slots(profile: PerfProfile, tpot_s: float, context_tokens: float) -> in
     return n
 
 
+def pool_drained_s(first: np.ndarray, work: float) -> float:
+    """When a prompt whose first token would come out of instance p at `first[p]` (alone behind
+    what p holds now) gets it, once the pool has also served `work` seconds of held prefills
+    ahead of it: the prefill instances take held work as each frees up (water-filling), so it is
+    the least t with Σ_p max(t − first[p], 0) ≥ work (min(first) when nothing is held)."""
+    if not len(first):
+        return 0.0
+    b = np.sort(first)
+    if work <= 0:
+        return float(b[0])
+    k = np.arange(1, len(b) + 1)
+    t = (np.cumsum(b) + work) / k  # the level if the first k instances share the work
+    fits = np.append(b[1:], np.inf) >= t
+    return float(t[int(np.argmax(fits))])
+
+
 class SloGate:
     """The saturation model behind SloAdmission: decode slots, the projected first tokens, predicted start.
 
     The prefill side is the dispatcher's batching-aware projection (core/prefill.py: prompts share
     steps within the token budget, each step paying its fixed cost once), against what the engine
     itself reports waiting, corrected per instance by the measured TTFT of recent requests
-    (`TtftDrift`). A request is refused only if it is projected to start past its wait bound;
-    each refusal is counted by the limit it hit (`refusals_by_cause`).
+    (`TtftDrift`). The decode slots follow the engines' reports and the measured TPOT
+    (`DecodeSlots`). A request is refused only if it is projected to start past its wait bound,
+    and at once only when the engines report the saturation (waiting requests, KV) or enough was
+    measured to back the projection; otherwise it is held up to `evidence_hold_s` first. Each
+    refusal is counted by the limit it hit (`refusals_by_cause`).
     """
 
     def __init__(self, settings: SloAdmission, profile: PerfProfile, slo: dict[str, SLOClass]) -> None:
@@ -204,10 +131,11 @@ class SloGate:
         self.profile = profile
         self.slo = slo
         tightest = min(c.tpot_s for c in slo.values())
-        self.decode_slots = settings.decode_slots or tpot_slots(
-            profile, settings.headroom * tightest, profile.ps_context_tokens
+        start = settings.decode_slots or tpot_slots(profile, settings.headroom * tightest, profile.ps_context_tokens)
+        self.slots = DecodeSlots(
+            start, profile.max_num_seqs, fixed=settings.decode_slots is not None, grow_below=settings.headroom
         )
-        """Requests in flight per decode instance."""
+        """Requests in flight per decode instance (`decode_slots`), moved by what the engines report."""
         self.typical_prompt = 256.0
         """Running mean of the prompts seen (sizes the engines' own waiting queues)."""
         self.typical_output = 256.0
@@ -224,7 +152,15 @@ class SloGate:
         """Held requests answered 503 because they could no longer start within their wait bound."""
         self.refusals: dict[RefusalCause, Refusals] = {c: Refusals() for c in RefusalCause}
         self.drift = TtftDrift()
+        self.unverified: dict[Hashable, tuple[float, RefusalCause]] = {}
+        """Held requests refused by the prior's projection alone: id → (until when they are held
+        before being judged again, the limit they would have hit)."""
         self._terms: StepTerms = StepTerms.of(profile)
+
+    @property
+    def decode_slots(self) -> int:
+        """Requests in flight per decode instance now."""
+        return int(self.slots)
 
     def describe(self) -> dict[str, float | int]:
         """The limits in force and the refusals by cause (for `status`)."""
@@ -241,6 +177,10 @@ class SloGate:
             "shed": self.shed,
             "expired": self.expired,
             "ttft_drift_max": round(float(self.drift.ratio.max()), 3) if len(self.drift.ratio) else 1.0,
+            "ttft_drift_min": round(float(self.drift.ratio.min()), 3) if len(self.drift.ratio) else 1.0,
+            "tpot_measured_s": round(self.slots.tpot_s, 4) if self.slots.samples else 0.0,
+            "evidence_hold_s": self.settings.evidence_hold_s,
+            "held_unverified": len(self.unverified),
         }
         for cause, r in self.refusals.items():
             out[f"refused_{cause.value}"] = r.count
@@ -268,6 +208,11 @@ class SloGate:
         """A request routed to prefill instance p was projected to get its first token `projected_s`
         after it was routed and got it after `measured_s`."""
         self.drift.observe(p, projected_s, measured_s)
+
+    def observe_tpot(self, tpot_s: float, target_s: float, v: ClusterView, now: float) -> None:
+        """A request finished with measured TPOT `tpot_s` (its target `target_s`): the decode slots
+        follow it and what the decode engines report now."""
+        self.slots.observe(tpot_s, target_s, self._decode_engines_saturated(v), now)
 
     def _ttft(self, r: Request) -> float:
         return r.ttft_s if r.ttft_s is not None else (self.slo.get(r.slo_class) or self.slo["default"]).ttft_s
@@ -298,7 +243,29 @@ class SloGate:
         mask = v.decode_mask()
         with np.errstate(invalid="ignore"):
             full = (v.kv_usage >= s.kv_high) | (v.waiting_obs >= s.waiting_high)
-        return int(self.decode_slots * np.count_nonzero(mask & ~full)) - v.table.n
+        room = int(self.decode_slots * np.count_nonzero(mask & ~full)) - v.table.n
+        self.slots.limited = room <= 0
+        return room
+
+    def _decode_engines_saturated(self, v: ClusterView) -> bool:
+        """A routable decode engine reports waiting requests or KV usage past the limits."""
+        s = self.settings
+        with np.errstate(invalid="ignore"):
+            full = (v.kv_usage >= s.kv_high) | (v.waiting_obs >= s.waiting_high)
+        return bool(np.any(v.decode_mask() & full))
+
+    def _confirmed(self, cause: RefusalCause, v: ClusterView) -> bool:
+        """Whether the engines or the measurements back a refusal for `cause` (else only the prior does).
+
+        Prefill backlog: every routable prefill instance either reports waiting prompts of its own
+        or has a settled TTFT correction. Decode slots: the operator fixed them, a decode engine
+        reports a queue or KV past its limit, or the measured TPOT is past its target. KV: reported."""
+        if cause == RefusalCause.PREFILL_BACKLOG:
+            where = np.flatnonzero(v.prefill_mask())
+            return all(v.waiting_obs[p] > 0 or self.drift.settled(int(p)) for p in where)
+        if cause == RefusalCause.DECODE_SLOTS:
+            return self.slots.fixed or self._decode_engines_saturated(v) or self.slots.past_target()
+        return True
 
     def _kv_full(self, v: ClusterView) -> bool:
         with np.errstate(invalid="ignore"):
@@ -317,19 +284,28 @@ class SloGate:
         out: np.ndarray = np.maximum(projected, engine) if len(engine) else projected
         return out
 
+    @staticmethod
+    def _uncached(r: Request, v: ClusterView) -> float | np.ndarray:
+        """The prompt tokens `r` would compute: one per instance (less its expected prefix hit there)
+        where the prefix view expects one anywhere, else the whole prompt."""
+        cached = v.cached_tokens(r)
+        return np.maximum(float(r.prompt_tokens) - cached, 1.0) if cached.any() else float(r.prompt_tokens)
+
     def first_token_s(self, r: Request, v: ClusterView, now: float) -> np.ndarray:
         """Per routable prefill instance: seconds from now until `r`'s first token would come out
         there if routed now — batched into the projection, or behind what the engine reports
-        waiting if that is later — scaled by the instance's measured drift."""
+        waiting if that is later — scaled by the instance's measured drift. The prompt is what each
+        instance would compute: less the prefix it is expected to find cached there."""
         q = v.queues
         self._terms = q.terms
         mask = v.prefill_mask()
-        tokens = float(r.prompt_tokens)
+        tokens = self._uncached(r, v)
         projected = v.first_token_at(tokens)[mask] - now
         if v.waiting_obs[mask].any():
+            own = np.broadcast_to(np.asarray(tokens, dtype=float), mask.shape)
             engine = np.array(
                 [
-                    q.terms_of(int(p)).backlog_s(float(v.waiting_obs[p]), self.typical_prompt, tokens)
+                    q.terms_of(int(p)).backlog_s(float(v.waiting_obs[p]), self.typical_prompt, float(own[p]))
                     for p in np.flatnonzero(mask)
                 ]
             )
@@ -348,16 +324,20 @@ class SloGate:
     def _completion_rate(self, v: ClusterView) -> float:
         """Requests per second the decode pool finishes at full slots (from the profile)."""
         n = max(v.routable_count(Role.DECODE), 1)
-        per_request = max(self.typical_output, 1.0) * self.profile.step_time(
-            self.decode_slots, self.decode_slots * self.profile.ps_context_tokens
+        step = (
+            self.slots.tpot_s
+            if self.slots.measured and self.slots.tpot_s > 0
+            else self.profile.step_time(self.decode_slots, self.decode_slots * self.profile.ps_context_tokens)
         )
-        return n * self.decode_slots / per_request
+        return n * self.decode_slots / (max(self.typical_output, 1.0) * step)
 
     def predicted_start(self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0) -> float:
         """Seconds after its arrival `r` is expected to start if held behind `held` requests (`share` of
         the held prefill work: less than all when held requests are released fairly between tenants)."""
         first = self.first_token_s(r, v, now)
-        prefill = (float(first.sum()) + share * self.held_work_s) / max(len(first), 1)
+        drift = self.drift.of(v.n_instances)[v.prefill_mask()]
+        held_work = share * self.held_work_s * (float(drift.mean()) if len(drift) else 1.0)
+        prefill = pool_drained_s(first, held_work)
         room = self.decode_room(v) - held
         decode_wait = 0.0 if room > 0 else (1 - room) / self._completion_rate(v)
         alone = self._terms.alone_s(r.prompt_tokens)
@@ -372,12 +352,21 @@ class SloGate:
         """`n` requests turned away for want of the pool `cause` names (the scaling signals' demand)."""
         self.refused[Role.PREFILL if cause == RefusalCause.PREFILL_BACKLOG else Role.DECODE] += n
 
+    def shortfall(
+        self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0
+    ) -> tuple[float, RefusalCause] | None:
+        """`r` held behind `held` requests is expected to start after its wait bound: when, and the
+        limit that keeps it (None: it is expected in time)."""
+        start = self.predicted_start(r, v, now, held, share)
+        return None if start <= self._budget(r) else (start, self._cause(v, held))
+
     def refusal(self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0) -> str | None:
         """Why `r` cannot be held (expected to start after its wait bound), or None."""
-        start = self.predicted_start(r, v, now, held, share)
-        if start <= self._budget(r):
-            return None
-        cause = self._cause(v, held)
+        short = self.shortfall(r, v, now, held, share)
+        return None if short is None else self._refuse(r, *short)
+
+    def _refuse(self, r: Request, start: float, cause: RefusalCause) -> str:
+        """Count `r`'s refusal by `cause` and say why."""
         self._count_unmet(cause)
         self.count_refusal(cause, start, self._budget(r))
         return (
@@ -396,15 +385,20 @@ class SloGate:
     ) -> tuple[Admission, str | None]:
         """`r` cannot be routed now: hold it if it is expected to start within its wait bound,
         else refuse it (SHED, with why); a full queue sheds too (why None)."""
+        unverified: RefusalCause | None = None
         if len(queue) < queue.params.max_queued:
             ahead = adm.ahead_of(queue, r)
-            why = self.refusal(r, v, now, ahead, ahead / len(adm) if adm else 1.0)
-            if why is not None:
+            short = self.shortfall(r, v, now, ahead, ahead / len(adm) if adm else 1.0)
+            if short is not None and self.settings.evidence_hold_s > 0 and not self._confirmed(short[1], v):
+                unverified = short[1]  # only the prior says so: hold it, judge it again with what is measured
+            elif short is not None:
                 adm.arrivals += 1
                 self.shed += 1
-                return Admission.SHED, why
+                return Admission.SHED, self._refuse(r, *short)
         decision = adm.admit(queue, r, now, 0)
         if decision == Admission.QUEUED:
+            if unverified is not None:
+                self.unverified[r.id] = (now + self.settings.evidence_hold_s, unverified)
             self.held_work_s += self._terms.marginal_s(r.prompt_tokens)
         else:
             self._count_unmet(self._cause(v, 0))  # what keeps the held ones from release
@@ -414,6 +408,7 @@ class SloGate:
     def clear_held(self) -> None:
         """Nothing is held any more."""
         self.held_work_s = 0.0
+        self.unverified.clear()
 
     def release(
         self, adm: AdmissionControl, queue: QueuePolicy, v: ClusterView, now: float, room: int
@@ -427,17 +422,20 @@ class SloGate:
             return out
         where = np.flatnonzero(v.prefill_mask())
         extra = np.zeros(len(where))
+        drift = self.drift.of(v.n_instances)[where]
         while (r := adm.head(queue)) is not None and room > 0:
             first = self.first_token_s(r, v, now) + extra
             k = int(np.argmin(first))
-            waits = first[k] - v.queues.terms_of(int(where[k])).alone_s(r.prompt_tokens) > 1e-9
+            own = np.broadcast_to(np.asarray(self._uncached(r, v), dtype=float), v.prefill_mask().shape)
+            waits = first[k] - v.queues.terms_of(int(where[k])).alone_s(float(own[where[k]])) > 1e-9
             if waits and first[k] + self._after_prefill_s(r.prompt_tokens) > self.target_s(r):
                 break
             popped = adm.release(queue, now, 1)
             if not popped:
                 break
+            self.unverified.pop(popped[0].id, None)
             work = self._terms.marginal_s(popped[0].prompt_tokens)
-            extra[k] += work
+            extra[k] += work * drift[k]
             self.held_work_s = max(self.held_work_s - work, 0.0) if adm else 0.0
             out.append(popped[0])
             room -= 1
@@ -450,19 +448,54 @@ class SloGate:
         within their wait bound, all removed from the queue (each counted by the limit that held it)."""
         if expired:  # past ttl_s: held by the same shortage
             self._count_unmet(self._cause(v, 0), len(expired))
+        for r in expired:
+            self.unverified.pop(r.id, None)
         if adm:
             late = [r for r in queue.items() if self.hopeless(r, now)]
             for r in late:
                 adm.cancel(queue, r.id)
+                self.unverified.pop(r.id, None)
             self.expired += len(late)
             cause = self._cause(v, 0)
             self._count_unmet(cause, len(late))
             for r in late:
                 self.count_refusal(cause, now - r.arrival + self.service_s(r.prompt_tokens), self.wait_bound_s(r))
-            expired = [*expired, *late]
+            expired = [*expired, *late, *self._judge_unverified(adm, queue, v, now)]
         work = sum(self._terms.marginal_s(r.prompt_tokens) for r in expired)
         self.held_work_s = max(self.held_work_s - work, 0.0) if adm else 0.0
         return expired
+
+    def next_judgement_at(self) -> float:
+        """When the first request held on the prior's word alone is judged again (inf: none is)."""
+        return min((until for until, _ in self.unverified.values()), default=float("inf"))
+
+    def _judge_unverified(
+        self, adm: AdmissionControl, queue: QueuePolicy, v: ClusterView, now: float
+    ) -> list[Request]:
+        """The requests held on the prior's word alone, judged again once their hold is over or the
+        engines or measurements back the limit they hit: the ones still expected past their wait
+        bound are removed (answered as expired, counted by cause); the others stay held as any."""
+        if not self.unverified:
+            return []
+        out: list[Request] = []
+        order = queue.items()
+        n = max(len(order), 1)
+        for k, r in enumerate(order):
+            entry = self.unverified.get(r.id)
+            if entry is None:
+                continue
+            until, cause = entry
+            if now < until and not self._confirmed(cause, v):
+                continue
+            del self.unverified[r.id]
+            short = self.shortfall(r, v, now, k, k / n)
+            if short is None:
+                continue
+            adm.cancel(queue, r.id)
+            self.expired += 1
+            self._refuse(r, *short)
+            out.append(r)
+        return out
 
     def retry_after_s(self, v: ClusterView, now: float, held: int) -> float:
         """When a new request would likely be admitted: the prefill backlog and the held work

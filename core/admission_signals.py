@@ -1,7 +1,8 @@
-"""What SLO admission counts and learns: refusals by the limit they hit, the measured-over-projected TTFT drift."""
+"""What SLO admission counts and learns: refusals by the limit they hit, the measured TTFT drift, the decode slots."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -39,40 +40,128 @@ class Refusals:
 class TtftDrift:
     """Measured over projected TTFT per prefill instance: the feedback that corrects the projection.
 
-    A ratio of exponentially weighted sums (Σ measured / Σ projected, so a long wait weighs more
-    than a short one), applied once `min_samples` requests have finished there, bounded to
-    [`low`, `high`]: a projection that drifts from what the engine does is scaled back towards it,
-    and no burst of outliers can make it refuse everything or nothing."""
+    Fitted in log space (the mean of log(measured / projected) over the first 1/`alpha` requests
+    finished there, an exponentially weighted one after), so a prior 100× too slow is corrected
+    as surely as one 2× too slow, and one outlier moves it by a factor, not to it. The correction
+    follows the evidence as far as the evidence goes: n samples back a factor of at most
+    2^(n / `doubling_samples`) either way (at most `limit`), so a single odd request moves it
+    little and a few dozen agreeing ones move it as far as they say. An instance is `settled` once
+    `min_samples` requests back its ratio and that bound no longer clips it: until then admission
+    does not refuse on its projection alone (core/admission.py `SloGate`)."""
 
-    def __init__(self, alpha: float = 0.05, low: float = 0.5, high: float = 4.0, min_samples: int = 8) -> None:
+    def __init__(
+        self, alpha: float = 0.05, min_samples: int = 8, doubling_samples: float = 2.0, limit: float = 1000.0
+    ) -> None:
         self.alpha = alpha
-        self.low, self.high = low, high
         self.min_samples = min_samples
-        self.measured = np.zeros(0)
-        self.projected = np.zeros(0)
+        self.doubling_samples = doubling_samples
+        self.limit = limit
+        self.log_ratio = np.zeros(0)
+        """The fitted log(measured / projected), before the bound its samples allow."""
         self.samples = np.zeros(0, dtype=np.int64)
         self.ratio = np.ones(0)
+        """The correction applied: exp(log_ratio) within the bound its samples allow."""
 
     def _grow(self, n: int) -> None:
         k = n - len(self.ratio)
         if k > 0:
-            self.measured = np.append(self.measured, np.zeros(k))
-            self.projected = np.append(self.projected, np.zeros(k))
+            self.log_ratio = np.append(self.log_ratio, np.zeros(k))
             self.samples = np.append(self.samples, np.zeros(k, dtype=np.int64))
             self.ratio = np.append(self.ratio, np.ones(k))
+
+    def bound(self, samples: int) -> float:
+        """The largest |log ratio| `samples` requests back."""
+        return float(min(samples / self.doubling_samples * math.log(2.0), math.log(self.limit)))
 
     def observe(self, p: int, projected_s: float, measured_s: float) -> None:
         if projected_s <= 0 or measured_s <= 0:
             return
         self._grow(p + 1)
-        a = self.alpha
-        self.measured[p] += a * (measured_s - self.measured[p])
-        self.projected[p] += a * (projected_s - self.projected[p])
         self.samples[p] += 1
-        if self.samples[p] >= self.min_samples:
-            self.ratio[p] = min(max(self.measured[p] / self.projected[p], self.low), self.high)
+        n = int(self.samples[p])
+        self.log_ratio[p] += max(self.alpha, 1.0 / n) * (math.log(measured_s / projected_s) - self.log_ratio[p])
+        b = self.bound(n)
+        self.ratio[p] = math.exp(min(max(float(self.log_ratio[p]), -b), b))
+
+    def settled(self, p: int) -> bool:
+        """Enough requests back instance p's correction, and the bound on it no longer clips it."""
+        if p >= len(self.samples):
+            return False
+        n = int(self.samples[p])
+        return n >= self.min_samples and abs(float(self.log_ratio[p])) <= self.bound(n)
 
     def of(self, n: int) -> np.ndarray:
         """The ratio per instance index (1 where nothing is known)."""
         self._grow(n)
         return self.ratio[:n]
+
+
+class DecodeSlots:
+    """Requests in flight per decode instance, moved by what the engines report (additive increase,
+    multiplicative decrease).
+
+    It starts from the prior's estimate (vLLM's max_num_seqs cut to the TPOT target on the
+    profile's step model) and is only that: each finished request whose measured TPOT keeps the
+    recent mean within `grow_below` × its target, while the estimate is what held arrivals back
+    (`limited`) and no decode engine reports a queue or KV past its limit, adds one slot (up to
+    max_num_seqs, vLLM's own cap); a decode engine reporting a queue or KV past its limit, or the
+    recent mean TPOT past its target, takes the estimate down by `decrease` (once per `calm_s`).
+    An operator's fixed `decode_slots` never moves."""
+
+    def __init__(
+        self,
+        start: int,
+        most: int,
+        fixed: bool,
+        grow_below: float,
+        min_samples: int = 8,
+        alpha: float = 0.1,
+        decrease: float = 0.8,
+        calm_s: float = 1.0,
+    ) -> None:
+        self.value = float(start)
+        self.most = max(most, start)
+        self.fixed = fixed
+        self.grow_below = grow_below
+        self.min_samples = min_samples
+        self.alpha = alpha
+        self.decrease = decrease
+        self.calm_s = calm_s
+        self.samples = 0
+        self.tpot_s = 0.0
+        """Recent measured TPOT (exponentially weighted; the plain mean of the first 1/alpha)."""
+        self.target_s = 0.0
+        """Their TPOT targets, weighted alike."""
+        self.limited = False
+        """The latest admission decision found no slot left by this estimate."""
+        self._cut_at = -math.inf
+
+    def __int__(self) -> int:
+        return max(int(self.value), 1)
+
+    @property
+    def measured(self) -> bool:
+        return self.samples >= self.min_samples
+
+    def past_target(self) -> bool:
+        """The recent mean measured TPOT is past its target."""
+        return self.measured and self.tpot_s > self.target_s
+
+    def observe(self, tpot_s: float, target_s: float, engines_saturated: bool, now: float) -> None:
+        """A request finished with measured TPOT `tpot_s` against its target; `engines_saturated`:
+        a routable decode engine reports waiting requests or KV usage past the limits."""
+        if tpot_s < 0 or target_s <= 0 or not math.isfinite(target_s):
+            return
+        self.samples += 1
+        w = max(self.alpha, 1.0 / self.samples)
+        self.tpot_s += w * (tpot_s - self.tpot_s)
+        self.target_s += w * (target_s - self.target_s)
+        if self.fixed:
+            return
+        if engines_saturated or self.past_target():
+            if now - self._cut_at >= self.calm_s:
+                self.value = max(self.value * self.decrease, 1.0)
+                self._cut_at = now
+            return
+        if self.limited and self.measured and self.tpot_s <= self.grow_below * self.target_s:
+            self.value = min(self.value + 1.0, float(self.most))

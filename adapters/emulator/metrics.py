@@ -187,6 +187,11 @@ class EngineMetrics:
         tokens = buckets_1_2_5(max_model_len)
         self.req_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
         self.req_generation = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
+        self.req_computed = hist(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            tokens,
+        )
         self.req_max_tokens = hist(
             "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens
         )
@@ -255,6 +260,8 @@ class EngineMetrics:
         self.prefill.observe(s.first_token_at - s.admitted_at)
         self.decode.observe(s.finished_at - s.first_token_at)
         self.req_prompt.observe(s.prompt_tokens)
+        # vLLM: the prompt less its cached tokens (local prefix hits and KV pulled through the connector)
+        self.req_computed.observe(max(s.prompt_tokens - max(s.cached_tokens, 0) - s.external_tokens, 0))
         self.req_generation.observe(s.generated)
         self.req_preemptions.observe(s.preemptions)
         if s.max_tokens_param:

@@ -109,8 +109,10 @@ class AdmittingMixin(InstancesMixin):
         return out if self.gate is None else self.gate.expire(self.admission, self.queue, self.view, now, out)
 
     def next_expiry_at(self) -> float:
-        """When the oldest held request expires (inf when none is held)."""
-        return self.admission.next_expiry_at(self.queue)
+        """When the oldest held request expires, or (SLO admission) one held on the prior's word alone
+        is judged again, whichever is sooner (inf when none is held)."""
+        at = self.admission.next_expiry_at(self.queue)
+        return at if self.gate is None else min(at, self.gate.next_judgement_at())
 
     def cancel(self, request_id: Hashable) -> bool:
         """Drop a held request (its client went away); False if it was not held."""

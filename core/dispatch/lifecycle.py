@@ -302,6 +302,8 @@ class LifecycleMixin(AdmittingMixin):
                     after = v.profile.kv_transfer_time(req.prompt_tokens) + v.profile.step_time(1, req.prompt_tokens)
                     projected = tracked.prefill_due + after - tracked.routed_at
                     self.gate.observe_ttft(p, projected, first_token_at - tracked.routed_at)
+                if self.gate is not None and output_tokens > 1:  # and the decode slots' measured TPOT
+                    self.gate.observe_tpot(tpot, float(t.tpot_slo[i]), v, now)
                 learner = tracked.router if tracked.arm == CANARY else self.routing  # each arm's router learns its own
                 learner.observe_completion(req, first_token_at - req.arrival, tpot, tracked.routed_at - req.arrival)
             # a whole reply has no first-token time: its TTFT is taken at the handoff, its TPOT is unknown

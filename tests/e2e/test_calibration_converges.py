@@ -4,9 +4,9 @@ The console attaches to an emulated 1P1D whose engines run h20-qwen3-32b's step 
 while its own profile (the prior of every instance's online fit) is h20-qwen3-32b itself. Under
 ~20 s of steady streaming load, each instance's fitted terms must project the prefill and decode
 times its engine reports (vllm:request_prefill_time_seconds, vllm:request_time_per_output_token_seconds)
-within 20%, the prefill instance must be projected with its own terms, and no request is refused
-once the first scrapes with requests in them were read: the burst of the first half second, judged
-by the prior alone, may see a few 429s (at most 1% of the requests).
+within 20%, the prefill instance must be projected with its own terms, and no request is refused:
+what the prior alone would refuse in the first half second is held until the measured TTFT backs or
+corrects the projection (before that, 2–11 requests of the first 0.6 s were refused).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_a_prior_ten_times_too_slow_converges_under_steady_load_and_refuses_noth
             for t in threads:
                 t.join()
             assert statuses and set(statuses) <= {200, 429}, f"failed: {sorted(set(statuses))}"
-            assert len(refused_at) <= 0.01 * len(statuses) and all(t < 1.5 for t in refused_at), refused_at
+            assert not refused_at, refused_at  # the prior alone refuses nothing: it is held until measured
 
             def fitted() -> bool:
                 rows = {r["id"]: r for r in con.state()["instances"]}

@@ -53,7 +53,7 @@ def test_a_cli_call_imports_only_the_command_it_runs() -> None:
     # the root --help lists every command; their modules load what each needs only when it runs
     modules, out = _cli_imports("--help")
     assert {f"console.commands.{m}" for m in ("up", "runs", "doctor", "train_predictor")} <= modules
-    heavy = {"sqlalchemy", "httpx", "textual", "console.live.config", "console.live.serve", "adapters.store"}
+    heavy = {"sqlalchemy", "httpx", "textual", "console.live.config", "console.serve", "adapters.store"}
     heavy |= {"adapters.backends", "console.offline.simulate", "console.offline.sweep", "core.policies"}
     assert not heavy & modules, heavy & modules
     for command in (

@@ -27,7 +27,7 @@ def down(
       sibyl-console down r-20261125-142000-1a2b
       sibyl-console down --all
     """
-    from console.live.server_process import stop_local
+    from console.server_process import stop_local
 
     if all_ and run is not None:
         raise ConsoleError("give a RUN or --all, not both")

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from console.live.config import ConsoleConfig
-    from console.live.serve import LiveConsole
-    from console.live.server_process import ServerHandle
+    from console.serve import LiveConsole
+    from console.server_process import ServerHandle
 
 # The console's modules (config, gateway, controller, backends) load inside the commands, so that
 # `sibyl-console --help` and the other commands do not pay for them.
@@ -176,8 +176,8 @@ launched so far).
 
     from adapters.ports import cannot_listen
     from console.live.config import load_config, parse_attach, parse_lora_adapters
-    from console.live.serve import describe
-    from console.live.server_process import stop_bound_s
+    from console.serve import describe
+    from console.server_process import stop_bound_s
 
     params = policy_params(param, params_json)
     overrides: dict[str, object] = {
@@ -285,7 +285,7 @@ def _named_params(
 
 def _spawn(cfg: ConsoleConfig, *, owned: bool, out: Console) -> ServerHandle:
     """Start the console server process, with a spinner while the cluster comes up."""
-    from console.live.server_process import spawn_server
+    from console.server_process import spawn_server
     with out.status("starting the cluster...") as status:
 
         def waiting(elapsed: float, log: Path) -> None:
@@ -329,7 +329,7 @@ def _serve_here(
     cfg: ConsoleConfig, on_ready: Callable[[LiveConsole], None], out: Console, owner_fd: int | None = None
 ) -> str | None:
     """Run the console server in this process until it is stopped; its final run status."""
-    from console.live.serve import run_console
+    from console.serve import run_console
     try:
         import uvloop
 
@@ -360,8 +360,8 @@ def serve(
     from rich.console import Console
 
     from console.live.config import ConsoleConfig
-    from console.live.serve import describe
-    from console.live.server_process import say_ready
+    from console.serve import describe
+    from console.server_process import say_ready
 
     for fd in (ready_fd, owner_fd):
         if fd is not None:

@@ -9,8 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from console.error_bodies import error_body
 from console.errors import ConsoleError
-from console.gateway.errors import error_body
 from console.live.canary import CanaryBusy
 from core.errors import ConfigError
 

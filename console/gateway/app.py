@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from console.error_bodies import error_body, unauthorized_body
 from console.gateway.control import control_routes
-from console.gateway.errors import error_body, unauthorized_body
 from console.gateway.openapi import build_openapi
 from console.gateway.proxy import Proxy
 from console.live.controller import Controller

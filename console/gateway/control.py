@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from console.error_bodies import error_body
 from console.gateway.advisor_routes import advisor_routes
-from console.gateway.errors import error_body
 from console.gateway.inspector import inspector_routes
 from console.gateway.lora_routes import lora_routes
 from console.gateway.prefix_routes import prefix_routes

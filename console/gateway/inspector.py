@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from console.gateway.errors import error_body
+from console.error_bodies import error_body
 from console.live.recent import instance_requests, request_decisions
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from adapters.vllm.lora import AdapterCallError
-from console.gateway.errors import error_body
+from console.error_bodies import error_body
 from core.errors import ConfigError
 from core.pools import UnknownModel, UnknownPool
 

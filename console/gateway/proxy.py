@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from adapters.vllm.forward import forward_headers
-from console.gateway.errors import error_body, unauthorized_body
+from console.error_bodies import error_body, unauthorized_body
 from console.live.channel import JSON_HEADERS, ClientChannel, respond
 from console.live.controller import Controller
 from console.live.request import LiveRequest

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from adapters.vllm.pd_protocol import add_streamed_usage
-from console.gateway.errors import error_body
+from console.error_bodies import error_body
 from console.live.record import Outcome
 
 JSON_HEADERS = [(b"content-type", b"application/json")]

@@ -23,7 +23,7 @@ from adapters.vllm.pd_protocol import (
     prompt_is_token_ids,
     resume_leg_body,
 )
-from console.gateway.errors import sse_error
+from console.error_bodies import sse_error
 from console.live.channel import ClientChannel, recording, usage_fixer
 from console.live.record import Outcome
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from console.live.server_process import ServerHandle
+from console.server_process import ServerHandle
 from console.tui.client import DashboardClient
 
 if TYPE_CHECKING:

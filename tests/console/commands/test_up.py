@@ -77,8 +77,8 @@ def test_the_server_process_says_the_same_line(sibyl_home: Path, taken_port: int
     """The console server process (`up` with the dashboard, `--detach`) checks again: a port taken
     between `up`'s check and its bind ends start-up with that one line too, nothing started."""
     from console.live.config import ConsoleConfig
-    from console.live.serve import run_console
-    from console.live.server_process import ServerStartError, spawn_server
+    from console.serve import run_console
+    from console.server_process import ServerStartError, spawn_server
 
     cfg = ConsoleConfig(backend="sim", port=taken_port, db=sibyl_home / "runs.db")
     with pytest.raises(ConfigError, match=f"port {taken_port} on 127.0.0.1 is in use by pid {os.getpid()}"):

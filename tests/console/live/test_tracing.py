@@ -187,7 +187,7 @@ def test_a_failover_has_its_span_and_the_continuation_its_own_leg(cluster: list[
 def test_tracing_off_never_imports_opentelemetry() -> None:
     assert build(ConsoleConfig().tracing) is None
     code = (
-        "import sys, console.cli, console.gateway.app, console.live.serve, console.live.tracing\n"
+        "import sys, console.cli, console.gateway.app, console.serve, console.live.tracing\n"
         "import adapters.emulator.app, adapters.backends.vllm\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )

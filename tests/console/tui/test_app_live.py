@@ -14,7 +14,7 @@ from textual.widgets import OptionList, Select
 from adapters.emulator.process import EmulatorProcess, start_many
 from adapters.store import RunStore
 from console.live.config import ConsoleConfig
-from console.live.serve import LiveConsole, run_console
+from console.serve import LiveConsole, run_console
 from console.tui.app import SibylDashboard
 from console.tui.client import DashboardClient
 from console.tui.instances import InstanceTable

@@ -94,7 +94,7 @@ async def _starting(start: Coroutine[object, object, list[list[Instance]]]) -> l
 async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: int | None = None) -> str:
     """Serve until a stop is requested (a signal, the owner pipe `owner_fd` closing without `detach`,
     `POST /control/shutdown`). Returns the run's final status. This process never renders: a
-    dashboard is another process, a client of the control API (`console.live.server_process`)."""
+    dashboard is another process, a client of the control API (`console.server_process`)."""
     if config.port and (problem := cannot_listen(config.host, config.port)):  # before anything starts
         raise ConfigError(problem)
     plans = plan_pools(config)  # one pool, or one per [[pools]] entry (refused with why before anything starts)

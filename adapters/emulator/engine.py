@@ -191,14 +191,29 @@ class Engine(RunLoop):
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
+    # --- step boundaries -------------------------------------------------------------------------
+    @property
+    def stepping(self) -> bool:
+        """Whether a step is under way (between its start and its deadline)."""
+        return bool(self._in_step)
+
+    async def step_boundary(self) -> None:
+        """Return when the step under way ends, at once when none is (an idle engine has no steps).
+
+        Its waiters run after the engine has formed the next step, so a sequence submitted there joins
+        the step after: as vLLM's worker starts a P/D request's KV reads in the step after the one
+        its scheduler admitted it in (adapters/emulator/kv_legs.py)."""
+        if self._in_step:
+            fut = asyncio.get_running_loop().create_future()
+            self._step_waiters.append(fut)
+            await fut
+
     # --- migration (decode to decode, adapters/emulator/migration.py) ----------------------------
     async def freeze(self, s: Sequence) -> None:
         """Stop scheduling `s`; return once no step under way includes it (its state is final)."""
         s.frozen = True
         while s in self._in_step:
-            fut = asyncio.get_running_loop().create_future()
-            self._step_waiters.append(fut)
-            await fut
+            await self.step_boundary()
 
     def thaw(self, s: Sequence) -> None:
         """A migration was given up: `s` decodes here again."""

@@ -4,6 +4,13 @@ The prefill side keeps a finished prompt's blocks under a lease (kv.KVHolder), d
 `kv_transfer_params` as vLLM does, and serves `POST /kv/pull`; the decode side looks up its own
 prefix cache first and pulls only the rest (kv.KVPuller), failing or recomputing when the pull
 fails (`kv_load_failure_policy`).
+
+The pull follows the decode engine's steps as vLLM 0.32's NIXL connector does: the scheduler admits
+the request waiting for remote KV at a step boundary, that step's worker starts the reads, their
+completion is polled at the end of a step and the request is scheduled in the step after. So the
+read starts when the engine's step under way ends (at once when it is idle), and the sequence,
+submitted when the read ends, joins at the first step boundary after that: a busy decode instance
+adds up to one step before the read and the rest of the step the read ends in.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class KVLegs:
         """Decode side: pull the prompt's KV beyond the `local` tokens cached here; on failure count it
         and fail or (policy) recompute. Returns the prompt tokens that came from the prefill side."""
         inst = self.inst
+        await self._step_boundary()  # the reads start in the decode engine's next step
         t0 = inst.engine.clock()
         try:
             tokens = await self.puller.pull(kv, max(local, 0))
@@ -55,6 +63,14 @@ class KVLegs:
             raise
         inst.metrics.xfer_time.observe(inst.engine.clock() - t0)
         return max(0, min(tokens, req.prompt_tokens - max(local, 0)))
+
+    async def _step_boundary(self) -> None:
+        """Until the step under way on this instance ends (a data-parallel group's busy ranks end theirs
+        together); at once when none is, or when the scheduler has no steps (the simulator's)."""
+        for engine in self.inst.engines():
+            if engine.stepping:
+                await engine.step_boundary()
+                return
 
     # --- prefill side ---------------------------------------------------------------------------
     def hold(self, seq: Sequence, chat: bool) -> dict[str, Any]:

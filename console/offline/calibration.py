@@ -26,15 +26,20 @@ smallest residuals in each third of the range, after subtracting the HTTP round 
 instance (the median of the console's /health probes, kept in the run summary) and the engine
 step the prefill runs in, step(1, l), from the decode fit.
 
-KV transfer, t = k0 + k1·l: the handoff (decode start → first token) is the HTTP legs to the
-decode instance and from it to the prefill instance (their /health round trips), the transfer,
-the wait for the step under way on the decode instance to end (uniform between 0 and that step,
-whose batch the timeline gives; none when the instance was idle) and the request's first step
-(its batch and KV at that moment, the request's prompt included). Subtracting the known parts
-leaves k0 + k1·l + U·step_wait; the fit is the 25% quantile regression of that minus
-0.25·step_wait against l (unbiased for a uniform wait, and robust to the delays of a busy host,
-which only add time), rows weighted by 1 / (step_wait + one step). k1 needs prompt lengths that
-spread.
+KV transfer, t = k0 + k1·l, the copy alone: the handoff (decode start → first token) follows vLLM's
+NIXL pull (adapters/emulator/kv_legs.py, core/sim/cluster/engine.py). It is the HTTP legs to the
+decode instance and from it to the prefill instance (their /health round trips); the wait for the
+decode instance's step under way to end, where the read starts; the read; the rest of the step it
+ends in, where its completion is noticed; and the request's first step (its batch and KV at that
+moment, the request's prompt included). The two waits are each taken as uniform between 0 and
+that step (whose batch the timeline gives; none when the instance was idle), independent of each
+other. Subtracting the known parts leaves k0 + k1·l + (U₁ + U₂)·step_wait; the fit is the 25%
+quantile regression of that minus √(2·0.25)·step_wait (the 25% quantile of the two waits' sum)
+against l (unbiased for uniform waits, and robust to the delays of a busy host, which only add
+time), rows weighted by 1 / (2·step_wait + one step). A copy shorter than the busy instance's steps
+is noticed a whole step after the read starts, so those rows see it only as far as their step
+varies, and the rows of an idle instance, which see it whole, weigh the most. k1 needs prompt
+lengths that spread.
 
 Why the KV terms were off before (+84% to +94% on k0 on emulated runs under load): the handoff
 was taken as first token − decode start − the request's mean TPOT and fitted by plain least
@@ -63,6 +68,9 @@ from core.slo import DEFAULT_SLO
 
 HANDOFF_QUANTILE = 0.25
 """Quantile of the KV handoff fit (see the module docstring)."""
+HANDOFF_WAITS_QUANTILE = math.sqrt(2 * HANDOFF_QUANTILE)
+"""That quantile of the sum of the handoff's two waits, in steps: U₁ + U₂ (independent, uniform on
+[0, 1]) is below s with probability s²/2 for s ≤ 1."""
 DECODE_NOISE_FLOOR = 0.01
 """TPOT scatter assumed at least 1% of a typical TPOT when judging what the decode fit identifies:
 the batch and KV each request saw are rebuilt from request records (on a 1 ms grid), so even a run
@@ -248,7 +256,7 @@ def calibrate(
     hfit = fit_host_work(rows, compute, float(base.prefill_host_per_request_s))
     terms.update(hfit.terms)
 
-    # --- KV handoff = HTTP legs + transfer + wait for the step under way + first step
+    # --- KV handoff = HTTP legs + wait for the step under way + transfer + rest of the step it ends in + first step
     hand = [
         r
         for r in rows
@@ -273,7 +281,7 @@ def calibrate(
         legs = np.array([rtt.get(inst, 0.0) + rtt.get(hand[i]["prefill_instance"] or "", 0.0) for i in idx])
         handoff = first - np.array([_f(hand[i], "decode_start") for i in idx])
         wait[idx] = np.where(b_o >= 1, step_time(b_o, k_o), 0.0)
-        target[idx] = handoff - legs - step_time(b_o + 1, k_o + hl[idx]) - HANDOFF_QUANTILE * wait[idx]
+        target[idx] = handoff - legs - step_time(b_o + 1, k_o + hl[idx]) - HANDOFF_WAITS_QUANTILE * wait[idx]
     names = ["kv_transfer_base_s", "kv_transfer_per_token_s"]
     one_step = float(step_time(np.array(1.0), np.array(float(np.median(hl))))) if len(hl) else 0.0
     kfit = fit_linear(
@@ -285,7 +293,7 @@ def calibrate(
         "KV handoff",
         "quantile",
         q=HANDOFF_QUANTILE,
-        scatter=wait + one_step,
+        scatter=2 * wait + one_step,
     )
     terms.update(kfit.terms)
 

@@ -115,6 +115,12 @@ class IterationDecodeInstance:
             return now
         return self.t0 + self._t(done + 1)
 
+    def next_step_boundary(self, now: float) -> float:
+        """When the step under way ends (`now` when a step ends at `now` or nothing runs): where a P/D
+        hand-off's KV read starts, as vLLM's worker issues it in the step after its scheduler admitted
+        the request (core/sim/cluster/engine.py)."""
+        return self._next_boundary(now)
+
     def _rebase_soon(self, now: float) -> None:
         """Process a boundary at the next step end (or at once when idle)."""
         self._floor = max(self._floor, now)

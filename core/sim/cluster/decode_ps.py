@@ -134,6 +134,11 @@ class PSDecodeModel(PSDecodeInstance):
             self._sizes.pop(r, None)
         return firsts, done
 
+    def next_step_boundary(self, now: float) -> float:
+        """`now`: processor sharing has no steps, so a P/D hand-off's KV read starts at once and the
+        request joins when it ends (SIBYL's flat transfer, App. I)."""
+        return now
+
     def is_running(self, req: int) -> bool:
         return req in self.offset
 

@@ -6,9 +6,11 @@ held requests are routed when `release` hands them back (after each finish or fa
 instance becomes active, after each periodic decision) and fail when they expire. Prefill
 instances step their prompts with the dispatcher's own prefill model: SIBYL's serial prefill
 (ps mode) or vLLM's chunked steps (iteration mode), core/sim/cluster/prefill.py. The KV
-transfer follows; decode runs in processor-sharing or iteration-level mode. A request routed
-without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per token:
-every instance jumps from event to event.
+transfer follows as vLLM's NIXL pull: it starts at the decode instance's next step boundary (at
+once when idle, always in ps mode, which has no steps) and the request joins the batch at the
+first boundary after it ends. Decode runs in processor-sharing or iteration-level mode. A request
+routed without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per
+token: every instance jumps from event to event.
 
 Periodic policies run at `dispatcher.next_periodic_at()` (never, for the no-op baselines); their
 scale actions are carried out by core/sim/cluster/scaling.py (see it for the rules) and their
@@ -339,7 +341,9 @@ class ClusterSimulation:
                 self._freed(now)
                 return
         moved = self._prompt_l[i] if self.cache is None else self.cache.pull(self._rx[i], i, self._prompt_l[i])
-        self.push(now + self.profile.kv_transfer_time(moved), _DECODE_START, i)
+        dec = self.decoders[self._rx[i]]
+        assert dec is not None  # the read starts in the decode instance's next step; it joins after (_decode_start)
+        self.push(dec.next_step_boundary(now) + self.profile.kv_transfer_time(moved), _DECODE_START, i)
         if self.scaler.draining:
             self._apply(self.scaler.check(now))
         if d.admission and d.queue.params.max_prefill_backlog_s is not None:

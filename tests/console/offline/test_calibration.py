@@ -125,19 +125,17 @@ def stepped_run(
             }
         )
     for pending in arrive:
-        now, k, running, reads = 0.0, 0, [], []
-
-        def read(at: float, i: int) -> None:
-            reads.append((at + rtt_p + truth.kv_transfer_time(trace[i][1]), i))
-
+        now, k, running = 0.0, 0, []
+        reads: list[tuple[float, int]] = []  # (when the pull ends, request)
+        pull = [rtt_p + truth.kv_transfer_time(prompt) for _, prompt, _ in trace]
         while k < len(pending) or reads or running:
             if running:  # a step just ended at `now`: the requests that came during it start their reads
                 while k < len(pending) and pending[k][0] <= now:
-                    read(now, pending[k][1])
+                    reads.append((now + pull[pending[k][1]], pending[k][1]))
                     k += 1
             else:  # idle: a read starts on arrival, and the step starts when the first read ends
                 while k < len(pending) and pending[k][0] <= min((r for r, _ in reads), default=float("inf")):
-                    read(max(pending[k][0], now), pending[k][1])
+                    reads.append((max(pending[k][0], now) + pull[pending[k][1]], pending[k][1]))
                     k += 1
                 now = max(now, min(r for r, _ in reads))
             running += [[i, 0] for r, i in sorted(reads) if r <= now]

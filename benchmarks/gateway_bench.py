@@ -59,10 +59,10 @@ def main() -> None:
             home = tempfile.mkdtemp(prefix="sibyl-bench-")
             gport = free_port()
             env = {**os.environ, "SIBYL_HOME": home, "SIBYL_DB": f"{home}/runs.db"}
-            # SLO admission off: it would judge the instant fakes by the default profile's prefill times
-            # and shed; this measures the proxy path itself, as the toy proxy (which has no admission)
+            # SLO admission on, as an operator runs it: it judges the instant fakes by what they measure, so
+            # it refuses nothing they could serve (it had to be switched off here before issue 37)
             config = Path(home) / "bench.toml"
-            config.write_text("[admission]\nenabled = false\n" + extra)
+            config.write_text(extra)
             ours = start(
                 [
                     sys.executable,

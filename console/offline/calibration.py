@@ -60,7 +60,7 @@ import numpy as np
 
 from adapters.store import RunInfo, RunStore, StoreError
 from console.offline.simulate import SimPlan, run_one
-from core.calibration.fit import Term, Timeline, fit_linear
+from core.calibration.fit import MAX_REL_RMS, Term, Timeline, fit_linear
 from core.calibration.host import computed_tokens, fit_host_work
 from core.cluster_spec import parse_cluster
 from core.perf import PerfProfile, get_profile
@@ -71,6 +71,21 @@ HANDOFF_QUANTILE = 0.25
 HANDOFF_WAITS_QUANTILE = math.sqrt(2 * HANDOFF_QUANTILE)
 """That quantile of the sum of the handoff's two waits, in steps: U₁ + U₂ (independent, uniform on
 [0, 1]) is below s with probability s²/2 for s ≤ 1."""
+HANDOFF_WAITS_SD = math.sqrt(2 / 12)
+"""Standard deviation of U₁ + U₂ (the hand-off's two waits, in steps)."""
+
+
+def handoff_max_rel_rms(target: np.ndarray, wait: np.ndarray) -> float:
+    """The largest relative residual the hand-off fit accepts: the usual bound, or twice the relative
+    scatter its two step waits give by themselves where that is larger (with long decode steps and a
+    short copy the waits alone scatter the samples by about half their mean, and the fit must not
+    call that "does not follow the model")."""
+    if not len(target):
+        return MAX_REL_RMS
+    own = HANDOFF_WAITS_SD * float(np.sqrt(np.mean(wait**2))) / (float(np.mean(np.abs(target))) or 1.0)
+    return max(MAX_REL_RMS, 2 * own)
+
+
 DECODE_NOISE_FLOOR = 0.01
 """TPOT scatter assumed at least 1% of a typical TPOT when judging what the decode fit identifies:
 the batch and KV each request saw are rebuilt from request records (on a 1 ms grid), so even a run
@@ -294,6 +309,7 @@ def calibrate(
         "quantile",
         q=HANDOFF_QUANTILE,
         scatter=2 * wait + one_step,
+        max_rel_rms=handoff_max_rel_rms(target, wait),
     )
     terms.update(kfit.terms)
 

@@ -232,6 +232,7 @@ def fit_linear(
     weights: np.ndarray | None = None,
     prior_weight: float = 0.0,
     identified: float = IDENTIFIED,
+    max_rel_rms: float = MAX_REL_RMS,
 ) -> LinearFit:
     """Fit y ≈ x·c term by term; unidentified terms keep their prior (see the module docstring).
 
@@ -251,7 +252,9 @@ def fit_linear(
     samples cannot tell apart move from their priors in proportion. Neither changes what counts
     as identified: that rests
     on the samples alone, so a prior cannot make its own term look fitted. `identified` is the
-    largest relative uncertainty that counts as fitted (`IDENTIFIED` unless given)."""
+    largest relative uncertainty that counts as fitted (`IDENTIFIED` unless given); `max_rel_rms` the
+largest relative residual of samples that follow the model (`MAX_REL_RMS` unless given: a caller
+whose samples scatter more by construction, as the KV hand-off's step waits, says how much)."""
     n, p = x.shape
     norms = np.linalg.norm(x, axis=0)
     condition = float(np.linalg.cond(x / np.where(norms > 0, norms, 1.0))) if n >= p else math.inf
@@ -340,10 +343,10 @@ def fit_linear(
         for k, j in enumerate(free):
             fixed[j] = Term(names[j], float(f.coef[k]), priors[j], "fit", samples=n, used=used_n, rel_se=float(f.u[k]))
         break
-    if rel_rms > MAX_REL_RMS and any(t.source.startswith("fit") for t in fixed.values()):
+    if rel_rms > max_rel_rms and any(t.source.startswith("fit") for t in fixed.values()):
         # the samples do not follow the model (queueing, a host stall, another engine's timing):
         # no term of this regression is trusted, whatever its standard error says
-        why = f"prior: the {what} samples do not follow the model (relative residual {rel_rms:.0%} > {MAX_REL_RMS:.0%})"
+        why = f"prior: the {what} samples do not follow the model (relative residual {rel_rms:.0%} > {max_rel_rms:.0%})"
         fixed = {
             j: Term(names[j], priors[j], priors[j], why, samples=n, used=used_n, rel_se=t.rel_se)
             if t.source.startswith("fit")

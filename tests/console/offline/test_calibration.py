@@ -484,3 +484,16 @@ def test_a_regression_whose_samples_do_not_follow_the_model_keeps_every_prior() 
         t.source.startswith("fit") for t in bad.terms.values()
     )
     assert bad.terms["s1"].source.startswith("prior: the TPOT samples do not follow the model")
+
+
+def test_the_handoff_fit_accepts_the_scatter_its_own_step_waits_give() -> None:
+    """Short copies behind long decode steps: the two uniform waits alone scatter the hand-off by
+    about half its mean, so the bound rises to twice that; with short steps it stays the usual one."""
+    from console.offline.calibration import HANDOFF_WAITS_SD, handoff_max_rel_rms
+    from core.calibration.fit import MAX_REL_RMS
+
+    target = np.full(100, 0.010)
+    assert handoff_max_rel_rms(target, np.full(100, 0.001)) == MAX_REL_RMS
+    long_steps = np.full(100, 0.030)
+    assert handoff_max_rel_rms(target, long_steps) == pytest.approx(2 * HANDOFF_WAITS_SD * 0.030 / 0.010)
+    assert handoff_max_rel_rms(np.array([]), np.array([])) == MAX_REL_RMS

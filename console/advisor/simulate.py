@@ -14,6 +14,15 @@ advice (the simulator is deterministic; `seed` goes to the plan for policies tha
   exceeds the recent error bound (the largest error of the last few windows, this one included) on
   P99 TTFT or attainment, and it is not worse by more than the bound on the other.
 - **Rank.** Higher attainment first (to 0.1 point), then lower P99 TTFT, then fewer refusals.
+- **Not simulated.** A queue policy only orders the requests admission holds, so where the active pair's
+  simulation held none, a queue candidate with the same capacity limits would replay it event for
+  event: it gets the active pair's figures without a run (exact, not an approximation), and says so.
+- **Coarser cache blocks** (`key_blocks` > 1, off by default): the cache is modelled in blocks of `key_blocks`
+  engine blocks, keyed by every `key_blocks`-th key of each request's chain (a chained key names its whole
+  prefix, so these are exact keys of the coarser blocks). The cache model's cost is per block, so this divides
+  it; what it costs in accuracy is that a cached prefix counts only in whole coarse blocks (up to
+  `key_blocks` × block size − 1 tokens fewer per hit) and eviction frees coarse blocks (benchmarks/advisor.py
+  measures both against the exact model).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from core.cluster_spec import parse_cluster
 from core.errors import PolicyError
 from core.perf import PerfProfile
 from core.policies import registry
-from core.sim.cluster import Mode
+from core.sim.cluster import CacheParams, ClusterSimResult, Mode
 from core.types import PolicyKind
 
 CANDIDATE_KINDS = (PolicyKind.ROUTING, PolicyKind.QUEUE)
@@ -115,7 +124,7 @@ def _queue_setting(candidate: Candidate, active: PolicySetting) -> PolicySetting
     return candidate.name, {**inherited, **candidate.params}
 
 
-def predict(
+def simulate(
     window: Window,
     shape: Shape,
     profile: PerfProfile,
@@ -124,8 +133,14 @@ def predict(
     *,
     mode: Mode = "iteration",
     seed: int = 0,
-) -> Figures:
-    """The window re-simulated under one routing and queue policy; figures over its own arrivals."""
+    key_blocks: int = 1,
+) -> ClusterSimResult:
+    """The window re-simulated under one routing and queue policy: the simulator's per-request result (with
+    `key_blocks` > 1, the cache modelled in coarser blocks: see the module docstring)."""
+    keys, cache = window.prefix_keys, None
+    if keys is not None and key_blocks > 1:
+        keys = coarse_keys(keys, key_blocks)
+        cache = CacheParams(block_size=profile.block_size * key_blocks)
     plan = SimPlan(
         arrivals=window.arrivals,
         prompt_tokens=window.prompt_tokens,
@@ -142,13 +157,60 @@ def predict(
         queue=queue,
         priorities=window.priorities,
         sessions=window.sessions,
-        prefix_keys=window.prefix_keys,
+        prefix_keys=keys,
+        cache=cache,
         tenants=window.tenants,
         slo_classes=window.slo_classes,
         slos=window.slos,
     )
     _, result = run_one(plan, routing[0], routing[1])
+    return result
+
+
+def predict(
+    window: Window,
+    shape: Shape,
+    profile: PerfProfile,
+    routing: PolicySetting,
+    queue: PolicySetting,
+    *,
+    mode: Mode = "iteration",
+    seed: int = 0,
+    key_blocks: int = 1,
+) -> Figures:
+    """The window re-simulated under one routing and queue policy; figures over its own arrivals."""
+    result = simulate(window, shape, profile, routing, queue, mode=mode, seed=seed, key_blocks=key_blocks)
     return predicted_figures(result, window.measured, window.slo_classes, window.slos)
+
+
+def coarse_keys(keys: Sequence[tuple[int, ...]], key_blocks: int) -> list[tuple[int, ...]]:
+    """Each request's chain of block keys as a chain of blocks `key_blocks` times longer: every `key_blocks`-th
+    key (a chained key names the prefix up to its block); a partial last coarse block is left out, as an
+    engine caches only full blocks."""
+    if key_blocks < 1:
+        raise ValueError(f"key_blocks must be >= 1, got {key_blocks}")
+    return [tuple(k[key_blocks - 1 :: key_blocks]) for k in keys]
+
+
+def queue_limits(queue: PolicySetting) -> tuple[Any, ...]:
+    """A queue setting's effective capacity limits (its params with the policy's defaults filled in)."""
+    params = registry.build(PolicyKind.QUEUE, queue[0], queue[1]).params
+    return tuple(getattr(params, k) for k in QUEUE_LIMITS)
+
+
+NOTHING_HELD = "not simulated: the active pair's simulation held no request, so this queue policy had nothing to order"
+"""Why a queue candidate carries the active pair's figures (see the module docstring)."""
+
+
+def replays_active(
+    pair: tuple[PolicySetting, PolicySetting], active: tuple[PolicySetting, PolicySetting], held: int
+) -> bool:
+    """Whether a candidate pair would replay the active pair's simulation event for event: it changes only
+    the queue policy, keeps the same capacity limits, and the active pair's simulation held (`held`) none.
+    Admission consults the queue policy only to order, shed or expire held requests; with the same
+    limits the same arrivals find room, so nothing is ever held and the two runs never diverge."""
+    (routing, queue), (active_routing, active_queue) = pair, active
+    return held == 0 and routing == active_routing and queue_limits(queue) == queue_limits(active_queue)
 
 
 @dataclass(frozen=True)
@@ -231,6 +293,8 @@ class Ranked:
     gain: Errors
     shown: bool
     active: bool = False
+    note: str = ""
+    """Why the figures were not simulated for this pair (empty: they were)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -241,6 +305,7 @@ class Ranked:
             "gain": self.gain.to_json(),
             "shown": self.shown,
             "active": self.active,
+            "note": self.note,
         }
 
 
@@ -306,6 +371,7 @@ def advise(
     recent: Sequence[Errors] = (),
     mode: Mode = "iteration",
     seed: int = 0,
+    key_blocks: int = 1,
 ) -> Advice:
     """Re-simulate the window under the active pair and each candidate; rank them; judge the gains by the
     advisor's error on this window and the `recent` ones."""
@@ -317,7 +383,8 @@ def advise(
     for c in chosen:
         registry.build(c.kind, c.name, c.params)  # an unknown name or a bad param fails before any simulation
     routing, queue = window.active["routing"], window.active["queue"]
-    base = predict(window, shape, profile, routing, queue, mode=mode, seed=seed)
+    base_result = simulate(window, shape, profile, routing, queue, mode=mode, seed=seed, key_blocks=key_blocks)
+    base = predicted_figures(base_result, window.measured, window.slo_classes, window.slos)
     error = None if window.swapped else prediction_error(base, window.observed)
     bound = error_bound([*recent, *([error] if error is not None else [])])
     pairs: list[tuple[str, PolicySetting, PolicySetting]] = []
@@ -327,7 +394,10 @@ def advise(
             pairs.append((c.label, *pair))
     entries = [Ranked("active", routing, queue, base, Errors(0.0, 0.0), False, active=True)]
     for label, r, q in pairs:
-        figures = predict(window, shape, profile, r, q, mode=mode, seed=seed)
+        if replays_active((r, q), (routing, queue), base_result.queued):
+            entries.append(Ranked(label, r, q, base, Errors(0.0, 0.0), False, note=NOTHING_HELD))
+            continue
+        figures = predict(window, shape, profile, r, q, mode=mode, seed=seed, key_blocks=key_blocks)
         gain = gain_over(figures, base)
         entries.append(Ranked(label, r, q, figures, gain, clears(gain, bound)))
     entries.sort(key=lambda e: (*rank_key(e.predicted), not e.active, e.label))

@@ -59,11 +59,12 @@ def test_quick_sweep_table_resumes_and_bounds_the_hit_rates(tmp_path: Path, caps
     hits = {p: by[(conv, p)]["prefix_hit_rate"] for p in labels}
     assert 0 < max(hits.values()) <= ideal  # the ideal bounds every policy
     # The oracle places each prefill where its true TTFT is least, knowing every cache and what the
-    # queued requests will cache: it finds at least as much as the cache-blind routers and as
-    # precise prefix_aware (the same caches, without the queue's future). It is greedy, not a
-    # bound: prefix_pd finds more by serving on decode instances alone, and session affinity or
-    # approximate prefix_aware can, by keeping a conversation on one instance (benchmarks/README.md).
-    for p in ("least_load", "round_robin", "sibyl", "prefix_aware(precise)"):
+    # queued requests will cache. It finds at least as much as the cache-blind routers. Since prefill
+    # is projected as vLLM batches it (issue 37), it no longer bounds precise prefix_aware's hits: a
+    # prompt that joins a step with room costs its uncached tokens' share of one step, so the true
+    # TTFT often prefers an instance with room over the one holding the prefix (4.6% against 5.1% on
+    # this cell, at the same TTFT p50/p99), where prefix_aware's load guard keeps it on the holder.
+    for p in ("least_load", "round_robin", "sibyl"):
         assert hits["oracle"] >= hits[p] - 1e-12, p
     # the control has nothing to reuse: no hits, every prompt moves in full
     assert all(by[(azure, p)]["prefix_hit_rate"] == 0 for p in labels)

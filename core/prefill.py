@@ -88,6 +88,11 @@ class StepTerms:
             chunked,
         )
 
+    def prefill_s(self, tokens: float) -> float:
+        """The prefill terms' own time for a prompt of `tokens`: base + per token + per token² (the
+        estimator's t(l), in the same arithmetic, when they are its coefficients)."""
+        return self.base + self.per_token * tokens + self.per_token2 * tokens * tokens
+
     def chunk_s(self, lo: float, hi: float) -> float:
         """The per-token cost of computing prompt tokens lo..hi in one chunk."""
         return self.per_token * (hi - lo) + self.per_token2 * (hi * hi - lo * lo)
@@ -104,7 +109,7 @@ class StepTerms:
     def alone_s(self, tokens: float) -> float:
         """Seconds from an idle instance taking a prompt of `tokens` to its first token: its chunks,
         each its own step (chunk i ends at min(i·budget, tokens))."""
-        k = self.chunks(tokens)
+        k = max(math.ceil(tokens / self.budget), 1) if self.chunked else 1  # chunks(tokens)
         sum_hi = self.budget * k * (k - 1) / 2 + tokens
         per_step = self.step_base + self.per_seq + self.base
         return k * per_step + self.per_kv * sum_hi + self.per_token * tokens + self.per_token2 * tokens * tokens
@@ -248,11 +253,6 @@ class PrefillQueues:
         self._terms = StepTerms.of(profile)
         self.free_at = np.zeros(0)
         """When each instance may start a step after everything projected there (host work included)."""
-        self.tail_start = np.zeros(0)
-        self.tail_end = np.zeros(0)
-        self.tail_tokens = np.zeros(0)
-        self.tail_seqs = np.zeros(0)
-        self.tail_fin = np.zeros(0)
         self._steps: list[deque[list[Any]]] = []
         self._first_sid: list[int] = []
         self._offset: list[float] = []
@@ -261,9 +261,12 @@ class PrefillQueues:
         self._queued: list[dict[Hashable, _Routed]] = []
         self._routed: dict[Hashable, _Routed] = {}
         self._tails: dict[int, float] = {}
-        """Instance → its last projected step's start, for the instances that have one."""
+        """Instance → its last projected step's start (absolute), for the instances that have one."""
         self.own = InstanceTerms()
         """The instances projected with their own step terms (`set_terms`)."""
+        self._mask: np.ndarray | None = None
+        self._mask_at: list[int] = []
+        """The instances `soonest` last looked among (a view's prefill mask), and their indices."""
 
     @property
     def terms(self) -> StepTerms:
@@ -283,15 +286,18 @@ class PrefillQueues:
 
     def terms_of(self, p: int) -> StepTerms:
         """The step terms instance p is projected with."""
-        return self.own.of(p, self.terms) if self.own else self.terms
+        return self.own.of(p, self.terms) if self.own.own else self.terms
+
+    def _host(self, p: int) -> float:
+        """`terms_of(p).host` without re-reading the estimator: the shared terms' host work is the
+        profile's (`StepTerms.of`), whatever the prefill coefficients."""
+        own = self.own.own.get(p)
+        if own is not None:
+            return own.host
+        return (self.profile if self.view is None else self.view.profile).prefill_host_per_request_s
 
     def add_instance(self) -> None:
         self.free_at = np.append(self.free_at, 0.0)
-        self.tail_start = np.append(self.tail_start, -math.inf)
-        self.tail_end = np.append(self.tail_end, -math.inf)
-        self.tail_tokens = np.append(self.tail_tokens, 0.0)
-        self.tail_seqs = np.append(self.tail_seqs, 0.0)
-        self.tail_fin = np.append(self.tail_fin, 0.0)
         self._steps.append(deque())
         self._first_sid.append(0)
         self._offset.append(0.0)
@@ -320,11 +326,11 @@ class PrefillQueues:
         it has not (the prompt may join it)."""
         t = self.terms if terms is None else terms
         free = self.free_at if free_at is None else free_at
-        own = self.own if terms is None and self.own else None
+        own = self.own if terms is None and self.own.own else None
         if own is not None:  # some instances have their own terms: every one's, vectorised
             lengths = np.maximum(np.broadcast_to(np.asarray(tokens, dtype=float), free.shape), 1.0)
             out: np.ndarray = np.maximum(free, now) + own.alone_s(lengths, t)
-        elif isinstance(tokens, int | float):
+        elif isinstance(tokens, (int, float)):
             length = max(float(tokens), 1.0)
             out = np.maximum(free, now) + t.alone_s(length)
             for i, start in self._tails.items():
@@ -340,23 +346,55 @@ class PrefillQueues:
                 out[i] = self._first_token(ti, i, float(lengths[i]), now, float(free[i]))
         return out
 
+    def soonest(self, tokens: float, now: float, free_at: np.ndarray, mask: np.ndarray) -> tuple[int, float] | None:
+        """The `mask`ed instance where a prompt of `tokens` routed now gets its first token soonest, the
+        least queued on a tie, and when: exactly `first_token_at` and that choice, answered only where no
+        instance has its own terms or a step it could still join (each then starts at `max(free_at, now)`
+        plus one `alone_s`) and finite; else None. Python floats, not NumPy calls; the mask's indices are kept for
+        the same array (a view's cached mask, never changed in place)."""
+        if self.own.own:
+            return None
+        for start in self._tails.values():
+            if start > now:
+                return None
+        if mask is not self._mask:
+            self._mask, self._mask_at = mask, np.flatnonzero(mask).tolist()
+        free = free_at.tolist()
+        p, begin = -1, math.inf
+        for i in self._mask_at:  # np.where(mask, np.maximum(free_at, now), inf).argmin(), NaN aside
+            b = free[i]
+            if not b >= now:
+                if b != b:
+                    return None
+                b = now
+            if b < begin:
+                p, begin = i, b
+        if p < 0 or now != now:
+            return None
+        first = begin + self.terms.alone_s(max(float(tokens), 1.0))
+        return (p, first) if first < math.inf else None
+
     def first_token_at_one(self, p: int, tokens: float, now: float, free_at: float | None = None) -> float:
         """`first_token_at` for instance p alone (scalar arithmetic, for one candidate)."""
         free = float(self.free_at[p]) if free_at is None else free_at
         return self._first_token(self.terms_of(p), p, max(float(tokens), 1.0), now, free)
 
     def _first_token(self, t: StepTerms, p: int, length: float, now: float, free: float) -> float:
-        room = t.budget - float(self.tail_tokens[p])
-        first = 0.0
-        end = float(self.tail_end[p]) + (free - float(self.free_at[p]))
-        joins = float(self.tail_start[p]) > now and room > 0 and self.tail_seqs[p] < t.max_seqs
-        if joins and (t.chunked or length <= room):
-            first = min(length, room)
-            end += t.per_seq + t.per_kv * first + t.chunk_s(0.0, first)
+        first = end = after = 0.0
+        steps = self._steps[p]
+        if steps:  # it may join the last projected step, if that has not started and has room
+            tail = steps[-1]
+            off = self._offset[p]
+            room = t.budget - float(tail[_TOKENS])
+            if tail[_START] + off > now and room > 0 and tail[_SEQS] < t.max_seqs and (t.chunked or length <= room):
+                first = min(length, room)
+                end = tail[_END] + off + (free - float(self.free_at[p]))
+                end += t.per_seq + t.per_kv * first + t.chunk_s(0.0, first)
+                after = float(tail[_FIN]) * t.host
         rest = length - first
         if rest <= 0:
             return end
-        start = end + float(self.tail_fin[p]) * t.host if first > 0 else max(free, now)
+        start = end + after if first > 0 else max(free, now)
         k = math.ceil(rest / t.budget) if t.chunked else 1
         sum_hi = (k - 1) * first + t.budget * (k - 1) * k / 2 + length
         fresh = k * (t.step_base + t.per_seq + t.base) + t.per_kv * sum_hi + t.chunk_s(first, length)
@@ -379,19 +417,21 @@ class PrefillQueues:
     # --- changes ------------------------------------------------------------------------------
     def push(self, p: int, rid: Hashable, tokens: int, now: float) -> float:
         """Route a prompt of `tokens` uncached tokens to instance p at `now`; its first-token time."""
-        if rid in self._routed:
+        routed = self._routed
+        if rid in routed:
             raise ValueError(f"prompt {rid!r} is already projected")
         r = _Routed(p, max(int(tokens), 1))
-        r.alone = not self._queued[p] and float(self.free_at[p]) <= now
-        self._routed[rid] = r
-        self._queued[p][rid] = r
-        self._append(p, rid, r, 0, now)
-        r.due = float(self.tail_end[p])  # its last chunk is in the last step
+        queued = self._queued[p]
+        r.alone = not queued and float(self.free_at[p]) <= now
+        routed[rid] = r
+        queued[rid] = r
+        self._append(p, rid, r, 0, now, self.terms_of(p))
+        r.due = float(self._steps[p][-1][_END] + self._offset[p])  # its last chunk is in the last step
         return r.due
 
-    def _append(self, p: int, rid: Hashable, r: _Routed, lo: int, now: float) -> None:
-        """Project the prompt's tokens from `lo` on: into the last step if it may still take them, then new steps."""
-        t = self.terms_of(p)
+    def _append(self, p: int, rid: Hashable, r: _Routed, lo: int, now: float, t: StepTerms) -> None:
+        """Project the prompt's tokens from `lo` on with instance p's terms `t`: into the last step if
+        it may still take them, then new steps."""
         steps = self._steps[p]
         off = self._offset[p]
         left = r.tokens - lo
@@ -412,36 +452,37 @@ class PrefillQueues:
                 if left <= 0:
                     tail[_FIN] += 1
                 r.chunks.append((self._first_sid[p] + len(steps) - 1, m))
-        while left > 0:
-            if steps:
-                tail = steps[-1]
-                ready = tail[_END] + tail[_FIN] * t.host
-            else:
-                ready = self._anchor[p] - off
-            start = max(now - off, ready)
-            m = min(left, t.budget) if t.chunked else left
-            end = start + t.step_s(1, lo + m, t.chunk_s(lo, lo + m))
-            left -= m
-            lo += m
-            steps.append([start, end, m, 1, 1 if left <= 0 else 0, rid])
-            r.chunks.append((self._first_sid[p] + len(steps) - 1, m))
-        self._sync(p)
+        if left > 0:
+            fixed = t.step_base + t.per_seq  # a step of one sequence: step_s(1, hi, chunk_s(lo, hi)), inlined
+            per_kv, base, per_token, per_token2 = t.per_kv, t.base, t.per_token, t.per_token2
+            sid = self._first_sid[p] + len(steps)
+            while left > 0:
+                if steps:
+                    tail = steps[-1]
+                    ready = tail[_END] + tail[_FIN] * t.host
+                else:
+                    ready = self._anchor[p] - off
+                start = max(now - off, ready)
+                m = min(left, t.budget) if t.chunked else left
+                hi = lo + m
+                end = start + (fixed + per_kv * hi + base + (per_token * (hi - lo) + per_token2 * (hi * hi - lo * lo)))
+                left -= m
+                lo = hi
+                steps.append([start, end, m, 1, 1 if left <= 0 else 0, rid])
+                r.chunks.append((sid, m))
+                sid += 1
+        self._sync(p, t.host)
 
-    def _sync(self, p: int) -> None:
+    def _sync(self, p: int, host: float) -> None:
+        """Instance p's tail step and drain time after a change (`host`: its host work per finished prompt)."""
         steps = self._steps[p]
         if steps:
             tail = steps[-1]
             off = self._offset[p]
-            self._tails[p] = self.tail_start[p] = tail[_START] + off
-            self.tail_end[p] = tail[_END] + off
-            self.tail_tokens[p] = tail[_TOKENS]
-            self.tail_seqs[p] = tail[_SEQS]
-            self.tail_fin[p] = tail[_FIN]
-            self.free_at[p] = tail[_END] + off + tail[_FIN] * self.terms_of(p).host
+            self._tails[p] = tail[_START] + off
+            self.free_at[p] = tail[_END] + off + tail[_FIN] * host
         else:
             self._tails.pop(p, None)
-            self.tail_start[p] = self.tail_end[p] = -math.inf
-            self.tail_tokens[p] = self.tail_seqs[p] = self.tail_fin[p] = 0.0
             self.free_at[p] = self._anchor[p]
 
     def end(self, rid: Hashable, now: float) -> None:
@@ -453,16 +494,18 @@ class PrefillQueues:
         p = r.p
         self._queued[p].pop(rid, None)
         k = r.chunks[-1][0] - self._first_sid[p]
-        steps = self._steps[p]
         if k < 0:
             return  # its step was settled by another prompt of it
-        step = steps[k]
-        for _ in range(k + 1):
+        steps = self._steps[p]
+        for _ in range(k):
             steps.popleft()
+        step = steps.popleft()
         self._first_sid[p] += k + 1
-        self._offset[p] += now - (step[_END] + self._offset[p])
-        self._anchor[p] = now + step[_FIN] * self.terms_of(p).host
-        self._sync(p)
+        off = self._offset[p]
+        self._offset[p] = off + (now - (step[_END] + off))
+        host = self._host(p)
+        self._anchor[p] = now + step[_FIN] * host
+        self._sync(p, host)
 
     def leave(self, rid: Hashable, now: float) -> None:
         """The prompt left unfinished (failed, moved, cancelled): the steps that have not started,
@@ -486,10 +529,11 @@ class PrefillQueues:
         for _ in range(len(steps) - keep):
             steps.pop()
         last_kept = first_sid + keep - 1
+        t = self.terms_of(p)
         for other_id, other in queued.items():
             other.chunks = [c for c in other.chunks if c[0] <= last_kept]
             lo = sum(m for _, m in other.chunks)
             if lo < other.tokens:
                 other.alone = False
-                self._append(p, other_id, other, lo, now)
-        self._sync(p)
+                self._append(p, other_id, other, lo, now, t)
+        self._sync(p, t.host)

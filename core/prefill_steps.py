@@ -65,53 +65,60 @@ class PrefillStepper:
         seqs = dec
         kv = self.decoding_kv + dec
         chunk = 0.0
-        done, total = self.done, self.total
+        per_token, per_token2 = t.per_token, t.per_token2  # `chunk_s`, inlined (the same arithmetic)
         running = self.running
         finished: list[int] = []
-        for j in running:
-            if budget <= 0:
-                break
-            lo = done[j]
-            hi = min(total[j], lo + budget)
-            chunk += t.chunk_s(lo, hi)
-            kv += hi
-            seqs += 1
-            budget -= hi - lo
-            done[j] = hi
-            if hi >= total[j]:
-                finished.append(j)
+        if running:
+            done, total = self.done, self.total
+            for j in running:
+                if budget <= 0:
+                    break
+                lo = done[j]
+                hi = min(total[j], lo + budget)
+                chunk += per_token * (hi - lo) + per_token2 * (hi * hi - lo * lo)
+                kv += hi
+                seqs += 1
+                budget -= hi - lo
+                done[j] = hi
+                if hi >= total[j]:
+                    finished.append(j)
+            if finished:  # the prompts that finish leave the running ones
+                fin = set(finished)
+                self.running = running = [j for j in running if j not in fin]
+                for j in finished:
+                    del done[j], total[j]
         carried = seqs > dec
         admitted: list[int] = []
         waiting = self.waiting
         slots = t.max_seqs - dec - len(running)
+        chunked = t.chunked
+        # unchunked, a prompt is sized before it is admitted only if it may not fit: something else
+        # takes part of the budget (a prompt longer than the whole budget runs alone)
+        check = not chunked and (carried or budget < t.budget)
         while waiting and budget > 0 and len(admitted) < slots:
             j = waiting[0]
-            if not t.chunked:
+            if check:
                 size = self._peek(j)
                 if size > budget and (carried or size <= t.budget):
                     break  # it waits for a step with room for all of it (one longer than the budget runs alone)
             waiting.popleft()
             size = self._take(j)
-            m = size if not t.chunked else min(size, budget)
-            chunk += t.chunk_s(0, m)
+            m = size if not chunked else min(size, budget)
+            chunk += per_token * m + per_token2 * (m * m)  # chunk_s(0, m)
             kv += m
             seqs += 1
             budget -= m
             carried = True
+            check = not chunked
             admitted.append(j)
             if m >= size:
                 finished.append(j)
-            else:
-                done[j] = m
-                total[j] = size
+            else:  # chunked, the rest in later steps (it used up the budget: the last one admitted)
+                self.done[j] = m
+                self.total[j] = size
+                running.append(j)
         if not carried:
             return None
-        running.extend(j for j in admitted if j in done)
-        if finished:
-            fin = set(finished)
-            self.running = [j for j in running if j not in fin]
-            for j in finished:
-                done.pop(j, None)
-                total.pop(j, None)
         self.decoding_kv += dec
-        return t.step_s(seqs, kv, chunk), admitted, finished
+        seconds = t.step_base + t.per_seq * seqs + t.per_kv * kv + t.base + chunk  # step_s(seqs, kv, chunk)
+        return seconds, admitted, finished

@@ -167,7 +167,11 @@ class LifecycleMixin(AdmittingMixin):
         if seconds is not None and seconds > 0 and tracked.in_prefill and q.ran_alone(rid):
             terms = q.terms
             computed = max(tracked.computed, 1)
-            overhead = terms.alone_s(computed) - float(v.prefill_time(float(computed)))
+            if q.estimator is v.prefill_time:  # the terms hold its coefficients: its t(l) without NumPy scalars
+                alone = terms.prefill_s(float(computed))
+            else:
+                alone = float(v.prefill_time(float(computed)))
+            overhead = terms.alone_s(computed) - alone
             if seconds > overhead:
                 v.prefill_time.observe(computed, seconds - overhead)
         self._end_prefill(tracked, int(t.prefill[i]), now)
@@ -297,13 +301,16 @@ class LifecycleMixin(AdmittingMixin):
             tpot: float | None = None
             if first_token_at is not None:
                 tpot = (now - first_token_at) / (output_tokens - 1) if output_tokens > 1 else 0.0
-                p = int(t.prefill[i])
-                if self.gate is not None and p >= 0:  # the feedback that corrects admission's projection
-                    after = v.profile.kv_transfer_time(req.prompt_tokens) + v.profile.step_time(1, req.prompt_tokens)
-                    projected = tracked.prefill_due + after - tracked.routed_at
-                    self.gate.observe_ttft(p, projected, first_token_at - tracked.routed_at)
-                if self.gate is not None and output_tokens > 1:  # and the decode slots' measured TPOT
-                    self.gate.observe_tpot(tpot, float(t.tpot_slo[i]), v, now)
+                gate = self.gate
+                if gate is not None:
+                    p = int(t.prefill[i])
+                    if p >= 0:  # the feedback that corrects admission's projection
+                        prof = v.profile
+                        after = prof.kv_transfer_time(req.prompt_tokens) + prof.step_time(1, req.prompt_tokens)
+                        projected = tracked.prefill_due + after - tracked.routed_at
+                        gate.observe_ttft(p, projected, first_token_at - tracked.routed_at)
+                    if output_tokens > 1:  # and the decode slots' measured TPOT
+                        gate.observe_tpot(tpot, float(t.tpot_slo[i]), v, now)
                 learner = tracked.router if tracked.arm == CANARY else self.routing  # each arm's router learns its own
                 learner.observe_completion(req, first_token_at - req.arrival, tpot, tracked.routed_at - req.arrival)
             # a whole reply has no first-token time: its TTFT is taken at the handoff, its TPOT is unknown

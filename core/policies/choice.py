@@ -18,9 +18,13 @@ def least_queued_prefill(request: Request, view: ClusterView) -> tuple[int, floa
     count = view.routable_count(Role.PREFILL)
     if count == 0:
         raise NoCapacityError("no healthy prefill instance")
-    if count == 1 and view.explain is None:
-        p = int(mask.argmax())
-        return p, view.first_token_at_one(p, request.prompt_tokens)
+    if view.explain is None:
+        if count == 1:
+            p = int(mask.argmax())
+            return p, view.first_token_at_one(p, request.prompt_tokens)
+        soonest = view.queues.soonest(request.prompt_tokens, view.now, view.prefill_free_at, mask)
+        if soonest is not None:  # no step to join anywhere: the instance that frees up first
+            return soonest
     first = np.where(mask, view.first_token_at(request.prompt_tokens), np.inf)
     p = int(first.argmin())
     ties = first <= first[p]

@@ -12,6 +12,7 @@ import pytest
 
 from adapters.emulator.engine import Engine, Sequence
 from adapters.emulator.faults import Faults
+from core.estimators import PrefillTimeEstimator
 from core.prefill import PrefillQueues, StepTerms, project
 from tests.core.prefill_profile import profile, step
 
@@ -155,3 +156,70 @@ def test_drift_free_projection_of_a_burst_matches_the_emulators_step_log() -> No
     if slips:
         pytest.skip("the engine slipped a step (a loaded host): its clock no longer chains")
     assert measured == pytest.approx(list(projected), abs=1e-6)
+
+
+def general_choice(q: PrefillQueues, tokens: int, now: float, free: np.ndarray, mask: np.ndarray) -> tuple[int, float]:
+    """`least_queued_prefill`'s general path: each instance's first token, the earliest, the least queued on a tie."""
+    first = np.where(mask, q.first_token_at(tokens, now, free), np.inf)
+    p = int(first.argmin())
+    ties = first <= first[p]
+    if np.count_nonzero(ties) > 1:
+        p = int(np.where(ties, np.maximum(free, now), np.inf).argmin())
+    return p, float(first[p])
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_the_soonest_instance_is_exactly_the_general_choice_wherever_it_answers(serial: bool) -> None:
+    """`PrefillQueues.soonest` (the fast path of an instance choice) gives bit for bit what the
+    per-instance projection and its tie-break give, on random routes, ends and departures."""
+    rng = np.random.default_rng(11 if serial else 5)
+    answered = asked = 0
+    for trial in range(30):
+        q = PrefillQueues(
+            profile(
+                max_num_seqs=int(rng.integers(1, 5)),
+                max_num_batched_tokens=int(rng.choice([512, 2048])),
+                prefill_host_per_request_s=float(rng.choice([0.0, 0.002])),
+                prefill_per_token2_s=float(rng.choice([0.0, 1e-9])),
+            )
+        )
+        q.serial = serial
+        for _ in range(5):
+            q.add_instance()
+        if trial % 10 == 9:  # an instance with its own (calibrated) terms: soonest defers to the general path
+            q.set_terms(2, StepTerms.of(profile(prefill_base_s=0.02)))
+        now, live, mask = 0.0, [], np.ones(5, dtype=bool)
+        for k in range(60):
+            now += float(rng.exponential(0.03))
+            op = rng.random()
+            if op < 0.55 or not live:
+                live.append(f"{trial}-{k}")
+                q.push(int(rng.integers(5)), live[-1], int(rng.integers(1, 3000)), now)
+            elif op < 0.9:
+                q.end(live.pop(int(rng.integers(len(live)))), now)
+            else:
+                q.leave(live.pop(int(rng.integers(len(live)))), now)
+            free = q.free_at if rng.random() < 0.7 else q.free_at + rng.choice([0.0, 1e-17, 0.01], size=5)
+            if k % 4 == 0:  # a new mask now and then, the same one (as a view's cached mask) in between
+                mask = rng.random(5) < 0.8
+                mask[int(rng.integers(5))] = True
+            tokens = int(rng.integers(1, 4000))
+            asked += 1
+            got = q.soonest(tokens, now, free, mask)
+            if got is not None:
+                answered += 1
+                assert got == general_choice(q, tokens, now, free, mask)
+    assert answered > asked // 4  # the fast path is taken often enough to be tested
+
+
+def test_the_terms_prefill_time_is_the_estimators_own_bit_for_bit() -> None:
+    """The dispatcher takes a prompt's own prefill time from the step terms (Python floats) instead
+    of asking the estimator (NumPy scalars): the same number, before and after refits."""
+    prof = profile(prefill_per_token2_s=3e-9)
+    est = PrefillTimeEstimator(prof, refit_every=4)
+    q = PrefillQueues(prof, est)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        tokens = float(rng.integers(1, 8000))
+        assert q.terms.prefill_s(tokens) == est(tokens)
+        est.observe(tokens, float(rng.uniform(0.01, 0.5)))

@@ -35,7 +35,7 @@ def advise(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
 
     A candidate's gain over the active policies is shown only when it exceeds the advisor's own
     recent error (its prediction of the active policies against what they did). Needs
-    `[advisor] enabled = true` on the console (docs/advisor.md).
+    `\\[advisor] enabled = true` on the console (docs/advisor.md).
 
     Example: sibyl-console advise --json | jq '.advice.ranked[0]'
     """
@@ -50,7 +50,7 @@ def advise(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         return
     con = Console()
     if not answer.get("enabled"):
-        con.print("the advisor is off: set [advisor] enabled = true in the console's configuration (docs/advisor.md)")
+        con.print("the advisor is off: set \\[advisor] enabled = true in the console's configuration (docs/advisor.md)")
         return
     share = answer.get("cpu_share")
     con.print(

@@ -38,18 +38,47 @@ def _ms(x: Any) -> str:
     return "-" if x is None else f"{x * 1000:.0f}"
 
 
-def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+def only_pool(s: ConsoleState, name: str) -> ConsoleState:
+    """The state with only pool `name`'s instances and pool entry (the rest is the console's, unchanged);
+    a ConfigError naming the pools when the console runs none of that name."""
+    pools = s.pools or {}
+    if name not in pools:
+        raise ConfigError(f"no pool {name!r}; pools: {', '.join(pools) or '(the console reports none)'}")
+    members = set(pools[name].instances)
+    kept = [i for i in s.instances if i.pool == name or (i.pool is None and i.id in members)]
+    return s.model_copy(update={"instances": kept, "pools": {name: pools[name]}})
+
+
+def status(
+    pool: Annotated[
+        str | None,
+        typer.Option(
+            "--pool",
+            help="only this pool's instances, policies and adapters (one pool per base model); the queue, "
+            "tenant and SLO figures stay the whole console's",
+        ),
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Show instances, active policies and SLO attainment of a running console.
 
-    Example: sibyl-console status --json | jq '.instances[] | select(.healthy | not)'
+    Examples:
+      sibyl-console status --json | jq '.instances[] | select(.healthy | not)'
+      sibyl-console status --pool B      (one pool of a console with several: its instances, e.g. B.p0)
     """
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from console.live.state import ConsoleState
 
     client = _control(url, token)
     s = ConsoleState.model_validate(client.state())
+    every_pool = list(s.pools or {})
+    if pool is not None:
+        s = only_pool(s, pool)
     if as_json:
         typer.echo(json.dumps(s.to_json(), indent=2))
         return
@@ -60,7 +89,7 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         f"requests {req.total} ({req.in_flight} in flight, {req.failed} failed)"
     )
     pools = s.pools or {}
-    if len(pools) > 1:  # each pool its own policies
+    if len(pools) > 1 or pool is not None:  # each pool its own policies
         for name, p in pools.items():
             listed = ", ".join(f"{k}={v.name}{v.params or ''}" for k, v in p.policies.items())
             con.print(f"pool {name} ({p.model}, {p.cluster or '-'}) policies: {listed}")
@@ -92,10 +121,19 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
             held = "; ".join(f"{a} on {', '.join(v['instances']) or '-'}" for a, v in p.adapters.items())
             c = p.lora_counts
             con.print(
-                f"pool {name} ({p.model}) adapters: {held}  [hits {c.get('hits', 0)}, misses {c.get('misses', 0)}, "
-                f"loads {c.get('loads', 0)}, evictions {c.get('evictions', 0)}]"
+                f"pool {name} ({p.model}) adapters: {escape(held)}  \\[hits {c.get('hits', 0)}, "  # \\[: not markup
+                f"misses {c.get('misses', 0)}, loads {c.get('loads', 0)}, evictions {c.get('evictions', 0)}]"
             )
     w, r = s.slo.window, s.slo.run
+    calibrated = any(i.calibration is not None for i in s.instances)
+    if pool is not None:  # the pool's own figures first, then the console's (the state keeps those per console)
+        if calibrated:
+            con.print(_calibration_table(s))
+        if len(every_pool) > 1:
+            con.print(
+                f"below, all {len(every_pool)} pools together: queue depth, tenants, SLO attainment "
+                f"(queue limits, admission and refusals: pool {every_pool[0]}'s)"
+            )
     if s.queue is not None:
         q, a = s.queue, s.queue.admission
         held = (
@@ -114,7 +152,7 @@ def status(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         con.print(held)
         if q.refusals is not None:
             con.print(refusals_line(q.refusals))
-    if any(i.calibration is not None for i in s.instances):
+    if calibrated and pool is None:
         con.print(_calibration_table(s))
     if s.tenants is not None and s.tenants.required:
         con.print(_tenant_table(s))

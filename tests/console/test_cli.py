@@ -177,3 +177,9 @@ def test_the_root_help_lists_emulate_with_its_own_summary_without_loading_it() -
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "LOADED False False" in done.stdout, done.stdout[-500:] + done.stderr[-500:]
     assert "emulate" in done.stdout
+
+
+def test_advise_help_shows_the_advisor_table_literally() -> None:
+    """Typer renders help through rich markup, where an unescaped `[advisor]` is a tag and vanishes."""
+    result = runner.invoke(app, ["advise", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "`[advisor] enabled = true`" in result.stdout

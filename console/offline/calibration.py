@@ -41,6 +41,9 @@ is noticed a whole step after the read starts, so those rows see it only as far 
 varies, and the rows of an idle instance, which see it whole, weigh the most. k1 needs prompt
 lengths that spread.
 
+Idle wake-up (core/calibration/wake.py): what the prefill legs and hand-offs that found their
+instance idle leave unexplained by the terms above, against how long it had idled.
+
 Why the KV terms were off before (+84% to +94% on k0 on emulated runs under load): the handoff
 was taken as first token − decode start − the request's mean TPOT and fitted by plain least
 squares on every point. On emulated runs with batches of 4-38 that left in it, on average, the
@@ -62,6 +65,7 @@ from adapters.store import RunInfo, RunStore, StoreError
 from console.offline.simulate import SimPlan, run_one
 from core.calibration.fit import MAX_REL_RMS, Term, Timeline, fit_linear
 from core.calibration.host import computed_tokens, fit_host_work
+from core.calibration.wake import fit_wake
 from core.cluster_spec import parse_cluster
 from core.perf import PerfProfile, get_profile
 from core.slo import DEFAULT_SLO
@@ -101,6 +105,8 @@ TIMED = (
     "decode_step_per_kv_token_s",
     "kv_transfer_base_s",
     "kv_transfer_per_token_s",
+    "idle_wake_s",
+    "idle_wake_tau_s",
 )
 """The terms `calibrate` fits (the others are capacities or derived, see `_untimed`)."""
 
@@ -313,6 +319,11 @@ def calibrate(
     )
     terms.update(kfit.terms)
 
+    # --- the wake-up cost of an idle instance: what the legs that found theirs idle leave unexplained
+    fitted_legs = compute.model_copy(update={k: terms[k].value for k in ("prefill_host_per_request_s", *names)})
+    wfit = fit_wake(rows, fitted_legs, rtt, base)
+    terms.update(wfit.terms)
+
     terms.update(_untimed(base, _context(timelines, step)))
     terms = {k: terms[k] for k in PerfProfile.model_fields if k in terms}
     values: dict[str, Any] = {k: t.value for k, t in terms.items()}
@@ -344,7 +355,13 @@ def calibrate(
                 "rel_rms": None if math.isnan(f.rel_rms) else f.rel_rms,
                 "condition": f.condition if math.isfinite(f.condition) else None,
             }
-            for name, f in (("decode", dfit), ("prefill", pfit), ("prefill_host", hfit), ("kv_transfer", kfit))
+            for name, f in (
+                ("decode", dfit),
+                ("prefill", pfit),
+                ("prefill_host", hfit),
+                ("kv_transfer", kfit),
+                ("idle_wake", wfit),
+            )
         },
         "terms": {k: t.quality() for k, t in terms.items()},
         "fitted": {k: getattr(fitted, k) for k in TIMED},

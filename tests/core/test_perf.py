@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -79,3 +80,17 @@ def test_the_shipped_cpu_profile_is_a_calibration_of_real_vllm() -> None:
         assert p.fit[term]["source"].startswith(("fit", "prior: ")), term
     assert p.fit["decode_step_per_seq_s"]["source"] == "fit" and p.fit["prefill_per_token_s"]["source"] == "fit"
     assert (p.max_num_seqs, p.max_num_batched_tokens, p.max_model_len) == (128, 2048, 1024)
+
+
+def test_the_wake_up_cost_grows_with_idle_time_towards_idle_wake_s() -> None:
+    """idle_wake_s·(1 − e^(−g/τ)): nothing without idling or without a cost, 1 − 1/e of it after τ,
+    all of it after many τ (M = 20 ms, τ = 1.5 s)."""
+    p = toy_profile(idle_wake_s=0.02, idle_wake_tau_s=1.5)
+    assert p.wake_time(0.0) == 0.0 and p.wake_time(-1.0) == 0.0
+    assert toy_profile().wake_time(10.0) == 0.0  # the default profile has no wake-up cost
+    assert toy_profile(idle_wake_tau_s=1.5).wake_time(10.0) == 0.0
+    assert p.wake_time(1.5) == pytest.approx(0.02 * (1 - math.exp(-1)), rel=1e-12)
+    assert p.wake_time(0.75) == pytest.approx(0.02 * (1 - math.exp(-0.5)), rel=1e-12)
+    assert p.wake_time(1e-9) == pytest.approx(0.02 * 1e-9 / 1.5, rel=1e-6)  # linear at first
+    assert p.wake_time(60.0) == pytest.approx(0.02, rel=1e-12) and p.wake_time(math.inf) == 0.02
+    assert p.wake_time(0.5) < p.wake_time(1.0) < p.wake_time(3.0) < 0.02

@@ -3,8 +3,10 @@
 Within an interval with a fixed batch of B sequences holding K₀ KV tokens, step i takes
 step_time(B, K₀ + i·B), so n steps take a closed-form time and the next event (a finish, a KV
 overflow that forces a preemption, or a step boundary where waiting requests join) is one jump.
-Preemption is by recompute, as in vLLM: the latest-admitted request is evicted to the front of
-the waiting queue and, when readmitted, its step pays prefill_time(prompt + generated).
+The first step after the batch was empty for g seconds costs the profile's `wake_time(g)` more
+(the emulator's engine pays it too). Preemption is by recompute, as in vLLM: the latest-admitted
+request is evicted to the front of the waiting queue and, when readmitted, its step pays
+prefill_time(prompt + generated).
 
 Decode-to-decode migration (core/sim/cluster/migration.py drives it) uses KV held *outside* the batch:
 `reserved` tokens count against the KV capacity but are not read by a step, so they cost memory
@@ -84,6 +86,8 @@ class IterationDecodeInstance:
         """What the current interval's batch adds to each step (its adapters)."""
         self.stall_until = 0.0
         """No step starts before this (an adapter load)."""
+        self.idle_from = -float("inf")
+        """When the batch last emptied (the first step after idling pays `profile.wake_time`)."""
 
     # --- timing of the current interval -----------------------------------------------------
     @property
@@ -184,6 +188,9 @@ class IterationDecodeInstance:
             s.recompute = True
             self.waiting.appendleft(victim)
             self.preemptions += 1
+        was_idle = not self.running
+        if was_idle and n > 0:
+            self.idle_from = now  # the batch emptied at this boundary
         if self._held_waiting:
             kv = self._admit_held(kv)
         extra = self.stall_until - now if self.stall_until > now else 0.0
@@ -203,6 +210,8 @@ class IterationDecodeInstance:
             if s.recompute:
                 extra += float(self.profile.prefill_time(s.prompt + s.generated))
                 s.recompute = False
+        if was_idle and self.running:
+            extra += self.profile.wake_time(now - self.idle_from)
         self.t0, self.extra, self.kv0 = now, extra, kv
         if self.lora_step is not None:
             self.step_extra_s = self.lora_step(self.running)

@@ -147,7 +147,9 @@ class ClusterSimulation:
         if self.cache is not None:
             self.cache.add_instance(x, iid)
         while len(self.prefills) <= x:
-            self.prefills.append(SimPrefill(len(self.prefills), self._terms, self._prompt_l, self.cache))
+            pf = SimPrefill(len(self.prefills), self._terms, self._prompt_l, self.cache)
+            pf.wake = self.profile.wake_time if self.profile.idle_wake_s > 0 else None
+            self.prefills.append(pf)
             self.decoders.append(None)
             self._version.append(0)
             self._pos_p.append(-1)
@@ -311,6 +313,8 @@ class ClusterSimulation:
         pf.busy = False
         if pf.stepper:
             self._start_prefill(x, now)
+        else:
+            pf.went_idle(now)
 
     def _prefill_done(self, x: int, now: float) -> None:
         """Instance x's step ended: the prompts it finished end their prefill (in admission order;

@@ -15,10 +15,14 @@ In both, a step finishing n prompts leaves n·`prefill_host_per_request_s` of ho
 step forms when that ends, from what waits then (as the projection assumes). A prompt's first
 token, and its prefill end, come out at the end of the step computing its last chunk. With a KV
 cache (core/sim/cluster/cache.py) a prompt computes only its tokens not cached on the instance
-when it is admitted.
+when it is admitted. The first step after the instance idled for g seconds costs the profile's
+`wake_time(g)` more, as the emulator's engine pays it.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 from core.perf import PerfProfile
 from core.prefill import StepTerms
@@ -36,7 +40,7 @@ def step_terms(profile: PerfProfile, mode: Mode) -> StepTerms:
 class SimPrefill:
     """One instance's prefill engine: `stepper` holds its prompts (request indices)."""
 
-    __slots__ = ("stepper", "busy", "host_free", "finishing", "x", "lora")
+    __slots__ = ("stepper", "busy", "host_free", "finishing", "x", "lora", "idle_from", "idled", "wake")
 
     def __init__(self, x: int, terms: StepTerms, prompts: list[int], cache: SimCache | None) -> None:
         if cache is None:
@@ -56,6 +60,12 @@ class SimPrefill:
         self.x = x
         self.lora: SimLora | None = None
         """LoRA adapters (core/sim/cluster/lora.py): steps within max_loras, paying loads and per-adapter cost."""
+        self.idle_from = -math.inf
+        """When it last ran out of prompts (an instance starts having idled long)."""
+        self.idled = True
+        """Its next step is the first after idling (it pays `wake`)."""
+        self.wake: Callable[[float], float] | None = None
+        """The profile's `wake_time`: what the first step after idling costs more (None: nothing)."""
 
     @property
     def idle(self) -> bool:
@@ -70,8 +80,17 @@ class SimPrefill:
             self.busy = False
             return None
         seconds, admitted, self.finishing = step
+        if self.idled:
+            self.idled = False
+            if self.wake is not None:
+                seconds += self.wake(now - self.idle_from)
         self.busy = True
         return now + seconds, admitted
+
+    def went_idle(self, now: float) -> None:
+        """Its last step (and that step's host work) ended at `now` with no prompt left to run."""
+        self.idle_from = now
+        self.idled = True
 
     def end(self, now: float) -> list[int]:
         """The step under way ended now: the prompts it finished (their host work starts). It stays

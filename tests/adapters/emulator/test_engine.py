@@ -269,3 +269,37 @@ def test_host_work_of_handed_over_prefills_delays_the_next_step_only() -> None:
         assert c.start - t < 0.02  # no host work left to wait for
 
     run(main())
+
+
+def test_the_first_step_after_idling_pays_the_wake_up_cost_and_the_next_ones_do_not() -> None:
+    """With idle_wake_s = 0.2 s and τ = 50 ms, a request arriving 0.3 s after the previous one
+    finished finds the engine idle since that one's last step ended: its prefill step lasts its
+    modelled time plus wake_time(its start − that end) (about 0.2 s, far above timer noise), and its
+    decode step, right after, only its modelled time."""
+
+    async def main() -> None:
+        prof = fast(idle_wake_s=0.2, idle_wake_tau_s=0.05)
+        engine = Engine(prof, Faults())
+        engine.start()
+        a = Sequence("a", 4, 2)
+        engine.submit(a)
+        await a.done.wait()
+        await asyncio.sleep(0.3)
+        b = Sequence("b", 4, 2)
+        engine.submit(b)
+        await b.done.wait()
+        await engine.stop()
+        steps = list(engine.steps)
+        assert len(steps) == 4
+        a_last, b_first, b_second = steps[1], steps[2], steps[3]
+        assert (b_first.start_kind, b_first.chunks, b_second.chunks) == ("idle", [(0, 4)], [])
+        idle = b_first.start - a_last.end
+        assert 0.29 < idle < 2.0
+        modelled = prof.step_time(1, b_first.kv_tokens) + 0.002 + 4 * 0.0001
+        assert b_first.end - b_first.start == pytest.approx(modelled + prof.wake_time(idle), abs=1e-9)
+        assert b_first.end - b_first.start - modelled >= 0.19
+        assert b_second.start_kind in ("chain", "slip")
+        assert b_second.end - b_second.start == pytest.approx(prof.step_time(1, b_second.kv_tokens), abs=1e-9)
+        assert (b_first.end - b_first.start) - (b_second.end - b_second.start) >= 0.19
+
+    run(main())

@@ -195,6 +195,12 @@ def test_calibrate_recovers_every_term_of_a_stepped_run(load: str) -> None:
         assert fitted.fit[key]["source"].startswith("prior: ") and getattr(fitted, key) == getattr(
             get_profile(PRIOR), key
         )
+    # the stepped run has no wake-up cost: the idle legs leave nothing to fit, and both terms say so
+    assert report["regressions"]["idle_wake"]["samples"] > 0
+    for key in ("idle_wake_s", "idle_wake_tau_s"):
+        assert fitted.fit[key]["source"].startswith("prior: ") and getattr(fitted, key) == getattr(
+            get_profile(PRIOR), key
+        )
 
 
 def test_a_run_that_cannot_identify_a_term_leaves_it_at_its_prior_and_says_why(tmp_path: Path) -> None:

@@ -166,3 +166,52 @@ def test_host_work_per_prefill_request_delays_the_next_batch_not_an_idle_instanc
     r, _ = simulate(prof, [0, 0, 0, 20], [1, 1, 1, 1], [1] * 4, mode=mode)
     expected = [1, 4, 7, 21] if mode == "ps" else [1.1, 4.2, 4.2, 21.1]
     assert r.prefill_end.tolist() == pytest.approx(expected)
+
+
+def test_an_instance_that_starts_idle_pays_the_whole_wake_up_cost_on_each_leg() -> None:
+    """Prefill 1 s plus its 0.1 s step, decode steps of 0.1 s, no transfer time. Alone, a request
+    prefills [0, 1.1], decodes from 1.1 and has its first token at 1.2. Both instances start as if
+    idle for ever, so with a wake-up cost M (τ tiny) its prefill step ends M later, and its decode
+    instance's first step takes M more again: TTFT 1.2 + 2·M, the finish 2·M later too."""
+    m = 0.5
+    base, _ = simulate(toy_profile(), [0], [10], [3], mode="iteration")
+    woken, _ = simulate(toy_profile(idle_wake_s=m, idle_wake_tau_s=1e-3), [0], [10], [3], mode="iteration")
+    assert base.first_token == pytest.approx([1.2], abs=1e-9) and base.finish == pytest.approx([1.4], abs=1e-9)
+    assert woken.prefill_end == pytest.approx([1.1 + m], abs=1e-9)
+    assert woken.decode_start == pytest.approx([1.1 + m], abs=1e-9)
+    assert woken.first_token - woken.arrival == pytest.approx(base.first_token - base.arrival + 2 * m, abs=1e-9)
+    assert woken.finish == pytest.approx(base.finish + 2 * m, abs=1e-9)
+
+
+def test_the_wake_up_cost_follows_each_instances_own_idle_time() -> None:
+    """M = 0.5 s, τ = 1 s, the toy timeline above. The first request prefills [0, 1.6] (it pays M),
+    decodes from 1.6: first token 1.6 + M + 0.1 = 2.2, then 2.3, 2.4 (its third: done). The second
+    arrives g = 1 s after that finish, at 3.4. Its prefill instance has idled since 1.6, 1.8 s: its
+    step ends at 3.4 + 1.1 + w(1.8). Its decode instance has idled since 2.4 until that prefill end:
+    2.1 + w(1.8) s. Its first token comes a 0.1 s step plus that instance's wake-up later; without
+    the cost its TTFT is 1.2."""
+    prof = toy_profile(idle_wake_s=0.5, idle_wake_tau_s=1.0)
+    r, _ = simulate(prof, [0, 3.4], [10, 10], [3, 3], mode="iteration")
+    assert r.finish[0] == pytest.approx(2.4, abs=1e-9)
+    wake_p = prof.wake_time(3.4 - 1.6)
+    wake_d = prof.wake_time(3.4 + 1.1 + wake_p - 2.4)
+    assert 0.4 < wake_p < wake_d < 0.5  # neither instance idled long enough to pay all of M
+    assert r.prefill_end[1] == pytest.approx(3.4 + 1.1 + wake_p, abs=1e-9)
+    assert r.decode_start[1] == pytest.approx(3.4 + 1.1 + wake_p, abs=1e-9)
+    assert r.first_token[1] - r.arrival[1] == pytest.approx(1.2 + wake_p + wake_d, abs=1e-9)
+
+
+def test_steps_that_follow_busy_ones_pay_no_wake_up() -> None:
+    """Two requests at 0, M = 0.5 s (τ tiny). The first's prefill step [0, 1.6] pays M; the second
+    waited for it, so its step runs right after, [1.6, 2.7], and pays nothing. The first decodes
+    30 tokens from 1.6 (first at 2.2, then every 0.1 s); the second's KV arrives at 2.7, a step
+    boundary, where it joins the running batch: no wake-up either, first token at 2.8. Without the
+    cost: prefills [0, 1.1], [1.1, 2.2], the second's first token at 2.3."""
+    base, _ = simulate(toy_profile(), [0, 0], [10, 10], [30, 3], mode="iteration")
+    prof = toy_profile(idle_wake_s=0.5, idle_wake_tau_s=1e-3)
+    r, _ = simulate(prof, [0, 0], [10, 10], [30, 3], mode="iteration")
+    assert base.prefill_end == pytest.approx([1.1, 2.2], abs=1e-9) and base.first_token[1] == pytest.approx(2.3)
+    assert r.prefill_start == pytest.approx([0, 1.6], abs=1e-9)
+    assert r.prefill_end == pytest.approx([1.6, 2.7], abs=1e-9)
+    assert r.first_token == pytest.approx([2.2, 2.8], abs=1e-9)
+    assert r.finish[0] == pytest.approx(2.1 + 0.1 * 30, abs=1e-9)

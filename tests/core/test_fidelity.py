@@ -85,3 +85,5 @@ def test_an_ungated_source_and_metric_is_reported_but_not_judged() -> None:
     assert failures([r], ungated={("simulator", "tpot")}) == failures([r])  # only the named metric is let off
     assert failures([r], ungated={("simulator", "ttft", "light")}) == []  # at the named load
     assert failures([r], ungated={("simulator", "ttft", "queueing")}) == failures([r])  # only at that load
+    assert failures([r], ungated={("simulator", "ttft", "light", "p50")}) == []  # that one row
+    assert failures([r], ungated={("simulator", "ttft", "light", "p99")}) == failures([r])  # only that row

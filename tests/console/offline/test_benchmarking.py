@@ -1,16 +1,19 @@
-"""`bench decision --prefix-tokens`: the prefix scorer's state (each prefill instance at its own depth), timed."""
+"""`bench decision`: the dispatcher states it loads and times, for policy settings and oracles, and with
+`--prefix-tokens` the prefix scorer's state (each prefill instance at its own depth)."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from console.cli import _register_commands, app
 from console.offline.benchmarking import add_prefix_caches, loaded_dispatcher
 from core.perf import get_profile
 from core.types import Request
+from tests.helpers import toy_profile
 
 _register_commands()
 
@@ -65,3 +68,34 @@ def test_bench_decision_with_the_prefix_scorer() -> None:
     data = json.loads(result.stdout)
     assert data["prefix_tokens"] == 2048 and data["prefill_instances"] == 8
     assert 0 < data["p50_us"] <= data["p99_us"]
+
+
+def test_bench_decision_times_policy_settings_and_oracles() -> None:
+    from console.offline.benchmarking import decision_latency, loaded_dispatcher
+    from core.errors import PolicyError
+    from core.policies import parse_policy_spec
+
+    assert parse_policy_spec("sibyl") == ("sibyl", {})
+    assert parse_policy_spec("sibyl:horizon=lifetime,unit=requests") == (
+        "sibyl",
+        {"horizon": "lifetime", "unit": "requests"},
+    )
+    assert parse_policy_spec("least_load(by=tokens, bind=arrival)") == (
+        "least_load",
+        {"by": "tokens", "bind": "arrival"},
+    )
+    for bad in ("sibyl:horizon", "(by=tokens)", "x(=1)"):
+        with pytest.raises(PolicyError, match="key=value|no name"):
+            parse_policy_spec(bad)
+    for name, params in (("sibyl", {"horizon": "lifetime"}), ("clairvoyant", {})):
+        d = loaded_dispatcher(
+            toy_profile(),
+            name,
+            params,
+            prefill_instances=1,
+            decode_instances=4,
+            running_per_instance=4,
+            pending_per_instance=1,
+        )
+        row = decision_latency(d, iterations=20, warmup=2)
+        assert row["tracked_requests"] == 20 and row["p99_us"] > 0

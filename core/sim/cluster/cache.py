@@ -23,6 +23,13 @@ Approximations (the decode model keeps its own KV accounting in tokens; the pool
 cached, not admission): a pool that has too few free blocks for a request caches nothing for it
 (it computes, or pulls, the whole prompt); a migrated request's blocks stay on its first decode
 instance until it finishes. Everything is keyed by request index, and nothing is random.
+
+A request under a LoRA adapter keys its blocks with the adapter's name, as vLLM 0.32 does
+(``_gen_lora_extra_hash_keys`` in ``v1/core/kv_cache_utils.py``) and the emulator and the live gateway
+do (``core.cache.keys.prompt_keys``): keys derived from its hash ids carry the adapter, so a prefix
+cached under one adapter is never found by a request under another adapter or the base model. Keys
+given beforehand (a live run's, console/advisor) are used as they are: the gateway already keyed them
+under the request's adapter.
 """
 
 from __future__ import annotations
@@ -106,13 +113,14 @@ class SimCache:
             cache._derive = TraceKeys(bs, hash_block_tokens=params.hash_block_tokens, seed=(params.prompt_seed, 0))
         return cache
 
-    def arrive(self, i: int, prompt: int) -> tuple[BlockKey, ...]:
-        """Request i arrives: its block keys (given, or derived from its trace hash ids)."""
+    def arrive(self, i: int, prompt: int, lora: str | None = None) -> tuple[BlockKey, ...]:
+        """Request i arrives (under LoRA adapter `lora`, None: the base model): its block keys (given, or
+        derived from its trace hash ids under its adapter)."""
         if self._given is not None:
             keys = tuple(self._given[i])
         else:
             assert self._derive is not None and self._hash_ids is not None
-            keys = self._derive.keys(self._hash_ids[i], prompt, i)
+            keys = self._derive.keys(self._hash_ids[i], prompt, i, lora)
         self.keys[i] = keys
         return keys
 

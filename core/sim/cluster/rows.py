@@ -43,9 +43,10 @@ class TraceRows:
         self._plain = plain and self.lora_l is None
 
     def request(self, i: int, cache: SimCache | None) -> Request:
-        """Row i as the dispatcher sees it; with a KV cache its prefix keys (`cache.arrive`)."""
+        """Row i as the dispatcher sees it; with a KV cache its prefix keys (`cache.arrive`, under its adapter)."""
         if cache is None and self._plain:
             return Request(i, self.arr_l[i], self.prompt_l[i], self.out_l[i])
+        lora = None if self.lora_l is None else self.lora_l[i]
         return Request(
             i,
             self.arr_l[i],
@@ -54,7 +55,7 @@ class TraceRows:
             slo_class="default" if self.slo_l is None else self.slo_l[i],
             priority=0 if self.prio_l is None else self.prio_l[i],
             tenant="" if self.tenant_l is None else self.tenant_l[i],
-            prefix_keys=() if cache is None else cache.arrive(i, self.prompt_l[i]),
+            prefix_keys=() if cache is None else cache.arrive(i, self.prompt_l[i], lora),
             session="" if self.session_l is None else self.session_l[i],
-            lora=None if self.lora_l is None else self.lora_l[i],
+            lora=lora,
         )

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from core.cache.keys import chain_keys
+from core.cache.keys import chain_keys, prompt_keys
 from core.cache.trace_keys import TraceKeys
 from core.traces.prompts import hash_prompt
 
@@ -37,3 +37,24 @@ def test_rows_share_keys_exactly_as_far_as_their_hash_ids_agree() -> None:
     assert not set(c) & (set(a) | set(b))
     assert tk.keys([1, 2, 3], 96, 0) == a  # deterministic; another seed shares nothing
     assert not set(TraceKeys(16, hash_block_tokens=32, seed=(1, 0)).keys([1, 2, 3], 96, 0)) & set(a)
+
+
+@pytest.mark.parametrize(("hash_block_tokens", "block_size"), [(32, 16), (24, 16)])
+def test_a_rows_keys_under_an_adapter_are_the_engines_under_it_and_shared_with_no_other(
+    hash_block_tokens: int, block_size: int
+) -> None:
+    """The same row under adapter a1, a2 and the base model: each equals what an engine keys the replayed prompt
+    with under that adapter (prompt_keys: vLLM 0.32's LoRA extra key in every block); no two share a block, and
+    the memo of one adapter's blocks never answers for another's."""
+    tk = TraceKeys(block_size, hash_block_tokens=hash_block_tokens, seed=(3, 0))
+    ids, n = [1, 2, 3], 3 * hash_block_tokens
+    prompt = hash_prompt(ids, n, seed=(3, 0), row=0, block_tokens=hash_block_tokens).tolist()
+    got = {lora: tk.keys(ids, n, 0, lora) for lora in ("a1", None, "a2")}
+    for lora, keys in got.items():
+        assert keys == tuple(prompt_keys(prompt, block_size, lora))
+        assert len(keys) == n // block_size
+    assert got[None] == tuple(chain_keys(prompt, block_size)) == tk.keys(ids, n, 0, "")
+    assert not set(got["a1"]) & set(got[None])
+    assert not set(got["a1"]) & set(got["a2"])
+    assert not set(got["a2"]) & set(got[None])
+    assert tk.keys(ids, n, 1, "a1") == got["a1"]  # another row, same adapter: shared

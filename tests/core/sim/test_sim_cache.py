@@ -41,8 +41,9 @@ def simulate(
     prof: PerfProfile | None = None,
     hash_ids: bool = True,
     mode: str = "ps",
+    lora: list[str | None] | None = None,
 ) -> ClusterSimResult:
-    """rows: (arrival, hash ids, prompt tokens); every request generates 2 tokens."""
+    """rows: (arrival, hash ids, prompt tokens); every request generates 2 tokens; `lora`: each row's adapter."""
     prof = prof or profile()
     d = Dispatcher(prof, policy, params, true_lengths=True)
     sim = ClusterSimulation(
@@ -56,6 +57,7 @@ def simulate(
         mode=mode,  # type: ignore[arg-type]
         hash_ids=[r[1] for r in rows] if hash_ids else None,
         cache=cache or CacheParams(hash_block_tokens=16),
+        lora=lora,
     )
     return sim.run()
 
@@ -124,6 +126,26 @@ def test_without_hash_ids_or_with_the_cache_off_nothing_is_shared() -> None:
         assert r.kv_transferred_tokens.tolist() == [48, 48]
         assert prefill_s(r) == pytest.approx([48 * MS, 48 * MS])
         assert r.cache_hit_rates == {}
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "hit"),
+    [("a1", None, False), (None, "a1", False), ("a1", "a2", False), ("a1", "a1", True), (None, None, True)],
+)
+def test_a_prefix_cached_under_one_adapter_is_found_only_under_the_same_adapter(
+    first: str | None, second: str | None, hit: bool
+) -> None:
+    # 1P1D, one 16-token block per hash id. B repeats A's 4 hash blocks and adds a fifth (80 tokens). Under
+    # A's adapter B finds A's 64 tokens on p0 and on d0 (it computes 16 and pulls 16); under another
+    # adapter or the base model (vLLM 0.32 hashes the adapter's name into every block) nothing: it computes
+    # and pulls all 80.
+    rows = [(0.0, [1, 2, 3, 4], 64), (10.0, [1, 2, 3, 4, 5], 80)]
+    r = simulate(rows, lora=[first, second])
+    assert r.ok.all()
+    assert r.cached_tokens.tolist() == [0, 64 if hit else 0]
+    assert r.decode_cached_tokens.tolist() == [0, 64 if hit else 0]
+    assert r.kv_transferred_tokens.tolist() == [64, 16 if hit else 80]
+    assert r.cache_lookups["p0"] == (144, 64 if hit else 0)
 
 
 def test_hit_rate_on_a_tiny_mooncake_like_trace_equals_the_hand_computation() -> None:

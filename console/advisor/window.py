@@ -1,5 +1,5 @@
-"""A run's recent window as the simulator takes it: the arrivals recorded in it, those in flight at its start, and
-the active policies' observed figures over it.
+"""A run's recent window as the simulator takes it: the arrivals recorded in it, those in flight at its start and at
+its end, and the active policies' observed figures over it.
 
 What the run store keeps of each request is its lengths, SLO class, priority, tenant and timings. It
 does not keep a request's prefix keys or session: the live server notes those in a `RecentArrivals`
@@ -9,6 +9,10 @@ as the gateway computes them, and passes it here; without it the window has no p
 The store holds a request once it has finished, so a window read from it has the requests that
 arrived in it *and finished* by its end; the requests in flight at its start are replayed from their
 own arrival (unmeasured) so the simulated cluster starts the window as loaded as the live one was.
+The requests still in flight at its end are not in the store: the live server passes them (`in_flight`,
+from the gateway's own records) and they are replayed too, unmeasured, with an estimated output length
+(`estimated_outputs`), so the simulated cluster carries the load the live one carried to the window's end.
+The figures, observed and predicted, are over the window's finished arrivals only.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class ArrivalKeys:
 
     prefix_keys: tuple[int, ...]
     session: str = ""
+    max_tokens_set: bool = True
+    """Whether the client set max_tokens (else the gateway's default stood in for it)."""
 
 
 class RecentArrivals:
@@ -55,8 +61,10 @@ class RecentArrivals:
         self.capacity = capacity
         self._keys: OrderedDict[str, ArrivalKeys] = OrderedDict()
 
-    def note(self, request_id: str, prefix_keys: Sequence[int], session: str = "") -> None:
-        self._keys[str(request_id)] = ArrivalKeys(tuple(prefix_keys), session)
+    def note(
+        self, request_id: str, prefix_keys: Sequence[int], session: str = "", max_tokens_set: bool = True
+    ) -> None:
+        self._keys[str(request_id)] = ArrivalKeys(tuple(prefix_keys), session, max_tokens_set)
         self._keys.move_to_end(str(request_id))
         while len(self._keys) > self.capacity:
             self._keys.popitem(last=False)
@@ -82,8 +90,8 @@ class Window:
     """The simulator's input for one window, and what the live cluster did over it.
 
     Rows are sorted by arrival; `arrivals` are seconds from the first replayed arrival (an in-flight
-    request's, when there is one). `measured` marks the window's own arrivals: the figures, observed
-    and predicted, are over those only."""
+    request's, when there is one). `measured` marks the window's own finished arrivals: the figures,
+    observed and predicted, are over those only."""
 
     run_id: str
     start: float
@@ -93,7 +101,8 @@ class Window:
     arrivals: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
-    """Tokens each request generated (its max_tokens when it did not finish: refused or failed)."""
+    """Tokens each request generated (its max_tokens when it did not finish: refused or failed; an estimate
+    for one still in flight at the window's end, see `estimated_outputs`)."""
     measured: np.ndarray
     slo_classes: list[str]
     tenants: list[str]
@@ -109,11 +118,21 @@ class Window:
     sessions: list[str] | None = None
     prefix_keys: list[tuple[int, ...]] | None = None
     notes: list[str] = field(default_factory=list)
+    unfinished: np.ndarray | None = None
+    """Marks the requests still in flight at the window's end (arrived in it or before it), replayed unmeasured
+    with an estimated output; None: none were passed."""
+    start_at: float = 0.0
+    """The window's start on `arrivals`' clock: rows that arrived before it were in flight at its start."""
 
     @property
     def in_flight(self) -> int:
-        """Requests in flight at the window's start, replayed unmeasured."""
-        return int((~self.measured).sum())
+        """Requests in flight at the window's start (finished since or not), replayed unmeasured."""
+        return int((self.arrivals < self.start_at).sum())
+
+    @property
+    def in_flight_at_end(self) -> int:
+        """Requests in flight at the window's end (arrived in it or before it), replayed unmeasured."""
+        return 0 if self.unfinished is None else int(self.unfinished.sum())
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -122,6 +141,7 @@ class Window:
             "end": self.end,
             "requests": int(self.measured.sum()),
             "in_flight_at_start": self.in_flight,
+            "in_flight_at_end": self.in_flight_at_end,
             "with_prefix_keys": self.prefix_keys is not None,
             "with_sessions": self.sessions is not None,
             "active": {k: {"name": n, "params": p} for k, (n, p) in self.active.items()},
@@ -136,6 +156,38 @@ def _output_tokens(row: Mapping[str, Any]) -> int:
     return int(row.get("max_tokens") or row.get("output_tokens") or 1)
 
 
+def estimated_outputs(
+    in_flight: Sequence[Mapping[str, Any]], finished: Sequence[Mapping[str, Any]]
+) -> tuple[list[int], int | None]:
+    """The output length each request still in flight is replayed with, and the window's mean output.
+
+    A request whose client set max_tokens (`max_tokens_set`; a row that does not say counts as set) is
+    replayed with its max_tokens, the bound it may run to (what the simulator takes as the true length;
+    a client's generous bound over-estimates). One whose client did not set it (the gateway's default of
+    16 stood in) is replayed with the mean output of the window's requests that finished ok (`finished`):
+    the mean keeps the window's decode work. With none finished ok it keeps its max_tokens. Never fewer
+    than the tokens it has generated so far (`output_tokens`), nor than one. The mean is None when nothing
+    finished ok."""
+    outputs = [int(r.get("output_tokens") or 0) for r in finished if r.get("status") == "ok"]
+    outputs = [n for n in outputs if n > 0]
+    mean = max(round(sum(outputs) / len(outputs)), 1) if outputs else None
+    lengths = []
+    for r in in_flight:
+        bound = int(r.get("max_tokens") or 1)
+        guess = bound if r.get("max_tokens_set", True) or mean is None else mean
+        lengths.append(max(guess, int(r.get("output_tokens") or 0), 1))
+    return lengths, mean
+
+
+def _in_flight_note(running: Sequence[Mapping[str, Any]], mean: int | None) -> str:
+    bound = sum(1 for r in running if r.get("max_tokens_set", True) or mean is None)
+    guessed = len(running) - bound
+    parts = [f"{bound} with their max_tokens"] if bound else []
+    if guessed:
+        parts.append(f"{guessed} with the window's mean output ({mean} tokens: their clients set no max_tokens)")
+    return f"{len(running)} requests in flight at the window's end are replayed unmeasured, " + " and ".join(parts)
+
+
 def window_from_rows(
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -147,17 +199,38 @@ def window_from_rows(
     keys: RecentArrivals | None = None,
     swapped: bool = False,
     cluster: str = "",
+    in_flight: Sequence[Mapping[str, Any]] = (),
 ) -> Window:
-    """The window [end − window_s, end] of a run's request rows (the run store's columns)."""
+    """The window [end − window_s, end] of a run's request rows (the run store's columns).
+
+    `in_flight`: the requests in flight at `end` (the gateway's; the store has none of them), in the
+    store's columns as known at arrival (request_id, arrival, prompt_tokens, max_tokens, slo_class,
+    priority, tenant, prefix_keys, session) with `output_tokens` generated so far and `max_tokens_set`;
+    a row the store already holds as finished is left out. Those that arrived by `end` are replayed
+    unmeasured with `estimated_outputs`; they count in the simulated load, not in the figures."""
     if not window_s > 0:
         raise WindowError(f"window_s must be > 0, got {window_s}")
     start = end - window_s
     timed = [r for r in rows if r.get("arrival") is not None]
+    finished_ids = {str(r["request_id"]) for r in timed}
+    running = [
+        r
+        for r in in_flight
+        if r.get("arrival") is not None and r["arrival"] <= end and str(r["request_id"]) not in finished_ids
+    ]
     measured_rows = [r for r in timed if start <= r["arrival"] <= end]
     if not measured_rows:
-        raise WindowError(f"run {run_id} has no recorded arrivals in [{start:.1f}, {end:.1f}] s")
+        still = sum(1 for r in running if r["arrival"] >= start)
+        raise WindowError(
+            f"run {run_id} has no recorded arrivals in [{start:.1f}, {end:.1f}] s"
+            + (f" ({still} arrived in it and are still in flight)" if still else "")
+        )
     early = [r for r in timed if r["arrival"] < start and (r.get("finish") is None or r["finish"] > start)]
-    chosen = sorted([*early, *measured_rows], key=lambda r: (r["arrival"], str(r["request_id"])))
+    lengths, mean_output = estimated_outputs(running, measured_rows)
+    tagged: list[tuple[Mapping[str, Any], int | None]] = [(r, None) for r in (*early, *measured_rows)]
+    tagged += list(zip(running, lengths, strict=True))
+    tagged.sort(key=lambda t: (t[0]["arrival"], str(t[0]["request_id"])))
+    chosen = [r for r, _ in tagged]
     ids = [str(r["request_id"]) for r in chosen]
     if keys is None and any(r.get("prefix_keys") or r.get("session") for r in chosen):
         keys = RecentArrivals(len(chosen))  # the run store kept them (schema 9)
@@ -171,6 +244,8 @@ def window_from_rows(
     if keys is not None and found and not all(k is not None for k in found):
         missing = sum(k is None for k in found)
         notes.append(f"{missing} of {len(found)} requests had no prefix keys noted (forgotten or never keyed)")
+    if running:
+        notes.append(_in_flight_note(running, mean_output))
     return Window(
         run_id=run_id,
         start=start,
@@ -178,8 +253,10 @@ def window_from_rows(
         request_ids=ids,
         arrivals=np.array([float(r["arrival"]) - t0 for r in chosen]),
         prompt_tokens=np.array([max(int(r.get("prompt_tokens") or 1), 1) for r in chosen], dtype=np.int64),
-        output_tokens=np.array([max(_output_tokens(r), 1) for r in chosen], dtype=np.int64),
-        measured=np.array([start <= r["arrival"] for r in chosen], dtype=bool),
+        output_tokens=np.array(
+            [max(_output_tokens(r), 1) if n is None else n for r, n in tagged], dtype=np.int64
+        ),
+        measured=np.array([n is None and start <= r["arrival"] for r, n in tagged], dtype=bool),
         slo_classes=[str(r.get("slo_class") or "default") for r in chosen],
         tenants=[str(r.get("tenant") or "default") for r in chosen],
         priorities=np.array([int(r.get("priority") or 0) for r in chosen], dtype=np.int64),
@@ -193,6 +270,8 @@ def window_from_rows(
         else None,
         prefix_keys=[k.prefix_keys if k is not None else () for k in found] if with_keys else None,
         notes=notes,
+        unfinished=np.array([n is not None for _, n in tagged], dtype=bool),
+        start_at=start - t0,
     )
 
 

@@ -2,10 +2,12 @@
 (console/advisor/worker.py), and its answer is shown, stored, exported and, with `apply`, acted on.
 
 What stays in the console's own process, off the hot path: each finished request's stored row is kept
-for one window (`request`), each arrival's prefix keys and session are noted (`note`, one dict insert),
-and once a period the window is built in a worker thread (console/advisor/window.py) and handed to the
-worker process, whose answer is polled without blocking. The simulation itself, the CPU that matters,
-runs in the worker; its CPU time is reported beside every answer (`cpu_share`, /metrics).
+for one window (`request`), each arrival's prefix keys, session and whether its client set max_tokens are
+noted (`note`, one dict insert), and once a period the requests in flight are read from the gateway's
+records (`in_flight_rows`, on the event loop: the store has only finished ones), the window is built in a
+worker thread (console/advisor/window.py) and handed to the worker process, whose answer is polled
+without blocking. The simulation itself, the CPU that matters, runs in the worker; its CPU time is
+reported beside every answer (`cpu_share`, /metrics).
 
 The window is marked as mixing two policies (its observed figures are no one's, so no error is taken
 from it) when a routing or queue swap or a canary falls inside it. The shape is the live instances'
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from console.live.canary import AdvisorLog, LiveCanary
     from console.live.config import AdvisorSettings
     from console.live.events import EventBus
+    from console.live.outcomes import Outcomes
     from core.dispatch import Dispatcher
     from core.perf import PerfProfile
     from core.slo import SLOClass
@@ -112,6 +115,7 @@ class LiveAdvisor:
         slos: Mapping[str, SLOClass],
         shape: Callable[[], str],
         profile: Callable[[], PerfProfile],
+        outcomes: Outcomes | None = None,
     ) -> None:
         self.settings = settings
         self.enabled = settings.enabled
@@ -120,6 +124,9 @@ class LiveAdvisor:
         self.shape, self.profile = shape, profile
         """`profile()`: the profile windows are simulated with (`cluster_profile`: the prior with the
         instances' calibrated step terms)."""
+        self.outcomes = outcomes
+        """The gateway's records of the requests in flight (`live`) and its tenant labels (None: no in-flight
+        requests are replayed)."""
         self.rows: deque[dict[str, Any]] = deque()
         self.arrivals: RecentArrivals | None = None
         self.worker: AdvisorWorker | None = None
@@ -144,10 +151,11 @@ class LiveAdvisor:
             canary.on_end.append(lambda _: self.autopilot.quiet(time.monotonic()))
 
     # --- the hot path: one call per arrival and per finished request ---------------------------------
-    def note(self, request: Request) -> None:
-        """An arrival's prefix keys and session (what the run store does not keep)."""
+    def note(self, request: Request, max_tokens_set: bool = True) -> None:
+        """An arrival's prefix keys, session and whether its client set max_tokens (what the run store does not
+        keep)."""
         if self.arrivals is not None:
-            self.arrivals.note(str(request.id), request.prefix_keys, request.session)
+            self.arrivals.note(str(request.id), request.prefix_keys, request.session, max_tokens_set)
 
     def request(self, row: dict[str, Any]) -> None:
         """A finished request's stored row, kept for one window."""
@@ -195,7 +203,8 @@ class LiveAdvisor:
         now = time.monotonic()
         try:
             rows = list(self.rows)
-            window = await asyncio.to_thread(window_from_rows, rows, **self.window_args(now, rows))
+            args = self.window_args(now, rows, self.in_flight_rows())
+            window = await asyncio.to_thread(window_from_rows, rows, **args)
         except WindowError as e:
             self.error = str(e)
             return False
@@ -204,9 +213,40 @@ class LiveAdvisor:
         self.windows += 1
         return True
 
-    def window_args(self, now: float, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def in_flight_rows(self) -> list[dict[str, Any]]:
+        """The requests in the gateway now, as the window takes them (`window_from_rows`' `in_flight`): what was
+        known at arrival, the tokens generated so far, and whether the client set max_tokens (as noted; a
+        request not noted counts as having set it). Read on the event loop, where the records change."""
+        if self.outcomes is None:
+            return []
+        out, notes = self.outcomes, self.arrivals
+        rows = []
+        for rec in list(out.live.values()):
+            req = rec.request
+            noted = None if notes is None else notes.get(rec.id)
+            rows.append(
+                {
+                    "request_id": rec.id,
+                    "arrival": req.arrival - self.t0,
+                    "prompt_tokens": req.prompt_tokens,
+                    "max_tokens": req.max_tokens,
+                    "max_tokens_set": True if noted is None else noted.max_tokens_set,
+                    "output_tokens": rec.output_tokens,
+                    "slo_class": req.slo_class,
+                    "priority": req.priority,
+                    "tenant": out.tenant_of(req),
+                    "prefix_keys": req.prefix_keys,
+                    "session": req.session,
+                }
+            )
+        return rows
+
+    def window_args(
+        self, now: float, rows: list[dict[str, Any]], in_flight: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         """What `window_from_rows` takes besides the rows, for the window ending `now` (monotonic): the
-        active routing and queue policies, whether a swap or a canary falls inside it, the rows' noted keys."""
+        active routing and queue policies, whether a swap or a canary falls inside it, the requests in flight
+        (`in_flight_rows`), the noted keys of the rows and of those."""
         s, d = self.settings, self.dispatcher
         active = {k: (p["name"], p["params"]) for k, p in d.active_policies().items() if k in ADVISED_KINDS}
         swapped = any(
@@ -219,7 +259,10 @@ class LiveAdvisor:
             "window_s": s.window_s,
             "active": active,
             "slos": self.slos,
-            "keys": None if self.arrivals is None else self.arrivals.subset(str(r["request_id"]) for r in rows),
+            "keys": None
+            if self.arrivals is None
+            else self.arrivals.subset(str(r["request_id"]) for r in (*rows, *(in_flight or ()))),
+            "in_flight": in_flight or [],
             "swapped": swapped,
             "cluster": self.shape(),
         }

@@ -7,7 +7,8 @@ requests that arrived after the start and finished since, in a worker thread (sc
 loop). The end is the rule's verdict: *promote* swaps the active policy to the candidate (a swap with
 source `canary`), *rollback*, *equal* and *inconclusive* leave the active one; a canary stopped by the
 operator, by a swap of its kind, or by the console stopping ends *interrupted*. Every start, reading and
-end is an advisor event in the run store and a `canary` event on the bus (the dashboard's log).
+end is an advisor event in the run store and a `canary` event on the bus (the dashboard's log); /metrics
+shows the running canary, its arms so far and the verdicts by outcome (console/live/canary_metrics.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ READING_EVERY_S = 10.0
 """How often a running canary is read (a short canary is read at least four times)."""
 CANARY_MODULE = "console.advisor.canary"
 """The statistics (scipy): imported off the event loop when the first canary starts."""
+VERDICTS = ("promote", "rollback", "equal", "inconclusive", "interrupted")
+"""How a canary ends: the stopping rule's four verdicts, or interrupted (stopped before one)."""
+ARMS = ("canary", "control")
 _ids = itertools.count(1)
 
 
@@ -111,6 +115,8 @@ class LiveCanary:
         """console.advisor.canary, once the first canary starts."""
         self.on_end: list[Callable[[dict[str, Any]], None]] = []
         """Called with each ended canary's record (the advisor's autopilot listens)."""
+        self.verdicts: dict[str, int] = dict.fromkeys(VERDICTS, 0)
+        """Canaries ended since the console started, by verdict."""
 
     # --- start --------------------------------------------------------------------------------------
     async def start(
@@ -225,6 +231,7 @@ class LiveCanary:
         if reading is not None:
             record["reading"] = reading.to_json()
         self.last = record
+        self.verdicts[decision] = self.verdicts.get(decision, 0) + 1
         self._event("canary_end", c, decision, reason, record)
         for listener in self.on_end:
             listener(record)

@@ -20,6 +20,7 @@ from adapters.vllm.poller import Poller
 from console.live import tracing
 from console.live.advisor import AdvisorCollector, LiveAdvisor, RowTee, cluster_profile
 from console.live.canary import LiveCanary
+from console.live.canary_metrics import CanaryCollector
 from console.live.config import ConsoleConfig
 from console.live.decision_quality import QualityCollector, quality
 from console.live.events import EventBus
@@ -33,6 +34,7 @@ from console.live.recent import RecentRequests
 from console.live.refusals import RefusalCollector, counted_by_admission
 from console.live.state import ConsoleState, QueueState
 from console.live.tenants import Tenants
+from core.dispatch import Dispatcher
 from core.errors import PolicyError
 from core.pools import Pool, Pools
 from core.types import PolicyEvent, PolicyKind
@@ -104,8 +106,11 @@ class Controller:
         self.calibration = first.calibration
         self.migrations, self.operations, self.refusals = first.migrations, first.operations, first.refusals
         self.listeners = first.listeners
-        self.metrics.registry.register(QualityCollector(first.dispatcher))
-        self.metrics.registry.register(RefusalCollector(lambda: first.dispatcher.gate))
+        registry = self.metrics.registry
+        registry.register(QualityCollector(lambda: [(r.pool.name, r.dispatcher) for r in self.runtimes]))
+        registry.register(RefusalCollector(lambda: [(r.pool.name, r.dispatcher.gate) for r in self.runtimes]))
+        pool_names = {r.pool.model: r.pool.name for r in self.runtimes}
+        self.outcomes.pool_of = lambda live: pool_names.get(live.model, first.pool.name)
         if first.dispatcher.gate is not None:
             self.outcomes.counted_refusal = counted_by_admission
         if len(self.runtimes) == 1:
@@ -143,10 +148,12 @@ class Controller:
             slos=config.slo,
             shape=lambda: self.snapshot().cluster,
             profile=lambda: cluster_profile(first.profile, [a.terms for a in first.calibration.applied.values()]),
+            outcomes=self.outcomes,
         )
         """The what-if advisor ([advisor], on the first pool; its simulations run in a niced worker process)."""
         self.finished.listeners += [self.canary.request, self.advisor.request]
         self.metrics.registry.register(AdvisorCollector(self.advisor))
+        self.metrics.registry.register(CanaryCollector(self.canary, first_pool))
         arrivals = self.advisor if config.advisor.enabled else None
         for r in self.runtimes:
             r.serve(config, self.tenants, self.outcomes, self.lora, arrivals)
@@ -173,8 +180,9 @@ class Controller:
         """The Replayer started by `up --replay`, if any (console.offline.replay.Replayer)."""
         self.replay_label = ""
         self.draining = False
-        for kind, policy in first.dispatcher.policies.items():
-            self.outcomes.policy_active(kind.value, policy.name, policy.params.model_dump())
+        for r in self.runtimes:
+            for kind, policy in r.dispatcher.policies.items():
+                self.outcomes.policy_active(kind.value, policy.name, policy.params.model_dump(), pool=r.pool.name)
 
     def runtime(self, pool: str | None) -> PoolRuntime:
         """The runtime of pool `pool` (None: the only pool; UnknownPool otherwise)."""
@@ -281,7 +289,9 @@ class Controller:
             raise PolicyError(f"unknown policy kind {kind!r}; kinds: {', '.join(PolicyKind)}") from None
         check_capability(runtime.backend, k, name)
         ev = runtime.dispatcher.set_policy(k, name, params, source=source, now=time.monotonic())
-        self.outcomes.policy_swapped(ev.time - self.t0, ev.kind.value, ev.old, ev.new, ev.params, source)
+        self.outcomes.policy_swapped(
+            ev.time - self.t0, ev.kind.value, ev.old, ev.new, ev.params, source, pool=runtime.pool.name
+        )
         self.canary.policy_swapped(ev.kind.value, source)
         if k == PolicyKind.QUEUE:
             runtime.held.release()  # a new limit may let held requests go
@@ -322,17 +332,20 @@ class Controller:
     def snapshot(self) -> ConsoleState:
         """The console's state now, built once (see console.live.state for every field). With several pools the
         top-level policies, queue limits, admission, prefix index and assignment ratio are the first pool's
-        (`pools` has each pool's policies); the queue depth counts every pool's."""
+        (`pools` has each pool's, with its queue, admission and refusals, assignment ratio and prefix index); the
+        queue depth counts every pool's."""
         now = time.monotonic()
         first, out = self.runtimes[0], self.outcomes
         d = first.dispatcher
         rows = [row for r in self.runtimes for row in r.rows(now, self.lora)]
         clusters = [r.cluster() for r in self.runtimes]
-        queue = d.policies[PolicyKind.QUEUE].params
         by_class: dict[str, int] = {}
         for r in self.runtimes:
             for k, v in r.dispatcher.queue_depth_by_class().items():
                 by_class[k] = by_class.get(k, 0) + v
+        queue = queue_state(d).model_copy(
+            update={"depth": sum(r.dispatcher.queue_depth() for r in self.runtimes), "by_class": by_class}
+        )
         caps: dict[str, bool] = {c.value: True for c in self.backend.capabilities}
         caps["replay"] = self.replay is not None
         return ConsoleState.model_validate(
@@ -347,15 +360,7 @@ class Controller:
                 "policies": d.active_policies(),
                 "slo": {"classes": {k: v.model_dump() for k, v in self.config.slo.items()}, **out.slo.snapshot(now)},
                 "requests": {"in_flight": out.in_flight, "total": out.total, "failed": out.failed},
-                "queue": QueueState(
-                    depth=sum(r.dispatcher.queue_depth() for r in self.runtimes),
-                    by_class=by_class,
-                    max_queued=queue.max_queued,
-                    max_in_flight_per_instance=queue.max_in_flight_per_instance,
-                    ttl_s=queue.ttl_s,
-                    admission=d.gate.describe() if d.gate is not None else None,
-                    refusals=d.gate.refusals_by_cause() if d.gate is not None else None,
-                ),
+                "queue": queue,
                 "assignment_ratio": d.assignment_ratios()["active"],
                 "draining": self.draining,
                 "replay": {**self.replay.snapshot(), "label": self.replay_label} if self.replay is not None else None,
@@ -368,7 +373,8 @@ class Controller:
         )
 
     def _pools_state(self, clusters: list[tuple[int, int]]) -> dict[str, Any]:
-        """Each pool: its model, active instances, instances, active policies and adapters (state.PoolState)."""
+        """Each pool: its model, active instances, instances, active policies, queue (its held requests, limits,
+        admission and refusals), assignment ratio, prefix index and adapters (state.PoolState)."""
         lora = self.lora.snapshot()
         return {
             p.name: {
@@ -376,6 +382,9 @@ class Controller:
                 "cluster": f"{n_p}P{n_d}D",
                 "instances": sorted(p.instance_ids),
                 "policies": p.dispatcher.active_policies(),
+                "queue": queue_state(p.dispatcher),
+                "assignment_ratio": p.dispatcher.assignment_ratios()["active"],
+                "prefix": self.runtime_of[p].prefix.snapshot(),
                 "adapters": lora[p.name]["adapters"],
                 "lora_counts": lora[p.name]["counts"],
             }
@@ -394,3 +403,17 @@ class Controller:
     def summary(self) -> dict[str, Any]:
         out = self.outcomes.summary(time.monotonic(), self.instances.values())
         return {**out, "decision_quality": quality(self.dispatcher)}
+
+
+def queue_state(d: Dispatcher) -> QueueState:
+    """One pool's queue: the requests its queue policy holds (by class), its limits, SLO admission and refusals."""
+    queue = d.policies[PolicyKind.QUEUE].params
+    return QueueState(
+        depth=d.queue_depth(),
+        by_class=d.queue_depth_by_class(),
+        max_queued=queue.max_queued,
+        max_in_flight_per_instance=queue.max_in_flight_per_instance,
+        ttl_s=queue.ttl_s,
+        admission=d.gate.describe() if d.gate is not None else None,
+        refusals=d.gate.refusals_by_cause() if d.gate is not None else None,
+    )

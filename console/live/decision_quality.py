@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -37,53 +37,55 @@ def quality(d: Dispatcher) -> dict[str, Any]:
 
 
 class QualityCollector(Collector):
-    """Decision quality read from the dispatcher at scrape time (nothing on the hot path)."""
+    """Decision quality read from each pool's dispatcher at scrape time (nothing on the hot path), every series
+    labelled with its pool's name (`pool`)."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.d = dispatcher
+    def __init__(self, dispatchers: Callable[[], Iterable[tuple[str, Dispatcher]]]) -> None:
+        self.dispatchers = dispatchers
+        """Each pool's name and its dispatcher."""
 
     def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        d = self.d
         scored = CounterMetricFamily(
             "sibyl_decode_choices_scored",
-            "decode choices scored when decoding began (router: active, or a shadow policy's label)",
-            labels=["router"],
+            "decode choices scored when decoding began, per pool (router: active, or a shadow policy's label)",
+            labels=["pool", "router"],
         )
         best = CounterMetricFamily(
             "sibyl_decode_choices_still_best",
-            "decode choices still the least loaded routable instance when decoding began",
-            labels=["router"],
+            "decode choices still the least loaded routable instance when decoding began, per pool",
+            labels=["pool", "router"],
         )
-        scored.add_metric(["active"], d.score.total)
-        best.add_metric(["active"], d.score.hits)
-        for label, s in d.scores.items():
-            scored.add_metric([label], s.total)
-            best.add_metric([label], s.hits)
-        yield scored
-        yield best
-        hits = d.prefix_hits
-        yield CounterMetricFamily(
+        achievable = CounterMetricFamily(
             "sibyl_prefix_achievable_tokens",
-            "prompt tokens the best routable instance had cached when each request was routed",
-            value=hits.achievable_tokens,
+            "prompt tokens the best routable instance had cached when each request was routed, per pool",
+            labels=["pool"],
         )
-        yield CounterMetricFamily(
+        achieved = CounterMetricFamily(
             "sibyl_prefix_achieved_tokens",
-            "prompt tokens cached on the instance each request's prompt was routed to",
-            value=hits.achieved_tokens,
+            "prompt tokens cached on the instance each request's prompt was routed to, per pool",
+            labels=["pool"],
         )
-        log = d.decisions
-        records = CounterMetricFamily("sibyl_decision_records", "decision records made (core/decision_records.py)")
-        records.add_metric([], log.recorded if log is not None else 0)
-        yield records
+        records = CounterMetricFamily(
+            "sibyl_decision_records", "decision records made (core/decision_records.py), per pool", labels=["pool"]
+        )
         skipped = CounterMetricFamily(
             "sibyl_decision_requests_unsampled",
-            "requests whose decisions were not recorded, by reason (rate: the sample rate; bound: max_per_s)",
-            labels=["reason"],
+            "requests whose decisions were not recorded, by reason (rate: the sample rate; bound: max_per_s), per pool",
+            labels=["pool", "reason"],
         )
-        skipped.add_metric(["rate"], log.skipped_rate if log is not None else 0)
-        skipped.add_metric(["bound"], log.skipped_bound if log is not None else 0)
-        yield skipped
+        for pool, d in self.dispatchers():
+            scored.add_metric([pool, "active"], d.score.total)
+            best.add_metric([pool, "active"], d.score.hits)
+            for label, s in d.scores.items():
+                scored.add_metric([pool, label], s.total)
+                best.add_metric([pool, label], s.hits)
+            achievable.add_metric([pool], d.prefix_hits.achievable_tokens)
+            achieved.add_metric([pool], d.prefix_hits.achieved_tokens)
+            log = d.decisions
+            records.add_metric([pool], log.recorded if log is not None else 0)
+            skipped.add_metric([pool, "rate"], log.skipped_rate if log is not None else 0)
+            skipped.add_metric([pool, "bound"], log.skipped_bound if log is not None else 0)
+        yield from (scored, best, achievable, achieved, records, skipped)

@@ -2,9 +2,11 @@
 
 Names follow Prometheus' conventions: `sibyl_` namespace, base units (`_seconds`), counters end in
 `_total`, and per-instance series carry `instance_id` (never `instance`, which Prometheus sets to
-the scrape target). Every series, its labels and the panel that reads it are listed in
-demos/grafana/README.md; the dashboard test checks that list against a live scrape. Counters and
-histograms are console.live.hot_metrics' (no lock per increment: a request updates a dozen).
+the scrape target). The series of what each pool decides (its policies, their swaps, its decisions)
+carry `pool`, the pool's name (a console without `[[pools]]` has one, named after its served model).
+Every series, its labels and the panel that reads it are listed in demos/grafana/README.md; the
+dashboard test checks that list against a live scrape. Counters and histograms are
+console.live.hot_metrics' (no lock per increment: a request updates a dozen).
 """
 
 from __future__ import annotations
@@ -111,17 +113,17 @@ class GatewayMetrics:
         """The decision histogram's one series (observed on every request: looked up once)."""
         self.decisions = Counter(
             "sibyl_decisions",
-            "decisions taken on requests, by policy kind, active policy and outcome "
+            "decisions taken on requests, by pool, policy kind, the pool's active policy and outcome "
             "(counted when the request leaves the gateway)",
-            ["kind", "policy", "outcome"],
+            ["pool", "kind", "policy", "outcome"],
             registry=r,
         )
-        self.policy = Info("sibyl_policy", "active policy of each kind", ["kind"], registry=r)
-        self.policy_swaps = Counter("sibyl_policy_swaps", "policy swaps by kind", ["kind"], registry=r)
+        self.policy = Info("sibyl_policy", "active policy of each kind in each pool", ["pool", "kind"], registry=r)
+        self.policy_swaps = Counter("sibyl_policy_swaps", "policy swaps by pool and kind", ["pool", "kind"], registry=r)
         self.policy_swapped_at = Gauge(
             "sibyl_policy_last_swap_timestamp_seconds",
-            "Unix time of the last policy swap of each kind (0: none yet)",
-            ["kind"],
+            "Unix time of the last policy swap of each kind in each pool (0: none yet)",
+            ["pool", "kind"],
             registry=r,
         )
         self.attainment = Gauge(
@@ -189,7 +191,7 @@ class GatewayMetrics:
         self.queue_depth = Gauge("sibyl_gateway_queue_depth", "requests held by the queue policy", registry=r)
         self._request_counters: dict[tuple[str, str, bool], CounterChild] = {}
         self._classes: dict[str, _ClassLatency] = {}
-        self._decision_counters: dict[tuple[str, str, str], CounterChild] = {}
+        self._decision_counters: dict[tuple[str, str, str, str], CounterChild] = {}
         self.instance_up = Gauge(
             "sibyl_instance_up", "1 when the instance is routable", ["instance_id", "role"], registry=r
         )
@@ -217,21 +219,23 @@ class GatewayMetrics:
             c = self._classes[slo_class] = _ClassLatency(self, slo_class)
         return c
 
-    def count_decision(self, kind: str, policy: str, outcome: str) -> None:
-        """One decision of a policy of `kind` on a request."""
-        key = (kind, policy, outcome)
+    def count_decision(self, pool: str, kind: str, policy: str, outcome: str) -> None:
+        """One decision of pool `pool`'s policy of `kind` on a request."""
+        key = (pool, kind, policy, outcome)
         child = self._decision_counters.get(key)
         if child is None:
-            child = self._decision_counters[key] = self.decisions.labels(kind=kind, policy=policy, outcome=outcome)
+            child = self._decision_counters[key] = self.decisions.labels(
+                pool=pool, kind=kind, policy=policy, outcome=outcome
+            )
         child.inc()
 
-    def policy_active(self, kind: str, name: str, params: str) -> None:
-        """The active policy of `kind` (its swap series exist from now on, at zero until a swap)."""
-        self.policy.labels(kind=kind).info({"name": name, "params": params})
-        self.policy_swaps.labels(kind=kind)
-        self.policy_swapped_at.labels(kind=kind)
+    def policy_active(self, pool: str, kind: str, name: str, params: str) -> None:
+        """Pool `pool`'s active policy of `kind` (its swap series exist from now on, at zero until a swap)."""
+        self.policy.labels(pool=pool, kind=kind).info({"name": name, "params": params})
+        self.policy_swaps.labels(pool=pool, kind=kind)
+        self.policy_swapped_at.labels(pool=pool, kind=kind)
 
-    def policy_swapped(self, kind: str) -> None:
-        """A policy of `kind` was swapped just now."""
-        self.policy_swaps.labels(kind=kind).inc()
-        self.policy_swapped_at.labels(kind=kind).set(time.time())
+    def policy_swapped(self, pool: str, kind: str) -> None:
+        """Pool `pool`'s policy of `kind` was swapped just now."""
+        self.policy_swaps.labels(pool=pool, kind=kind).inc()
+        self.policy_swapped_at.labels(pool=pool, kind=kind).set(time.time())

@@ -162,8 +162,10 @@ class Outcomes:
         """Set while nothing is in flight (a stop waits for it, bounded)."""
         self.idle.set()
         self.metrics.in_flight.set_function(lambda: self.in_flight)  # read at scrape time, not per request
-        self.active: dict[str, str] = {}
-        """The active policy's name of each kind (decisions are counted under it)."""
+        self.active: dict[tuple[str, str], str] = {}
+        """The active policy's name of each (pool, kind) (a pool's decisions are counted under its pool's)."""
+        self.pool_of: Callable[[RequestRecord], str] = lambda live: live.model
+        """The name of the pool a request ran on (the controller maps each base model to its pool's name)."""
         self.tenant_of: Callable[[Request], str] = lambda _: "default"
         """The tenant a request is charged to (the controller's tenants say)."""
         self.counted_refusal: Callable[[RequestRecord], bool] = lambda _: False
@@ -232,8 +234,9 @@ class Outcomes:
                 m.whole.inc()
         else:
             m.failed.inc()
+        pool = self.pool_of(live)
         for kind, outcome in decisions(live):
-            self.metrics.count_decision(kind, self.active.get(kind, "-"), outcome)
+            self.metrics.count_decision(pool, kind, self.active.get((pool, kind), "-"), outcome)
 
     def request_row(self, live: RequestRecord, lat: Latencies, met: bool | None) -> RequestRow:
         """The stored row of a finished request (times relative to the console's start)."""
@@ -309,19 +312,19 @@ class Outcomes:
             }
         )
 
-    def policy_active(self, kind: str, name: str, params: dict[str, Any]) -> None:
-        """The `sibyl_policy` info metric of one kind (and the name its decisions are counted under)."""
-        self.active[kind] = name
-        self.metrics.policy_active(kind, name, str(params))
+    def policy_active(self, kind: str, name: str, params: dict[str, Any], *, pool: str) -> None:
+        """The `sibyl_policy` info metric of one kind in pool `pool` (and the name its decisions are counted under)."""
+        self.active[(pool, kind)] = name
+        self.metrics.policy_active(pool, kind, name, str(params))
 
     def policy_swapped(
-        self, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
+        self, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str, *, pool: str
     ) -> None:
-        """A policy swap: stored, shown as the active policy's metric, published."""
+        """A policy swap in pool `pool`: stored, shown as the active policy's metric, published (naming the pool)."""
         self.log.policy_event(t=t, kind=kind, old=old, new=new, params=params, source=source)
-        self.policy_active(kind, new, params)
-        self.metrics.policy_swapped(kind)
-        self.events.publish("policy", kind=kind, old=old, new=new, params=params, source=source, t=t)
+        self.policy_active(kind, new, params, pool=pool)
+        self.metrics.policy_swapped(pool, kind)
+        self.events.publish("policy", kind=kind, old=old, new=new, params=params, source=source, t=t, pool=pool)
 
     # --- views -----------------------------------------------------------------------------------
     def publish_attainment(self, now: float) -> None:

@@ -186,7 +186,7 @@ class PoolRuntime:
         """Each instance's step terms refitted online from its scrapes (the profile is the prior)."""
         self.health.scraped.append(self.calibration.scraped)
         self.listeners.subscribe(removed=self.calibration.forget)
-        self.refusals = RefusalLines(outcomes.events, lambda: d.gate)
+        self.refusals = RefusalLines(outcomes.events, lambda: d.gate, pool=plan.name)
         """Admission's refusals as one event line per cause per few seconds (not one per request)."""
         self.pool = Pool(plan.name, plan.model, d, adapters=dict(plan.adapters))
         for inst in self.instances.values():

@@ -2,14 +2,15 @@
 
 SLO admission (core/admission.py `SloGate`) counts every refusal by the limit it hit, with the
 last one's projected start against its bound; the gateway's tenant limits are counted there too.
-`RefusalCollector` exports those counts at scrape time (nothing on the hot path). `RefusalLines`
-turns them into event-log lines: at most one per cause per `window_s`, with the count since the
-previous line, where a saturated cluster used to log one line per refused request.
+`RefusalCollector` exports those counts at scrape time (nothing on the hot path), per pool (each pool's
+dispatcher has its own gate). `RefusalLines` turns a pool's counts into event-log lines naming the pool: at
+most one per cause per `window_s`, with the count since the previous line, where a saturated cluster used
+to log one line per refused request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -59,11 +60,17 @@ class RefusalLines:
     """Publishes a `refusals` event per cause at most every `window_s`, counting the refusals since the last one."""
 
     def __init__(
-        self, events: EventBus, gate: Callable[[], SloGate | None], window_s: float = LINE_WINDOW_S
+        self,
+        events: EventBus,
+        gate: Callable[[], SloGate | None],
+        window_s: float = LINE_WINDOW_S,
+        pool: str | None = None,
     ) -> None:
         self.events = events
         self.gate = gate
         """The dispatcher's gate now (None: admission is off, nothing is counted)."""
+        self.pool = pool
+        """The pool whose gate it reads: each line carries it as `pool` (None: no such key)."""
         self.window_s = window_s
         self._counted: dict[str, int] = {}
         """Per cause, the gate's count at the last look."""
@@ -96,6 +103,7 @@ class RefusalLines:
             out.append(
                 self.events.publish(
                     "refusals",
+                    **({} if self.pool is None else {"pool": self.pool}),
                     cause=cause,
                     count=pending,
                     window_s=round(window, 1),
@@ -111,40 +119,42 @@ class RefusalLines:
 
 
 class RefusalCollector(Collector):
-    """`sibyl_admission_refusals_total{cause}` and the last refusal's projected start and bound per cause,
-    read from the gate at scrape time (no series while admission is off)."""
+    """`sibyl_admission_refusals_total{pool,cause}` and the last refusal's projected start and bound per pool and
+    cause, read from each pool's gate at scrape time (no series for a pool whose admission is off)."""
 
-    def __init__(self, gate: Callable[[], SloGate | None]) -> None:
-        self.gate = gate
+    def __init__(self, gates: Callable[[], Iterable[tuple[str, SloGate | None]]]) -> None:
+        self.gates = gates
+        """Each pool's name and its dispatcher's gate now."""
 
     def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        gate = self.gate()
-        if gate is None:
+        gates = [(pool, gate) for pool, gate in self.gates() if gate is not None]
+        if not gates:
             return
         total = CounterMetricFamily(
             "sibyl_admission_refusals",
             "requests SLO admission refused (429 at arrival, 503 once held), by the limit they hit "
-            "(prefill_backlog, decode_slots, kv, queue_full, tenant_limit)",
-            labels=["cause"],
+            "(prefill_backlog, decode_slots, kv, queue_full, tenant_limit), per pool",
+            labels=["pool", "cause"],
         )
         projected = GaugeMetricFamily(
             "sibyl_admission_refusal_projected_seconds",
             "the last refused request's projected start after its arrival, by cause "
-            "(tenant_limit: the wait its tenant's limit asked)",
-            labels=["cause"],
+            "(tenant_limit: the wait its tenant's limit asked), per pool",
+            labels=["pool", "cause"],
         )
         bound = GaugeMetricFamily(
             "sibyl_admission_refusal_bound_seconds",
-            "the bound the last refused request was held to (seconds after arrival), by cause",
-            labels=["cause"],
+            "the bound the last refused request was held to (seconds after arrival), by cause, per pool",
+            labels=["pool", "cause"],
         )
-        for cause, r in gate.refusals_by_cause().items():
-            total.add_metric([cause], float(r["count"]))
-            projected.add_metric([cause], float(r["last_projected_s"]))
-            bound.add_metric([cause], float(r["bound_s"]))
+        for pool, gate in gates:
+            for cause, r in gate.refusals_by_cause().items():
+                total.add_metric([pool, cause], float(r["count"]))
+                projected.add_metric([pool, cause], float(r["last_projected_s"]))
+                bound.add_metric([pool, cause], float(r["bound_s"]))
         yield total
         yield projected
         yield bound

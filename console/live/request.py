@@ -144,7 +144,7 @@ class LiveRequest:
         s, rec = self.s, self.record
         s.tenants.admit(rec)
         if s.arrivals is not None:
-            s.arrivals.note(self.request)
+            s.arrivals.note(self.request, any(self.body.get(k) for k in ("max_tokens", "max_completion_tokens")))
         d = s.dispatcher
         decision = d.admit(self.request, self.request.arrival)
         if decision == Admission.SHED:

@@ -58,5 +58,5 @@ class RequestServices:
 class ArrivalNotes(Protocol):
     """Who keeps what the gateway knew of each arrival that the run store does not (the advisor's windows)."""
 
-    def note(self, request: Request) -> None:
-        """One arrival, as the gateway keyed it."""
+    def note(self, request: Request, max_tokens_set: bool = True) -> None:
+        """One arrival, as the gateway keyed it (`max_tokens_set`: its client set max_tokens)."""

@@ -284,12 +284,19 @@ class ReplayProgress(_Model):
 
 
 class PoolState(_Model):
-    """One pool: a base model's instances, its policies and its LoRA adapters."""
+    """One pool: a base model's instances, its policies, queue and admission, prefix index and LoRA adapters."""
 
     model: str = Field(description="the base model's served name")
     cluster: str | None = Field(None, description="its active prefill and decode instances, e.g. 1P1D")
     instances: list[str] = Field(default_factory=list, description="its instances' ids")
     policies: dict[str, ActivePolicy] = Field(default_factory=dict, description="its active policy of each kind")
+    queue: QueueState | None = Field(
+        None, description="its queue: the requests its queue policy holds, its limits, SLO admission and refusals"
+    )
+    assignment_ratio: float | None = Field(
+        None, description="share of its routing decisions optimal at handoff (SIBYL's optimal assignment ratio)"
+    )
+    prefix: dict[str, Any] | None = Field(None, description="its prefix-cache index (as the top-level `prefix`)")
     adapters: dict[str, Any] = Field(
         default_factory=dict,
         description="its LoRA adapters by name: path, the instances holding it, requests running under it",
@@ -310,13 +317,21 @@ class ConsoleState(_Model):
     started_at: float | None = Field(None, description="when it started, Unix seconds")
     instances: list[InstanceRow] = Field(description="every instance, starting ones included")
     policies: dict[str, ActivePolicy] = Field(
-        default_factory=dict, description="the active policy of each kind (routing, queue, reschedule, scaling, rank)"
+        default_factory=dict,
+        description="the active policy of each kind (routing, queue, reschedule, scaling, rank); with several pools "
+        "the first pool's (`pools` has each pool's)",
     )
     slo: SloSnapshot = Field(default_factory=SloSnapshot, description="SLO targets and attainment")
     requests: RequestCounts = Field(default_factory=RequestCounts, description="requests through the gateway")
-    queue: QueueState | None = Field(None, description="the gateway's queue and its limits")
+    queue: QueueState | None = Field(
+        None,
+        description="the gateway's queue and its limits; with several pools its depth counts every pool's held "
+        "requests and its limits, admission and refusals are the first pool's (`pools` has each pool's)",
+    )
     assignment_ratio: float | None = Field(
-        None, description="share of routing decisions that were optimal at handoff (SIBYL's optimal assignment ratio)"
+        None,
+        description="share of routing decisions that were optimal at handoff (SIBYL's optimal assignment ratio); "
+        "with several pools the first pool's (`pools` has each pool's)",
     )
     draining: bool = Field(False, description="whether the console is stopping (new requests get 503)")
     replay: ReplayProgress | None = Field(None, description="a replay started with `up --replay` (none: no replay)")
@@ -324,7 +339,8 @@ class ConsoleState(_Model):
         None,
         description="the prefix-cache index routing reads: source (off, approximate, precise), block size, the share "
         "of requests that had prefix keys, the mean /tokenize time, the local tokenizer and its mean time per prompt, "
-        "and per instance its KV-event subscription's lag",
+        "and per instance its KV-event subscription's lag; with several pools the first pool's (`pools` has each "
+        "pool's)",
     )
     capabilities: dict[str, bool] = Field(
         default_factory=dict,
@@ -343,7 +359,9 @@ class ConsoleState(_Model):
         "and the last one that ended, with its verdict",
     )
     pools: dict[str, PoolState] | None = Field(
-        None, description="the pools by name (one per base model): instances, policies, LoRA adapters"
+        None,
+        description="the pools by name (one per base model): instances, policies, queue and admission, assignment "
+        "ratio, prefix index, LoRA adapters",
     )
 
     def to_json(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from adapters.store import RunStore
@@ -31,6 +32,17 @@ def short_trace(path: Path, n: int = 80, gap_ms: int = 250) -> Path:
                    "hash_ids": [*shared, 100_000 + k]}
             f.write(json.dumps(row) + "\n")
     return path
+
+
+def canary_series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The sibyl_canary_* samples of a /metrics scrape: name → [(labels without pool, value)]."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("sibyl_canary_"):
+                labels = {k: v for k, v in s.labels.items() if k != "pool"}
+                out.setdefault(s.name, []).append((labels, s.value))
+    return out
 
 
 def test_advice_then_a_canary_from_the_cli_with_arms_and_a_verdict(tmp_path: Path) -> None:
@@ -57,6 +69,7 @@ def test_advice_then_a_canary_from_the_cli_with_arms_and_a_verdict(tmp_path: Pat
             assert sorted(labels) == ["active", "routing:least_load", "routing:prefix_aware"]
             assert answer["pid"] and answer["apply"] == "suggest" and answer["advice"]["window"]["requests"] > 0
             assert answer["advice"]["window"]["with_prefix_keys"]
+            assert "in_flight_at_end" in answer["advice"]["window"]  # the gateway's requests, replayed unmeasured
             metrics = httpx.get(con.url + "/metrics").text
             assert 'sibyl_advisor_predicted_ttft_p99_seconds{candidate="active"}' in metrics
             assert "sibyl_advisor_cpu_share" in metrics
@@ -79,6 +92,10 @@ def test_advice_then_a_canary_from_the_cli_with_arms_and_a_verdict(tmp_path: Pat
             )
             assert out.exit_code == 0, out.output
             canary_id = json.loads(out.stdout)["id"]
+            running = canary_series(httpx.get(con.url + "/metrics").text)
+            assert running["sibyl_canary_running"] == [({"kind": "routing", "candidate": "least_load"}, 1.0)]
+            assert running["sibyl_canary_share"][0][1] == 0.4
+            assert {labels["arm"] for labels, _ in running["sibyl_canary_arm_requests"]} == {"canary", "control"}
 
             def ended() -> bool:
                 last = ctl.get("/control/canary").json()["last"]
@@ -88,6 +105,11 @@ def test_advice_then_a_canary_from_the_cli_with_arms_and_a_verdict(tmp_path: Pat
             last = ctl.get("/control/canary").json()["last"]
             assert last["decision"] in ("promote", "rollback", "equal", "inconclusive"), last
             assert last["finished"]["canary"] > 0 and last["finished"]["control"] > 0
+            ended = canary_series(httpx.get(con.url + "/metrics").text)
+            assert ended["sibyl_canary_running"] == [({"kind": "routing", "candidate": "least_load"}, 0.0)]
+            verdicts = {labels["outcome"]: v for labels, v in ended["sibyl_canary_verdicts_total"]}
+            assert verdicts[last["decision"]] == 1.0 and sum(verdicts.values()) == 1.0
+            assert "sibyl_canary_arm_requests" not in ended
             shown = runner.invoke(app, ["policy", "canary", *cli])
             assert f"last: {canary_id} routing least_load" in shown.stdout
             advise = runner.invoke(app, ["advise", *cli], env={"COLUMNS": "160"})

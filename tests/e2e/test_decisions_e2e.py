@@ -39,7 +39,8 @@ def test_a_requests_decisions_through_the_inspector_api_and_runs_why(tmp_path: P
             assert "not sampled" in ctl.get("/control/requests/unknown/decisions").json()["note"]
             assert httpx.get(con.url + "/control/requests/why-3/decisions").status_code == 401
             metrics = httpx.get(con.url + "/metrics").text
-            assert 'sibyl_decode_choices_scored_total{router="active"} 4.0' in metrics
+            # one pool, named after its served model: the label every per-pool series carries
+            assert 'sibyl_decode_choices_scored_total{pool="sibyl-model",router="active"} 4.0' in metrics
             assert "sibyl_decision_records_total" in metrics
         assert con.stop() == 0
         out = runner.invoke(app, ["runs", "why", con.run_id, "why-3", "--json", "--db", str(con.db)])

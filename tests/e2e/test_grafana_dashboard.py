@@ -81,7 +81,7 @@ def test_series_names_strips_functions_matchers_and_variables() -> None:
     )
     assert series_names(expr) == {"sibyl_ttft_seconds_bucket"}
     expr = (
-        '1000 * (sibyl_policy_last_swap_timestamp_seconds{job=~"$gateway"} > 0) * on (job, instance, kind) '
+        '1000 * (sibyl_policy_last_swap_timestamp_seconds{job=~"$gateway"} > 0) * on (job, instance, pool, kind) '
         'group_left (name) sibyl_policy_info{job=~"$gateway"}'
     )
     assert series_names(expr) == {"sibyl_policy_last_swap_timestamp_seconds", "sibyl_policy_info"}
@@ -176,8 +176,11 @@ def test_every_series_the_dashboard_reads_is_in_a_live_scrape(console: Console) 
     assert not missing, "the dashboard reads series nobody exports:\n" + "\n".join(missing)
 
     # the swap annotation has what it joins: a swap time and the active policy's name
-    assert re.search(r'^sibyl_policy_last_swap_timestamp_seconds\{kind="routing"\} [1-9]', gateway, re.M)
-    assert re.search(r'^sibyl_policy_info\{kind="routing",name="least_load"', gateway, re.M)
+    # (one pool, named after its served model: the `pool` label both sides of the annotation's join carry)
+    swapped_at = r'^sibyl_policy_last_swap_timestamp_seconds\{kind="routing",pool="sibyl-model"\} [1-9]'
+    assert re.search(swapped_at, gateway, re.M)
+    active = r'^sibyl_policy_info\{kind="routing",name="least_load",.*,pool="sibyl-model"\} 1\.0$'
+    assert re.search(active, gateway, re.M)
     # whole replies have no TPOT: three streamed requests were observed, the three whole ones were not
     assert re.search(r'^sibyl_tpot_seconds_count\{slo_class="default"\} 3\.0$', gateway, re.M)
     assert re.search(r'^sibyl_ttft_seconds_count\{slo_class="default"\} 6\.0$', gateway, re.M)

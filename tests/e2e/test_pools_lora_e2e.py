@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.store import RunStore
 from tests.procs import FAST_PROFILE, ROOT, kill_children, start_console, wait_for
@@ -138,6 +139,12 @@ def test_two_pools_serve_each_model_on_its_own_instances(tmp_path: Path) -> None
         pools = con.state()["pools"]
         assert pools["A"]["policies"]["routing"]["name"] == "round_robin"
         assert pools["B"]["policies"]["routing"]["name"] == "least_load"
+        for name in ("A", "B"):  # each pool's own queue, admission, assignment ratio and prefix index
+            assert pools[name]["queue"]["depth"] == 0 and pools[name]["queue"]["admission"] is not None
+            assert set(pools[name]["queue"]["refusals"]) >= {"prefill_backlog", "kv"}
+            assert "assignment_ratio" in pools[name] and "source" in pools[name]["prefix"]
+        metrics = httpx.get(con.url + "/metrics").text
+        assert_pool_series(metrics)
         status = con.cli("status").stdout
         assert "pool A (A, 1P1D) policies: routing=round_robin" in status
         assert "pool B (B, 1P1D) policies: routing=least_load" in status
@@ -157,6 +164,48 @@ def test_two_pools_serve_each_model_on_its_own_instances(tmp_path: Path) -> None
         pool = "B" if model == "B" else "A"
         assert row["status"] == "ok" and row["model"] == pool and row["lora"] == (model if model == "sql" else None)
         assert row["prefill_instance"] == f"{pool}.p0" and row["decode_instance"] == f"{pool}.d0"
+
+
+def samples(metrics: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """A /metrics text as {(sample name, its labels): value}."""
+    return {
+        (x.name, frozenset(x.labels.items())): x.value
+        for family in text_string_to_metric_families(metrics)
+        for x in family.samples
+    }
+
+
+def assert_pool_series(metrics: str) -> None:
+    """/metrics of the two pools A and B after A's 3 requests (A, sql, A) and B's 2, all under round_robin, and B's
+    swap to least_load: each pool's policies, swaps, decisions, decision quality and refusals under its own `pool`."""
+    got = samples(metrics)
+
+    def value(name: str, **labels: str) -> float | None:
+        return got.get((name, frozenset(labels.items())))
+
+    info = {(dict(k)["pool"], dict(k)["name"]) for n, k in got if n == "sibyl_policy_info" and ("kind", "routing") in k}
+    assert info == {("A", "round_robin"), ("B", "least_load")}
+    assert value("sibyl_policy_swaps_total", pool="A", kind="routing") == 0.0
+    assert value("sibyl_policy_swaps_total", pool="B", kind="routing") == 1.0
+    assert value("sibyl_policy_last_swap_timestamp_seconds", pool="A", kind="routing") == 0.0
+    assert (value("sibyl_policy_last_swap_timestamp_seconds", pool="B", kind="routing") or 0.0) > 1e9
+    for pool, n in (("A", 3.0), ("B", 2.0)):
+        routed = {"kind": "routing", "policy": "round_robin", "outcome": "routed"}
+        assert value("sibyl_decisions_total", pool=pool, **routed) == n
+        assert value("sibyl_decode_choices_scored_total", pool=pool, router="active") == n
+        assert value("sibyl_admission_refusals_total", pool=pool, cause="prefill_backlog") == 0.0
+        assert value("sibyl_prefix_achievable_tokens_total", pool=pool) is not None
+        assert (value("sibyl_decision_records_total", pool=pool) or 0.0) > 0
+    # no series of these families without a pool, nor of a pool that does not exist
+    per_pool = (
+        "sibyl_policy_info",
+        "sibyl_policy_swaps_total",
+        "sibyl_decisions_total",
+        "sibyl_decode_choices_scored_total",
+        "sibyl_admission_refusals_total",
+        "sibyl_decision_records_total",
+    )
+    assert {dict(k).get("pool") for n, k in got if n in per_pool} == {"A", "B"}
 
 
 @pytest.mark.parametrize("bad", ['prefill = 0', 'colour = "red"'])

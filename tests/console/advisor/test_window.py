@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 from adapters.store import RunStore
-from console.advisor.window import RecentArrivals, WindowError, window_from_store
+from console.advisor.simulate import Shape, predict, simulate
+from console.advisor.window import (
+    RecentArrivals,
+    WindowError,
+    estimated_outputs,
+    window_from_rows,
+    window_from_store,
+)
+from core.perf import get_profile
+from core.slo import SLOClass
 
 
 def row(rid: str, arrival: float, finish: float | None, **over: Any) -> dict[str, Any]:
@@ -133,4 +142,138 @@ def test_recent_arrivals_forget_the_oldest_past_their_capacity() -> None:
         keys.note(f"r{i}", [i], f"s{i}")
     assert len(keys) == 2 and keys.get("r0") is None
     got = keys.get("r2")
-    assert got is not None and got.prefix_keys == (2,) and got.session == "s2"
+    assert got is not None and got.prefix_keys == (2,) and got.session == "s2" and got.max_tokens_set
+    keys.note("r3", [3], "", max_tokens_set=False)
+    noted = keys.subset(["r3"]).get("r3")
+    assert noted is not None and not noted.max_tokens_set
+
+
+def in_flight(rid: str, arrival: float, **over: Any) -> dict[str, Any]:
+    """A request in the gateway at the window's end, as the live advisor reads it (nothing measured yet)."""
+    base = {
+        "request_id": rid,
+        "arrival": arrival,
+        "prompt_tokens": 200,
+        "max_tokens": 16,
+        "max_tokens_set": True,
+        "output_tokens": 0,
+        "slo_class": "default",
+        "tenant": "default",
+        "priority": 0,
+    }
+    return {**base, **over}
+
+
+def finished_rows() -> list[dict[str, Any]]:
+    return [
+        row("early", 95.0, 130.0, prompt_tokens=400),
+        row("a", 110.0, 112.0, output_tokens=10),
+        row("b", 150.0, 151.0, output_tokens=20),
+        row("c", 160.0, 170.0, output_tokens=33),
+        row("shed", 180.0, 180.0, status="failed", output_tokens=0, prefill_start=None, ttft=None, tpot=None),
+    ]
+
+
+def test_requests_still_in_flight_at_the_windows_end_are_replayed_unmeasured_with_an_estimated_output() -> None:
+    keys = RecentArrivals()
+    keys.note("long", [4, 5], "conv-2")
+    gateway = [
+        in_flight("lingering", 90.0, max_tokens_set=False, output_tokens=25),  # in flight across the whole window
+        in_flight("long", 190.0, max_tokens=300, output_tokens=40),  # its client set max_tokens: that bound
+        in_flight("chat", 195.0, max_tokens_set=False, tenant="acme", slo_class="batch", priority=1),
+        in_flight("c", 160.0),  # finished meanwhile: the stored row counts, not this one
+        in_flight("after", 201.0),  # arrived after the window's end
+    ]
+    active = {"routing": ("least_load", {}), "queue": ("fcfs", {})}
+    w = window_from_rows(
+        finished_rows(), run_id="r", end=200.0, window_s=100.0, active=active, keys=keys, in_flight=gateway
+    )
+    assert w.request_ids == ["lingering", "early", "a", "b", "c", "shed", "long", "chat"]
+    assert w.arrivals.tolist() == [0.0, 5.0, 20.0, 60.0, 70.0, 90.0, 100.0, 105.0]
+    # the finished ok arrivals generated (10 + 20 + 33) / 3 = 21 tokens on average: what a request without
+    # max_tokens is replayed with, unless it has generated more already (lingering: 25 so far)
+    assert w.output_tokens.tolist() == [25, 10, 10, 20, 33, 50, 300, 21]
+    assert w.prompt_tokens.tolist() == [200, 400, 100, 100, 100, 100, 200, 200]
+    assert w.measured.tolist() == [False, False, True, True, True, True, False, False]
+    assert w.unfinished is not None and w.unfinished.tolist() == [True, False, False, False, False, False, True, True]
+    assert (w.in_flight, w.in_flight_at_end) == (2, 3)
+    assert w.tenants[-1] == "acme" and w.slo_classes[-1] == "batch" and w.priorities.tolist()[-1] == 1
+    assert w.prefix_keys is not None and w.prefix_keys[6] == (4, 5) and w.sessions is not None
+    assert w.sessions[6] == "conv-2" and w.sessions[7] == "chat"
+    assert w.observed.requests == 4  # the figures need finished requests
+    assert w.summary()["in_flight_at_end"] == 3 and w.summary()["in_flight_at_start"] == 2
+    assert w.notes[-1] == (
+        "3 requests in flight at the window's end are replayed unmeasured, 1 with their max_tokens and 2 with "
+        "the window's mean output (21 tokens: their clients set no max_tokens)"
+    )
+    without = window_from_rows(finished_rows(), run_id="r", end=200.0, window_s=100.0, active=active)
+    assert without.request_ids == ["early", "a", "b", "c", "shed"] and without.in_flight_at_end == 0
+    assert without.observed == w.observed
+
+
+def test_the_output_estimate_falls_back_to_max_tokens_when_nothing_finished_ok() -> None:
+    gateway = [in_flight("x", 1.0, max_tokens_set=False, max_tokens=16), in_flight("y", 2.0, max_tokens=64)]
+    assert estimated_outputs(gateway, []) == ([16, 64], None)
+    assert estimated_outputs(gateway, [row("a", 0.0, 1.0, output_tokens=7), row("f", 0.0, 1.0, status="failed")]) == (
+        [7, 64],
+        7,
+    )
+    active = {"routing": ("least_load", {}), "queue": ("fcfs", {})}
+    with pytest.raises(WindowError, match=r"no recorded arrivals in \[100.0, 200.0\] s \(2 arrived in it and are"):
+        window_from_rows(
+            [row("old", 10.0, 20.0)], run_id="r", end=200.0, window_s=100.0, active=active,
+            in_flight=[in_flight("x", 150.0), in_flight("y", 160.0)],
+        )
+
+
+OVERLOAD = {"routing": ("least_load", {}), "queue": ("fcfs", {})}
+OVERLOAD_SLO = {"default": SLOClass(ttft_s=0.5, tpot_s=0.1)}
+
+
+def overloaded_run(end: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A 1P1D H100 cluster past its prefill capacity (6 arrivals/s of 4 000-token prompts, 0.14 s of prefill
+    each), every other request generating 2 000 tokens: what the live cluster did, taken from the simulator
+    on every arrival up to `end` (its ground truth), cut at `end` into the finished requests' stored rows and
+    the requests still in flight (their max_tokens set to their true length)."""
+    rng = np.random.default_rng(2)
+    times = np.cumsum(rng.exponential(1 / 6, 200))
+    times = (times - times[0])[times - times[0] <= end]
+    outputs = [2000 if k % 2 else 8 for k in range(len(times))]
+    every = [
+        row(f"r{k:03d}", float(t), float(t) + 1.0, prompt_tokens=4000, output_tokens=n, max_tokens=n)
+        for k, (t, n) in enumerate(zip(times, outputs, strict=True))
+    ]
+    whole = window_from_rows(every, run_id="truth", end=1e9, window_s=2e9, active=OVERLOAD, slos=OVERLOAD_SLO)
+    truth = simulate(whole, Shape(1, 1), get_profile("roofline-h100-qwen2.5-7b"), *OVERLOAD.values())
+    finished, gateway = [], []
+    for k, r in enumerate(every):
+        first, finish = float(truth.first_token[k]), float(truth.finish[k])
+        if finish <= end:
+            ttft, tpot = first - r["arrival"], (finish - first) / (r["output_tokens"] - 1)
+            met = ttft <= 0.5 and tpot <= 0.1
+            finished.append({**r, "first_token": first, "finish": finish, "ttft": ttft, "tpot": tpot, "slo_met": met})
+        else:
+            gateway.append(in_flight(r["request_id"], r["arrival"], prompt_tokens=4000, max_tokens=r["max_tokens"]))
+    return finished, gateway
+
+
+def test_in_flight_requests_bring_the_predicted_p99_ttft_of_an_overloaded_window_to_the_observed_one() -> None:
+    finished, gateway = overloaded_run(30.0)
+    assert len(gateway) > 50 and len(finished) > 50  # half the long ones still decode, the queue still holds some
+    profile = get_profile("roofline-h100-qwen2.5-7b")
+    args: dict[str, Any] = {"run_id": "r", "end": 30.0, "window_s": 30.0, "active": OVERLOAD, "slos": OVERLOAD_SLO}
+    with_them = window_from_rows(finished, **args, in_flight=gateway)
+    without = window_from_rows(finished, **args)
+    observed = with_them.observed.ttft_p99
+    assert observed is not None and observed > 0.5 and with_them.observed == without.observed
+    predicted = predict(with_them, Shape(1, 1), profile, *OVERLOAD.values()).ttft_p99
+    blind = predict(without, Shape(1, 1), profile, *OVERLOAD.values()).ttft_p99
+    assert predicted is not None and blind is not None
+    # replayed with their true lengths, the window is the live run: the prediction is the observed P99
+    assert predicted == pytest.approx(observed, rel=0.01)
+    assert blind < 0.7 * observed  # without them half the prefill load is missing
+    # clients that set no max_tokens: the window's mean output stands in, and the prefill load is all there
+    guessed = [{**r, "max_tokens": 16, "max_tokens_set": False} for r in gateway]
+    estimated = predict(window_from_rows(finished, **args, in_flight=guessed), Shape(1, 1), profile,
+                        *OVERLOAD.values()).ttft_p99
+    assert estimated is not None and abs(estimated - observed) < abs(blind - observed)

@@ -66,7 +66,7 @@ def test_instance_and_policy_events_reach_the_log_and_the_bus() -> None:
     out, log = outcomes()
     inst = instances(0, 1)[0]
     out.instance_event("d0", inst.role, "down", "connection refused", "probe")
-    out.policy_swapped(3.0, "routing", "sibyl", "least_load", {"by": "tokens"}, "cli")
+    out.policy_swapped(3.0, "routing", "sibyl", "least_load", {"by": "tokens"}, "cli", pool="A")
     out.sample(inst, 95.0)
     assert log.instance_events[0]["detail"] == "connection refused [probe]"
     assert log.policy_events == [
@@ -166,25 +166,39 @@ def test_decisions_are_read_from_the_request_record() -> None:
         ["d0"],
     )
     assert decisions(retried) == [("routing", "routed"), ("routing", "prefill_retried"), ("routing", "failed_over")]
+    # two pools, each with its own routing policy: a request's decisions count under its own pool's
     out, _ = outcomes()
-    out.policy_active("routing", "least_load", {})
+    out.pool_of = lambda live: {"model-a": "A", "model-b": "B"}[live.model]
+    out.policy_active("routing", "least_load", {}, pool="A")
+    out.policy_active("routing", "sibyl", {}, pool="B")
     failed = finished(record("f"), first=100.5)
-    failed.outcome, failed.tried_prefill = Outcome.UPSTREAM, ["p9"]
+    failed.outcome, failed.tried_prefill, failed.model = Outcome.UPSTREAM, ["p9"], "model-a"
     out.record(failed)
+    routed = finished(record("g"), first=100.5)
+    routed.model = "model-b"
+    out.record(routed)
     counts = samples(out, "sibyl_decisions_total")
     assert counts == {
-        (("kind", "routing"), ("outcome", "routed"), ("policy", "least_load")): 1.0,
-        (("kind", "routing"), ("outcome", "prefill_retried"), ("policy", "least_load")): 1.0,
+        (("kind", "routing"), ("outcome", "routed"), ("policy", "least_load"), ("pool", "A")): 1.0,
+        (("kind", "routing"), ("outcome", "prefill_retried"), ("policy", "least_load"), ("pool", "A")): 1.0,
+        (("kind", "routing"), ("outcome", "routed"), ("policy", "sibyl"), ("pool", "B")): 1.0,
     }
     assert samples(out, "sibyl_slo_requests_total")[(("result", "failed"), ("slo_class", "default"))] == 1.0
 
 
-def test_policy_swaps_move_the_annotation_series() -> None:
+def test_policy_swaps_move_the_annotation_series_of_their_pool() -> None:
     out, _ = outcomes()
-    out.policy_active("routing", "sibyl", {})
-    assert samples(out, "sibyl_policy_last_swap_timestamp_seconds") == {(("kind", "routing"),): 0.0}
-    assert samples(out, "sibyl_policy_swaps_total") == {(("kind", "routing"),): 0.0}
-    out.policy_swapped(3.0, "routing", "sibyl", "least_load", {}, "cli")
-    assert samples(out, "sibyl_policy_last_swap_timestamp_seconds")[(("kind", "routing"),)] > 1e9
-    assert samples(out, "sibyl_policy_swaps_total") == {(("kind", "routing"),): 1.0}
-    assert samples(out, "sibyl_policy_info") == {(("kind", "routing"), ("name", "least_load"), ("params", "{}")): 1.0}
+    a, b = (("kind", "routing"), ("pool", "A")), (("kind", "routing"), ("pool", "B"))
+    out.policy_active("routing", "sibyl", {}, pool="A")
+    out.policy_active("routing", "sibyl", {}, pool="B")
+    assert samples(out, "sibyl_policy_last_swap_timestamp_seconds") == {a: 0.0, b: 0.0}
+    assert samples(out, "sibyl_policy_swaps_total") == {a: 0.0, b: 0.0}
+    out.policy_swapped(3.0, "routing", "sibyl", "least_load", {}, "cli", pool="B")
+    swapped_at = samples(out, "sibyl_policy_last_swap_timestamp_seconds")
+    assert swapped_at[a] == 0.0 and swapped_at[b] > 1e9
+    assert samples(out, "sibyl_policy_swaps_total") == {a: 0.0, b: 1.0}
+    assert samples(out, "sibyl_policy_info") == {
+        (("kind", "routing"), ("name", "sibyl"), ("params", "{}"), ("pool", "A")): 1.0,
+        (("kind", "routing"), ("name", "least_load"), ("params", "{}"), ("pool", "B")): 1.0,
+    }
+    assert out.events.history[-1]["pool"] == "B"

@@ -51,25 +51,39 @@ def test_repeated_refusals_collapse_into_one_line_per_cause_per_window() -> None
     assert RefusalLines(EventBus(), lambda: None).tick(1.0) == []  # admission off: nothing counted
 
 
+def test_a_pools_lines_name_the_pool() -> None:
+    g, h, events = gate(), gate(), EventBus()
+    a, b = RefusalLines(events, lambda: g, pool="A"), RefusalLines(events, lambda: h, pool="B")
+    h.count_refusal(RefusalCause.KV, 2.0, 1.5)
+    assert a.tick(1.0) == []  # B's refusal is not A's
+    (line,) = b.tick(1.0)
+    assert (line["pool"], line["cause"], line["count"]) == ("B", "kv", 1)
+
+
 def test_refusal_line_wording() -> None:
     want = "KV cache full: 3 refused in the last 1 s, projected 2.0 s against 1.5 s"
     assert refusal_line("kv", 3, 0.4, 2.0, 1.5) == want
     assert refusal_line("queue_full", 1, 7.2, None, None) == "queue full: 1 refused in the last 7 s"
 
 
-def test_metrics_export_refusals_by_cause_with_the_projected_wait_and_its_bound() -> None:
-    g = gate()
+def test_metrics_export_refusals_by_pool_and_cause_with_the_projected_wait_and_its_bound() -> None:
+    g, h = gate(), gate()
     registry = CollectorRegistry()
-    registry.register(RefusalCollector(lambda: g))
+    registry.register(RefusalCollector(lambda: [("A", g), ("B", h), ("C", None)]))
     g.count_refusal(RefusalCause.PREFILL_BACKLOG, 2.9, 1.6)
     g.count_refusal(RefusalCause.QUEUE_FULL, 4.0, 3.0)
+    h.count_refusal(RefusalCause.KV, 5.0, 2.0)
     text = generate_latest(registry).decode()
-    assert 'sibyl_admission_refusals_total{cause="prefill_backlog"} 1.0' in text
-    assert 'sibyl_admission_refusals_total{cause="decode_slots"} 0.0' in text  # every cause, counted or not
-    assert 'sibyl_admission_refusal_projected_seconds{cause="prefill_backlog"} 2.9' in text
-    assert 'sibyl_admission_refusal_bound_seconds{cause="queue_full"} 3.0' in text
+    assert 'sibyl_admission_refusals_total{cause="prefill_backlog",pool="A"} 1.0' in text
+    assert 'sibyl_admission_refusals_total{cause="decode_slots",pool="A"} 0.0' in text  # every cause, counted or not
+    assert 'sibyl_admission_refusal_projected_seconds{cause="prefill_backlog",pool="A"} 2.9' in text
+    assert 'sibyl_admission_refusal_bound_seconds{cause="queue_full",pool="A"} 3.0' in text
+    assert 'sibyl_admission_refusals_total{cause="kv",pool="B"} 1.0' in text
+    assert 'sibyl_admission_refusals_total{cause="kv",pool="A"} 0.0' in text  # B's refusal is not A's
+    assert 'sibyl_admission_refusal_projected_seconds{cause="kv",pool="B"} 5.0' in text
+    assert 'pool="C"' not in text  # its admission is off
     off = CollectorRegistry()
-    off.register(RefusalCollector(lambda: None))
+    off.register(RefusalCollector(lambda: [("A", None)]))
     assert "sibyl_admission" not in generate_latest(off).decode()
 
 

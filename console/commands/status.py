@@ -39,14 +39,16 @@ def _ms(x: Any) -> str:
 
 
 def only_pool(s: ConsoleState, name: str) -> ConsoleState:
-    """The state with only pool `name`'s instances and pool entry (the rest is the console's, unchanged);
+    """The state with only pool `name`'s instances, pool entry and queue (its admission and refusals; the
+    rest is the console's, unchanged);
     a ConfigError naming the pools when the console runs none of that name."""
     pools = s.pools or {}
     if name not in pools:
         raise ConfigError(f"no pool {name!r}; pools: {', '.join(pools) or '(the console reports none)'}")
     members = set(pools[name].instances)
     kept = [i for i in s.instances if i.pool == name or (i.pool is None and i.id in members)]
-    return s.model_copy(update={"instances": kept, "pools": {name: pools[name]}})
+    queue = pools[name].queue if pools[name].queue is not None else s.queue
+    return s.model_copy(update={"instances": kept, "pools": {name: pools[name]}, "queue": queue})
 
 
 def status(
@@ -130,10 +132,7 @@ def status(
         if calibrated:
             con.print(_calibration_table(s))
         if len(every_pool) > 1:
-            con.print(
-                f"below, all {len(every_pool)} pools together: queue depth, tenants, SLO attainment "
-                f"(queue limits, admission and refusals: pool {every_pool[0]}'s)"
-            )
+            con.print(f"below: pool {pool}'s queue, admission and refusals; tenants and SLO attainment of all pools")
     if s.queue is not None:
         q, a = s.queue, s.queue.admission
         held = (

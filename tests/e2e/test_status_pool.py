@@ -34,7 +34,7 @@ def test_status_pool_shows_one_pool_and_refuses_an_unknown_one(tmp_path: Path, m
         assert b.returncode == 0, b.stderr
         assert "pool B (B, 1P1D) policies: routing=least_load" in b.stdout and "pool A (" not in b.stdout
         assert "B.p0" in b.stdout and "B.d0" in b.stdout and "A.p0" not in b.stdout and "A.d0" not in b.stdout
-        assert "below, all 2 pools together: queue depth, tenants, SLO attainment" in b.stdout
+        assert "below: pool B's queue, admission and refusals; tenants and SLO attainment of all pools" in b.stdout
 
         a = con.cli("status", "--pool", "A")
         assert a.returncode == 0, a.stderr
@@ -48,6 +48,7 @@ def test_status_pool_shows_one_pool_and_refuses_an_unknown_one(tmp_path: Path, m
         assert as_json.returncode == 0, as_json.stderr
         shown = json.loads(as_json.stdout)
         assert sorted(i["id"] for i in shown["instances"]) == ["B.d0", "B.p0"] and list(shown["pools"]) == ["B"]
+        assert shown["queue"] == shown["pools"]["B"]["queue"]  # the pool's own queue and admission
         assert shown["pools"]["B"]["policies"]["routing"]["name"] == "least_load"
 
         unknown = con.cli("status", "--pool", "C")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
@@ -45,6 +46,7 @@ def canary_series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
+@pytest.mark.slow  # ~5-15 s: the default suite stays under 6 min on 2 cores; make test-slow runs it
 def test_advice_then_a_canary_from_the_cli_with_arms_and_a_verdict(tmp_path: Path) -> None:
     config = tmp_path / "console.toml"
     config.write_text(

@@ -296,6 +296,7 @@ def test_killed_decode_mid_stream_is_resumed_elsewhere_and_marked_down_then_up(
         kill_children(con.home)
 
 
+@pytest.mark.slow  # ~5-15 s: the default suite stays under 6 min on 2 cores; make test-slow runs it
 def test_sigkill_keeps_completed_requests_and_the_run_is_marked_interrupted(tmp_path: Path) -> None:
     con = start_console(tmp_path, *PROFILE, "--prefill", "1", "--decode", "1")
     try:

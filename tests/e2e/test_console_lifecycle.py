@@ -179,6 +179,7 @@ def test_a_closed_terminal_stops_everything_within_the_drain_bound(cluster: Clus
     assert cluster.run_status() == "completed"
 
 
+@pytest.mark.slow  # ~5-15 s: the default suite stays under 6 min on 2 cores; make test-slow runs it
 def test_leave_running_then_reattach_then_down(cluster: Cluster) -> None:
     cluster.term.type("q")
     cluster.term.wait_for_text("Leave running", 15)

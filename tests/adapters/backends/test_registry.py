@@ -71,6 +71,7 @@ def test_attached_instances_refuse_what_they_cannot_do(tmp_path: Path) -> None:
     assert both.capabilities == {Capability.ROLE_FLIP}  # instances serving both legs flip by routing alone
 
 
+@pytest.mark.slow  # ~5-15 s: the default suite stays under 6 min on 2 cores; make test-slow runs it
 def test_a_third_party_backend_is_a_package_not_an_edit(tmp_path: Path) -> None:
     """A package with an entry point in `sibyl_console.backends` shows up in `doctor` and `up`."""
     site = tmp_path / "site"

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from adapters.store import RunStore
 from console.offline.analysis import run_metrics
 from tests.procs import FAST_PROFILE, ROOT, emulators
@@ -14,6 +16,7 @@ from tests.procs import FAST_PROFILE, ROOT, emulators
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
 
 
+@pytest.mark.slow  # ~5-15 s: the default suite stays under 6 min on 2 cores; make test-slow runs it
 def test_a_replay_stores_cached_tokens_and_runs_show_them(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
     args = ["--profile", FAST_PROFILE, "--enable-prompt-tokens-details"]

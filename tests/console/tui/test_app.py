@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from textual.widgets import OptionList, Select, Static
 
 from console.tui.app import SibylDashboard
@@ -103,6 +104,7 @@ def test_state_arriving_while_a_modal_is_open_updates_the_dashboard_behind_it() 
     asyncio.run(body())
 
 
+@pytest.mark.slow  # ~5-15 s: the default suite stays under 6 min on 2 cores; make test-slow runs it
 def test_server_refusal_and_local_checks_show_inline() -> None:
     async def body() -> None:
         fake = FakeConsole(1, 2)

@@ -128,3 +128,23 @@ def test_no_module_outside_tests_is_much_over_500_lines() -> None:
         if (n := len(p.read_text().splitlines())) > 550
     }
     assert long == {}, "split these modules (the house aims at ~500 lines)"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Tests share code through helper modules and conftest fixtures, never by importing a test_*.py
+    (issue 39: a test module is one source module's tests, and moving it must break nothing else)."""
+    import ast
+
+    root = Path(__file__).resolve().parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            offenders += [f"{path.relative_to(root)}: {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert len(list(root.rglob("test_*.py"))) > 100 and not offenders, offenders

@@ -24,7 +24,8 @@ class DashboardAction:
     show: bool = True
     """Whether the footer shows it."""
     requires: str | None = None
-    """Capability the console must advertise (`scale`, `role_flip`, `replay`); hidden without it."""
+    """Capability the console must advertise (`scale`, `role_flip`, `replay`; `canary` while one runs); hidden
+    without it."""
 
 
 ACTIONS: tuple[DashboardAction, ...] = (
@@ -34,6 +35,23 @@ ACTIONS: tuple[DashboardAction, ...] = (
         "pick_policy",
         "Policy",
         "Swap a policy: pick kind, policy and params; applied through the control API.",
+    ),
+    DashboardAction(
+        "dashboard.canary",
+        "c",
+        "pick_policy('routing', True)",
+        "Canary",
+        "Start a policy canary: the picker with `canary` chosen; a share of new requests (default 10%) runs under the "
+        "candidate for a while (default 5m), then the verdict.",
+        show=False,
+    ),
+    DashboardAction(
+        "dashboard.stop_canary",
+        "x",
+        "stop_canary",
+        "Stop canary",
+        "Stop (roll back) the running canary, after a confirmation: it ends interrupted, the active policy stays.",
+        requires="canary",
     ),
     DashboardAction(
         "dashboard.sort", "s", "sort", "Sort", "Sort the instance table by the next column (or click a column header)."

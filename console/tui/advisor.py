@@ -1,5 +1,5 @@
 """The advisor panel: candidates ranked with their gain over the active policies (only past the advisor's error, with
-that error as the interval), and the running canary's latest reading. Hidden while the console has neither."""
+that error as the interval), and the policy canary (canary_view.py). Hidden while the console has neither."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
+from console.tui.canary_view import canary_view
 from console.tui.fmt import ms, palette_for, pct
 
 SHOWN = 4
@@ -34,33 +35,6 @@ def gain(entry: dict[str, Any], bound: dict[str, Any]) -> str:
             err = bound.get(key)
             parts.append(f"{label} {signed(g[key])}" + ("" if err is None else f" ±{err:.0%}"))
     return ", ".join(parts)
-
-
-def canary_lines(canary: dict[str, Any] | None) -> list[str]:
-    """The running canary (else the last one's verdict), in one or two lines."""
-    if not canary:
-        return []
-    c, ended = canary.get("running"), False
-    if c is None:
-        c, ended = canary.get("last"), True
-    if c is None:
-        return []
-    plan = c["plan"]
-    done = c.get("finished") or {}
-    head = (
-        f"canary {plan['kind']} {plan['name']} on {plan['share']:.0%}: {c['elapsed_s']:.0f}/{plan['duration_s']:g} s, "
-        f"{done.get('canary', 0)} canary / {done.get('control', 0)} control done"
-    )
-    if ended:
-        return [f"{head}; ended {c.get('decision')}: {c.get('reason')}"]
-    reading = c.get("reading")
-    if not reading:
-        return [head]
-    figures = "; ".join(
-        f"{f['figure']} {signed(f['difference'])} [{signed(f['low'])}, {signed(f['high'])}] {f['direction']}"
-        for f in reading["figures"]
-    )
-    return [head, f"  {reading['decision']}: {figures or reading['reason']}"]
 
 
 class AdvisorPanel(Widget):
@@ -111,5 +85,5 @@ class AdvisorPanel(Widget):
             parts.append(t)
             if a.get("detail"):
                 parts.append(Text(str(a["detail"]), p.muted))
-        parts.extend(Text(line) for line in canary_lines(self.canary))
+        parts.extend(canary_view(self.canary, p))
         return Group(*parts)

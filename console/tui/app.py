@@ -21,10 +21,12 @@ from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
 from console.live.state import ConsoleState
+from console.tui import canary_view
 from console.tui.actions import ACTIONS, POLICY_KINDS, action_name, bindings, requirement
 from console.tui.advisor import AdvisorPanel
 from console.tui.charts import LoadChart, SloChart
 from console.tui.client import ApiError, ConnectionLost, DashboardClient
+from console.tui.confirm import ConfirmScreen
 from console.tui.events import EventLog
 from console.tui.header import DashboardHeader
 from console.tui.help import HelpScreen, QuitScreen
@@ -34,6 +36,7 @@ from console.tui.messages import ConnectionChanged, ConsoleEvent, StateArrived
 from console.tui.policy_picker import PolicyPicker
 from console.tui.slo import SloPanel
 from console.tui.swaps import SwapTracker
+from core.dispatch.canary import SPLIT_KINDS
 
 
 class SibylDashboard(App[str]):
@@ -195,6 +198,8 @@ class SibylDashboard(App[str]):
         caps = {k for k, v in s.capabilities.items() if v}
         if s.replay is not None:
             caps.add("replay")
+        if s.canary and s.canary.get("running"):
+            caps.add("canary")
         self.capabilities = frozenset(caps)
         if previous is None or restarted:
             self.swaps.prime(s.policy_entries())
@@ -269,28 +274,78 @@ class SibylDashboard(App[str]):
                 f"Pick a {kind} policy and its params",
                 partial(self.run_action, f"pick_policy('{kind}')"),
             )
+        for split in SPLIT_KINDS:
+            yield SystemCommand(
+                f"Canary {split.value} policy",
+                f"Route a share of new requests under a candidate {split.value} policy, then the verdict",
+                partial(self.run_action, f"pick_policy('{split.value}', True)"),
+            )
         for a in ACTIONS:
             available = a.requires is None or a.requires in self.capabilities
             if available and action_name(a.action) != "pick_policy":
                 yield SystemCommand(a.title, a.help, partial(self.run_action, a.action))
 
     @work(exclusive=True, group="open-picker", exit_on_error=False)
-    async def action_pick_policy(self, kind: str = "routing") -> None:
+    async def action_pick_policy(self, kind: str = "routing", as_canary: bool = False) -> None:
         try:
             catalog = await self.client.policies()
         except (ConnectionLost, ApiError) as e:
             self.notify(f"cannot load the policy catalogue: {e}", severity="error")
             return
         apply = partial(self.client.set_policy, source="tui")
-        await self.push_screen(PolicyPicker(catalog, apply, kind), self._swapped)
+        canary = partial(self.client.start_canary, source="tui")
+        picker = PolicyPicker(catalog, apply, kind, canary=canary, as_canary=as_canary)
+        await self.push_screen(picker, self._swapped)
 
     def _swapped(self, result: dict[str, Any] | None) -> None:
         if result is None:
+            return
+        if "plan" in result:  # a canary started (the event stream logs it)
+            plan = result["plan"]
+            self.notify(
+                f"{plan['kind']} {plan['name']} on {plan['share']:.0%} of new requests for {plan['duration_s']:g} s; "
+                "x stops it",
+                title=f"canary {result.get('id')} started",
+            )
             return
         where = f" (pool {result['pool']})" if self.state is not None and len(self.state.pools or {}) > 1 else ""
         self.notify(f"{result.get('kind')}{where}: {result.get('old')} → {result.get('new')}", title="policy swapped")
         if not self.events_live:
             self._show_swap({"type": "policy", **result}, fallback=True)
+
+    def action_stop_canary(self) -> None:
+        """Ask, then end the running canary as interrupted: the active policy stays in force for every request."""
+        canary = self.state.canary if self.state is not None else None
+        running = (canary or {}).get("running")
+        if not running:
+            self.notify("no canary is running", severity="warning")
+            return
+
+        def answered(stop: bool | None) -> None:
+            if stop:
+                self._stop_canary()
+
+        self.push_screen(
+            ConfirmScreen(
+                f"Stop canary {running['id']}?",
+                f"{canary_view.title(running)}, {canary_view.time_left(running)}, {canary_view.arms(running)}. "
+                "Stopping ends it interrupted, without a verdict: every new request goes to the active policy again "
+                "(requests already routed under the candidate finish there).",
+                "Stop the canary",
+                "Keep it running",
+            ),
+            answered,
+        )
+
+    @work(group="control-actions", exit_on_error=False)
+    async def _stop_canary(self) -> None:
+        try:
+            ended = await self.client.stop_canary()
+        except (ConnectionLost, ApiError) as e:
+            self.notify(f"stop canary failed: {e}", severity="error")
+            self.dashboard.query_one(EventLog).note(f"stop canary failed: {e}", "bold red")
+            return
+        self.notify(f"{ended.get('id')} ended {ended.get('decision')}: {ended.get('reason')}", title="canary stopped")
 
     def action_sort(self) -> None:
         self.dashboard.query_one(InstanceTable).cycle_sort()

@@ -1,4 +1,4 @@
-"""An async client of the control API for the dashboard: state, policies, swaps, scale, replay, SSE."""
+"""An async client of the control API for the dashboard: state, policies, swaps, canaries, scale, replay, SSE."""
 
 from __future__ import annotations
 
@@ -124,6 +124,26 @@ class DashboardClient:
         if action not in ("pause", "resume"):
             raise ValueError(f"replay action must be pause or resume, not {action!r}")
         result: dict[str, Any] = await self._call("POST", f"/control/replay/{action}")
+        return result
+
+    async def canary(self) -> dict[str, Any]:
+        """`GET /control/canary`: {"running": the running canary or null, "last": the last one that ended or null}."""
+        result: dict[str, Any] = await self._call("GET", "/control/canary")
+        return result
+
+    async def start_canary(
+        self, kind: str, name: str, params: dict[str, Any], share: str | float, duration_s: float, source: str = "tui"
+    ) -> dict[str, Any]:
+        """`POST /control/canary` with the body `sibyl-console policy canary` sends: route `share` of new requests
+        under the candidate for `duration_s`; returns the canary {id, plan, ...}."""
+        body = {"kind": kind, "name": name, "params": params, "share": share, "duration_s": duration_s}
+        body["source"] = source
+        result: dict[str, Any] = await self._call("POST", "/control/canary", body)
+        return result
+
+    async def stop_canary(self, source: str = "tui") -> dict[str, Any]:
+        """`DELETE /control/canary`: end the running canary as interrupted (the active policy stays in force)."""
+        result: dict[str, Any] = await self._call("DELETE", f"/control/canary?source={quote(source, safe='')}")
         return result
 
     async def instance_requests(self, instance: str, limit: int = 100) -> dict[str, Any]:

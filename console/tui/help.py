@@ -23,7 +23,8 @@ def help_table(available: set[str] | None = None) -> Table:
     for a in ACTIONS:
         note = ""
         if a.requires and available is not None and a.requires not in available:
-            note = f"  (this console does not offer {a.requires})"
+            missing = "no canary is running" if a.requires == "canary" else f"this console does not offer {a.requires}"
+            note = f"  ({missing})"
         t.add_row(a.key, a.title, a.help + note)
     for key, what in TABLE_KEYS:
         t.add_row(key, "", what)

@@ -1,4 +1,4 @@
-"""The policy picker: kind → registered policy → params form → swap through the control API."""
+"""The policy picker: kind → registered policy → params form → swap now, or start a canary, through the control API."""
 
 from __future__ import annotations
 
@@ -10,25 +10,37 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, OptionList, Select, Static
+from textual.widgets import Button, OptionList, RadioSet, Select, Static
 from textual.widgets.option_list import Option
 
+from console.tui.canary_form import CanaryAsk, CanaryForm, canary_rules, check, refusal
 from console.tui.client import ApiError, ConnectionLost
 from console.tui.params_form import ParamsForm
 
 ApplyFn = Callable[..., Awaitable[dict[str, Any]]]
 """Swaps a policy: (kind, name, params[, pool=NAME]) → the API's {kind, old, new, params, source}."""
+CanaryFn = Callable[[str, str, dict[str, Any], str, float], Awaitable[dict[str, Any]]]
+"""Starts a canary: (kind, name, params, share as typed, duration_s) → the API's {id, plan, ...}."""
 
 
 class PolicyPicker(ModalScreen[dict[str, Any] | None]):
-    """Dismisses with the swap the console confirmed, or None when cancelled."""
+    """Dismisses with the swap the console confirmed ({kind, old, new, ...}), the canary it started ({id, plan, ...}),
+    or None when cancelled."""
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel", id="picker.cancel"),
         Binding("ctrl+s", "apply", "Apply", id="picker.apply"),
     ]
 
-    def __init__(self, catalog: Mapping[str, Any], apply: ApplyFn, kind: str = "routing") -> None:
+    def __init__(
+        self,
+        catalog: Mapping[str, Any],
+        apply: ApplyFn,
+        kind: str = "routing",
+        *,
+        canary: CanaryFn | None = None,
+        as_canary: bool = False,
+    ) -> None:
         super().__init__()
         self.available: list[Mapping[str, Any]] = list(catalog.get("available") or [])
         """Every registered policy: {kind, name, summary, params_schema, defaults}."""
@@ -39,6 +51,12 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
         self.active: Mapping[str, Any] = self.pools[self.pool] if self.pool else catalog.get("active") or {}
         """The active policy of each kind (of the chosen pool): {kind: {name, params}}."""
         self._apply_fn = apply
+        self._canary_fn = canary
+        """Starts a canary (None: the picker only swaps)."""
+        self.as_canary = as_canary and canary is not None
+        """Open with `canary` chosen rather than `swap now`."""
+        self.first_pool: str | None = next(iter(self.pools)) if len(self.pools) > 1 else None
+        """The pool a canary runs on when there are several."""
         kinds = list(dict.fromkeys(str(p["kind"]) for p in self.available))
         self.kinds = kinds
         """Kinds that have at least one registered policy."""
@@ -49,7 +67,7 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker"):
-            yield Static("Swap a policy", id="picker-title")
+            yield Static("Swap a policy, or canary it" if self._canary_fn else "Swap a policy", id="picker-title")
             with Horizontal(id="picker-top"):
                 if self.pool is not None:
                     yield Select(
@@ -66,6 +84,8 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
             yield OptionList(id="picker-policies")
             yield Static("", id="picker-summary")
             yield VerticalScroll(id="picker-form")
+            if self._canary_fn is not None:
+                yield CanaryForm(self.as_canary, id="picker-canary")
             yield Static("", id="picker-error")
             with Horizontal(id="picker-buttons"):
                 yield Button("Apply (ctrl+s)", variant="primary", id="picker-apply", compact=True)
@@ -74,6 +94,34 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
     def on_mount(self) -> None:
         self._fill_policies()
         self.query_one("#picker-policies", OptionList).focus()
+        self._mode_changed()
+
+    @property
+    def canary_form(self) -> CanaryForm | None:
+        return self.query("#picker-canary").first(CanaryForm) if self._canary_fn is not None else None
+
+    @property
+    def canary_chosen(self) -> bool:
+        """Whether Apply starts a canary rather than swapping."""
+        form = self.canary_form
+        return form is not None and form.canary
+
+    @on(RadioSet.Changed, "#picker-mode")
+    def _mode_changed(self) -> None:
+        label = "Start canary (ctrl+s)" if self.canary_chosen else "Apply (ctrl+s)"
+        self.query_one("#picker-apply", Button).label = label
+        self.query_one("#picker-error", Static).update("")
+        self._check_split()
+
+    @work(exclusive=True, group="picker-split", exit_on_error=False)
+    async def _check_split(self) -> None:
+        """With canary chosen: say at once why this kind (or pool) cannot be canaried, in the console's words."""
+        form = self.canary_form
+        if form is None or not form.canary:
+            return
+        rules = await canary_rules()
+        if form.canary:
+            form.query_one("#canary-note", Static).update(refusal(rules, self.kind, self.pool, self.first_pool) or "")
 
     def _policies(self) -> list[Mapping[str, Any]]:
         return [p for p in self.available if p["kind"] == self.kind]
@@ -98,6 +146,7 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
         if isinstance(event.value, str) and event.value != self.kind:
             self.kind = event.value
             self._fill_policies()
+            self._check_split()
 
     @on(Select.Changed, "#picker-pool")
     def _pool_changed(self, event: Select.Changed) -> None:
@@ -105,6 +154,7 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
             self.pool = event.value
             self.active = self.pools[event.value]
             self._fill_policies()
+            self._check_split()
 
     @on(OptionList.OptionHighlighted, "#picker-policies")
     def _policy_highlighted(self, event: OptionList.OptionHighlighted) -> None:
@@ -151,6 +201,10 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
         if errors:
             self.query_one("#picker-error", Static).update("fix the fields marked above")
             return
+        if self.canary_chosen:
+            self.query_one("#picker-error", Static).update("checking…")
+            self._start_canary(self.kind, str(self.policy["name"]), params)
+            return
         self.query_one("#picker-error", Static).update("applying…")
         self._apply(self.kind, str(self.policy["name"]), params)
 
@@ -165,6 +219,33 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
         except ApiError as e:
             form = self.query_one("#picker-form ParamsForm", ParamsForm)
             form.show_errors(form.fields_named_in(e.message))
+            error.update(f"the console refused ({e.status}): {e.message}")
+            return
+        except ConnectionLost as e:
+            error.update(f"cannot reach the console: {e}; try again when it is back")
+            return
+        self.dismiss(result)
+
+    @work(exclusive=True, group="picker-apply", exit_on_error=False)
+    async def _start_canary(self, kind: str, name: str, params: dict[str, Any]) -> None:
+        """Check the share, duration and kind as the console and `policy canary` do, then start it through the
+        control API; its refusal is shown under the field it names (a param's, the share's) or below."""
+        error, form = self.query_one("#picker-error", Static), self.canary_form
+        if form is None or self._canary_fn is None:
+            return
+        rules = await canary_rules()
+        ask = check(rules, kind, self.pool, self.first_pool, *form.texts())
+        form.show(ask)
+        if not ask.ok:
+            error.update(ask.refusal or "fix the fields marked above; no canary was started")
+            return
+        error.update("starting the canary…")
+        try:
+            result = await self._canary_fn(kind, name, params, ask.share, ask.duration_s)
+        except ApiError as e:
+            params_form = self.query_one("#picker-form ParamsForm", ParamsForm)
+            params_form.show_errors(params_form.fields_named_in(e.message))
+            form.show(CanaryAsk(ask.share, ask.duration_s, None, form.fields_named_in(e.message)))
             error.update(f"the console refused ({e.status}): {e.message}")
             return
         except ConnectionLost as e:

@@ -4,58 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from textual.widgets import OptionList, Select
 
-from adapters.emulator.process import EmulatorProcess, start_many
+from adapters.emulator.process import EmulatorProcess
 from adapters.store import RunStore
 from console.live.config import ConsoleConfig
-from console.serve import LiveConsole, run_console
+from console.serve import LiveConsole
 from console.tui.app import SibylDashboard
 from console.tui.client import DashboardClient
 from console.tui.instances import InstanceTable
 from console.tui.policy_picker import PolicyPicker
 from tests.console.tui.fakes import until
-
-
-def serve_while(config: ConsoleConfig, ui: Callable[[LiveConsole], Awaitable[None]]) -> None:
-    """Serve a console in this process while `ui` runs against it (a dashboard in the test's own
-    loop, so Pilot can drive it), then stop it through `POST /control/shutdown`; `ui`'s failure is
-    the test's."""
-
-    async def main() -> None:
-        running: list[asyncio.Future[None]] = []
-
-        def ready(live: LiveConsole) -> None:
-            async def run() -> None:
-                try:
-                    await ui(live)
-                finally:
-                    token = live.token_file.read_text().strip()
-                    async with httpx.AsyncClient(base_url=live.url, timeout=10) as c:
-                        r = await c.post("/control/shutdown", headers={"Authorization": f"Bearer {token}"})
-                        assert r.status_code == 202, r.text
-
-            running.append(asyncio.ensure_future(run()))
-
-        assert await run_console(config, ready) == "completed"
-        await running[0]
-
-    asyncio.run(main())
-
-
-@pytest.fixture
-def emulators(tmp_path: Path) -> Iterator[list[EmulatorProcess]]:
-    """1 prefill + 2 decode emulator processes on free ports."""
-    args = ["--profile", "h20-qwen3-32b"]
-    procs = start_many([("prefill", args), ("decode", args), ("decode", args)], log_dir=tmp_path, timeout_s=60)
-    yield procs
-    for p in procs:
-        p.stop()
+from tests.console.tui.live import serve_while
 
 
 async def _traffic(url: str, n: int) -> None:

@@ -44,10 +44,20 @@ class RunRecorder:
             self._samples.append(row)
 
     def policy_event(
-        self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
+        self,
+        *,
+        t: float,
+        kind: str,
+        old: str | None,
+        new: str,
+        params: dict[str, Any],
+        source: str,
+        pool: str | None = None,
     ) -> None:
+        """A policy became active in pool `pool` (None: a run without pools)."""
+        row = {"t": t, "kind": kind, "old": old, "new": new, "params": params, "source": source, "pool": pool}
         with self._lock:
-            self._policy.append({"t": t, "kind": kind, "old": old, "new": new, "params": params, "source": source})
+            self._policy.append(row)
 
     def instance_event(self, *, t: float, instance_id: str, event: str, detail: str = "") -> None:
         with self._lock:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """1: first release. 2: requests.queued (when the gateway queue held a request). 3: runs.sweep
 (the `sweep` a run belongs to). 4: requests.dp_rank (the data-parallel rank it decoded on).
 5: requests.ttft_source (what a request's TTFT was measured to: its first streamed token, or the
 end of its prefill leg for a whole reply whose TPOT is unknown). 6: requests.cached_tokens (prompt tokens the
 engine found in its prefix cache). 7: the decisions table (decision records, created as a new table).
 8: requests.tenant (the tenant it was charged to). 9: requests.model, lora, arm, session and prefix_keys (what
-the request asked for and which canary arm it ran in), and the advisor_events table (advice and canaries)."""
+the request asked for and which canary arm it ran in), and the advisor_events table (advice and canaries).
+10: policy_events.pool (the pool whose policy changed, with several pools: one per base model)."""
 
 MIGRATIONS: dict[int, list[str]] = {
     2: ["ALTER TABLE requests ADD COLUMN queued FLOAT"],
@@ -28,6 +29,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE requests ADD COLUMN session VARCHAR",
         "ALTER TABLE requests ADD COLUMN prefix_keys BLOB",
     ],  # and the advisor_events table: new, so create_all makes it
+    10: ["ALTER TABLE policy_events ADD COLUMN pool VARCHAR"],
 }
 """Statements that bring a store of version N-1 to N (tables created afresh need none)."""
 
@@ -131,6 +133,11 @@ class PolicyEventRecord(SQLModel, table=True):
     new: str
     params: str = "{}"
     source: str = "api"
+    pool: str | None = Field(
+        default=None,
+        description="the pool whose policy it was (a live console's pool, one per base model); None: written "
+        "before schema 10, or by a writer with no pools (the simulator)",
+    )
 
 
 class InstanceSample(SQLModel, table=True):

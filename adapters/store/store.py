@@ -233,10 +233,27 @@ class RunStore:
             self._bulk(conn, "requests", REQUEST_COLUMNS, run_id, _packed(rows))
 
     def add_policy_event(
-        self, run_id: str, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
+        self,
+        run_id: str,
+        *,
+        t: float,
+        kind: str,
+        old: str | None,
+        new: str,
+        params: dict[str, Any],
+        source: str,
+        pool: str | None = None,
     ) -> None:
+        """A policy became active (in pool `pool`; None: a run without pools, such as a simulation)."""
         row = dict(
-            run_id=run_id, t=t, kind=kind, old=old, new=new, params=json.dumps(params, default=str), source=source
+            run_id=run_id,
+            t=t,
+            kind=kind,
+            old=old,
+            new=new,
+            params=json.dumps(params, default=str),
+            source=source,
+            pool=pool,
         )
         with self._lock, self.engine.begin() as conn:
             conn.execute(insert(PolicyEventRecord), [row])
@@ -300,13 +317,11 @@ class RunStore:
             if samples:
                 self._bulk(conn, "instance_samples", SAMPLE_COLUMNS, run_id, samples)
             if policy_events:
-                conn.execute(
-                    insert(PolicyEventRecord),
-                    [
-                        {"run_id": run_id, **e, "params": json.dumps(e.get("params") or {}, default=str)}
-                        for e in policy_events
-                    ],
-                )
+                rows = [
+                    {"run_id": run_id, "pool": None, **e, "params": json.dumps(e.get("params") or {}, default=str)}
+                    for e in policy_events
+                ]
+                conn.execute(insert(PolicyEventRecord), rows)
             if instance_events:
                 conn.execute(insert(InstanceEvent), [{"run_id": run_id, **e} for e in instance_events])
 
@@ -398,6 +413,7 @@ class RunStore:
         return rows
 
     def policy_events(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's policy events, oldest first, params JSON decoded; `pool` names the pool (None: not recorded)."""
         rows = self._rows(PolicyEventRecord, run_id, PolicyEventRecord.id)
         for r in rows:
             r["params"] = json.loads(r["params"] or "{}")

@@ -131,11 +131,12 @@ def runs_show(
     run: Annotated[str, typer.Argument(help="run id (or a unique prefix)")], db: DbOpt = None, as_json: JsonOpt = False
 ) -> None:
     """One run: config, summary, policy timeline, per-instance counts, outcomes; by model, adapter and canary arm
-    when it has several; what the advisor advised and each canary's life."""
+    when it has several; what the advisor advised and each canary's life; with several pools, the pool of each
+    policy event and each pool's decision quality."""
     from rich.console import Console
-    from rich.table import Table
 
     from console.commands.runs_breakdown import advice_lines, breakdown_tables, canary_lines
+    from console.commands.runs_policies import run_pools, run_quality_lines, timeline_table
 
     d = run_details(open_store(db), run)
     if as_json:
@@ -160,12 +161,7 @@ def runs_show(
                 f"  {s['tpot_unknown']} whole (non-streamed) replies: TPOT not measured (left out of TPOT attainment), "
                 "TTFT taken at the end of their prefill leg"
             )
-    t = Table(title="policy timeline")
-    for col in ("t (s)", "kind", "old", "new", "params", "source"):
-        t.add_column(col)
-    for e in d["policy_events"]:
-        t.add_row(f"{e['t']:.2f}", e["kind"], e["old"] or "-", e["new"], json.dumps(e["params"]), e["source"])
-    con.print(t)
+    con.print(timeline_table(d["policy_events"], by_pool=bool(run_pools(d["policy_events"], d["summary"]))))
     for table in breakdown_tables(d["breakdowns"]):
         con.print(table)
     for line in [*advice_lines(d["advice"]), *canary_lines(d["canaries"])]:
@@ -175,8 +171,8 @@ def runs_show(
             f"prefix cache: {d['cached_share']:.1%} of prompt tokens served "
             f"from a cache ({d['cached_reported']} requests report it)"
         )
-    for line in quality_lines((d["summary"] or {}).get("decision_quality")):
-        con.print(line)
+    for line in run_quality_lines(d["summary"]):
+        con.print(line, markup=False)
     for name, row in (d.get("per_tenant") or {}).items():
         att = "-" if row["attainment"] is None else f"{row['attainment']:.1%}"
         con.print(
@@ -203,33 +199,6 @@ def per_tenant(reqs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         row["limited"] += (r["reason"] or "").startswith("tenant ")
     for row in out.values():
         row["attainment"] = row["met"] / row["ok"] if row["ok"] else None
-    return out
-
-
-def quality_lines(q: dict[str, Any] | None) -> list[str]:
-    """Decision quality as `runs show` prints it (a live run's summary keeps it)."""
-    if not q:
-        return []
-    out = []
-    if q.get("decode_scored"):
-        out.append(
-            f"decision quality: {q['decode_still_best']:.1%} of {q['decode_scored']} decode choices were still the "
-            "least loaded instance when decoding began"
-        )
-    if q.get("prefix_decisions"):
-        share = q.get("prefix_hit_share")
-        out.append(
-            f"prefix hits: {q['prefix_achieved_tokens']} of {q['prefix_achievable_tokens']} "
-            f"achievable cached tokens achieved ({'-' if share is None else f'{share:.1%}'}) "
-            f"over {q['prefix_decisions']} requests with prefix keys"
-        )
-    rec = q.get("records")
-    if rec:
-        out.append(
-            f"decision records: {rec['records']} for {rec['requests_sampled']} requests (sample_rate "
-            f"{rec['sample_rate']}, at most {rec['max_per_s']}/s; left out {rec['skipped_by_rate']} by "
-            f"the rate, {rec['skipped_by_bound']} over the bound); `runs why RUN REQUEST_ID` shows them"
-        )
     return out
 
 

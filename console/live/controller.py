@@ -219,7 +219,13 @@ class Controller:
         for r in self.runtimes:
             for ev in r.dispatcher.policy_events:
                 self.recorder.policy_event(
-                    t=0.0, kind=ev.kind.value, old=None, new=ev.new, params=ev.params, source="config"
+                    t=0.0,
+                    kind=ev.kind.value,
+                    old=None,
+                    new=ev.new,
+                    params=ev.params,
+                    source="config",
+                    pool=r.pool.name,
                 )
         await self.poller.poll_once()
         for r in self.runtimes:
@@ -401,8 +407,17 @@ class Controller:
         return out
 
     def summary(self) -> dict[str, Any]:
-        out = self.outcomes.summary(time.monotonic(), self.instances.values())
-        return {**out, "decision_quality": quality(self.dispatcher)}
+        """The run's closing summary: the outcomes' (SLO over the run, counts, health round trips) and the first
+        pool's decision quality; with several pools also `pools`, each pool's model and decision quality."""
+        out = {
+            **self.outcomes.summary(time.monotonic(), self.instances.values()),
+            "decision_quality": quality(self.dispatcher),
+        }
+        if len(self.runtimes) > 1:
+            out["pools"] = {
+                r.pool.name: {"model": r.pool.model, "decision_quality": quality(r.dispatcher)} for r in self.runtimes
+            }
+        return out
 
 
 def queue_state(d: Dispatcher) -> QueueState:

@@ -111,9 +111,17 @@ class RunLog(Protocol):
         """Something happened to an instance (up, down, added, migrated...)."""
 
     def policy_event(
-        self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
+        self,
+        *,
+        t: float,
+        kind: str,
+        old: str | None,
+        new: str,
+        params: dict[str, Any],
+        source: str,
+        pool: str | None = None,
     ) -> None:
-        """A policy became active."""
+        """A policy became active in pool `pool`."""
 
 
 class InstanceLog(Protocol):
@@ -321,7 +329,7 @@ class Outcomes:
         self, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str, *, pool: str
     ) -> None:
         """A policy swap in pool `pool`: stored, shown as the active policy's metric, published (naming the pool)."""
-        self.log.policy_event(t=t, kind=kind, old=old, new=new, params=params, source=source)
+        self.log.policy_event(t=t, kind=kind, old=old, new=new, params=params, source=source, pool=pool)
         self.policy_active(kind, new, params, pool=pool)
         self.metrics.policy_swapped(pool, kind)
         self.events.publish("policy", kind=kind, old=old, new=new, params=params, source=source, t=t, pool=pool)

@@ -1,13 +1,16 @@
-"""Schema 9 upgrades: a store written by schema 8 (its tables created here as schema 8 created them) and one
-written by schema 6 open, gain the request columns model, lora, arm, session and prefix_keys and the
-advisor_events table, and lose nothing already recorded."""
+"""Schema upgrades: a store written by schema 9 (its tables created here as schema 9 created them) opens and gains
+policy_events.pool (NULL for the rows it had); one written by schema 8 (likewise) and one by schema 6 open, gain the
+request columns model, lora, arm, session and prefix_keys, the advisor_events table and the pool; none loses anything
+already recorded. A store of a newer schema than this one is refused, untouched."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-from adapters.store import RunStore
+import pytest
+
+from adapters.store import RunStore, StoreError
 from adapters.store.schema import SCHEMA_VERSION
 
 SCHEMA_8 = [
@@ -79,7 +82,7 @@ def test_a_schema_8_store_upgrades_in_place_and_keeps_its_records(tmp_path: Path
         ("b", None, False, "default"),
     ]
     assert all(r[c] is None for r in old for c in NEW_REQUEST_COLUMNS)
-    assert store.policy_events("r-old")[0]["new"] == "least_load"
+    assert [(e["new"], e["pool"]) for e in store.policy_events("r-old")] == [("least_load", None)]
     assert store.advisor_events("r-old") == []
     store.add_requests(
         "r-old",
@@ -100,7 +103,7 @@ def test_a_schema_8_store_upgrades_in_place_and_keeps_its_records(tmp_path: Path
     assert [e["policy"] for e in again.advisor_events("r-old")] == ["prefix_aware"]
     again.close()
     with sqlite3.connect(path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
 
 
 def test_a_schema_6_store_takes_every_migration_since_in_one_open(tmp_path: Path) -> None:
@@ -115,3 +118,124 @@ def test_a_schema_6_store_takes_every_migration_since_in_one_open(tmp_path: Path
     assert [r["request_id"] for r in store.requests("r-old")] == ["a", "b"]
     assert store.decision_count("r-old") == 0
     store.close()
+
+
+SCHEMA_9 = [
+    SCHEMA_8[0],
+    SCHEMA_8[1].replace("tenant VARCHAR,", "tenant VARCHAR, model VARCHAR, lora VARCHAR, arm VARCHAR, session VARCHAR, "
+                        "prefix_keys BLOB,"),
+    SCHEMA_8[2],
+    """CREATE TABLE instance_samples (
+        id INTEGER NOT NULL, run_id VARCHAR NOT NULL, t FLOAT NOT NULL, instance_id VARCHAR NOT NULL,
+        role VARCHAR NOT NULL, healthy BOOLEAN NOT NULL, running FLOAT NOT NULL, waiting FLOAT NOT NULL,
+        kv_usage FLOAT NOT NULL, tokens_per_s FLOAT NOT NULL, projected_load FLOAT, PRIMARY KEY (id))""",
+    """CREATE TABLE instance_events (
+        id INTEGER NOT NULL, run_id VARCHAR NOT NULL, t FLOAT NOT NULL, instance_id VARCHAR NOT NULL,
+        event VARCHAR NOT NULL, detail VARCHAR NOT NULL, PRIMARY KEY (id))""",
+    """CREATE TABLE decisions (
+        id INTEGER NOT NULL, run_id VARCHAR NOT NULL, request_id VARCHAR, t FLOAT NOT NULL, kind VARCHAR NOT NULL,
+        stage VARCHAR NOT NULL, policy VARCHAR NOT NULL, scorer VARCHAR NOT NULL, chosen VARCHAR,
+        score_name VARCHAR NOT NULL, candidates VARCHAR NOT NULL, info VARCHAR NOT NULL, PRIMARY KEY (id))""",
+    """CREATE TABLE advisor_events (
+        id INTEGER NOT NULL, run_id VARCHAR NOT NULL, t FLOAT NOT NULL, event VARCHAR NOT NULL, canary VARCHAR,
+        kind VARCHAR, policy VARCHAR, decision VARCHAR, detail VARCHAR NOT NULL, data VARCHAR NOT NULL,
+        PRIMARY KEY (id))""",
+    "CREATE INDEX ix_runs_sweep ON runs (sweep)",
+    "CREATE INDEX ix_runs_status ON runs (status)",
+    "CREATE INDEX ix_requests_run_id ON requests (run_id)",
+    "CREATE INDEX ix_policy_events_run_id ON policy_events (run_id)",
+    "CREATE INDEX ix_instance_samples_run_id ON instance_samples (run_id)",
+    "CREATE INDEX ix_instance_events_run_id ON instance_events (run_id)",
+    "CREATE INDEX ix_decisions_request_id ON decisions (request_id)",
+    "CREATE INDEX ix_decisions_run_id ON decisions (run_id)",
+    "CREATE INDEX ix_advisor_events_run_id ON advisor_events (run_id)",
+]
+"""Every table and index of schema 9 as it created them (policy_events without its pool)."""
+
+
+def write_schema_9_store(path: Path) -> None:
+    """A store as sibyl-console with schema 9 left it: a finished two-pool run (its summary with the first pool's
+    decision quality only), a request of each model, a policy event of each kind, an instance sample and event, a
+    decision record and an advice."""
+    with sqlite3.connect(path) as con:
+        for ddl in SCHEMA_9:
+            con.execute(ddl)
+        con.execute(
+            "INSERT INTO runs VALUES ('r-9', 'live', 100.0, 160.0, 'completed', 'emulator', '2P2D', '', NULL, "
+            "'round_robin', '{}', NULL, NULL, '', '{\"decision_quality\": {\"decode_scored\": 3}}', NULL)"
+        )
+        con.execute(
+            "INSERT INTO requests (run_id, request_id, arrival, status, slo_met, model, lora, prefix_keys) "
+            "VALUES ('r-9', 'a', 0.5, 'ok', 1, 'A', 'sql', x'0500000000000000'), "
+            "('r-9', 'b', 1.5, 'ok', 1, 'B', NULL, NULL)"
+        )
+        con.execute(
+            "INSERT INTO policy_events (run_id, t, kind, old, new, params, source) "
+            "VALUES ('r-9', 0.0, 'routing', NULL, 'round_robin', '{}', 'config'), "
+            "('r-9', 3.0, 'routing', 'round_robin', 'least_load', '{\"by\": \"tokens\"}', 'cli')"
+        )
+        con.execute(
+            "INSERT INTO instance_samples (run_id, t, instance_id, role, healthy, running, waiting, kv_usage, "
+            "tokens_per_s) VALUES ('r-9', 1.0, 'A.d0', 'decode', 1, 2, 0, 0.5, 40.0)"
+        )
+        con.execute("INSERT INTO instance_events (run_id, t, instance_id, event, detail) "
+                    "VALUES ('r-9', 2.0, 'B.d0', 'down', 'refused')")
+        con.execute(
+            "INSERT INTO decisions (run_id, request_id, t, kind, stage, policy, scorer, chosen, score_name, "
+            "candidates, info) VALUES ('r-9', 'a', 0.5, 'route', 'prefill', 'round_robin', '', 'A.p0', '', "
+            "'{\"names\": [\"A.p0\"], \"scores\": null, \"eligible\": [true], \"features\": {}}', '{}')"
+        )
+        con.execute("INSERT INTO advisor_events (run_id, t, event, detail, data) "
+                    "VALUES ('r-9', 30.0, 'advice', 'no gain', '{}')")
+        con.execute("PRAGMA user_version = 9")
+
+
+def test_a_schema_9_store_gains_the_policy_events_pool_and_keeps_its_records(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    write_schema_9_store(path)
+    before = {t: columns(path, t) for t in ("runs", "requests", "policy_events", "decisions", "advisor_events")}
+    store = RunStore(path)
+    after = {t: columns(path, t) for t in before}
+    assert after == {**before, "policy_events": [*before["policy_events"], "pool"]}  # added at the end, only it
+    run = store.get_run("r-9")
+    assert (run.status, run.requests, run.cluster, run.summary) == (
+        "completed",
+        2,
+        "2P2D",
+        {"decision_quality": {"decode_scored": 3}},
+    )
+    assert [(r["request_id"], r["model"], r["lora"], r["prefix_keys"]) for r in store.requests("r-9")] == [
+        ("a", "A", "sql", (5,)),
+        ("b", "B", None, None),
+    ]
+    assert [(e["t"], e["new"], e["params"], e["source"], e["pool"]) for e in store.policy_events("r-9")] == [
+        (0.0, "round_robin", {}, "config", None),
+        (3.0, "least_load", {"by": "tokens"}, "cli", None),
+    ]
+    assert store.instance_samples("r-9")[0]["kv_usage"] == 0.5 and store.instance_events("r-9")[0]["event"] == "down"
+    [decision] = store.decisions("r-9")
+    assert (decision["request_id"], decision["chosen"]) == ("a", "A.p0")
+    assert [e["detail"] for e in store.advisor_events("r-9")] == ["no gain"]
+    store.add_policy_event("r-9", t=9.0, kind="routing", old="round_robin", new="sibyl", params={}, source="api",
+                           pool="B")
+    store.close()
+    again = RunStore(path)  # at the new version, opening it again changes nothing
+    assert [e["pool"] for e in again.policy_events("r-9")] == [None, None, "B"]
+    again.close()
+    assert columns(path, "policy_events") == after["policy_events"]
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+
+
+def test_a_store_of_a_newer_schema_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    write_schema_9_store(path)
+    with sqlite3.connect(path) as con:
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    before = columns(path, "policy_events")
+    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1} is newer than this sibyl-console "
+                                         rf"\({SCHEMA_VERSION}\); upgrade"):
+        RunStore(path)
+    assert columns(path, "policy_events") == before  # no pool added to a store this version does not know
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1

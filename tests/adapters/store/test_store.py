@@ -1,6 +1,6 @@
 """The SQLite run store on real files: every table round-trips, bulk inserts, the recorder, interrupted runs; the
-request columns of schema 9 (model, lora, arm, session, prefix_keys) and its advisor events: what goes in comes back,
-what is left out is NULL."""
+request columns of schema 9 (model, lora, arm, session, prefix_keys) and its advisor events, the policy events' pool
+of schema 10: what goes in comes back, what is left out is NULL."""
 
 from __future__ import annotations
 
@@ -57,8 +57,10 @@ def test_every_table_round_trips(tmp_path: Path) -> None:
         3,
     )
     assert store.requests(rid)[0]["slo_met"] is True and store.requests(rid)[0]["arrival"] == 0.5
-    ev = store.policy_events(rid)[0]
-    assert (ev["new"], ev["params"], ev["source"]) == ("least_load", {"by": "tokens"}, "cli")
+    store.add_policy_event(rid, t=2.5, kind="queue", old="fcfs", new="priority", params={}, source="api", pool="B")
+    ev, pooled = store.policy_events(rid)
+    assert (ev["new"], ev["params"], ev["source"], ev["pool"]) == ("least_load", {"by": "tokens"}, "cli", None)
+    assert (pooled["kind"], pooled["new"], pooled["pool"]) == ("queue", "priority", "B")
     assert store.instance_samples(rid)[0]["kv_usage"] == 0.25
     assert store.instance_events(rid)[0]["event"] == "down"
     store.close()
@@ -124,9 +126,10 @@ def test_recorder_flushes_in_the_background_and_on_close(tmp_path: Path) -> None
     for t in threads:
         t.join()
     rec.policy_event(t=1.0, kind="routing", old="a", new="b", params={}, source="tui")
+    rec.policy_event(t=2.0, kind="routing", old="a", new="c", params={}, source="cli", pool="B")
     rec.close(status="completed", summary={"n": 1001})
     assert len(store.requests(rid)) == 1001
-    assert store.policy_events(rid)[0]["source"] == "tui"
+    assert [(e["source"], e["pool"]) for e in store.policy_events(rid)] == [("tui", None), ("cli", "B")]
     assert store.get_run(rid).status == "completed"
 
 

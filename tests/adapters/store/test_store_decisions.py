@@ -59,6 +59,7 @@ def test_a_store_from_before_the_decisions_table_is_upgraded(tmp_path: Path) -> 
     for (name,) in con.execute("SELECT name FROM pragma_table_info('requests')").fetchall():
         if name in ("tenant", "model", "lora", "arm", "session", "prefix_keys"):  # schema 8's and 9's (not at 6)
             con.execute(f"ALTER TABLE requests DROP COLUMN {name}")
+    con.execute("ALTER TABLE policy_events DROP COLUMN pool")  # schema 10's
     con.execute("PRAGMA user_version = 6")
     con.commit()
     con.close()

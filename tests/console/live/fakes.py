@@ -68,9 +68,18 @@ class ListLog:
         self.instance_events.append({"t": t, "instance_id": instance_id, "event": event, "detail": detail})
 
     def policy_event(
-        self, *, t: float, kind: str, old: str | None, new: str, params: dict[str, Any], source: str
+        self,
+        *,
+        t: float,
+        kind: str,
+        old: str | None,
+        new: str,
+        params: dict[str, Any],
+        source: str,
+        pool: str | None = None,
     ) -> None:
-        self.policy_events.append({"t": t, "kind": kind, "old": old, "new": new, "params": params, "source": source})
+        row = {"t": t, "kind": kind, "old": old, "new": new, "params": params, "source": source, "pool": pool}
+        self.policy_events.append(row)
 
 
 class FakeBackend:

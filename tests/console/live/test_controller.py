@@ -132,7 +132,7 @@ def test_a_request_through_the_wired_parts_is_counted_then_recorded(tmp_path: Pa
         assert c.dispatcher.in_flight("d0") == 0 and c.dispatcher.in_flight("p0") == 0  # the request told its end
         assert c.state()["requests"] == {"in_flight": 0, "total": 1, "failed": 1}
         assert c.state()["tenants"]["tenants"]["default"]["requests"]["failed"] == 1
-        assert c.summary()["requests_total"] == 1
+        assert c.summary()["requests_total"] == 1 and "pools" not in c.summary()  # one pool: as before pools
         assert c.recent.rows[-1]["request_id"] == "r1" and c.recent.rows[-1]["status"] == "failed"
         c.recorder.close(status="completed")
 

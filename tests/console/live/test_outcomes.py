@@ -70,8 +70,9 @@ def test_instance_and_policy_events_reach_the_log_and_the_bus() -> None:
     out.sample(inst, 95.0)
     assert log.instance_events[0]["detail"] == "connection refused [probe]"
     assert log.policy_events == [
-        {"t": 3.0, "kind": "routing", "old": "sibyl", "new": "least_load", "params": {"by": "tokens"}, "source": "cli"}
-    ]
+        {"t": 3.0, "kind": "routing", "old": "sibyl", "new": "least_load", "params": {"by": "tokens"}, "source": "cli",
+         "pool": "A"}
+    ]  # stored with the pool whose policy it was
     assert log.samples[0]["t"] == 5.0 and log.samples[0]["instance_id"] == "d0"
     assert [(e["type"], e.get("event"), e.get("new")) for e in out.events.history] == [
         ("instance", "down", None),

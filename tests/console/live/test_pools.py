@@ -1,5 +1,6 @@
 """Several pools on one console (console/live/pools.py): each [[pools]] entry's backend settings and instance ids, and
-a controller with two pools whose parts answer for their own pool only."""
+a controller with two pools whose parts answer for their own pool only, whose swaps are stored with their pool and whose
+summary keeps each pool's decision quality."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from console.live.pools import cluster_label, instance_prefixes, plan_pools
 from console.live.scaler import Scaler
 from core.errors import ConfigError
 from core.pools import UnknownPool
-from core.types import InstancePhase, Role, ScaleAction
+from core.types import InstancePhase, Request, Role, ScaleAction
 from tests.console.live.fakes import Cluster, FakeBackend
 
 
@@ -151,6 +152,30 @@ def test_a_controller_with_two_pools_keeps_each_pools_parts_apart(tmp_path: Path
     c.set_policy("routing", "least_load", None, "api", pool="b")
     assert c.state()["pools"]["A"]["policies"]["routing"]["name"] == "round_robin"
     assert c.state()["pools"]["b"]["policies"]["routing"]["name"] == "least_load"
+
+
+def test_a_swap_is_stored_with_its_pool_and_the_summary_keeps_each_pools_decision_quality(tmp_path: Path) -> None:
+    c, _ = controller(tmp_path)
+    a, b = c.runtimes
+    for rid in ("r1", "r2"):  # two requests through pool b: decoding began on b.d0, its only (so best) decode instance
+        b.dispatcher.route(Request(rid, 0.0, 10, 5), 0.0)
+        b.dispatcher.on_decode_start(rid, 0.0)
+    c.set_policy("routing", "least_load", None, "api", pool="b")
+    c.recorder.close(status="completed", summary=c.summary())
+    [swap] = c.store.policy_events(c.run_id)
+    assert (swap["new"], swap["source"], swap["pool"]) == ("least_load", "api", "b")
+    summary = c.store.get_run(c.run_id).summary or {}
+    pools = summary["pools"]
+    assert {n: p["model"] for n, p in pools.items()} == {"A": "A", "b": "org/B"}
+    assert (pools["b"]["decision_quality"]["decode_scored"], pools["b"]["decision_quality"]["decode_still_best"]) == (
+        2,
+        1.0,
+    )
+    assert (pools["A"]["decision_quality"]["decode_scored"], pools["A"]["decision_quality"]["decode_still_best"]) == (
+        0,
+        None,
+    )
+    assert summary["decision_quality"] == pools["A"]["decision_quality"]  # the first pool's, as with one pool
 
 
 def test_the_poller_reaches_the_instances_pool(tmp_path: Path) -> None:

@@ -279,7 +279,10 @@ def active_policies(
     events: Sequence[Mapping[str, Any]], config: Mapping[str, Any], policy: str, at: float
 ) -> tuple[dict[str, PolicySetting], list[float]]:
     """The routing and queue policies in force at `at` (the last policy event of each kind by then, else
-    the run's configuration), and the times of every swap of those kinds."""
+    the run's configuration), and the times of every swap of those kinds. With several pools, the first
+    pool's (the one the advisor simulates: the pool of the first event naming one; events stored before
+    pools were recorded name none and count)."""
+    first_pool = next((ev["pool"] for ev in events if ev.get("pool")), None)
     queue = config.get("queue") or {}
     active: dict[str, PolicySetting] = {
         "routing": (policy or str(config.get("policy") or "round_robin"), dict(config.get("params") or {})),
@@ -287,7 +290,7 @@ def active_policies(
     }
     swaps = []
     for ev in sorted(events, key=lambda e: float(e["t"])):
-        if ev["kind"] not in ADVISED_KINDS or float(ev["t"]) > at:
+        if ev["kind"] not in ADVISED_KINDS or float(ev["t"]) > at or ev.get("pool") not in (None, first_pool):
             continue
         if ev.get("source") != "config":
             swaps.append(float(ev["t"]))

@@ -277,3 +277,20 @@ def test_in_flight_requests_bring_the_predicted_p99_ttft_of_an_overloaded_window
     estimated = predict(window_from_rows(finished, **args, in_flight=guessed), Shape(1, 1), profile,
                         *OVERLOAD.values()).ttft_p99
     assert estimated is not None and abs(estimated - observed) < abs(blind - observed)
+
+
+def test_with_several_pools_only_the_first_pools_swaps_are_its_active_policies() -> None:
+    """The advisor simulates the first pool: a swap on another pool neither sets its policy nor counts as its swap."""
+    from console.advisor.window import active_policies
+
+    events = [
+        {"t": 0.0, "kind": "routing", "new": "round_robin", "params": {}, "source": "config", "pool": "A"},
+        {"t": 0.0, "kind": "routing", "new": "round_robin", "params": {}, "source": "config", "pool": "B"},
+        {"t": 5.0, "kind": "routing", "new": "least_load", "params": {}, "source": "cli", "pool": "B"},
+        {"t": 7.0, "kind": "queue", "new": "priority", "params": {}, "source": "cli", "pool": "A"},
+    ]
+    active, swaps = active_policies(events, {}, "round_robin", at=10.0)
+    assert active["routing"] == ("round_robin", {}) and active["queue"] == ("priority", {}) and swaps == [7.0]
+    legacy = [{**e, "pool": None} for e in events]  # stored before pools were recorded: every event counts
+    active, swaps = active_policies(legacy, {}, "round_robin", at=10.0)
+    assert active["routing"] == ("least_load", {}) and swaps == [5.0, 7.0]

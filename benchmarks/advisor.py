@@ -5,6 +5,12 @@ how much the two arms of a routing canary interfere. `benchmarks/advisor_live.py
 - **cost**: one advice (`console.advisor.simulate.advise`, the default candidates) on a window of an Azure
   conversation slice rescaled to `--rate` requests/s over `--window-s` seconds, at `--cluster` (default 8P56D);
   wall and CPU seconds, pairs simulated and pairs carried over without a run. Target: within period_s (30 s).
+  With `prefix`, also on a Mooncake conversation window with each request's 16-token prefix keys, exact and with
+  coarser cache blocks (`--key-blocks`), and how far the coarse figures are from the exact ones.
+- **worker**: the live path: the Mooncake window handed `--periods` times to a real `AdvisorWorker` (a niced
+  process, the `[advisor] coarse_*` rule of `--coarse-cpu-share` and `--coarse-blocks`), each answer's CPU
+  seconds as the worker measures them (its own process time over the advice, what the console reports), and
+  the cache model it chose and why.
 - **canary** (simulated arms, on Mooncake conversation slices with their prefix hashes, where prefix_aware's P99
   TTFT differs from least_load's by far more than 20% when the prefill pool queues): the canary runs inside the
   simulator's dispatcher (`Dispatcher.start_canary`, the live code) with the console's split (`ArmSplit`, by
@@ -17,12 +23,13 @@ how much the two arms of a routing canary interfere. `benchmarks/advisor_live.py
 
 Seeds move the slice through the trace and change the split's salt. CPU seconds are this process's own; on a
 shared machine the wall time also counts the time other processes held the cores.
-Usage: python -m benchmarks.advisor [--parts cost,canary] [--seeds 5] [--null-seeds 20] [--json]
+Usage: python -m benchmarks.advisor [--parts cost,prefix,worker,canary] [--seeds 5] [--null-seeds 20] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -33,8 +40,10 @@ import numpy as np
 
 from benchmarks.paths import AZURE_CONV, add_traces_option, traces_dir
 from console.advisor.canary import CANARY, ArmSample, ArmSplit, Reading, plan_canary, read_canary
+from console.advisor.settings import AdvisorSettings
 from console.advisor.simulate import NOTHING_HELD, Shape, advise, predict
 from console.advisor.window import RecentArrivals, Window, window_from_rows
+from console.advisor.worker import AdvisorWorker
 from core.dispatch import Dispatcher
 from core.perf import PerfProfile, get_profile
 from core.sim.cluster import CacheParams, ClusterSimResult, ClusterSimulation
@@ -75,6 +84,10 @@ def trace_slice(trace: Trace, seed: int, duration_s: float, rate: float) -> Trac
 
 
 # --- cost -------------------------------------------------------------------------------------------------------
+def mooncake_profile() -> PerfProfile:
+    return get_profile(COST_PROFILE["mooncake"]).model_copy(update={"max_model_len": 131_072})
+
+
 def stored_rows(trace: Trace) -> list[dict[str, Any]]:
     """The trace's requests as the run store holds them (every one answered; the figures are not compared here)."""
     rows = []
@@ -121,6 +134,28 @@ def cost(window: Window, shape: Shape, profile: PerfProfile, mode: str, key_bloc
             "carried": len(carried), "wall_s": wall, "cpu_s": cpu, "cpu_per_simulated_s": cpu / simulated,
             "cpu_s_without_shortcut": cpu + time.process_time() - c1,
             "predicted": {r.label: [r.predicted.ttft_p99, r.predicted.prefix_hit_rate] for r in advice.ranked}}
+
+
+# --- the live worker -------------------------------------------------------------------------------------------
+def worker_cost(window: Window, shape: Shape, profile: PerfProfile, settings: AdvisorSettings,
+                periods: int) -> list[dict[str, Any]]:
+    """The window advised `periods` times in a row by a worker process under `settings`' coarse rule."""
+    worker = AdvisorWorker(shape, profile, coarse=settings.coarse_rule())
+    rows = []
+    try:
+        for period in range(periods):
+            worker.submit(window)
+            answer = asyncio.run(worker.next_answer(3600.0))
+            assert answer is not None and answer.advice is not None, answer and answer.error
+            advice = answer.advice
+            rows.append({"part": "worker", "period": period + 1, "cluster": str(shape), "key_blocks": advice.key_blocks,
+                         "cache_model": advice.cache_model, "why": advice.cache_why, "cpu_s": answer.job_cpu_s,
+                         "wall_s": answer.wall_s, "period_s": settings.period_s,
+                         "predicted": {r.label: [r.predicted.ttft_p99, r.predicted.prefix_hit_rate]
+                                       for r in advice.ranked}})
+    finally:
+        worker.close()
+    return rows
 
 
 # --- canary (simulated arms) -------------------------------------------------------------------------------------
@@ -236,6 +271,14 @@ def print_cost(rows: list[dict[str, Any]], period_s: float) -> None:
               f"TTFT whose exact figures differ by more than 1%: {len(flips)} {flips or ''}")
 
 
+def print_worker(rows: list[dict[str, Any]]) -> None:
+    print(f"{'period':>6} {'cluster':>8} {'cache model':<28} {'worker cpu s':>12} {'wall s':>7} {'period s':>8} "
+          f"{'met':>4}  why")
+    for r in rows:
+        print(f"{r['period']:>6} {r['cluster']:>8} {r['cache_model']:<28} {r['cpu_s']:>12.1f} {r['wall_s']:>7.1f} "
+              f"{r['period_s']:>8.0f} {'yes' if r['cpu_s'] <= r['period_s'] else 'no':>4}  {r['why']}")
+
+
 def print_canary(rows: list[dict[str, Any]]) -> None:
     print(f"{'seed':>4} {'active':<12} {'candidate':<12} {'reqs':>5} {'canary':>6} {'control':>7} {'real Δp99':>9} "
           f"{'decision':<12} {'at s':>5} {'right':>5} {'canary/alone':>12} {'control/alone':>13} {'cpu s':>6}")
@@ -280,7 +323,8 @@ def _groups(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="cost,canary",
-                    help="cost, prefix (cost also on a Mooncake window with prefix keys), canary (and interference)")
+                    help="cost, prefix (cost also on a Mooncake window with prefix keys), worker (the live worker "
+                         "process on that window, its coarse rule), canary (and interference)")
     ap.add_argument("--key-blocks", type=lambda t: [int(x) for x in t.split(",")], default=[4, 8],
                     help="prefix: coarser cache blocks to compare with the exact model")
     ap.add_argument("--cluster", default="8P56D", help="cost: the advised shape")
@@ -288,6 +332,11 @@ def main() -> None:
     ap.add_argument("--window-s", type=float, default=300.0, help="cost: the window's length")
     ap.add_argument("--modes", default="iteration,ps", help="cost: the simulator's modes")
     ap.add_argument("--period-s", type=float, default=30.0)
+    ap.add_argument("--periods", type=int, default=3, help="worker: windows advised in a row")
+    ap.add_argument("--coarse-cpu-share", type=float, default=AdvisorSettings().coarse_cpu_share,
+                    help="worker: [advisor] coarse_cpu_share")
+    ap.add_argument("--coarse-blocks", type=int, default=AdvisorSettings().coarse_blocks,
+                    help="worker: [advisor] coarse_blocks")
     ap.add_argument("--canary-cluster", default="6P6D")
     ap.add_argument("--canary-rate", type=float, default=12.0, help="canary: Mooncake arrivals per second")
     ap.add_argument("--pair", default="least_load,prefix_aware", help="canary: active,candidate with a real difference")
@@ -309,8 +358,12 @@ def main() -> None:
         out += [cost(window, shape, get_profile(COST_PROFILE["azure"]), m) for m in args.modes.split(",")]
         if "prefix" in parts:
             window = cost_window(mooncake(args.traces), args.rate, args.window_s)
-            profile = get_profile(COST_PROFILE["mooncake"]).model_copy(update={"max_model_len": 131_072})
-            out += [cost(window, shape, profile, "iteration", k) for k in (1, *args.key_blocks)]
+            out += [cost(window, shape, mooncake_profile(), "iteration", k) for k in (1, *args.key_blocks)]
+    if "worker" in parts:
+        settings = AdvisorSettings(period_s=args.period_s, coarse_cpu_share=args.coarse_cpu_share,
+                                   coarse_blocks=args.coarse_blocks)
+        window = cost_window(mooncake(args.traces), args.rate, args.window_s)
+        out += worker_cost(window, Shape.from_cluster(args.cluster), mooncake_profile(), settings, args.periods)
     if "canary" in parts:
         shape = Shape.from_cluster(args.canary_cluster)
         profile = get_profile(CANARY_PROFILE).model_copy(update={"max_model_len": 131_072})
@@ -324,6 +377,8 @@ def main() -> None:
         return
     if "cost" in parts:
         print_cost([r for r in out if r["part"] == "cost"], args.period_s)
+    if "worker" in parts:
+        print_worker([r for r in out if r["part"] == "worker"])
     if "canary" in parts:
         print_canary([r for r in out if r["part"] == "canary"])
 

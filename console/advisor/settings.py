@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from console.advisor.coarse import CoarseRule
 from core.errors import PolicyError
 
 
@@ -18,8 +19,8 @@ class AdvisorSettings(BaseModel):
         False,
         description="re-simulate the recent traffic under each candidate policy in a niced worker process; off by "
         "default: the console itself pays < 1% of a core, but the worker simulates every candidate each period "
-        "(about 1 CPU-second per 100 requests in the window, 13% of a core at 5 req/s) on the machine that "
-        "may also run the instances",
+        "(at 64 instances about 0.4 CPU-second per 100 requests in the window with prefix keys, 0.07 without: "
+        "20 req/s over 300 s takes ~21 s of each 30 s period) on the machine that may also run the instances",
     )
     period_s: float = Field(30.0, gt=0, description="how often a window is advised on")
     window_s: float = Field(300.0, gt=0, description="how much recent traffic each advice re-simulates")
@@ -38,6 +39,26 @@ class AdvisorSettings(BaseModel):
     cooldown_s: float = Field(
         600.0, ge=0, description="auto and canary: no automatic canary this long after a swap or a canary's end"
     )
+    coarse_blocks: int = Field(
+        8,
+        ge=1,
+        description="engine KV blocks merged into one modelled block when the advisor models the prefix cache "
+        "coarsely (\"coarse prefix blocks (×8)\" in the advice; docs/advisor.md gives its error); 1: always exact",
+    )
+    coarse_above_instances: int | None = Field(
+        None, ge=1, description="always model coarse blocks for a cluster of more instances than this (unset: by CPU)"
+    )
+    coarse_cpu_share: float | None = Field(
+        0.8,
+        gt=0,
+        description="model coarse blocks after an exact advice that took more than this share of period_s in the "
+        "worker's CPU seconds, and exact again once an exact one is estimated to fit (unset: never by CPU)",
+    )
+
+    def coarse_rule(self) -> CoarseRule:
+        """When the worker models the prefix cache in coarse blocks (console/advisor/coarse.py)."""
+        budget = None if self.coarse_cpu_share is None else self.coarse_cpu_share * self.period_s
+        return CoarseRule(self.coarse_blocks, self.coarse_above_instances, budget)
 
     @field_validator("candidates")
     @classmethod

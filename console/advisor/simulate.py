@@ -17,12 +17,13 @@ advice (the simulator is deterministic; `seed` goes to the plan for policies tha
 - **Not simulated.** A queue policy only orders the requests admission holds, so where the active pair's
   simulation held none, a queue candidate with the same capacity limits would replay it event for
   event: it gets the active pair's figures without a run (exact, not an approximation), and says so.
-- **Coarser cache blocks** (`key_blocks` > 1, off by default): the cache is modelled in blocks of `key_blocks`
+- **Coarser cache blocks** (`key_blocks` > 1, off by default; the live worker turns it on by the `[advisor]
+  coarse_*` rule, console/advisor/coarse.py): the cache is modelled in blocks of `key_blocks`
   engine blocks, keyed by every `key_blocks`-th key of each request's chain (a chained key names its whole
   prefix, so these are exact keys of the coarser blocks). The cache model's cost is per block, so this divides
   it; what it costs in accuracy is that a cached prefix counts only in whole coarse blocks (up to
   `key_blocks` × block size − 1 tokens fewer per hit) and eviction frees coarse blocks (benchmarks/advisor.py
-  measures both against the exact model).
+  measures both against the exact model). The advice says which model it used (`cache_model`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from console.advisor.coarse import NO_KEYS, cache_label
 from console.advisor.figures import Figures, predicted_figures
 from console.advisor.window import PolicySetting, Window
 from console.offline.simulate import SimPlan, run_one
@@ -139,7 +141,7 @@ def simulate(
     `key_blocks` > 1, the cache modelled in coarser blocks: see the module docstring)."""
     keys, cache = window.prefix_keys, None
     if keys is not None and key_blocks > 1:
-        keys = coarse_keys(keys, key_blocks)
+        keys = _coarse_keys_of(keys, key_blocks)
         cache = CacheParams(block_size=profile.block_size * key_blocks)
     plan = SimPlan(
         arrivals=window.arrivals,
@@ -190,6 +192,20 @@ def coarse_keys(keys: Sequence[tuple[int, ...]], key_blocks: int) -> list[tuple[
     if key_blocks < 1:
         raise ValueError(f"key_blocks must be >= 1, got {key_blocks}")
     return [tuple(k[key_blocks - 1 :: key_blocks]) for k in keys]
+
+
+_COARSE: list[tuple[Sequence[tuple[int, ...]], int, list[tuple[int, ...]]] | None] = [None]
+"""The last chains coarsened, the factor and the result: every candidate of one advice runs on the same keys
+(and the simulator's cache remembers what it derived from them by their identity)."""
+
+
+def _coarse_keys_of(keys: Sequence[tuple[int, ...]], key_blocks: int) -> list[tuple[int, ...]]:
+    last = _COARSE[0]  # read once: another thread may replace it
+    if last is not None and last[0] is keys and last[1] == key_blocks:
+        return last[2]
+    out = coarse_keys(keys, key_blocks)
+    _COARSE[0] = (keys, key_blocks, out)
+    return out
 
 
 def queue_limits(queue: PolicySetting) -> tuple[Any, ...]:
@@ -327,6 +343,15 @@ class Advice:
     skipped: dict[str, str]
     sim_wall_s: float
     seed: int
+    key_blocks: int = 1
+    """Engine blocks per modelled cache block: 1, the exact model; more, coarse prefix blocks."""
+    cache_why: str = ""
+    """Why this cache model (the worker's `[advisor] coarse_*` rule; empty when the caller chose)."""
+
+    @property
+    def cache_model(self) -> str:
+        """"exact prefix blocks", or "coarse prefix blocks (×8)"."""
+        return cache_label(self.key_blocks)
 
     @property
     def best(self) -> Ranked | None:
@@ -353,6 +378,9 @@ class Advice:
             "skipped": dict(self.skipped),
             "sim_wall_s": self.sim_wall_s,
             "seed": self.seed,
+            "cache_model": self.cache_model,
+            "key_blocks": self.key_blocks,
+            "cache_why": self.cache_why,
         }
 
 
@@ -372,9 +400,13 @@ def advise(
     mode: Mode = "iteration",
     seed: int = 0,
     key_blocks: int = 1,
+    cache_why: str = "",
 ) -> Advice:
     """Re-simulate the window under the active pair and each candidate; rank them; judge the gains by the
-    advisor's error on this window and the `recent` ones."""
+    advisor's error on this window and the `recent` ones. `key_blocks` > 1 models the cache in coarse blocks
+    (a window without prefix keys has no cache to coarsen: its advice says exact); `cache_why` says why."""
+    if window.prefix_keys is None:
+        key_blocks, cache_why = 1, cache_why or NO_KEYS
     started = time.perf_counter()
     if candidates is None:
         chosen, skipped = default_candidates(window)
@@ -413,4 +445,6 @@ def advise(
         skipped=skipped,
         sim_wall_s=time.perf_counter() - started,
         seed=seed,
+        key_blocks=key_blocks,
+        cache_why=cache_why,
     )

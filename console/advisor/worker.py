@@ -5,7 +5,9 @@ answer; neither waits for a simulation. One window is simulated at a time: a win
 one is running waits (a newer one replaces it), so a slow advisor skips periods instead of queueing
 them. The child runs under `os.nice(NICE)` and reports its own CPU time (user + system, from
 `resource.getrusage`) with every answer, so the console can show what the advisor costs. It keeps
-the error history (what a gain must clear) across windows.
+the error history (what a gain must clear) across windows, and what its last advices cost, which
+decides when it models the prefix cache in coarse blocks (`coarse`, the `[advisor] coarse_*` rule:
+console/advisor/coarse.py).
 
     worker = AdvisorWorker(Shape(2, 4), profile)
     worker.submit(window)            # returns at once
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from console.advisor.coarse import CoarseChooser, CoarseRule
 from console.advisor.simulate import Advice, Candidate, ErrorHistory, Shape, advise
 from console.advisor.window import Window
 from core.perf import PerfProfile
@@ -48,6 +51,8 @@ class Job:
     candidates: list[Candidate] | None
     mode: Mode
     seed: int
+    coarse: CoarseRule = CoarseRule(blocks=1)
+    """When to model the prefix cache in coarse blocks (console/advisor/coarse.py; default: never)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ def serve(conn: Connection, nice: int) -> None:
     if nice:
         os.nice(nice)
     history = ErrorHistory()
+    chooser: CoarseChooser | None = None
     while True:
         try:
             job = conn.recv()
@@ -99,6 +105,10 @@ def serve(conn: Connection, nice: int) -> None:
             return
         started, cpu0 = time.perf_counter(), time.process_time()
         advice, error = None, None
+        if chooser is None or chooser.rule != job.coarse:
+            chooser = CoarseChooser(job.coarse)
+        has_keys = job.window.prefix_keys is not None
+        key_blocks, why = chooser.choose(job.shape.n_prefill + job.shape.n_decode, has_keys)
         try:
             advice = advise(
                 job.window,
@@ -108,8 +118,11 @@ def serve(conn: Connection, nice: int) -> None:
                 recent=history.recent(),
                 mode=job.mode,
                 seed=job.seed,
+                key_blocks=key_blocks,
+                cache_why=why,
             )
             history.add(advice.error)
+            chooser.record(key_blocks, time.process_time() - cpu0, has_keys)
         except Exception as e:  # an answer, not a dead worker: the console shows it
             error = f"{type(e).__name__}: {e}"
         answer = WorkerAnswer(
@@ -140,9 +153,11 @@ class AdvisorWorker:
         mode: Mode = "iteration",
         seed: int = 0,
         nice: int = NICE,
+        coarse: CoarseRule | None = None,
     ) -> None:
         self.shape, self.profile = shape, profile
         self.candidates, self.mode, self.seed = candidates, mode, seed
+        self.coarse = coarse or CoarseRule(blocks=1)
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(target=serve, args=(child, nice), name="sibyl-advisor", daemon=True)
@@ -224,7 +239,7 @@ class AdvisorWorker:
         self._conn.close()
 
     def _send(self, number: int, window: Window) -> None:
-        job = Job(number, window, self.shape, self.profile, self.candidates, self.mode, self.seed)
+        job = Job(number, window, self.shape, self.profile, self.candidates, self.mode, self.seed, self.coarse)
         self._conn.send(job)
         self._running = job.job
 

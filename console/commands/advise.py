@@ -66,6 +66,8 @@ def advise(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         f"window {max(w['start'], 0.0):.0f}-{w['end']:.0f} s of the run: {w['requests']} requests on "
         f"{advice['shape']}, profile {advice['profile']}{'; a swap or canary inside it' if w['swapped'] else ''}"
     )
+    if advice.get("key_blocks", 1) > 1:  # the worker modelled the prefix cache coarsely ([advisor] coarse_*)
+        con.print(f"cache modelled in {advice['cache_model']}: {advice['cache_why']}")
     t = Table(title=f"candidates, best first (observed P99 TTFT {_ms(obs['ttft_p99'])} ms, attainment "
               f"{_pct(obs['attainment'])})")
     t.add_column("candidate", no_wrap=True)

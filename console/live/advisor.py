@@ -84,6 +84,7 @@ def _summary(advice: Mapping[str, Any]) -> dict[str, Any]:
         "observed": advice["observed"],
         "requests": advice["window"]["requests"],
         "swapped": advice["window"]["swapped"],
+        "cache_model": advice.get("cache_model"),
         "ranked": [
             {
                 "label": r["label"],
@@ -178,7 +179,9 @@ class LiveAdvisor:
         s = self.settings
         candidates = [parse_candidate(c) for c in s.candidates] if s.candidates is not None else None
         shape = self._shape()
-        self.worker = await asyncio.to_thread(AdvisorWorker, shape, self.profile(), candidates=candidates)
+        self.worker = await asyncio.to_thread(
+            AdvisorWorker, shape, self.profile(), candidates=candidates, coarse=s.coarse_rule()
+        )
         next_at = time.monotonic() + s.period_s
         while True:
             await asyncio.sleep(max(next_at - time.monotonic(), 0.0))

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+import sys
+from collections import deque
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+
+import numpy as np
 
 from core.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from core.cache.free_queue import EMPTY, BlockIds, FreeQueue
 from core.cache.keys import BlockKey
 
 RequestId = str | int
+LOOKUP_RUN = 32
+"""Keys looked up at once when finding a cached prefix (then twice as many, ...): a hit rarely ends in the first."""
 
 # What is modelled (vLLM 0.32, v1/core/block_pool.py, kv_cache_manager.py,
 # single_type_kv_cache_manager.py FullAttentionManager, kv_cache_utils.py FreeKVCacheBlockQueue):
@@ -75,10 +82,14 @@ class CacheStats:
 
 @dataclass(slots=True)
 class _Req:
-    blocks: list[int]
+    blocks: BlockIds
     num_tokens: int
     num_committed: int
     token_ids: list[int] | None = field(default=None)
+    repeats: bool = False
+    """Whether ``blocks`` lists a block twice (a chain that repeats a key hits its block twice)."""
+    listed: int = sys.maxsize
+    """How many leading keys of its chain enter the lookup map (``allocate``'s ``listed``)."""
 
 
 class PrefixBlockPool:
@@ -88,6 +99,11 @@ class PrefixBlockPool:
     ``num_blocks - 1`` blocks are usable. Keys are the caller's (``core.cache.keys.chain_keys``);
     token ids are optional and only fill the events' ``token_ids``. Events pile up until
     ``drain_events``: a caller that never drains them (the simulator) passes ``enable_events=False``.
+
+    A request's blocks move in bulk (numpy arrays, the free queue in runs: ``core.cache.free_queue``) and
+    its keys enter and leave the key map in one C-level pass each, with a per-block path kept for the
+    rare cases that need it (a key already cached, a key held by two blocks): the blocks, the queue's
+    order, the hits and the events are those of a per-block loop, block for block.
     """
 
     def __init__(
@@ -106,10 +122,14 @@ class PrefixBlockPool:
         self.enable_caching = enable_caching
         self.enable_events = enable_events
         self.stats = CacheStats()
-        self._ref = [0] * num_blocks
-        self._key: list[BlockKey | None] = [None] * num_blocks
-        # Free queue, head = next to allocate/evict. OrderedDict: O(1) popleft, remove, both ends.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self._ref = np.zeros(num_blocks, dtype=np.int64)
+        self._key: np.ndarray = np.full(num_blocks, None, dtype=object)
+        """Block → its cached key, or None."""
+        self._keyed = np.zeros(num_blocks, dtype=np.bool_)
+        """Block → whether it has a key (``_key`` is not None)."""
+        self._listed = np.zeros(num_blocks, dtype=np.bool_)
+        """Block → whether its key is in the lookup map (``_cached``) on its behalf."""
+        self._free = FreeQueue(num_blocks)
         self._cached: dict[BlockKey, int] = {}
         self._dups: dict[BlockKey, list[int]] = {}
         self._reqs: dict[RequestId, _Req] = {}
@@ -128,7 +148,7 @@ class PrefixBlockPool:
 
     @property
     def num_cached_blocks(self) -> int:
-        """Distinct keys currently cached (in use or free)."""
+        """Distinct keys currently cached (in use or free; those a caller asked not to list excluded)."""
         return len(self._cached)
 
     @property
@@ -140,6 +160,11 @@ class PrefixBlockPool:
     def requests(self) -> list[RequestId]:
         return list(self._reqs)
 
+    @property
+    def cached_keys(self) -> Container[BlockKey]:
+        """The keys cached now (in use or free; listed ones), a live view for lookups that bypass ``in``."""
+        return self._cached.keys()
+
     def __contains__(self, key: object) -> bool:
         return key in self._cached
 
@@ -147,26 +172,22 @@ class PrefixBlockPool:
         return self._reqs[request_id].num_tokens
 
     def block_ids(self, request_id: RequestId) -> list[int]:
-        return list(self._reqs[request_id].blocks)
+        ids: list[int] = self._reqs[request_id].blocks.tolist()
+        return ids
 
     def free_queue(self) -> list[int]:
         """Block ids in eviction order (head first); for tests and inspection."""
-        return list(self._free)
+        return self._free.order()
 
     def key_of(self, block_id: int) -> BlockKey | None:
-        return self._key[block_id]
+        key: BlockKey | None = self._key[block_id]
+        return key
 
     def cached_prefix_blocks(self, keys: Sequence[BlockKey]) -> int:
         """How many leading ``keys`` are cached, uncapped, without touching anything."""
         if not self.enable_caching:
             return 0
-        cached = self._cached
-        n = 0
-        for k in keys:
-            if k not in cached:
-                break
-            n += 1
-        return n
+        return len(self._leading(keys, len(keys)))
 
     def max_hit_blocks(self, num_prompt_tokens: int) -> int:
         """vLLM's cap on a hit: at most ``num_prompt_tokens - 1`` tokens, in whole blocks."""
@@ -174,14 +195,12 @@ class PrefixBlockPool:
 
     def cached_tokens(self, keys: Sequence[BlockKey], num_prompt_tokens: int) -> int:
         """Tokens a prompt would find cached if admitted now (capped as vLLM caps them)."""
-        limit = self.max_hit_blocks(num_prompt_tokens)
-        return self.cached_prefix_blocks(keys[:limit]) * self.block_size
+        return self.cached_prefix_blocks(keys[: self.max_hit_blocks(num_prompt_tokens)]) * self.block_size
 
     def blocks_needed(self, keys: Sequence[BlockKey], num_tokens: int) -> int:
         """Free blocks an ``allocate`` of this prompt would take now (hits on free blocks count)."""
         hits = self._hit_blocks(keys, num_tokens)
-        ref = self._ref
-        return -(-num_tokens // self.block_size) - len(hits) + sum(1 for b in hits if ref[b] == 0)
+        return -(-num_tokens // self.block_size) - len(hits) + int(np.count_nonzero(self._ref[hits] == 0))
 
     # ---- mutations ---------------------------------------------------------------------------
     def allocate(
@@ -193,6 +212,7 @@ class PrefixBlockPool:
         token_ids: Sequence[int] | None = None,
         commit: bool = True,
         preempted: bool = False,
+        listed: int | None = None,
     ) -> Allocation | None:
         """Admit a request of ``num_tokens`` prompt tokens whose full blocks have ``keys``.
 
@@ -201,6 +221,13 @@ class PrefixBlockPool:
         ``delay_cache_blocks`` for a KV transfer still in flight: call ``commit_full_blocks``
         later). None, with nothing changed and nothing counted, when too few blocks are free.
         ``preempted`` counts the lookup in the preempted stats, as vLLM does for a resumed request.
+
+        ``listed`` (None: all) enters only the first ``listed`` keys of the chain in the lookup map: for a
+        caller that knows no lookup will ever ask for the others (the simulator knows every chain of its
+        run, and a key no other chain holds is asked for only by its own request, before it is cached).
+        Their blocks are cached all the same (kept at the queue's tail when freed, evicted when taken,
+        counted in the stats and events); only the map's upkeep, most of the cost of a long prompt, is
+        saved, and every lookup of a listed key answers as it would with all listed.
         """
         if request_id in self._reqs:
             raise ValueError(f"request {request_id!r} already holds blocks")
@@ -208,20 +235,30 @@ class PrefixBlockPool:
             raise ValueError(f"num_tokens must be positive, got {num_tokens}")
         hits = self._hit_blocks(keys, num_tokens)
         ref = self._ref
-        num_new = -(-num_tokens // self.block_size) - len(hits)
-        if num_new + sum(1 for b in hits if ref[b] == 0) > len(self._free):
+        n_hits = len(hits)
+        num_new = -(-num_tokens // self.block_size) - n_hits
+        repeats = False
+        if n_hits:
+            idle = hits[ref[hits] == 0]  # free cached blocks the request touches (a repeated one once per hit)
+            if num_new + len(idle) > len(self._free):
+                return None
+            repeats = len(np.unique(hits)) != n_hits
+            if repeats:  # a block hit twice leaves the queue once and is referenced twice
+                self._free.remove(np.unique(idle))
+                np.add.at(ref, hits, 1)
+            else:
+                self._free.remove(idle)
+                ref[hits] += 1
+        elif num_new > len(self._free):
             return None
-        free = self._free
-        for b in hits:  # touch
-            if ref[b] == 0:
-                del free[b]
-            ref[b] += 1
         new_blocks, evicted = self._take(num_new)
-        req = _Req(hits + new_blocks, num_tokens, len(hits))
+        req = _Req(np.concatenate((hits, new_blocks)) if n_hits else new_blocks, num_tokens, n_hits, repeats=repeats)
+        if listed is not None:
+            req.listed = listed
         if token_ids is not None and self.enable_events:
             req.token_ids = list(token_ids)
         self._reqs[request_id] = req
-        cached_tokens = len(hits) * self.block_size
+        cached_tokens = n_hits * self.block_size
         st = self.stats
         if self.enable_caching:
             if preempted:
@@ -234,7 +271,7 @@ class PrefixBlockPool:
                 st.hits += cached_tokens
         if commit:
             self._commit(req, keys)
-        return Allocation(request_id, num_tokens, len(hits), cached_tokens, num_new, evicted)
+        return Allocation(request_id, num_tokens, n_hits, cached_tokens, num_new, evicted)
 
     def append_tokens(self, request_id: RequestId, num_tokens: int = 1, token_ids: Sequence[int] | None = None) -> bool:
         """Grow a running request by ``num_tokens`` slots (decode); False, unchanged, if blocks run out.
@@ -247,7 +284,7 @@ class PrefixBlockPool:
         if need > len(self._free):
             return False
         if need > 0:
-            req.blocks.extend(self._take(need)[0])
+            req.blocks = np.concatenate((req.blocks, self._take(need)[0]))
         req.num_tokens = total
         if req.token_ids is not None and token_ids is not None:
             req.token_ids.extend(token_ids)
@@ -261,22 +298,33 @@ class PrefixBlockPool:
         return self._commit(self._reqs[request_id], keys)
 
     def free(self, request_id: RequestId) -> None:
-        """Release a finished, aborted or preempted request's blocks (unknown ids are ignored)."""
+        """Release a finished, aborted or preempted request's blocks (unknown ids are ignored).
+
+        Tail first: a block whose last holder this was goes, if cached, to the queue's tail (so a
+        prefix's head is evicted last), else to its head (reused first)."""
         req = self._reqs.pop(request_id, None)
         if req is None:
             return
-        ref, key, free = self._ref, self._key, self._free
-        first: list[int] = []
-        for b in reversed(req.blocks):
-            ref[b] -= 1
-            if ref[b] == 0:
-                if key[b] is None or not self.enable_caching:
-                    first.append(b)
-                else:
-                    free[b] = None
-        for b in reversed(first):
-            free[b] = None
-            free.move_to_end(b, last=False)
+        ref = self._ref
+        tail_first = req.blocks[::-1]
+        if req.repeats:
+            np.subtract.at(ref, tail_first, 1)
+            released = tail_first[ref[tail_first] == 0]
+            # a block listed twice is released at its last occurrence tail first: keep that one
+            _, last = np.unique(released[::-1], return_index=True)
+            released = released[np.sort(len(released) - 1 - last)]
+        else:
+            ref[tail_first] -= 1
+            released = tail_first[ref[tail_first] == 0]
+        if not len(released):
+            return
+        if self.enable_caching:
+            keyed = self._keyed[released]
+            if keyed.any():
+                self._free.push_back(released[keyed])
+                released = released[~keyed]
+        if len(released):
+            self._free.push_front(released)
 
     def reset(self) -> bool:
         """Drop every cached key, only when no block is in use (vLLM's ``reset_prefix_cache``)."""
@@ -284,7 +332,9 @@ class PrefixBlockPool:
             return False
         self._cached.clear()
         self._dups.clear()
-        self._key = [None] * self.num_blocks
+        self._key[:] = None
+        self._keyed[:] = False
+        self._listed[:] = False
         self.stats.resets += 1
         if self.enable_events:
             self._events.append(AllBlocksCleared())
@@ -296,41 +346,72 @@ class PrefixBlockPool:
         return events
 
     # ---- internals ---------------------------------------------------------------------------
-    def _hit_blocks(self, keys: Sequence[BlockKey], num_tokens: int) -> list[int]:
-        if not self.enable_caching:
+    def _leading(self, keys: Sequence[BlockKey], limit: int) -> list[int]:
+        """The blocks of the leading cached keys among ``keys[:limit]`` (up to the first one not cached), looked
+        up a run at a time (runs doubling from LOOKUP_RUN)."""
+        get = self._cached.get
+        limit = min(limit, len(keys))
+        if not limit or get(keys[0]) is None:
             return []
-        cached = self._cached
-        hits: list[int] = []
-        for k in keys[: self.max_hit_blocks(num_tokens)]:
-            b = cached.get(k)
-            if b is None:
+        found: list[int] = []
+        lo, run = 0, LOOKUP_RUN
+        while lo < limit:
+            hi = min(limit, lo + run)
+            got = list(map(get, keys[lo:hi], repeat(0)))  # 0, the null block, marks a key not cached
+            if 0 in got:
+                found += got[: got.index(0)]
                 break
-            hits.append(b)
-        return hits
+            found += got
+            lo, run = hi, 2 * run
+        return found
 
-    def _take(self, n: int) -> tuple[list[int], int]:
-        free, ref, key = self._free, self._ref, self._key
-        cached, dups, events = self._cached, self._dups, self._events if self.enable_events else None
-        popitem = free.popitem
-        out: list[int] = []
-        append = out.append
-        evicted = 0
-        for _ in range(n):
-            b = popitem(last=False)[0]
-            k = key[b]
-            if k is not None:
+    def _hit_blocks(self, keys: Sequence[BlockKey], num_tokens: int) -> BlockIds:
+        if not self.enable_caching:
+            return EMPTY
+        found = self._leading(keys, self.max_hit_blocks(num_tokens))
+        return np.array(found, dtype=np.intp) if found else EMPTY
+
+    def _take(self, n: int) -> tuple[BlockIds, int]:
+        """The next n blocks of the free queue, each now referenced once; the cached ones among them lose
+        their keys (evicted)."""
+        out = self._free.take(n)
+        if not n:
+            return out, 0
+        self._ref[out] = 1
+        keyed = self._keyed[out]
+        if not keyed.any():
+            return out, 0
+        lost = out[keyed]
+        if self.enable_events:
+            self._events.extend(BlockRemoved((k,)) for k in self._key[lost].tolist())
+        listed = lost[self._listed[lost]]
+        keys: list[BlockKey] = self._key[listed].tolist()
+        self._key[lost] = None
+        self._keyed[lost] = False
+        self._listed[listed] = False
+        cached, dups = self._cached, self._dups
+        if not dups or dups.keys().isdisjoint(keys):  # each held by its block alone
+            deque(map(cached.pop, keys), maxlen=0)
+        else:
+            for k, b in zip(keys, listed.tolist(), strict=True):
                 if k in dups:
                     self._uncache(k, b)
-                else:  # held by this block alone
+                else:
                     del cached[k]
-                key[b] = None
-                evicted += 1
-                if events is not None:
-                    events.append(BlockRemoved((k,)))
-            ref[b] = 1
-            append(b)
-        self.stats.evicted_blocks += evicted
-        return out, evicted
+        self.stats.evicted_blocks += len(lost)
+        return out, len(lost)
+
+    def _list(self, blocks: BlockIds, chain: Sequence[BlockKey]) -> None:
+        """Enter each key in the lookup map under its block, unless another block holds it already (then the
+        block is a duplicate, listed under the key too)."""
+        self._listed[blocks] = True
+        ids: list[int] = blocks.tolist()
+        held = list(map(self._cached.setdefault, chain, ids))
+        if held != ids:
+            dups = self._dups
+            for k, b, h in zip(chain, ids, held, strict=True):
+                if h != b:
+                    dups.setdefault(k, []).append(b)
 
     def _uncache(self, k: BlockKey, b: int) -> None:
         dups = self._dups.get(k)
@@ -353,15 +434,17 @@ class PrefixBlockPool:
         end = min(len(keys), req.num_tokens // self.block_size, len(req.blocks))
         if end <= start:
             return 0
-        key, setdefault = self._key, self._cached.setdefault
-        for b, k in zip(req.blocks[start:end], keys[start:end], strict=True):
-            key[b] = k
-            if setdefault(k, b) != b:  # another block holds the key already: a duplicate
-                self._dups.setdefault(k, []).append(b)
+        blocks = req.blocks[start:end]
+        chain = keys[start:end]
+        self._key[blocks] = np.fromiter(chain, dtype=object, count=end - start)
+        self._keyed[blocks] = True
+        cut = min(end, req.listed) - start
+        if cut > 0:
+            self._list(blocks[:cut], chain[:cut])
         req.num_committed = end
         if self.enable_events:
             bs = self.block_size
             toks = tuple(req.token_ids[start * bs : end * bs]) if req.token_ids is not None else ()
             parent = keys[start - 1] if start > 0 else None
-            self._events.append(BlockStored(tuple(keys[start:end]), parent, toks, bs))
+            self._events.append(BlockStored(tuple(chain), parent, toks, bs))
         return end - start

@@ -24,6 +24,11 @@ cached, not admission): a pool that has too few free blocks for a request caches
 (it computes, or pulls, the whole prompt); a migrated request's blocks stay on its first decode
 instance until it finishes. Everything is keyed by request index, and nothing is random.
 
+With keys given beforehand, a key that only one request's chain holds is cached but left out of the
+pools' lookup maps (``listed_lengths``, ``PrefixBlockPool.allocate(listed=...)``): no other request asks
+for it and its own request is looked up on an instance only before it allocates there, so every answer
+is the same and half the upkeep of a long conversation window is saved.
+
 A request under a LoRA adapter keys its blocks with the adapter's name, as vLLM 0.32 does
 (``_gen_lora_extra_hash_keys`` in ``v1/core/kv_cache_utils.py``) and the emulator and the live gateway
 do (``core.cache.keys.prompt_keys``): keys derived from its hash ids carry the adapter, so a prefix
@@ -34,7 +39,9 @@ under the request's adapter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections import Counter
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +70,27 @@ class CacheParams:
     """The replay's prompt seed (keys equal a replay's with ``--prompt-seed`` this, lap 0)."""
 
 
+_LISTED: list[tuple[Sequence[Sequence[int]], list[int]] | None] = [None]
+"""The last chains `listed_lengths` answered for, and its answer (the advisor runs every candidate on one window)."""
+
+
+def listed_lengths(chains: Sequence[Sequence[BlockKey]]) -> list[int]:
+    """Per chain, the length of its prefix that ends with its last key held anywhere else (by another chain, or
+    twice by this one): the keys after it belong to this chain alone. Remembered for the same `chains` object."""
+    last = _LISTED[0]  # read once: another thread may replace it
+    if last is not None and last[0] is chains:
+        return last[1]
+    counts = Counter(itertools.chain.from_iterable(chains))
+    out = []
+    for keys in chains:
+        n = len(keys)
+        while n and counts[keys[n - 1]] == 1:
+            n -= 1
+        out.append(n)
+    _LISTED[0] = (chains, out)
+    return out
+
+
 class SimCache:
     """The pools of one simulation, per instance index, and the exact prefix lookup routing reads."""
 
@@ -73,6 +101,8 @@ class SimCache:
         self.capacity_blocks = capacity_blocks
         self.pools: list[PrefixBlockPool | None] = []
         self.ids: list[str] = []
+        self._cached_keys: list[Container[BlockKey]] = []
+        """Per instance index, the keys its pool caches now (a live view; empty for an index without a pool)."""
         self.keys: list[tuple[BlockKey, ...]] = [()] * n_requests
         """Each request's block keys, set at arrival and dropped when it leaves."""
         self.prefill_cached = np.zeros(n_requests, dtype=np.int64)
@@ -89,6 +119,10 @@ class SimCache:
         self._pending_commit: dict[int, int] = {}
         """Request → decode instance whose pulled blocks are cached when the transfer ends."""
         self._given: Sequence[Sequence[int]] | None = None
+        self._listed: Sequence[int] | None = None
+        """Per request, how many leading keys of its given chain its pools list for lookups (``listed_lengths``)."""
+        self._cached_on: dict[int, list[int]] = {}
+        """Request → the instances where it has cached blocks under keys only it holds (no lookup for it there)."""
         self._hash_ids: Sequence[Sequence[int]] | None = None
         self._derive: TraceKeys | None = None
 
@@ -108,7 +142,9 @@ class SimCache:
         bs = params.block_size or profile.block_size
         cache = cls(n_requests, bs, params.capacity_blocks or max(1, profile.kv_capacity_tokens // bs))
         cache._given, cache._hash_ids = prefix_keys, hash_ids
-        if prefix_keys is None:
+        if prefix_keys is not None:
+            cache._listed = listed_lengths(prefix_keys)
+        else:
             # One line to change if the replay's prompts change: the keys an engine computes on them.
             cache._derive = TraceKeys(bs, hash_block_tokens=params.hash_block_tokens, seed=(params.prompt_seed, 0))
         return cache
@@ -129,9 +165,11 @@ class SimCache:
         while len(self.pools) <= x:
             self.pools.append(None)
             self.ids.append("")
+            self._cached_keys.append(frozenset())
         if self.pools[x] is None:
-            self.pools[x] = PrefixBlockPool(self.capacity_blocks + 1, self.block_size, enable_events=False)
-            self.ids[x] = iid
+            pool = PrefixBlockPool(self.capacity_blocks + 1, self.block_size, enable_events=False)
+            self.pools[x], self.ids[x] = pool, iid
+            self._cached_keys[x] = pool.cached_keys
 
     def pool(self, x: int) -> PrefixBlockPool:
         p = self.pools[x]
@@ -142,28 +180,38 @@ class SimCache:
     def match(self, keys: Sequence[BlockKey], now: float | None = None) -> dict[InstanceId, int]:
         """Leading ``keys`` cached per instance (those holding the first one), exactly as the pools
         hold them. A pool's cached blocks are prefix-closed (a block's parent is used with it and
-        freed after it, so LRU never evicts the parent first), so the depth is found by bisection."""
+        freed after it, so LRU never evicts the parent first), so the depth is found by bisection,
+        after trying the depth the previous pool had (often the same: a prefix many requests share)."""
         out: dict[InstanceId, int] = {}
         if not keys:
             return out
         first, n = keys[0], len(keys)
-        for x, pool in enumerate(self.pools):
-            if pool is None or first not in pool:
+        depth = 0  # the previous pool's
+        for x, cached in enumerate(self._cached_keys):
+            if first not in cached:
                 continue
-            lo, hi = 1, n  # keys[:lo] cached; find the largest such lo
+            if not depth:
+                lo, hi = 1, n  # keys[:lo] cached; find the largest such lo
+            elif keys[depth - 1] in cached:
+                if depth == n or keys[depth] not in cached:
+                    out[self.ids[x]] = depth
+                    continue
+                lo, hi = depth + 1, n
+            else:
+                lo, hi = 1, depth - 1
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
-                if keys[mid - 1] in pool:
+                if keys[mid - 1] in cached:
                     lo = mid
                 else:
                     hi = mid - 1
-            out[self.ids[x]] = lo
+            out[self.ids[x]] = depth = lo
         return out
 
     # --- one request's life -------------------------------------------------------------------
     def prefill(self, x: int, i: int, prompt: int) -> int:
         """Request i's prefill starts on instance x: the tokens it computes there."""
-        alloc = self.pool(x).allocate(i, self.keys[i], prompt)
+        alloc = self.pool(x).allocate(i, self.keys[i], prompt, listed=self._listing(x, i))
         if alloc is None:
             return prompt
         self._pre[i] = x
@@ -172,13 +220,14 @@ class SimCache:
 
     def would_compute(self, x: int, i: int, prompt: int) -> int:
         """The tokens request i's prefill would compute on instance x now (nothing changes)."""
+        assert x not in self._cached_on.get(i, ()), "a request looked up where its own unlisted keys are cached"
         return prompt - self.pool(x).cached_tokens(self.keys[i], prompt)
 
     def pull(self, x: int, i: int, prompt: int) -> int:
         """Request i's KV is about to move to decode instance x: the tokens it pulls."""
         if self._pre.get(i) == x:
             return 0  # it was prefilled here (an instance serving both roles): nothing moves
-        alloc = self.pool(x).allocate(i, self.keys[i], prompt, commit=False)
+        alloc = self.pool(x).allocate(i, self.keys[i], prompt, commit=False, listed=self._listing(x, i))
         if alloc is None:
             self.transferred[i] = prompt
             return prompt
@@ -190,7 +239,7 @@ class SimCache:
 
     def local(self, x: int, i: int, prompt: int) -> int:
         """Request i is served by decode instance x alone: the prompt tokens x computes."""
-        alloc = self.pool(x).allocate(i, self.keys[i], prompt)
+        alloc = self.pool(x).allocate(i, self.keys[i], prompt, listed=self._listing(x, i))
         if alloc is None:
             return prompt
         self._dec[i] = x
@@ -222,6 +271,19 @@ class SimCache:
             self.pool(x).free(i)
         self._pending_commit.pop(i, None)
         self.keys[i] = ()
+
+    def _listing(self, x: int, i: int) -> int | None:
+        """How many of request i's keys instance x's pool lists (None: all). A key only request i holds is
+        never asked for by another request, nor by request i once cached (the engine looks a request up on an
+        instance only before it allocates there, and allocates there once), so it is left out of the map."""
+        if self._listed is None:
+            return None
+        n = self._listed[i]
+        if n < len(self.keys[i]):
+            held = self._cached_on.setdefault(i, [])
+            assert x not in held, "a request allocated twice where its own unlisted keys are cached"
+            held.append(x)
+        return n
 
     # --- results ------------------------------------------------------------------------------
     def results(self) -> dict[str, Any]:

@@ -4,6 +4,9 @@ active policies, with the advisor's own error (predicted against observed) decid
 Pure functions over data: the same window, shape, profile, candidates and recent errors give the same
 advice (the simulator is deterministic; `seed` goes to the plan for policies that draw).
 
+- **Profiles.** Each simulated instance runs its own profile where the shape carries one (`Shape.profiles`:
+  the live instance's calibration, or its calibrated peers' terms), the others `profile`; the advice's
+  window notes say so ("per-instance profiles (N calibrated)").
 - **Candidates.** By default every registered routing policy that applies (`default_candidates` says
   why the others are left out), run with the active queue policy, and every queue policy, run with
   the active routing policy. The active pair is always run too: it is the baseline.
@@ -88,10 +91,16 @@ def parse_candidate(text: str) -> Candidate:
 
 @dataclass(frozen=True)
 class Shape:
-    """The live cluster's shape as the simulator runs it."""
+    """The live cluster's shape as the simulator runs it, with each instance's own profile where it has one."""
 
     n_prefill: int
     n_decode: int
+    profiles: dict[str, PerfProfile] = field(default_factory=dict, hash=False)
+    """Simulated instance id (p0.., d0..) → the profile it runs on: what the live calibration projects that
+    instance with (console/live/advisor.py `instance_profiles`); an instance not listed runs the advice's
+    main profile (core/sim/cluster/profiles.py says what each one times)."""
+    calibrated: int = 0
+    """How many of `profiles` are the instance's own calibration (the others: its calibrated peers' terms)."""
 
     @classmethod
     def from_cluster(cls, text: str) -> Shape:
@@ -99,6 +108,19 @@ class Shape:
 
     def __str__(self) -> str:
         return f"{self.n_prefill}P{self.n_decode}D"
+
+    def profiles_note(self, main: PerfProfile) -> str | None:
+        """What the window was simulated with, for the advice's notes (None: every instance on `main`)."""
+        if not self.profiles:
+            return None
+        ids = [f"p{k}" for k in range(self.n_prefill)] + [f"d{k}" for k in range(self.n_decode)]
+        peers, rest = len(self.profiles) - self.calibrated, sum(1 for i in ids if i not in self.profiles)
+        return (
+            f"per-instance profiles ({self.calibrated} calibrated"
+            + (f", {peers} on their calibrated peers' terms" if peers else "")
+            + (f"; {rest} other instances on {main.name}" if rest else "")
+            + ")"
+        )
 
 
 def default_candidates(window: Window) -> tuple[list[Candidate], dict[str, str]]:
@@ -138,7 +160,8 @@ def simulate(
     key_blocks: int = 1,
 ) -> ClusterSimResult:
     """The window re-simulated under one routing and queue policy: the simulator's per-request result (with
-    `key_blocks` > 1, the cache modelled in coarser blocks: see the module docstring)."""
+    `key_blocks` > 1, the cache modelled in coarser blocks: see the module docstring). Each instance runs its
+    profile in `shape.profiles`, the others `profile`."""
     keys, cache = window.prefix_keys, None
     if keys is not None and key_blocks > 1:
         keys = _coarse_keys_of(keys, key_blocks)
@@ -164,6 +187,7 @@ def simulate(
         tenants=window.tenants,
         slo_classes=window.slo_classes,
         slos=window.slos,
+        instance_profiles=shape.profiles or None,
     )
     _, result = run_one(plan, routing[0], routing[1])
     return result
@@ -433,8 +457,11 @@ def advise(
         gain = gain_over(figures, base)
         entries.append(Ranked(label, r, q, figures, gain, clears(gain, bound)))
     entries.sort(key=lambda e: (*rank_key(e.predicted), not e.active, e.label))
+    summary, note = window.summary(), shape.profiles_note(profile)
+    if note is not None:
+        summary["notes"].append(note)
     return Advice(
-        window=window.summary(),
+        window=summary,
         shape=str(shape),
         profile=profile.name,
         observed=window.observed,

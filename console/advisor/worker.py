@@ -42,7 +42,8 @@ NICE = 10
 
 @dataclass(frozen=True)
 class Job:
-    """One window to advise on, with the shape and profile in force when it was taken."""
+    """One window to advise on, with the shape (and its instances' own profiles) and main profile in force
+    when it was taken."""
 
     job: int
     window: Window
@@ -184,7 +185,8 @@ class AdvisorWorker:
         return self._running is not None
 
     def configure(self, shape: Shape | None = None, profile: PerfProfile | None = None) -> None:
-        """The live shape or calibrated profile changed: later windows are simulated with these."""
+        """The live shape (with each instance's calibrated profile, `Shape.profiles`) or the main profile
+        changed: later windows are simulated with these (both travel with each job; PerfProfile pickles)."""
         self.shape = shape or self.shape
         self.profile = profile or self.profile
 

@@ -11,12 +11,15 @@ reported beside every answer (`cpu_share`, /metrics).
 
 The window is marked as mixing two policies (its observed figures are no one's, so no error is taken
 from it) when a routing or queue swap or a canary falls inside it. The shape is the live instances'
-(active prefill and decode counts); the profile is the console's prior profile (see `profile`).
+(active prefill and decode counts), each with the profile the calibration projects it with now
+(`instance_profiles`: its own calibration, or its calibrated peers' terms); an instance on the shared
+terms runs the main profile (`cluster_profile`: the prior with the instances' fitted step terms averaged).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import logging
 import math
@@ -28,9 +31,12 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from core.types import InstancePhase
+
 if TYPE_CHECKING:
     from console.advisor.window import RecentArrivals
     from console.advisor.worker import AdvisorWorker, WorkerAnswer
+    from console.live.calibrator import Calibrator
     from console.live.canary import AdvisorLog, LiveCanary
     from console.live.config import AdvisorSettings
     from console.live.events import EventBus
@@ -45,9 +51,10 @@ ADVISED_KINDS = ("routing", "queue")
 
 
 def cluster_profile(prior: PerfProfile, fits: Iterable[Mapping[str, Mapping[str, Any]]]) -> PerfProfile:
-    """The profile a window is simulated with: the prior, with each step term some instance's online fit
-    identified (console/live/calibrator.py: source "fit…") replaced by the mean of those fits. The simulator
-    runs one profile for every instance, so per-instance differences are averaged away."""
+    """The main profile a window is simulated with: the prior, with each step term some instance's online fit
+    identified (console/live/calibrator.py: source "fit…") replaced by the mean of those fits. It times only
+    the instances `instance_profiles` leaves out (on the shared terms live) and what the simulator keeps
+    cluster-wide (core/sim/cluster/profiles.py); the others run their own profile."""
     fitted: dict[str, list[float]] = {}
     for terms in fits:
         for term, t in terms.items():
@@ -55,6 +62,26 @@ def cluster_profile(prior: PerfProfile, fits: Iterable[Mapping[str, Mapping[str,
                 fitted.setdefault(term, []).append(float(t["value"]))
     update = {k: sum(v) / len(v) for k, v in fitted.items() if k in type(prior).model_fields}
     return prior.model_copy(update=update) if update else prior
+
+
+def instance_profiles(dispatcher: Dispatcher, calibration: Calibrator) -> tuple[dict[str, PerfProfile], int]:
+    """Each active instance's profile under the name the simulator gives it (the k-th active instance serving
+    prefill, in the dispatcher's order, is pk; serving decode, dk: the shape counts the same instances), as
+    the calibration projects it now: its own calibration, or its calibrated peers' terms. An instance on the
+    shared terms is left out (it runs the main profile). Also how many entries are an instance's own."""
+    profiles: dict[str, PerfProfile] = {}
+    own, seen = 0, {"p": 0, "d": 0}
+    for iid in dispatcher.view.instance_ids:
+        if dispatcher.phase_of(iid) is not InstancePhase.ACTIVE:
+            continue
+        role, projected = dispatcher.role_of(iid), calibration.projected_profile(iid)
+        for prefix, serves in (("p", role.serves_prefill()), ("d", role.serves_decode())):
+            if serves:
+                if projected is not None:
+                    profiles[f"{prefix}{seen[prefix]}"] = projected[0]
+                    own += projected[1]
+                seen[prefix] += 1
+    return profiles, own
 
 
 class RowTee:
@@ -117,14 +144,17 @@ class LiveAdvisor:
         shape: Callable[[], str],
         profile: Callable[[], PerfProfile],
         outcomes: Outcomes | None = None,
+        calibration: Calibrator | None = None,
     ) -> None:
         self.settings = settings
         self.enabled = settings.enabled
         self.dispatcher, self.canary, self.log, self.events = dispatcher, canary, log, events
         self.t0, self.run_id, self.slos = t0, run_id, dict(slos)
         self.shape, self.profile = shape, profile
-        """`profile()`: the profile windows are simulated with (`cluster_profile`: the prior with the
-        instances' calibrated step terms)."""
+        """`profile()`: the main profile windows are simulated with (`cluster_profile`: the prior with the
+        instances' calibrated step terms), for the instances `calibration` gives no profile of their own."""
+        self.calibration = calibration
+        """The pool's calibration: each instance's profile in the shape (`instance_profiles`; None: none)."""
         self.outcomes = outcomes
         """The gateway's records of the requests in flight (`live`) and its tenant labels (None: no in-flight
         requests are replayed)."""
@@ -194,9 +224,14 @@ class LiveAdvisor:
                 log.exception("advisor: the period failed")
 
     def _shape(self) -> Any:
+        """The live shape, each instance with the profile the calibration projects it with now."""
         from console.advisor.simulate import Shape
 
-        return Shape.from_cluster(self.shape())
+        shape = Shape.from_cluster(self.shape())
+        if self.calibration is None:
+            return shape
+        profiles, calibrated = instance_profiles(self.dispatcher, self.calibration)
+        return dataclasses.replace(shape, profiles=profiles, calibrated=calibrated)
 
     async def submit(self) -> bool:
         """Build the window (in a thread) and hand it to the worker; False when there is none to advise on."""

@@ -239,6 +239,15 @@ class Calibrator:
         mean = {k: sum(float(getattr(p, k)) for p in peers) / len(peers) for k in STEP_TERMS}
         return peers[0].model_copy(update={**mean, "tps_curve": None})
 
+    def projected_profile(self, instance_id: str) -> tuple[PerfProfile, bool] | None:
+        """The profile the instance is projected with now, and whether it is its own calibration (False: its
+        calibrated peers', `peer_profile`); None: the shared terms (nothing of its own, no calibrated peer)."""
+        own = self._calibrated.get(instance_id)
+        if own is not None:
+            return own, True
+        peers = self.peer_profile(self._role[instance_id]) if instance_id in self._role else None
+        return None if peers is None else (peers, False)
+
     def _share(self, role: Role | None) -> None:
         """Project each instance of `role` with its own calibration, or else with its peers'."""
         shared = self.peer_profile(role)

@@ -149,9 +149,12 @@ class Controller:
             shape=lambda: self.snapshot().cluster,
             profile=lambda: cluster_profile(first.profile, [a.terms for a in first.calibration.applied.values()]),
             outcomes=self.outcomes,
+            calibration=first.calibration,
         )
         """The what-if advisor ([advisor], on the first pool; its simulations run in a niced worker process)."""
-        self.finished.listeners += [self.canary.request, self.advisor.request]
+        self.finished.listeners.append(self.canary.request)
+        if self.advisor.enabled:  # a disabled advisor keeps no rows (its `request` would return at once)
+            self.finished.listeners.append(self.advisor.request)
         self.metrics.registry.register(AdvisorCollector(self.advisor))
         self.metrics.registry.register(CanaryCollector(self.canary, first_pool))
         arrivals = self.advisor if config.advisor.enabled else None

@@ -79,6 +79,9 @@ class SimPlan:
     simulated instances hold adapters in `max_loras` slots (core/sim/cluster/lora.py)."""
     max_loras: int = DEFAULT_MAX_LORAS
     """Adapter slots of each simulated instance (vLLM's --max-loras), with `lora`."""
+    instance_profiles: dict[str, PerfProfile] | None = None
+    """Simulated instance id ("p0", "d1") → the profile it runs on (the advisor's calibrated instances); the
+    others run `profile` (core/sim/cluster/profiles.py)."""
 
     @property
     def cluster(self) -> str:
@@ -131,6 +134,7 @@ def run_one(
         prefix_keys=plan.prefix_keys,
         lora=plan.lora,
         max_loras=plan.max_loras,
+        instance_profiles=plan.instance_profiles,
     )
     if sim.cache is not None and plan.prefix_source == "approximate":
         # the engine installed the exact lookup; replace it by the router's own record

@@ -18,6 +18,9 @@ migrations by core/sim/cluster/migration.py: the migrating request's KV (prompt 
 tokens) moves in profile.kv_transfer_time(tokens) while only that request stalls. Both executors
 return effects (core/sim/cluster/effects.py) that this engine applies; neither writes its state.
 
+With `instance_profiles` (id → PerfProfile) a listed instance runs on its own profile, and the dispatcher
+projects its prefill with it: core/sim/cluster/profiles.py says what stays on `profile`.
+
 With prefix structure (trace hash ids, or block keys given per row) each instance keeps a KV
 cache (core/sim/cluster/cache.py): a prefill computes only its prompt's uncached tokens there,
 the decode instance pulls only the blocks it lacks, and routing reads the caches exactly. A
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -48,7 +51,8 @@ from core.sim.cluster.decode_ps import PSDecodeModel
 from core.sim.cluster.dispatcher import SimDispatcher
 from core.sim.cluster.lora import DEFAULT_MAX_LORAS, NO_LORA, SimLora
 from core.sim.cluster.migration import MigrationExecutor
-from core.sim.cluster.prefill import SimPrefill, step_terms
+from core.sim.cluster.prefill import SimPrefill
+from core.sim.cluster.profiles import InstanceProfiles
 from core.sim.cluster.result import ClusterSimResult, Mode, ScheduledSwap
 from core.sim.cluster.rows import TraceRows
 from core.sim.cluster.scaling import ScaleExecutor
@@ -83,6 +87,7 @@ class ClusterSimulation:
         sessions: Sequence[str] | None = None,
         lora: Sequence[str | None] | None = None,
         max_loras: int = DEFAULT_MAX_LORAS,
+        instance_profiles: Mapping[str, PerfProfile] | None = None,
     ) -> None:
         if n_prefill < 1 or n_decode < 1:
             raise ValueError("a P/D cluster needs at least one prefill and one decode instance")
@@ -100,7 +105,7 @@ class ClusterSimulation:
         # positions in prefill_ids / decode_ids (-1 while it never served that role).
         self.prefill_ids: list[str] = []
         self.decode_ids: list[str] = []
-        self._terms = step_terms(profile, mode)
+        self.profiles = InstanceProfiles(profile, mode, instance_profiles)
         # the dispatcher projects prefill as these instances run it (core/prefill.py PrefillQueues)
         dispatcher.view.queues.serial = mode == "ps"
         self.prefills: list[SimPrefill] = []
@@ -147,8 +152,7 @@ class ClusterSimulation:
         if self.cache is not None:
             self.cache.add_instance(x, iid)
         while len(self.prefills) <= x:
-            pf = SimPrefill(len(self.prefills), self._terms, self._prompt_l, self.cache)
-            pf.wake = self.profile.wake_time if self.profile.idle_wake_s > 0 else None
+            pf = self.profiles.prefill(len(self.prefills), self.dispatcher.view, self._prompt_l, self.cache)
             self.prefills.append(pf)
             self.decoders.append(None)
             self._version.append(0)
@@ -167,7 +171,7 @@ class ClusterSimulation:
             self._pos_d[x] = len(self.decode_ids)
             self.decode_ids.append(iid)
         if role.serves_decode() and self.decoders[x] is None:
-            self.decoders[x] = self._make(self.profile)
+            self.decoders[x] = self._make(self.profiles.at[x])
         if self.lora is not None:
             self.lora.attach(x, iid, self.prefills[x], self.decoders[x])
 
@@ -261,7 +265,7 @@ class ClusterSimulation:
             prompt = self._prompt_l[i]
             computed = prompt if self.cache is None else self.cache.local(y, i, prompt)
             self.t_pstart[i] = now
-            self.t_pend[i] = end = now + float(self.profile.prefill_time(computed))
+            self.t_pend[i] = end = now + float(self.profiles.at[y].prefill_time(computed))
             self.push(end, _DECODE_START, i)
             return
         x = d.index_of(a.prefill)
@@ -345,9 +349,9 @@ class ClusterSimulation:
                 self._freed(now)
                 return
         moved = self._prompt_l[i] if self.cache is None else self.cache.pull(self._rx[i], i, self._prompt_l[i])
-        dec = self.decoders[self._rx[i]]
+        dec = self.decoders[y := self._rx[i]]
         assert dec is not None  # the read starts in the decode instance's next step; it joins after (_decode_start)
-        self.push(dec.next_step_boundary(now) + self.profile.kv_transfer_time(moved), _DECODE_START, i)
+        self.push(dec.next_step_boundary(now) + self.profiles.at[y].kv_transfer_time(moved), _DECODE_START, i)
         if self.scaler.draining:
             self._apply(self.scaler.check(now))
         if d.admission and d.queue.params.max_prefill_backlog_s is not None:

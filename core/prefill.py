@@ -377,7 +377,8 @@ class PrefillQueues:
     def first_token_at_one(self, p: int, tokens: float, now: float, free_at: float | None = None) -> float:
         """`first_token_at` for instance p alone (scalar arithmetic, for one candidate)."""
         free = float(self.free_at[p]) if free_at is None else free_at
-        return self._first_token(self.terms_of(p), p, max(float(tokens), 1.0), now, free)
+        t = self.own.of(p, self.terms) if self.own.own else self.terms  # terms_of(p), inlined: once a decision
+        return self._first_token(t, p, max(float(tokens), 1.0), now, free)
 
     def _first_token(self, t: StepTerms, p: int, length: float, now: float, free: float) -> float:
         first = end = after = 0.0
@@ -389,7 +390,9 @@ class PrefillQueues:
             if tail[_START] + off > now and room > 0 and tail[_SEQS] < t.max_seqs and (t.chunked or length <= room):
                 first = min(length, room)
                 end = tail[_END] + off + (free - float(self.free_at[p]))
-                end += t.per_seq + t.per_kv * first + t.chunk_s(0.0, first)
+                # t.chunk_s(0.0, first), inlined here and below (the same arithmetic, one call less per decision)
+                chunk = t.per_token * (first - 0.0) + t.per_token2 * (first * first - 0.0 * 0.0)
+                end += t.per_seq + t.per_kv * first + chunk
                 after = float(tail[_FIN]) * t.host
         rest = length - first
         if rest <= 0:
@@ -397,7 +400,8 @@ class PrefillQueues:
         start = end + after if first > 0 else max(free, now)
         k = math.ceil(rest / t.budget) if t.chunked else 1
         sum_hi = (k - 1) * first + t.budget * (k - 1) * k / 2 + length
-        fresh = k * (t.step_base + t.per_seq + t.base) + t.per_kv * sum_hi + t.chunk_s(first, length)
+        chunk = t.per_token * (length - first) + t.per_token2 * (length * length - first * first)
+        fresh = k * (t.step_base + t.per_seq + t.base) + t.per_kv * sum_hi + chunk
         return start + fresh
 
     def due(self, rid: Hashable) -> float:
@@ -425,7 +429,8 @@ class PrefillQueues:
         r.alone = not queued and float(self.free_at[p]) <= now
         routed[rid] = r
         queued[rid] = r
-        self._append(p, rid, r, 0, now, self.terms_of(p))
+        t = self.own.of(p, self.terms) if self.own.own else self.terms  # terms_of(p), inlined: once a request
+        self._append(p, rid, r, 0, now, t)
         r.due = float(self._steps[p][-1][_END] + self._offset[p])  # its last chunk is in the last step
         return r.due
 
@@ -440,7 +445,8 @@ class PrefillQueues:
             room = t.budget - tail[_TOKENS]
             if tail[_START] + off > now and room > 0 and tail[_SEQS] < t.max_seqs and (t.chunked or left <= room):
                 m = min(left, room)
-                tail[_END] += t.per_seq + t.per_kv * (lo + m) + t.chunk_s(lo, lo + m)
+                hi = lo + m  # t.chunk_s(lo, hi), inlined (the same arithmetic)
+                tail[_END] += t.per_seq + t.per_kv * hi + (t.per_token * (hi - lo) + t.per_token2 * (hi * hi - lo * lo))
                 tail[_TOKENS] += m
                 tail[_SEQS] += 1
                 owner = self._routed.get(tail[_OWNER])

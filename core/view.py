@@ -101,6 +101,9 @@ class ClusterView:
     _masks: dict[Role, np.ndarray] = field(default_factory=dict)
     _n_routable: dict[Role, int] = field(default_factory=dict)
     _cached: tuple[Request, float, np.ndarray] | None = None
+    queues: PrefillQueues = field(init=False, repr=False, compare=False)
+    """`prefill_queues`, never None once the view is made (an attribute, not a property: the dispatcher
+    reads it several times a request)."""
 
     def __post_init__(self) -> None:
         if self.prefill_queues is None:
@@ -110,13 +113,7 @@ class ClusterView:
                 self.prefill_queues.add_instance()
             self.prefill_queues.free_at[:] = self.prefill_free_at
             self.prefill_free_at = self.prefill_queues.free_at
-
-    @property
-    def queues(self) -> PrefillQueues:
-        """`prefill_queues`, never None once the view is made."""
-        q = self.prefill_queues
-        assert q is not None
-        return q
+        self.queues = self.prefill_queues
 
     def first_token_at(self, tokens: float | np.ndarray) -> np.ndarray:
         """Per instance index: when a prompt of `tokens` uncached tokens (one number, or one per

@@ -83,7 +83,9 @@ class _Connection(asyncio.Protocol):
         if self.buffered > READ_HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        self._notify()
+        w = self._wake  # `_notify()`, inlined: this runs once per piece of body (a streamed event, often)
+        if w is not None and not w.done():
+            w.set_result(None)
 
     def on_message_complete(self) -> None:
         self.complete = True

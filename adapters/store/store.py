@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,15 @@ from adapters.store.schema import (
     Run,
 )
 from core.decision_records import from_payload
+
+# sqlite3 binds an exact int, float, str or bytearray as it is; any other value goes through its adaptation
+# protocol first, which looks `__adapt__` up on its PrepareProtocol class and raises and clears an
+# AttributeError each time: for None, a bool, bytes — most of a request row's columns. An adapter registered
+# for the type skips that and gives the value sqlite3 would have bound (NULL, the integer 0 or 1, the BLOB).
+_NULL: dict[None, None] = {}
+sqlite3.register_adapter(type(None), _NULL.get)
+sqlite3.register_adapter(bool, int)
+sqlite3.register_adapter(bytes, bytes)
 
 
 class StoreError(AdapterError):

@@ -203,10 +203,10 @@ class Outcomes:
         """The outcome of a finished request: SLO window, event on failure or recovery, metrics, the stored row.
         Returns whether it met its SLO."""
         req = live.request
-        finish = live.finish
+        finish, ok = live.finish, live.ok
         lat = latencies(live)
-        met = self.slo.add(finish, lat.ttft, lat.tpot, live.ok, req.slo_class)
-        if not live.ok:
+        met = self.slo.add(finish, lat.ttft, lat.tpot, ok, req.slo_class)
+        if not ok:
             self.failed += 1
             if not self.counted_refusal(live):  # else its cause's refusal line counts it
                 self.events.publish(
@@ -218,20 +218,21 @@ class Outcomes:
                 )
         elif live.recovered is not None:  # saved after a failure (failure migration, a lost prefill's KV)
             self.events.publish("recovered", request_id=live.id, detail=live.recovered, decode=live.decode_instance)
-        self.observe(live, lat, met)
-        self.metrics.count_request(live.prefill_instance or "-", live.decode_instance or "-", live.ok)
-        self.log.request(self.request_row(live, lat, met))
+        self.observe(live, lat, met, ok, finish)
+        self.metrics.count_request(live.prefill_instance or "-", live.decode_instance or "-", ok)
+        self.log.request(self.request_row(live, lat, met, ok, finish))
         return met
 
-    def observe(self, live: RequestRecord, lat: Latencies, met: bool) -> None:
-        """The request's latencies into its SLO class's histograms, and its decisions into their counters."""
+    def observe(self, live: RequestRecord, lat: Latencies, met: bool, ok: bool, finish: float) -> None:
+        """The request's latencies into its SLO class's histograms, and its decisions into their counters
+        (`ok` and `finish`: the record's own, read once by `record`)."""
         m = self.metrics.of_class(live.request.slo_class)
         sent = live.times.get(Step.PREFILL)
         if sent is not None:
             m.queue_wait.observe(max(sent - live.request.arrival, 0.0))
-        if live.ok:
+        if ok:
             (m.met if met else m.missed).inc()
-            m.e2e.observe(live.finish - live.request.arrival)
+            m.e2e.observe(finish - live.request.arrival)
             if lat.ttft is not None:
                 m.ttft.observe(lat.ttft)
             if lat.tpot is not None and live.output_tokens > 1:
@@ -246,13 +247,13 @@ class Outcomes:
         for kind, outcome in decisions(live):
             self.metrics.count_decision(pool, kind, self.active.get((pool, kind), "-"), outcome)
 
-    def request_row(self, live: RequestRecord, lat: Latencies, met: bool | None) -> RequestRow:
-        """The stored row of a finished request (times relative to the console's start)."""
+    def request_row(self, live: RequestRecord, lat: Latencies, met: bool | None, ok: bool, finish: float) -> RequestRow:
+        """The stored row of a finished request (times relative to the console's start; `ok` and `finish`: the
+        record's own, read once by `record`)."""
         req, rel, at = live.request, self.rel, live.times.get
-        finish = live.finish
         return RequestRow(
             request_id=live.id,
-            arrival=rel(req.arrival),
+            arrival=req.arrival - self.t0,
             prompt_tokens=req.prompt_tokens,
             output_tokens=live.output_tokens,
             max_tokens=req.max_tokens,
@@ -266,13 +267,13 @@ class Outcomes:
             prefill_end=rel(at(Step.DECODE_BOUND)),
             decode_start=rel(at(Step.DECODING)),
             first_token=rel(live.first_token_at),
-            finish=rel(finish),
+            finish=finish - self.t0,
             ttft=lat.ttft,
             tpot=lat.tpot,
             ttft_source=lat.ttft_source,
             cached_tokens=live.cached_tokens,
-            e2e=finish - req.arrival if live.ok else None,
-            status="ok" if live.ok else "failed",
+            e2e=finish - req.arrival if ok else None,
+            status="ok" if ok else "failed",
             reason=live.reason,
             slo_met=met,
             tenant=self.tenant_of(req),

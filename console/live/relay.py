@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -59,10 +59,10 @@ class FailOver:
     """With a target: what was done to save it (recorded with its outcome); without one: why it failed."""
 
 
-@dataclass(frozen=True, slots=True)
-class Relayed:
+class Relayed(NamedTuple):
     """What a stretch of the relayed stream ended with: the stream ended, or it moved to `decode_id` (a
-    migration's target, or a failure migration's continuation) and `resume` relays the rest."""
+    migration's target, or a failure migration's continuation) and `resume` relays the rest (a named tuple:
+    immutable, and one is made per request without a Python call per field)."""
 
     decode_id: str
     """The decode instance the stream came from last (or the last one tried)."""
@@ -209,8 +209,9 @@ class DecodeRelay:
             self._next_report = now + PROGRESS_EVERY_S
             self.s.dispatcher.on_progress(self.request.id, n, now)
 
-    async def relay(self, client: ClientChannel, r: Any) -> Relayed:
-        """Relay the decode stream `r` (from `decode_id`) to the client until it ends or moves (then `resume`)."""
+    def relay(self, client: ClientChannel, r: Any) -> Coroutine[Any, Any, Relayed]:
+        """Relay the decode stream `r` (from `decode_id`) to the client until it ends or moves (then `resume`).
+        Await it: it sets the stream up and returns `resume`'s coroutine (one coroutine less per request)."""
         self._r, self._counter, self._last, self._next_report = r, None, b"", 0.0
         relayed: Callable[[bytes], Awaitable[None]] = client.write
         self._transcript = None
@@ -218,7 +219,7 @@ class DecodeRelay:
             self._transcript = StreamTranscript(self.path.endswith("chat/completions"))
             relayed = recording(relayed, self._transcript.add)
         self._relayed = self._write = relayed
-        return await self.resume(client)
+        return self.resume(client)
 
     async def resume(self, client: ClientChannel) -> Relayed:
         """Go on relaying after a move."""
@@ -233,9 +234,11 @@ class DecodeRelay:
 
     def _release_legs(self) -> None:
         """The continuation legs this relay opened (the first leg is its caller's)."""
-        legs, self._legs = self._legs, []
-        for leg in legs:
-            leg.release()
+        legs = self._legs
+        if legs:
+            self._legs = []
+            for leg in legs:
+                leg.release()
 
     async def _relay(self, client: ClientChannel) -> Relayed:
         assert self._write is not None and self._relayed is not None

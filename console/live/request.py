@@ -120,7 +120,8 @@ class LiveRequest:
         """Close the record, then tell the dispatcher, the outcomes, the held queue and the tenant."""
         s, rec, relay = self.s, self.record, self.relay
         if relay is not None:
-            relay.drop_resume()
+            if relay.resume_leg is not None:
+                relay.drop_resume()
             s.migrations.left(self.id)
             rec.tried_decode, rec.dp_rank, rec.first_token_at = relay.tried_decode, relay.dp_rank, relay.first_token_at
         if self.request.lora is not None and s.lora is not None:
@@ -129,9 +130,10 @@ class LiveRequest:
             rec.outcome = Outcome.ABANDONED if rec.step == Step.QUEUED else Outcome.CLIENT_GONE
         if rec.recovered is not None:
             rec.reason = rec.recovered if rec.reason is None else f"{rec.recovered}; then {rec.reason}"
-        finish = rec.enter(Step.FINISHED if rec.ok else Step.FAILED)
+        ok = rec.ok
+        finish = rec.enter(Step.FINISHED if ok else Step.FAILED)
         self.trace.finish(rec)
-        if rec.ok:
+        if ok:
             s.dispatcher.on_finish(self.request.id, finish, rec.output_tokens, rec.first_token_at)
         else:
             s.dispatcher.on_fail(self.request.id, finish)

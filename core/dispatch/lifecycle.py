@@ -135,8 +135,10 @@ class LifecycleMixin(AdmittingMixin):
         v = self.view
         t = v.table
         i = t.row[rid]
-        q = v.queues
-        due = q.due(rid) if rid in q else now + self._tracked[rid].prefill_est
+        try:
+            due = v.queues.due(rid)
+        except KeyError:  # not projected (a decode-only assignment, or its prefill already left the projection)
+            due = now + self._tracked[rid].prefill_est
         t.tau[i] = max(due, now) + v.profile.kv_transfer_time(t.l_in[i])
 
     def _end_prefill(self, tracked: _Tracked, p: int, now: float, completed: bool = True) -> None:

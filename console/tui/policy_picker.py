@@ -210,15 +210,23 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
 
     @work(exclusive=True, group="picker-apply", exit_on_error=False)
     async def _apply(self, kind: str, name: str, params: dict[str, Any]) -> None:
+        if self.pool is None:
+            await self._send(self._apply_fn(kind, name, params))
+        else:
+            await self._send(self._apply_fn(kind, name, params, pool=self.pool))
+
+    async def _send(self, call: Awaitable[Any], canary: CanaryAsk | None = None) -> None:
+        """Await the picker's control call: close with its result, or show the console's refusal under the
+        fields it names (the params', and the share's or duration's for a `canary`) and below the form."""
         error = self.query_one("#picker-error", Static)
         try:
-            if self.pool is None:
-                result = await self._apply_fn(kind, name, params)
-            else:
-                result = await self._apply_fn(kind, name, params, pool=self.pool)
+            result = await call
         except ApiError as e:
             form = self.query_one("#picker-form ParamsForm", ParamsForm)
             form.show_errors(form.fields_named_in(e.message))
+            if canary is not None and self.canary_form is not None:
+                named = self.canary_form.fields_named_in(e.message)
+                self.canary_form.show(CanaryAsk(canary.share, canary.duration_s, None, named))
             error.update(f"the console refused ({e.status}): {e.message}")
             return
         except ConnectionLost as e:
@@ -240,15 +248,4 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
             error.update(ask.refusal or "fix the fields marked above; no canary was started")
             return
         error.update("starting the canary…")
-        try:
-            result = await self._canary_fn(kind, name, params, ask.share, ask.duration_s)
-        except ApiError as e:
-            params_form = self.query_one("#picker-form ParamsForm", ParamsForm)
-            params_form.show_errors(params_form.fields_named_in(e.message))
-            form.show(CanaryAsk(ask.share, ask.duration_s, None, form.fields_named_in(e.message)))
-            error.update(f"the console refused ({e.status}): {e.message}")
-            return
-        except ConnectionLost as e:
-            error.update(f"cannot reach the console: {e}; try again when it is back")
-            return
-        self.dismiss(result)
+        await self._send(self._canary_fn(kind, name, params, ask.share, ask.duration_s), canary=ask)

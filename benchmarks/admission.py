@@ -62,6 +62,7 @@ from adapters.store import RunStore
 from benchmarks.harness import console_env, start, stop, wait_http
 from benchmarks.overload import Outcome, one
 from benchmarks.paths import BURSTGPT_SAMPLE, add_traces_option, traces_dir
+from benchmarks.report import num
 from benchmarks.reproduce_bfio import read_lengths
 from core.admission import SloAdmission, tpot_slots
 from core.perf import PerfProfile, get_profile
@@ -347,12 +348,8 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
             ra = on["retry_after_all"] is not False
             ok = att >= 0.9 and fast and ra
             out[load] = (f"{'met' if ok else 'not met'}: {att:.1%} of admitted within SLO (≥ 90%), refusals max "
-                         f"{_f(on['refusal_max_s'], '.2f')} s (≤ 1), Retry-After {'on all' if ra else 'MISSING'}")
+                         f"{num(on['refusal_max_s'], '.2f')} s (≤ 1), Retry-After {'on all' if ra else 'MISSING'}")
     return out
-
-
-def _f(x: Any, fmt: str = ".1f") -> str:
-    return "-" if x is None else format(x, fmt)
 
 
 HEADER = (
@@ -365,8 +362,8 @@ def line(r: dict[str, Any]) -> str:
     ra = "-" if r["retry_after_all"] is None else ("all" if r["retry_after_all"] else "NO")
     return (
         f"{r['load']:<5} {r['rate']:>5.2f} {r['admission']:<3} {r['requests']:>4} {r['refused_share']:>7.1%} "
-        f"{r['answered_share']:>8.1%} {r['within_slo_share']:>7.1%} {_f(r['attainment_admitted'], '.1%'):>7} "
-        f"{_f(r['refusal_p99_s'], '.2f'):>7} {_f(r['refusal_max_s'], '.2f'):>7} {ra:>3} {r['gave_up']:>7} "
+        f"{r['answered_share']:>8.1%} {r['within_slo_share']:>7.1%} {num(r['attainment_admitted'], '.1%'):>7} "
+        f"{num(r['refusal_p99_s'], '.2f'):>7} {num(r['refusal_max_s'], '.2f'):>7} {ra:>3} {r['gave_up']:>7} "
         f"{r['send_lag_max_s']:>5.2f} {r['loadavg']:>5.1f}"
     )
 
@@ -381,8 +378,8 @@ def diagnosis_line(r: dict[str, Any]) -> str:
     meas = f"prefill measured {check['measured_s']:.3f} s vs projected {check['projected_s']:.3f} s; " if check else ""
     return (
         f"      refused by cause: {causes}; held unverified {d['held_unverified']}; TTFT drift "
-        f"{_f(d['ttft_drift'][0], '.2f')}–{_f(d['ttft_drift'][1], '.2f')}; {meas}backlog max "
-        f"{_f(d['backlog_max_s'], '.2f')} s, engine waiting max {d['waiting_max']}; console slo_met "
+        f"{num(d['ttft_drift'][0], '.2f')}–{num(d['ttft_drift'][1], '.2f')}; {meas}backlog max "
+        f"{num(d['backlog_max_s'], '.2f')} s, engine waiting max {d['waiting_max']}; console slo_met "
         f"{d['console_slo_met']}; refused with a prompt beyond headroom alone {r['beyond_headroom_refused']} of "
         f"{r['beyond_headroom']}"
     )

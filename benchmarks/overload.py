@@ -48,6 +48,7 @@ import numpy as np
 from adapters.ports import free_port
 from adapters.store import RunStore
 from benchmarks.harness import console_env, start_console, stop
+from benchmarks.report import num
 from console.live.tenants import keys_file_line
 from core.admission import SloAdmission, tpot_slots
 from core.perf import get_profile
@@ -250,10 +251,6 @@ def run_tenants(cap: float, a: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def _f(x: Any, fmt: str = ".1f") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
 HEADER = (
     f"{'load':<16} {'admission':<9} {'n':>4} {'answered':>8} {'shed':>5} {'expired':>7} {'timeout':>7} {'other':>5} "
     f"{'ra':>3} {'wait p50':>8} {'p99':>6} {'max':>6} {'rej max':>7} {'attain':>7} {'console':>7} {'TTFT p50':>8}"
@@ -263,9 +260,10 @@ HEADER = (
 def _line(r: dict[str, Any]) -> str:
     return (
         f"{r['load']:<16} {r['admission']:<9} {r['requests']:>4} {r['answered']:>8} {r['shed']:>5} {r['expired']:>7} "
-        f"{r['timeout']:>7} {r['other']:>5} {r['no_retry_after']:>3} {_f(r['wait_p50_s']):>8} {_f(r['wait_p99_s']):>6} "
-        f"{_f(r['wait_max_s']):>6} {_f(r['reject_wait_max_s'], '.2f'):>7} {_f(r['attainment'], '.0%'):>7} "
-        f"{_f(r['console_attainment'], '.0%'):>7} {_f(r['ttft_p50_s']):>8}"
+        f"{r['timeout']:>7} {r['other']:>5} {r['no_retry_after']:>3} {num(r['wait_p50_s'], '.1f'):>8} "
+        f"{num(r['wait_p99_s'], '.1f'):>6} "
+        f"{num(r['wait_max_s'], '.1f'):>6} {num(r['reject_wait_max_s'], '.2f'):>7} {num(r['attainment'], '.0%'):>7} "
+        f"{num(r['console_attainment'], '.0%'):>7} {num(r['ttft_p50_s'], '.1f'):>8}"
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,3 +43,17 @@ def tiny_model(vllm_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         timeout=300,
     )
     return out
+
+
+_REPORTER: list[Any] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _terminal(request: pytest.FixtureRequest) -> None:
+    _REPORTER.append(request.config.pluginmanager.get_plugin("terminalreporter"))
+
+
+def say(text: str) -> None:
+    """A line in the stage's log, past pytest's output capture (figures for the closing note)."""
+    if _REPORTER and _REPORTER[-1] is not None:
+        _REPORTER[-1].write_line(text)

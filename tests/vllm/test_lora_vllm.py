@@ -21,7 +21,7 @@ import pytest
 
 from tests.procs import ROOT, Console, alive, start_console
 from tests.vllm import prefix_checks as pc
-from tests.vllm.conftest import one_p_one_d
+from tests.vllm.conftest import one_p_one_d, say
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -34,20 +34,6 @@ config's [vllm] extra_env). `--vllm-arg` replaces [vllm] extra_args, so they go 
 GREEDY: dict[str, Any] = {"temperature": 0, "ignore_eos": True, "max_tokens": 8, "return_token_ids": True}
 PROMPT_TOKENS = 3 * pc.BLOCK + 40
 """A token-id prompt of three full KV blocks and a partial one (vLLM caches and hits whole blocks only)."""
-
-_REPORTER: list[Any] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _terminal(request: pytest.FixtureRequest) -> None:
-    _REPORTER.append(request.config.pluginmanager.get_plugin("terminalreporter"))
-
-
-def say(text: str) -> None:
-    """A line in the stage's log, past pytest's output capture."""
-    if _REPORTER and _REPORTER[-1] is not None:
-        _REPORTER[-1].write_line(text)
-
 
 @pytest.fixture(scope="module")
 def adapter_dir(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -37,7 +37,7 @@ from core.fidelity import table as fidelity_table
 from tests.cpu_speed import CpuSpeedProbe, cpu_times, relative_speed, steal_share
 from tests.procs import ROOT, Console, alive, start_console, wait_for
 from tests.vllm import prefix_checks as pc
-from tests.vllm.conftest import one_p_one_d
+from tests.vllm.conftest import one_p_one_d, say
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -64,20 +64,8 @@ CALIBRATED = REPORT.with_name("cpu-tiny-llama.calibrated.json")
 """The stage's calibrated profile: `make refresh-cpu-profile` ships it as cpu-tiny-llama."""
 
 
-_REPORTER: list[Any] = []
 _STAGE_PROFILE: dict[str, Path] = {}
 """The profile the fidelity test calibrated in this stage run ("azure"): the prefix test's prior."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _terminal(request: pytest.FixtureRequest) -> None:
-    _REPORTER.append(request.config.pluginmanager.get_plugin("terminalreporter"))
-
-
-def say(text: str) -> None:
-    """A line in the stage's log, past pytest's output capture (figures for the closing note)."""
-    if _REPORTER and _REPORTER[-1] is not None:
-        _REPORTER[-1].write_line(text)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,10 @@ console's gateway all run on the same two cores). A robust fit that drops them a
 typical batch instead: on the stage's real runs it gave h ≈ 8 ms against ≈ 19 ms
 for the totals, and the emulator then queued prefills ~40% less than real vLLM at the queueing
 load. Batches the 5 ms rule splits or merges wrongly also cancel in the totals.
+
+An estimate too uncertain to count as fitted (its 1σ above IDENTIFIED of the busy time) keeps the
+prior only while the prior lies within REJECT_SE standard errors of it; a prior the run rules out
+(a slower day's host work) gives way to the estimate.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from core.perf import PerfProfile
 BATCH_GAP_S = 0.005
 """Prefill legs whose ends lie this close were answered from one engine step."""
 MIN_BATCHES = 8
+REJECT_SE = 3.0
+"""An estimate too uncertain to count as fitted still replaces a prior this many standard errors away."""
 BLOCK = 4
 """Consecutive batches of a busy period whose residuals are summed before judging the fit's scatter."""
 
@@ -120,7 +126,22 @@ def fit_host_work(rows: list[dict[str, Any]], profile: PerfProfile, prior: float
     se = math.sqrt(float(np.sum(by_block**2)) * m / (m - 1)) / float(np.sum(sizes))  # of a ratio of totals
     rel_se = se * float(np.sum(sizes)) / (float(np.sum(intervals)) or 1.0)
     rel_rms = math.sqrt(float(np.mean(by_block**2))) / (float(np.mean(np.bincount(blocks, weights=intervals))) or 1.0)
-    if rel_se > IDENTIFIED:
+    if rel_se > IDENTIFIED and abs(h - prior) > REJECT_SE * se:
+        # too uncertain to count as fitted, but far enough from the prior to reject it: the run's
+        # estimate (at least 0) is nearer the truth than a prior it rules out
+        term = Term(
+            name,
+            max(h, 0.0),
+            prior,
+            f"fit: uncertain (±{rel_se:.0%} of the busy time of back-to-back prefill batches), "
+            f"{h * 1e3:.2f} ± {se * 1e3:.2f} ms, {abs(h - prior) / max(se, 1e-12):.0f} standard errors from the prior "
+            f"{prior * 1e3:.2f} ms" + (" (clipped at 0)" if h < 0 else ""),
+            rel_rms,
+            n,
+            n,
+            rel_se,
+        )
+    elif rel_se > IDENTIFIED:
         term = Term(
             name,
             prior,

@@ -21,7 +21,10 @@ Those residuals are regressed on w(g) = 1 − exp(−g/τ) with one intercept pe
 the legs leave on average at an idle instance), by least squares after dropping residuals beyond 5
 MADs; τ is the grid value with the least squared error. The cost is fitted when at least MIN_ROWS
 requests found their instance idle, their idle times spread (some below τ/2, some above τ) and the
-cost is at least MIN_T_STAT standard errors above zero; otherwise both terms keep their prior.
+cost is at least MIN_T_STAT standard errors above zero. A cost too small to tell from zero that
+still lies MIN_T_STAT standard errors below the prior rejects the prior: the run's estimate (at
+least 0) is taken (a host wakes up faster on a quiet day; keeping a slow day's 17 ms put the
+emulator's light TTFT p50 40% above real vLLM's). Otherwise both terms keep their prior.
 """
 
 from __future__ import annotations
@@ -50,9 +53,7 @@ NAMES = ("idle_wake_s", "idle_wake_tau_s")
 Row = dict[str, Any]
 
 
-def _idle_rows(
-    rows: list[Row], instance: str, start: str, end: str, busy_end: str
-) -> list[tuple[Row, float]]:
+def _idle_rows(rows: list[Row], instance: str, start: str, end: str, busy_end: str) -> list[tuple[Row, float]]:
     """Each request whose leg (`start` → `end`) reached its `instance` idle and ran there alone, with the
     seconds the instance had idled: since the latest `busy_end` of the requests there before it."""
     by_instance: dict[str, list[Row]] = defaultdict(list)
@@ -158,13 +159,36 @@ def fit_wake(rows: list[Row], profile: PerfProfile, rtt: dict[str, float], prior
     rel_rms = math.sqrt(sse / n) / (float(np.mean(np.abs(y))) or 1.0)
     rel_se = cost_se / cost if cost > 0 else math.inf
     spread = bool((g < tau / 2).any() and (g > tau).any())
-    if cost <= 0 or cost < MIN_T_STAT * cost_se:
+    if (cost <= 0 or cost < MIN_T_STAT * cost_se) and abs(cost - prior.idle_wake_s) <= MIN_T_STAT * cost_se:
         return kept(
             f"not identified: {cost * 1e3:.1f} ± {cost_se * 1e3:.1f} ms at τ = {tau:g} s over {n} idle legs "
             f"(a fit needs {MIN_T_STAT:g} standard errors above 0)",
             rel_rms,
             rel_se,
         )
+    if cost <= 0 or cost < MIN_T_STAT * cost_se:
+        # too small to tell from zero, yet far below the prior: the run rejects the prior, so it
+        # gets the run's bound on the cost (a wrong prior would add it to every idle request)
+        small = max(cost, 0.0)
+        src = (
+            f"fit: small, {cost * 1e3:.1f} ± {cost_se * 1e3:.1f} ms at τ = {tau:g} s over {n} idle legs, "
+            f"{abs(cost - prior.idle_wake_s) / max(cost_se, 1e-12):.0f} standard errors from the prior "
+            f"{prior.idle_wake_s * 1e3:.1f} ms" + (" (clipped at 0)" if cost <= 0 else "")
+        )
+        terms = {
+            "idle_wake_s": Term("idle_wake_s", small, prior.idle_wake_s, src, rel_rms, len(resid), n, rel_se),
+            "idle_wake_tau_s": Term(
+                "idle_wake_tau_s",
+                tau if cost > 0 else prior.idle_wake_tau_s,
+                prior.idle_wake_tau_s,
+                src,
+                rel_rms,
+                len(resid),
+                n,
+                None,
+            ),
+        }
+        return LinearFit(terms, len(resid), n, rel_rms, math.nan)
     if not spread:
         return kept(f"idle times {g.min():.2g}-{g.max():.2g} s do not span the best time constant ({tau:g} s)", rel_rms)
     src = f"fit: {n} request legs that found their instance idle {g.min():.2g}-{g.max():.2g} s; τ best of {TAU_GRID_S}"

@@ -195,12 +195,11 @@ def test_calibrate_recovers_every_term_of_a_stepped_run(load: str) -> None:
         assert fitted.fit[key]["source"].startswith("prior: ") and getattr(fitted, key) == getattr(
             get_profile(PRIOR), key
         )
-    # the stepped run has no wake-up cost: the idle legs leave nothing to fit, and both terms say so
+    # the stepped run has no wake-up cost: its idle legs rule out the prior's (cpu-tiny-llama's 17.4 ms)
     assert report["regressions"]["idle_wake"]["samples"] > 0
-    for key in ("idle_wake_s", "idle_wake_tau_s"):
-        assert fitted.fit[key]["source"].startswith("prior: ") and getattr(fitted, key) == getattr(
-            get_profile(PRIOR), key
-        )
+    assert get_profile(PRIOR).idle_wake_s > 0.01
+    wake = fitted.fit["idle_wake_s"]
+    assert wake["source"].startswith("fit: small, ") and fitted.idle_wake_s < 0.0005, wake
 
 
 def test_a_run_that_cannot_identify_a_term_leaves_it_at_its_prior_and_says_why(tmp_path: Path) -> None:

@@ -107,3 +107,16 @@ def test_cached_prompt_tokens_are_not_counted_as_prefill_work() -> None:
         {k: v for k, v in r.items() if k != "cached_tokens"} for r in cached
     ]  # the same rows read as computed in full
     assert fit_host_work(ignoring, PROFILE, prior=0.0).terms["prefill_host_per_request_s"].value < a - 0.005
+
+
+def test_an_uncertain_estimate_replaces_a_prior_it_rules_out_and_keeps_one_it_allows() -> None:
+    """Stalls of 1 s in every fifth batch leave the estimate too uncertain to count as fitted (±7% of
+    the busy time): a prior of 300 ms, ten standard errors away, gives way to it; a prior of 60 ms,
+    within one, stays."""
+    rows = records(0.002, back_to_back=True, stall=1.0, batches=20)
+    far = fit_host_work(rows, PROFILE, prior=0.3).terms["prefill_host_per_request_s"]
+    near = fit_host_work(rows, PROFILE, prior=0.06).terms["prefill_host_per_request_s"]
+    assert far.rel_se is not None and far.rel_se > 0.05
+    assert far.source.startswith("fit: uncertain") and "standard errors from the prior 300.00 ms" in far.source
+    assert far.value == pytest.approx(0.0825, abs=0.001)  # the ratio of totals: 2 ms + the stalls' share
+    assert near.value == 0.06 and near.source.startswith("prior: too uncertain")

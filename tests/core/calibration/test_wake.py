@@ -113,17 +113,26 @@ def test_the_wake_up_cost_and_its_time_constant_are_recovered() -> None:
     assert fit.samples == 118 and cost.rel_se is not None and cost.rel_se < 0.1
 
 
-def test_a_run_without_a_wake_up_cost_keeps_the_prior_and_says_why() -> None:
-    """Idle times up to 10 s span every time constant tried: the cost is not identified. Up to 6 s,
-    no cost lets the noise pick a time constant the idle times do not span: the prior stays too."""
-    fit = fit_wake(records(60, wake=0.0, gaps=(*GAPS, 10.0)), PROFILE, RTT, PRIOR)
+def test_a_run_without_a_wake_up_cost_rejects_a_prior_that_has_one() -> None:
+    """No wake-up in the run: the cost cannot be told from zero, but the prior's 5 ms lies many
+    standard errors above what the run allows, so the run's small estimate replaces it (idle times
+    up to 10 s, and up to 6 s, where the noise picks the time constant)."""
+    for gaps in ((*GAPS, 10.0), GAPS):
+        fit = fit_wake(records(60, wake=0.0, gaps=gaps), PROFILE, RTT, PRIOR)
+        cost = fit.terms["idle_wake_s"]
+        assert 0.0 <= cost.value < 0.0005, cost
+        assert cost.source.startswith("fit: small, ") and "standard errors from the prior 5.0 ms" in cost.source
+        assert cost.prior == PRIOR.idle_wake_s
+
+
+def test_a_run_that_cannot_tell_a_small_prior_from_zero_keeps_the_prior_and_says_why() -> None:
+    """No wake-up in the run and a prior of 0.3 ms, within the run's uncertainty: not identified, the prior stays."""
+    prior = PRIOR.model_copy(update={"idle_wake_s": 0.0003})
+    fit = fit_wake(records(60, wake=0.0, gaps=(*GAPS, 10.0)), PROFILE, RTT, prior)
     for name in ("idle_wake_s", "idle_wake_tau_s"):
         term = fit.terms[name]
-        assert term.value == getattr(PRIOR, name) and term.source.startswith("prior: not identified: "), term.source
+        assert term.value == getattr(prior, name) and term.source.startswith("prior: not identified: "), term.source
     assert "over 118 idle legs (a fit needs 3 standard errors above 0)" in fit.terms["idle_wake_s"].source
-    fit = fit_wake(records(60, wake=0.0), PROFILE, RTT, PRIOR)
-    for name in ("idle_wake_s", "idle_wake_tau_s"):
-        assert fit.terms[name].value == getattr(PRIOR, name) and fit.terms[name].source.startswith("prior: ")
 
 
 def test_too_few_idle_legs_keep_the_prior() -> None:

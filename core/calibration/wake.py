@@ -11,8 +11,9 @@ A request shows it where its instance was idle when its leg reached it and nothi
 meanwhile:
 
 * its prefill leg, on a prefill instance whose previous prefill had ended (g: since that end): the
-  leg less the HTTP round trip to the instance, the step it runs in and the prefill of the tokens
-  it computed, as the profile just fitted gives them;
+  leg less the HTTP round trip to the instance, its intake (`prefill_host_per_request_s`, done
+  before its step, core/calibration/host.py), the step it runs in and the prefill of the tokens it
+  computed, as the profile just fitted gives them;
 * its hand-off, on a decode instance whose previous request had finished (g: since that finish):
   first token less decode start, less the HTTP legs to both instances, the KV transfer and the
   request's first step.
@@ -85,7 +86,8 @@ def idle_residuals(
         if not r["prompt_tokens"]:
             continue
         lens = float(r["prompt_tokens"])
-        model = float(profile.prefill_time(computed_tokens(r))) + profile.step_time(1, lens)
+        intake = profile.prefill_host_per_request_s  # the instance takes the prompt in before its step
+        model = intake + float(profile.prefill_time(computed_tokens(r))) + profile.step_time(1, lens)
         resid.append(float(r["prefill_end"]) - float(r["prefill_start"]) - rtt.get(r["prefill_instance"], 0.0) - model)
         gaps.append(g)
         legs.append(0)

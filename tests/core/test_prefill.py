@@ -46,16 +46,46 @@ def test_max_num_seqs_caps_a_step_and_the_quadratic_term_is_paid_per_chunk() -> 
     assert quad.alone_s(3000) == pytest.approx(by_hand)
 
 
-def test_host_work_after_finished_prompts_delays_the_next_step_and_running_sequences_go_first() -> None:
+def test_queued_prompts_intake_is_done_so_steps_follow_each_other_and_running_sequences_go_first() -> None:
+    """`project`'s queued prompts wait in the engine: their intake (host work) is behind them, so the
+    steps follow each other; what is still under way is the caller's `ready_at`."""
     t = StepTerms.of(profile(prefill_host_per_request_s=0.002, max_num_seqs=2))
-    r = project([100] * 3, t)
-    assert r.first_token[2] == pytest.approx(step(2, 200) + 2 * 0.002 + step(1, 100))
-    assert r.drain == pytest.approx(r.first_token[2] + 0.002)
+    r = project([100] * 3, t, ready_at=0.004)
+    assert r.first_token[2] == pytest.approx(0.004 + step(2, 200) + step(1, 100))
+    assert r.drain == pytest.approx(r.first_token[2])
     # a running prompt with 2000 tokens left and one decoding sequence take 2001 tokens of the budget first
     r = project([100], TERMS, decoding=1, partial_done=500, partial_left=2000)
     first = 0.010 + 0.001 * 3 + 0.005 + 0.00001 * (2000 + 47)  # 1 decode + 2000 of the partial + 47 of the new
     assert r.partial_first_token == pytest.approx(first)
     assert r.first_token[0] == pytest.approx(first + 0.010 + 0.001 * 2 + 0.005 + 0.00001 * 53)
+
+
+def test_each_routed_prompts_intake_delays_the_steps_after_the_one_under_way() -> None:
+    """Host work h = 2 ms per prompt's intake. A and B routed to an idle instance at 0: the first step
+    (A, joined by B) starts after both intakes, at 2h. C routed at 10 ms, while that step runs: its
+    step starts h after it ends. D routed at 11 ms, still during it: h more, and D joins C's step,
+    which has not started. A query at 11 ms for one more prompt sees its own intake too."""
+    h = 0.002
+    t = StepTerms.of(profile(prefill_host_per_request_s=h, max_num_seqs=4))
+    q = PrefillQueues(profile(prefill_host_per_request_s=h, max_num_seqs=4))
+    q.add_instance()
+    q.push(0, "A", 100, 0.0)
+    q.push(0, "B", 100, 0.0)
+    first = 2 * h + step(2, 200)
+    assert q.due("A") == pytest.approx(first) and q.due("B") == pytest.approx(first)
+    assert first > 0.011
+    q.push(0, "C", 100, 0.010)
+    assert q.due("C") == pytest.approx(first + h + step(1, 100))
+    q.push(0, "D", 100, 0.011)
+    second = first + 2 * h + step(2, 200)
+    assert q.due("C") == pytest.approx(second) and q.due("D") == pytest.approx(second)
+    assert q.free_at[0] == pytest.approx(second)
+    # one more at 11 ms would join C and D's step, after its own intake as well
+    assert q.first_token_at_one(0, 100, 0.011) == pytest.approx(second + h + step(3, 300) - step(2, 200))
+    assert t.alone_s(100) == pytest.approx(h + step(1, 100))  # an idle instance: the intake, then the step
+    # measured: A and B's step ended 1 ms late; C and D's step moves with it
+    q.end("A", first + 0.001)
+    assert q.due("C") == pytest.approx(second + 0.001)
 
 
 def test_unchunked_a_prompt_waits_for_a_step_with_room_for_all_of_it() -> None:

@@ -277,6 +277,7 @@ class ClusterSimulation:
             self._bind(i, d.index_of(a.decode))
         pf = self.prefills[x]
         pf.stepper.waiting.append(i)
+        pf.arrive(now)
         if not pf.busy:
             self._start_prefill(x, now)
 

@@ -11,8 +11,10 @@ the dispatcher's projection (core/prefill.py `PrefillQueues`) step, with the ter
 * ps mode: SIBYL App. I's serial prefill (`StepTerms.of(profile, serial=True)`): one prompt at a
   time, for exactly `prefill_time(l)`.
 
-In both, a step finishing n prompts leaves n·`prefill_host_per_request_s` of host work; the next
-step forms when that ends, from what waits then (as the projection assumes). A prompt's first
+In both, each prompt reaching the instance brings `prefill_host_per_request_s` (h) of host work,
+its intake: one arriving during a step adds h after it, one arriving with no step under way puts
+the next step h after it (or after the host work pending); the next step forms when the host
+work ends, from what waits then (as the projection assumes, core/prefill.py). A prompt's first
 token, and its prefill end, come out at the end of the step computing its last chunk. With a KV
 cache (core/sim/cluster/cache.py) a prompt computes only its tokens not cached on the instance
 when it is admitted. The first step after the instance idled for g seconds costs the profile's
@@ -40,7 +42,9 @@ def step_terms(profile: PerfProfile, mode: Mode) -> StepTerms:
 class SimPrefill:
     """One instance's prefill engine: `stepper` holds its prompts (request indices)."""
 
-    __slots__ = ("stepper", "busy", "host_free", "finishing", "x", "lora", "idle_from", "idled", "wake")
+    __slots__ = (
+        "stepper", "busy", "stepping", "intakes", "host_free", "finishing", "x", "lora", "idle_from", "idled", "wake"
+    )
 
     def __init__(self, x: int, terms: StepTerms, prompts: list[int], cache: SimCache | None) -> None:
         if cache is None:
@@ -53,8 +57,12 @@ class SimPrefill:
             )
         self.busy = False
         """A step is under way, or the host work the next one waits for."""
+        self.stepping = False
+        """A step is under way."""
+        self.intakes = 0
+        """Prompts that arrived during the step under way (their intake follows it)."""
         self.host_free = 0.0
-        """When the host work of the last step's finished prompts ends."""
+        """When the host work pending (intakes) ends."""
         self.finishing: list[int] = []
         """The prompts the step under way finishes."""
         self.x = x
@@ -66,6 +74,16 @@ class SimPrefill:
         """Its next step is the first after idling (it pays `wake`)."""
         self.wake: Callable[[float], float] | None = None
         """The profile's `wake_time`: what the first step after idling costs more (None: nothing)."""
+
+    def arrive(self, now: float) -> None:
+        """A prompt reached the instance now: its intake follows the step under way, or starts now."""
+        host = self.stepper.terms.host
+        if not host:
+            return
+        if self.stepping:
+            self.intakes += 1
+        else:
+            self.host_free = max(self.host_free, now) + host
 
     @property
     def idle(self) -> bool:
@@ -84,7 +102,7 @@ class SimPrefill:
             self.idled = False
             if self.wake is not None:
                 seconds += self.wake(now - self.idle_from)
-        self.busy = True
+        self.busy = self.stepping = True
         return now + seconds, admitted
 
     def went_idle(self, now: float) -> None:
@@ -93,11 +111,14 @@ class SimPrefill:
         self.idled = True
 
     def end(self, now: float) -> list[int]:
-        """The step under way ended now: the prompts it finished (their host work starts). It stays
-        busy until the caller starts the next step."""
+        """The step under way ended now: the prompts it finished (the intake of the prompts that came
+        meanwhile starts). It stays busy until the caller starts the next step."""
         done = self.finishing
         self.finishing = []
-        self.host_free = now + self.stepper.terms.host * len(done)
+        self.stepping = False
+        if self.intakes:
+            self.host_free = max(self.host_free, now) + self.stepper.terms.host * self.intakes
+            self.intakes = 0
         if self.lora is not None:
             self.lora.prefill_end(self.x, done, now)
         return done

@@ -245,28 +245,32 @@ def test_a_profile_file_round_trips_for_the_cli() -> None:
     assert FAST_PROFILE.step_time(10, 0) == pytest.approx(0.003)
 
 
-def test_host_work_of_handed_over_prefills_delays_the_next_step_only() -> None:
-    """Two prefill-only requests finish in one step; with 50 ms of host work each, the next step
-    (a third request that was already waiting) starts 100 ms after that step's end. Alone, the
-    work is done before anything else arrives and costs no one."""
+def test_a_prefill_requests_intake_delays_the_next_step_after_the_one_it_arrived_in() -> None:
+    """50 ms of host work per prefill-only request, its intake. Two reaching an idle engine together:
+    the first step starts 100 ms after them. One arriving while a 50 ms step runs: the next step
+    starts 50 ms after that step's end. The requests' finishes cost nothing."""
 
     async def main() -> None:
         engine = Engine(fast(prefill_host_per_request_s=0.05, max_num_seqs=2), Faults())
-        first, second, third = (Sequence(f"p{k}", 8, 1, prefill_only=True) for k in range(3))
         engine.start()
-        for s in (first, second, third):
+        t0 = engine.clock()
+        first, second = (Sequence(f"p{k}", 8, 1, prefill_only=True) for k in range(2))
+        for s in (first, second):
             engine.submit(s)
-        await asyncio.gather(*(s.done.wait() for s in (first, second, third)))
-        lone = Sequence("lone", 8, 1, prefill_only=True)
-        await asyncio.sleep(0.2)  # the host work of `third` (50 ms) is long over
-        t = engine.clock()
-        engine.submit(lone)
-        await lone.done.wait()
+        await asyncio.gather(first.done.wait(), second.done.wait())
+        await asyncio.sleep(0.2)  # idle again, nothing pending
+        long = Sequence("long", 480, 1, prefill_only=True)  # 2 ms + 48 ms of prefill
+        engine.submit(long)
+        while not engine.stepping:
+            await asyncio.sleep(0.001)
+        late = Sequence("late", 8, 1, prefill_only=True)
+        engine.submit(late)  # during the long step
+        await asyncio.gather(long.done.wait(), late.done.wait())
         await engine.stop()
         a, b, c = list(engine.steps)[:3]
-        assert (a.batch, b.batch) == (2, 1)
-        assert b.start == pytest.approx(a.end + 0.1, abs=1e-9)
-        assert c.start - t < 0.02  # no host work left to wait for
+        assert a.batch == 2 and 0.1 <= a.start - t0 < 0.12  # both intakes before it
+        assert (b.batch, c.batch) == (1, 1) and b.end - b.start > 0.045
+        assert c.start == pytest.approx(b.end + 0.05, abs=1e-9)  # the late one's intake, after the step it came in
 
     run(main())
 

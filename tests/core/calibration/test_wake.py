@@ -17,8 +17,9 @@ PROFILE = toy_profile(
     decode_step_per_seq_s=0.001,
     kv_transfer_base_s=0.003,
     kv_transfer_per_token_s=1e-5,
+    prefill_host_per_request_s=0.003,
 )
-"""The run's fitted legs (no wake-up cost)."""
+"""The run's fitted legs (no wake-up cost), with an intake of 3 ms per prompt at the prefill instance."""
 PRIOR = toy_profile(idle_wake_s=0.005, idle_wake_tau_s=3.0)
 """The terms a run that does not identify the cost keeps."""
 RTT = {"p0": 0.0015, "d0": 0.0025}
@@ -36,8 +37,8 @@ def noise(k: int) -> float:
 def records(n: int, wake: float = WAKE.idle_wake_s, gaps: tuple[float, ...] = GAPS) -> list[dict[str, Any]]:
     """n requests through one prefill and one decode instance, one at a time. Each arrives at the
     prefill instance a gap after the previous prefill ended; its prefill leg is the HTTP round trip,
-    the step it runs in, the prefill of its uncached tokens, 2 ms the fit of the legs left over and
-    the wake-up cost of that gap; it reaches the decode instance 1 ms after its prefill, which has
+    its intake, the step it runs in, the prefill of its uncached tokens, 2 ms the fit of the legs
+    left over and the wake-up cost of that gap; it reaches the decode instance 1 ms after its prefill, which has
     idled since the previous request finished, and its hand-off (first token − decode start) is
     both round trips, the KV transfer, its first step, 1 ms left over and the decode instance's
     wake-up. Every leg carries `noise`."""
@@ -47,7 +48,8 @@ def records(n: int, wake: float = WAKE.idle_wake_s, gaps: tuple[float, ...] = GA
     for k in range(n):
         prompt, cached = 100 + 37 * (k % 9), 16 * (k % 3)
         start = prefill_end + gaps[k % len(gaps)]
-        leg = RTT["p0"] + PROFILE.step_time(1, prompt) + float(PROFILE.prefill_time(prompt - cached)) + 0.002
+        intake = PROFILE.prefill_host_per_request_s
+        leg = RTT["p0"] + intake + PROFILE.step_time(1, prompt) + float(PROFILE.prefill_time(prompt - cached)) + 0.002
         prefill_end = start + leg + (prof.wake_time(start - rows[-1]["prefill_end"]) if rows else 0.0) + noise(k)
         decode_start = prefill_end + 0.001
         handoff = RTT["d0"] + RTT["p0"] + PROFILE.kv_transfer_time(prompt) + PROFILE.step_time(1, prompt) + 0.001

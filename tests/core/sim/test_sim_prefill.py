@@ -17,8 +17,10 @@ PROFILE = toy_profile(prefill_per_token_s=0.001, max_num_batched_tokens=2048, ma
 
 
 def run_instance(prefill: SimPrefill, keys: list[int], start: float = 0.0) -> dict[int, float]:
-    """Queue `keys` on an idle instance at `start` and step it dry: each prompt's prefill end."""
-    prefill.stepper.waiting.extend(keys)
+    """Queue `keys` on an idle instance at `start` (their intakes then) and step it dry: each prompt's prefill end."""
+    for k in keys:
+        prefill.stepper.waiting.append(k)
+        prefill.arrive(start)
     ends: dict[int, float] = {}
     now = start
     while prefill.stepper:
@@ -43,30 +45,50 @@ def test_iteration_steps_chunk_prompts_across_steps_as_project_does() -> None:
     assert project(prompts, terms).first_token.tolist() == pytest.approx(expected)
 
 
-def test_iteration_steps_respect_the_running_slots_and_host_work() -> None:
-    """max_num_seqs 2 and 0.5 s of host work per finished prompt: 100+200 go together (0.1 + 1 +
-    0.3 s), then, after 2 × 0.5 s of host work, 300+400 (0.1 + 1 + 0.7 s)."""
+def test_iteration_steps_respect_the_running_slots_and_each_prompts_intake() -> None:
+    """max_num_seqs 2, 0.5 s of host work per prompt's intake. 100 and 200 reach the idle instance at
+    0: their step starts after both intakes, at 1 s (0.1 + 1 + 0.3 s, ending 2.4). 300 and 400 come at
+    1.5 s, during it: their intakes follow it, so their step runs [3.4, 5.2] (0.1 + 1 + 0.7 s). The
+    dispatcher's projection, routing them at those times, says the same."""
     prof = PROFILE.model_copy(update={"max_num_seqs": 2, "prefill_host_per_request_s": 0.5})
     terms = step_terms(prof, "iteration")
     prompts = [100, 200, 300, 400]
-    ends = run_instance(SimPrefill(0, terms, prompts, None), [0, 1, 2, 3])
-    expected = [1.4, 1.4, 1.4 + 1.0 + 1.8, 1.4 + 1.0 + 1.8]
-    assert [ends[k] for k in range(4)] == pytest.approx(expected)
-    assert project(prompts, terms).first_token.tolist() == pytest.approx(expected)
+    pf = SimPrefill(0, terms, prompts, None)
+    for k in (0, 1):
+        pf.stepper.waiting.append(k)
+        pf.arrive(0.0)
+    assert pf.host_free == pytest.approx(1.0)
+    started = pf.start(1.0)
+    assert started is not None and started[0] == pytest.approx(2.4) and started[1] == [0, 1]
+    for k in (2, 3):
+        pf.stepper.waiting.append(k)
+        pf.arrive(1.5)
+    assert pf.end(2.4) == [0, 1] and pf.host_free == pytest.approx(3.4)
+    started = pf.start(3.4)
+    assert started is not None and started[0] == pytest.approx(5.2)
+    assert pf.end(5.2) == [2, 3]
+    q = PrefillQueues(prof)
+    q.add_instance()
+    for k, at in enumerate([0.0, 0.0, 1.5, 1.5]):
+        q.push(0, k, prompts[k], at)
+    assert [q.due(k) for k in range(4)] == pytest.approx([2.4, 2.4, 5.2, 5.2])
+    # `project` takes the prompts as waiting, their intake done: the steps follow each other
+    assert project(prompts, terms).first_token.tolist() == pytest.approx([1.4, 1.4, 3.2, 3.2])
 
 
 def test_ps_mode_is_serial_prefill_time_and_projected_so() -> None:
-    """ps mode (SIBYL App. I): one prompt at a time for exactly prefill_time(l), then its host work;
-    `project` with the serial terms and the dispatcher's serial projection give the same ends."""
+    """ps mode (SIBYL App. I): one prompt at a time for exactly prefill_time(l), after the intakes
+    (0.25 s each) of the three reaching the idle instance together; `project` with the serial terms
+    (ready after those intakes) and the dispatcher's serial projection give the same ends."""
     prof = PROFILE.model_copy(update={"prefill_host_per_request_s": 0.25})
     terms = step_terms(prof, "ps")
     assert terms == StepTerms.of(prof, serial=True)
     prompts = [3000, 200, 100]  # 3000 > the 2048 budget: serial prefill never chunks
     ends = run_instance(SimPrefill(0, terms, prompts, None), [0, 1, 2])
     t = [float(prof.prefill_time(n)) for n in prompts]
-    expected = [t[0], t[0] + 0.25 + t[1], t[0] + 0.25 + t[1] + 0.25 + t[2]]
+    expected = [0.75 + t[0], 0.75 + t[0] + t[1], 0.75 + t[0] + t[1] + t[2]]
     assert [ends[k] for k in range(3)] == pytest.approx(expected)
-    assert project(prompts, terms).first_token.tolist() == pytest.approx(expected)
+    assert project(prompts, terms, ready_at=0.75).first_token.tolist() == pytest.approx(expected)
     q = PrefillQueues(prof)
     q.serial = True
     q.add_instance()

@@ -173,14 +173,14 @@ def test_iteration_mode_batches_waiting_prompts_within_the_token_budget_as_vllm_
 
 
 @pytest.mark.parametrize("mode", ["ps", "iteration"])
-def test_host_work_per_prefill_request_delays_the_next_batch_not_an_idle_instance(mode: str) -> None:
-    """Three 1-token prompts at 0 (base 1 s each, 2 s of host work each): one at a time, each
-    prefill waits for its predecessor's host work (ends 1, 4, 7); iteration mode batches the two
-    waiting ones and adds the 0.1 s step a batch runs in (ends 1.1, then 3.1 + 1.1 = 4.2 for
-    both). A prompt arriving at 20, when all host work is done, takes its plain time."""
+def test_each_prompts_intake_follows_the_step_it_arrives_in_or_comes_before_its_own(mode: str) -> None:
+    """1-token prompts (base 1 s, plus a 0.1 s step in iteration mode), 2 s of host work per intake.
+    The first, at 0, reaches an idle instance: its step starts at 2 (ends 3, 3.1). Two more come at
+    2.5, during that step: their intakes follow it, 4 s, so ps mode runs them one at a time from 7
+    (ends 8, 9) and iteration mode together from 7.1 (ends 8.2). One at 20, idle again: 22 + its step."""
     prof = toy_profile(prefill_host_per_request_s=2.0)
-    r, _ = simulate(prof, [0, 0, 0, 20], [1, 1, 1, 1], [1] * 4, mode=mode)
-    expected = [1, 4, 7, 21] if mode == "ps" else [1.1, 4.2, 4.2, 21.1]
+    r, _ = simulate(prof, [0, 2.5, 2.5, 20], [1, 1, 1, 1], [1] * 4, mode=mode)
+    expected = [3, 8, 9, 23] if mode == "ps" else [3.1, 8.2, 8.2, 23.1]
     assert r.prefill_end.tolist() == pytest.approx(expected)
 
 

@@ -415,8 +415,12 @@ class SloGate:
     ) -> list[Request]:
         """Held requests to route now, one at a time in the queue policy's order, while a decode slot
         is free (`room`) and the prefill instance where the head's first token comes soonest,
-        counting the ones released here, can start it within its target once routed (an idle one
-        always can: its wait so far is spent, `expire` answers it when past its bound)."""
+        counting the ones released here, gives it that token within its budget counted from its
+        arrival (headroom × TTFT target + bounded wait: the wait it has had counts), or is idle
+        (then nothing held longer starts sooner; `expire` answers the head once even an idle
+        cluster would start it past its bound). Counted from now instead, a request held 1.1 s
+        of a burst was released into a prefill step that gave its first token 3.15 s after arrival,
+        past its 2 s target."""
         out: list[Request] = []
         if room <= 0 or not v.routable_count(Role.PREFILL):
             return out
@@ -428,7 +432,7 @@ class SloGate:
             k = int(np.argmin(first))
             own = np.broadcast_to(np.asarray(self._uncached(r, v), dtype=float), v.prefill_mask().shape)
             waits = first[k] - v.queues.terms_of(int(where[k])).alone_s(float(own[where[k]])) > 1e-9
-            if waits and first[k] + self._after_prefill_s(r.prompt_tokens) > self.target_s(r):
+            if waits and now - r.arrival + first[k] + self._after_prefill_s(r.prompt_tokens) > self._budget(r):
                 break
             popped = adm.release(queue, now, 1)
             if not popped:

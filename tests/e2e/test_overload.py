@@ -94,15 +94,5 @@ def test_a_burst_of_120_is_answered_promptly_and_the_admitted_meet_their_slo(con
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "a known admission defect (issue 37's closing note of 2026-11-29): with all 600 arriving within ~5 ms, "
-        "admission released 6 held requests at 1.09 s into a prefill instance whose running 6-prompt step ended "
-        "at 2.33 s, so their first tokens came 3.15 s after arrival against the 2 s target (7 of 13 admitted met "
-        "it); it fails the same way on the previous stop's tree (e67ea90: 2 of 3 runs), so it is not this "
-        "session's change; the 120-request burst in the default suite passes"
-    ),
-)
 def test_the_issues_burst_of_600_is_answered_promptly_and_the_admitted_meet_their_slo(console: Console) -> None:
     check_burst(console, 600, timeout=90)

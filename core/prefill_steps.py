@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from core.prefill import StepTerms
+    from core.step_terms import StepTerms
 
 
 class PrefillStepper:

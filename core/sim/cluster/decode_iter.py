@@ -49,11 +49,10 @@ class _Seq:
 class IterationDecodeInstance:
     """Decode instance with continuous batching, max_num_seqs, KV capacity and preemption."""
 
-    reads_in_turn = True
-    """One KV read at a time (core/sim/cluster/decode.py)."""
-
     def __init__(self, profile: PerfProfile) -> None:
         self.profile = profile
+        self._reads_free = -float("inf")
+        """When the last hand-off KV read here ends (reads go one at a time)."""
         self.capacity = profile.kv_capacity_tokens
         self.max_seqs = profile.max_num_seqs
         self.seqs: dict[int, _Seq] = {}
@@ -121,6 +120,11 @@ class IterationDecodeInstance:
         if abs(self.t0 + self._t(done) - now) <= _EPS:
             return now
         return self.t0 + self._t(done + 1)
+
+    def read_done(self, start: float, seconds: float) -> float:
+        """After the reads under way here: one KV read at a time (core/sim/cluster/decode.py)."""
+        self._reads_free = max(start, self._reads_free) + seconds
+        return self._reads_free
 
     def next_step_boundary(self, now: float) -> float:
         """When the step under way ends (`now` when a step ends at `now` or nothing runs): where a P/D

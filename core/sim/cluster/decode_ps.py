@@ -21,9 +21,6 @@ _EPS = 1e-9
 class PSDecodeInstance:
     """Decode instance under processor sharing; exact, no per-token ticks."""
 
-    reads_in_turn = False
-    """SIBYL App. I's flat transfer: reads overlap (core/sim/cluster/decode.py)."""
-
     def __init__(self, profile: PerfProfile) -> None:
         self.profile = profile
         self.counter = 0.0
@@ -136,6 +133,10 @@ class PSDecodeModel(PSDecodeInstance):
         for r in done:
             self._sizes.pop(r, None)
         return firsts, done
+
+    def read_done(self, start: float, seconds: float) -> float:
+        """SIBYL App. I's flat transfer: reads overlap (core/sim/cluster/decode.py)."""
+        return start + seconds
 
     def next_step_boundary(self, now: float) -> float:
         """`now`: processor sharing has no steps, so a P/D hand-off's KV read starts at once and the

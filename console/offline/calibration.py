@@ -344,6 +344,17 @@ def calibrate(
     terms.update(wfit.terms)
 
     terms.update(_untimed(base, _context(timelines, step)))
+    terms["http_rtt_s"] = (
+        Term(
+            "http_rtt_s",
+            float(np.median(list(rtt.values()))),
+            base.http_rtt_s,
+            f"measured: the median of the console's /health round trips to the run's {len(rtt)} instances "
+            "(the simulator's HTTP legs; the run's own legs have theirs)",
+        )
+        if rtt
+        else Term("http_rtt_s", base.http_rtt_s, base.http_rtt_s, "prior: the run kept no /health round trips")
+    )
     terms = {k: terms[k] for k in PerfProfile.model_fields if k in terms}
     values: dict[str, Any] = {k: t.value for k, t in terms.items()}
     values["tps_curve"] = None

@@ -7,9 +7,10 @@ instance becomes active, after each periodic decision) and fail when they expire
 instances step their prompts with the dispatcher's own prefill model (core/sim/cluster/prefill.py).
 The KV transfer follows vLLM's NIXL pull: it starts at the decode instance's next step boundary,
 after the reads under way there (`DecodeModel.read_done`), and the request joins the batch at the
-first boundary after it ends. Decode runs in processor-sharing or iteration-level mode. A request
-routed without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per
-token: every instance jumps from event to event.
+first boundary after it ends; the HTTP legs (`http_rtt_s`: the prefill's answer and the decode leg
+before, the pull's round trip with it) add their latency. Decode runs in processor-sharing or
+iteration-level mode. A request routed without a decode instance is bound (`bind_late`) at its
+prefill end. Nothing ticks per token: every instance jumps from event to event.
 
 Periodic policies run at `dispatcher.next_periodic_at()` (never, for the no-op baselines); their
 scale actions are carried out by core/sim/cluster/scaling.py (see it for the rules) and their
@@ -132,8 +133,7 @@ class ClusterSimulation:
         self.r_decode = np.full(n, -1, dtype=np.int64)
         self._rx: list[int] = [-1] * n
         """Decode instance (dispatcher index) of each request, -1 while unbound."""
-        self.t_pstart, self.t_pend, self.t_dstart = nan.copy(), nan.copy(), nan.copy()
-        self.t_first, self.t_finish = nan.copy(), nan.copy()
+        self.t_pstart, self.t_pend, self.t_dstart, self.t_first, self.t_finish = (nan.copy() for _ in range(5))
         self.ok = np.zeros(n, dtype=bool)
         self.status = np.full(n, "", dtype=object)
         self.events = 0
@@ -350,8 +350,8 @@ class ClusterSimulation:
         moved = self._prompt_l[i] if self.cache is None else self.cache.pull(self._rx[i], i, self._prompt_l[i])
         dec = self.decoders[y := self._rx[i]]
         assert dec is not None  # the read starts in the decode instance's next step; it joins after (_decode_start)
-        read = self.profiles.at[y].kv_transfer_time(moved)
-        self.push(dec.read_done(dec.next_step_boundary(now), read), _DECODE_START, i)
+        read = (prof := self.profiles.at[y]).http_rtt_s + prof.kv_transfer_time(moved)  # the pull's round trip too
+        self.push(dec.read_done(dec.next_step_boundary(now + 2 * prof.http_rtt_s), read), _DECODE_START, i)
         if self.scaler.draining:
             self._apply(self.scaler.check(now))
         if d.admission and d.queue.params.max_prefill_backlog_s is not None:

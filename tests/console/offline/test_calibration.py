@@ -199,6 +199,11 @@ def test_calibrate_recovers_every_term_of_a_stepped_run(load: str) -> None:
     # their queueing, 19 of 24 passed, seed 3 among them.
     run = stepped_run(store, TRUTH, spread_trace(*LOADS[load], seed=13))
     fitted, report = calibrate(store, run, get_profile(PRIOR))
+    # the simulator's HTTP legs: the median of the run's /health round trips (p0 1.5 ms, each d 2.5 ms)
+    rtts = sorted((store.get_run(run).summary or {})["health_rtt_s"].values())
+    assert rtts[0] == 0.0015 and rtts[-1] == 0.0025 and fitted.fit is not None
+    assert fitted.http_rtt_s == pytest.approx(float(np.median(rtts)))
+    assert fitted.fit["http_rtt_s"]["source"].startswith("measured: the median of the console's /health")
     for key in TIMED:
         term = report["terms"][key]
         assert term["source"] == "fit", (key, term)

@@ -113,6 +113,19 @@ def test_a_decode_instance_reads_hand_offs_one_at_a_time_in_iteration_mode(mode:
         assert (r.decode_start - r.prefill_end).tolist() == pytest.approx([0.25] * 3)
 
 
+@pytest.mark.parametrize("mode", ["iteration", "ps"])
+def test_the_http_legs_add_three_round_trips_to_the_hand_off(mode: str) -> None:
+    """http_rtt_s = 10 ms (the simulator's only network): the prefill's answer and the decode leg
+    (20 ms) before the read, whose pull takes its own round trip (10 ms) beside the 0.25 s transfer.
+    An idle decode instance: decode starts 0.28 s after the prefill ends (0.25 s without)."""
+    prof = toy_profile(decode_step_base_s=0.05, decode_step_per_seq_s=0.05, kv_transfer_base_s=0.25)
+    plain, _ = simulate(prof, [0], [10], [3], mode=mode)
+    legs, _ = simulate(prof.model_copy(update={"http_rtt_s": 0.01}), [0], [10], [3], mode=mode)
+    assert (plain.decode_start - plain.prefill_end).tolist() == pytest.approx([0.25])
+    assert (legs.decode_start - legs.prefill_end).tolist() == pytest.approx([0.28])
+    assert legs.prefill_end.tolist() == pytest.approx(plain.prefill_end.tolist())
+
+
 def test_kv_transfer_delays_decode_start() -> None:
     prof = toy_profile(kv_transfer_base_s=0.5, kv_transfer_per_token_s=0.01)
     r, _ = simulate(prof, [0], [50], [1])

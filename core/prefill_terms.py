@@ -24,8 +24,9 @@ class InstanceTerms:
         self.own: dict[int, StepTerms] = {}
         """The instances that have their own terms (the rest use the shared ones)."""
         self._key: tuple[StepTerms, int, int] | None = None
-        self._coef = np.zeros((6, 0))
-        """Rows: fixed cost per step, per KV token, per token, per token², token budget, chunked (1 or 0)."""
+        self._coef = np.zeros((7, 0))
+        """Rows: fixed cost per step, per KV token, per token, per token², token budget, chunked (1 or 0),
+        the intake's host work."""
         self._version = 0
 
     def __bool__(self) -> bool:
@@ -47,7 +48,7 @@ class InstanceTerms:
     def _coefficients(self, shared: StepTerms, n: int) -> np.ndarray:
         key = (shared, n, self._version)
         if self._key != key:
-            coef = np.empty((6, n))
+            coef = np.empty((7, n))
             for p in range(n):
                 t = self.own.get(p, shared)
                 coef[:, p] = (
@@ -57,14 +58,15 @@ class InstanceTerms:
                     t.per_token2,
                     t.budget,
                     1.0 if t.chunked else 0.0,
+                    t.host,
                 )
             self._coef, self._key = coef, key
         return self._coef
 
     def alone_s(self, lengths: np.ndarray, shared: StepTerms) -> np.ndarray:
         """Per instance index, `StepTerms.alone_s` of `lengths` (one per instance) with that instance's terms."""
-        fixed, per_kv, per_token, per_token2, budget, chunked = self._coefficients(shared, len(lengths))
+        fixed, per_kv, per_token, per_token2, budget, chunked, host = self._coefficients(shared, len(lengths))
         k = np.where(chunked > 0, np.maximum(np.ceil(lengths / budget), 1.0), 1.0)
         sum_hi = budget * k * (k - 1) / 2 + lengths
-        out: np.ndarray = k * fixed + per_kv * sum_hi + per_token * lengths + per_token2 * lengths * lengths
+        out: np.ndarray = host + k * fixed + per_kv * sum_hi + per_token * lengths + per_token2 * lengths * lengths
         return out

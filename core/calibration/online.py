@@ -30,7 +30,8 @@ as the emulator runs it (adapters/emulator/engine.py). Two rows per interval:
 The gateway's timings are used only where the engine's own split is unavailable (an upstream
 without vLLM's histograms) and only for uncontended legs (`TimedLeg.in_flight == 0`): a gateway
 duration includes every wait behind other requests, so under concurrency it would count waiting
-as work. A prefill leg is one step(1, l) + prefill(l), a decode leg's TPOT one step(1, l + n/2);
+as work. A prefill leg is the intake's host work (the prior's) + step(1, l) + prefill(l), a decode
+leg's TPOT one step(1, l + n/2);
 KV hand-offs (decode start → first token on an idle decode instance) fit the KV transfer terms,
 t − step(1, l) = kv_transfer_base + kv_transfer_per_token·l.
 
@@ -361,9 +362,9 @@ class OnlineFitter:
             return
         length = max(leg.prompt_tokens, 0.0)
         computed = length if leg.computed_tokens is None else max(leg.computed_tokens, 0.0)
-        if leg.kind == "prefill":
+        if leg.kind == "prefill":  # less its intake's host work, which came before its step
             x = np.array([1.0, computed, 1.0, 1.0, length, computed * computed])
-            self._step.add(leg.at, "prefill leg", x, leg.seconds, 1.0)
+            self._step.add(leg.at, "prefill leg", x, leg.seconds - self.prior.prefill_host_per_request_s, 1.0)
         elif leg.kind == "decode":
             if leg.output_tokens < 2:
                 return

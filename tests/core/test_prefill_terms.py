@@ -26,12 +26,15 @@ def fast_step(seqs: int, tokens: float) -> float:
 def test_vectorised_alone_matches_each_instances_own_terms_chunked_or_not() -> None:
     own = InstanceTerms()
     unchunked = StepTerms.of(profile(prefill_per_token2_s=1e-8), chunked=False)
+    hosted = StepTerms.of(profile(prefill_host_per_request_s=0.004))  # each prompt's intake: 4 ms
     own.set(1, FAST)
     own.set(2, unchunked)
+    own.set(3, hosted)
     lengths = np.array([512.0, 5000.0, 5000.0, 100.0])
     got = own.alone_s(lengths, SLOW)
-    want = [SLOW.alone_s(512), FAST.alone_s(5000), unchunked.alone_s(5000), SLOW.alone_s(100)]
+    want = [SLOW.alone_s(512), FAST.alone_s(5000), unchunked.alone_s(5000), hosted.alone_s(100)]
     assert got == pytest.approx(want)
+    assert got[3] == pytest.approx(0.004 + SLOW.alone_s(100))  # the intake, then the same step
     # by hand: 5000 tokens under a 2048 budget are three chunks, each its own step of one sequence
     assert got[1] == pytest.approx(3 * (0.001 + 0.0001 + 0.0005) + 1e-6 * 5000)
     own.set(1, None)

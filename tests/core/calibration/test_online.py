@@ -149,6 +149,23 @@ def test_uncontended_gateway_legs_fit_where_the_engine_reports_nothing() -> None
     )
 
 
+def test_a_gateway_prefill_leg_is_fitted_less_its_intake() -> None:
+    """An uncontended prefill leg holds the prompt's intake (host work before its step, 5 ms here, the
+    prior's `prefill_host_per_request_s`): the fitted prefill and step leave it out (18% of a 1,000-token leg)."""
+    h = 0.005
+    fitter = OnlineFitter(PRIOR.model_copy(update={"prefill_host_per_request_s": h}))
+    rng = np.random.default_rng(5)
+    for i in range(40):
+        length = float(rng.integers(32, 2048))
+        alone = TRUE.step_time(1, length)
+        fitter.observe_leg(TimedLeg("prefill", i * 0.5, h + alone + float(TRUE.prefill_time(length)), length))
+        fitter.observe_leg(TimedLeg("decode", i * 0.5, 63 * alone, length, output_tokens=64))
+    prof = fitter.profile(20.0)
+    assert float(prof.prefill_time(1000)) + prof.step_time(1, 1000) == pytest.approx(
+        float(TRUE.prefill_time(1000)) + TRUE.step_time(1, 1000), rel=0.1
+    )
+
+
 def test_requests_count_the_requests_behind_each_kind_of_row_in_the_window() -> None:
     """The evidence a fit or a correction rests on: 4 requests an interval give 4 prefill and 4 tpot
     requests each (not 8); a window keeps the recent rows; the prefill legs count apart."""

@@ -32,7 +32,7 @@ Batches the 5 ms rule splits or merges wrongly also cancel in the totals, and so
 counted in the neighbouring interval of its own (a modelled start a little off).
 
 An estimate too uncertain to count as fitted (its 1σ above IDENTIFIED of the busy time) keeps the
-prior only while the prior lies within REJECT_SE standard errors of it; a prior the run rules out
+prior only while the prior lies within `fit.REJECT_SE` standard errors of it; a prior the run rules out
 (a slower day's host work) gives way to the estimate.
 """
 
@@ -44,14 +44,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from core.calibration.fit import IDENTIFIED, LinearFit, Term
+from core.calibration.fit import IDENTIFIED, LinearFit, Term, rules_out_prior
 from core.perf import PerfProfile
 
 BATCH_GAP_S = 0.005
 """Prefill legs whose ends lie this close were answered from one engine step."""
 MIN_BATCHES = 8
-REJECT_SE = 3.0
-"""An estimate too uncertain to count as fitted still replaces a prior this many standard errors away."""
 BLOCK = 4
 """Consecutive batches of a busy period whose residuals are summed before judging the fit's scatter."""
 
@@ -158,7 +156,7 @@ def fit_host_work(
     se = math.sqrt(float(np.sum(by_block**2)) * m / (m - 1)) / total  # of a ratio of totals
     rel_se = se * total / (float(np.sum(intervals)) or 1.0)
     rel_rms = math.sqrt(float(np.mean(by_block**2))) / (float(np.mean(np.bincount(blocks, weights=intervals))) or 1.0)
-    if rel_se > IDENTIFIED and abs(h - prior) > REJECT_SE * se:
+    if rel_se > IDENTIFIED and rules_out_prior(h, se, prior):
         # too uncertain to count as fitted, but far enough from the prior to reject it: the run's
         # estimate (at least 0) is nearer the truth than a prior it rules out
         term = Term(

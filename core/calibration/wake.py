@@ -23,9 +23,9 @@ the legs leave on average at an idle instance), by least squares after dropping 
 MADs; τ is the grid value with the least squared error. The cost is fitted when at least MIN_ROWS
 requests found their instance idle, their idle times spread (some below τ/2, some above τ) and the
 cost is at least MIN_T_STAT standard errors above zero. A cost too small to tell from zero that
-still lies MIN_T_STAT standard errors below the prior rejects the prior: the run's estimate (at
-least 0) is taken (a host wakes up faster on a quiet day; keeping a slow day's 17 ms put the
-emulator's light TTFT p50 40% above real vLLM's). Otherwise both terms keep their prior.
+still rules the prior out (`fit.rules_out_prior`, as the host work's fit uses it) replaces it: the
+run's estimate (at least 0) is taken (a host wakes up faster on a quiet day; keeping a slow day's
+17 ms put the emulator's light TTFT p50 40% above real vLLM's). Otherwise both terms keep their prior.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from core.calibration.fit import LinearFit, Term
+from core.calibration.fit import LinearFit, Term, rules_out_prior
 from core.calibration.host import computed_tokens
 from core.perf import PerfProfile
 
@@ -161,41 +161,33 @@ def fit_wake(rows: list[Row], profile: PerfProfile, rtt: dict[str, float], prior
     rel_rms = math.sqrt(sse / n) / (float(np.mean(np.abs(y))) or 1.0)
     rel_se = cost_se / cost if cost > 0 else math.inf
     spread = bool((g < tau / 2).any() and (g > tau).any())
-    if (cost <= 0 or cost < MIN_T_STAT * cost_se) and abs(cost - prior.idle_wake_s) <= MIN_T_STAT * cost_se:
+    weak = cost <= 0 or cost < MIN_T_STAT * cost_se
+    if weak and not rules_out_prior(cost, cost_se, prior.idle_wake_s):
         return kept(
             f"not identified: {cost * 1e3:.1f} ± {cost_se * 1e3:.1f} ms at τ = {tau:g} s over {n} idle legs "
             f"(a fit needs {MIN_T_STAT:g} standard errors above 0)",
             rel_rms,
             rel_se,
         )
-    if cost <= 0 or cost < MIN_T_STAT * cost_se:
+    if weak:
         # too small to tell from zero, yet far below the prior: the run rejects the prior, so it
         # gets the run's bound on the cost (a wrong prior would add it to every idle request)
-        small = max(cost, 0.0)
+        value, time_constant = max(cost, 0.0), tau if cost > 0 else prior.idle_wake_tau_s
         src = (
             f"fit: small, {cost * 1e3:.1f} ± {cost_se * 1e3:.1f} ms at τ = {tau:g} s over {n} idle legs, "
             f"{abs(cost - prior.idle_wake_s) / max(cost_se, 1e-12):.0f} standard errors from the prior "
             f"{prior.idle_wake_s * 1e3:.1f} ms" + (" (clipped at 0)" if cost <= 0 else "")
         )
-        terms = {
-            "idle_wake_s": Term("idle_wake_s", small, prior.idle_wake_s, src, rel_rms, len(resid), n, rel_se),
-            "idle_wake_tau_s": Term(
-                "idle_wake_tau_s",
-                tau if cost > 0 else prior.idle_wake_tau_s,
-                prior.idle_wake_tau_s,
-                src,
-                rel_rms,
-                len(resid),
-                n,
-                None,
-            ),
-        }
-        return LinearFit(terms, len(resid), n, rel_rms, math.nan)
-    if not spread:
+    elif not spread:
         return kept(f"idle times {g.min():.2g}-{g.max():.2g} s do not span the best time constant ({tau:g} s)", rel_rms)
-    src = f"fit: {n} request legs that found their instance idle {g.min():.2g}-{g.max():.2g} s; τ best of {TAU_GRID_S}"
+    else:
+        value, time_constant = cost, tau
+        src = f"fit: {n} request legs that found their instance idle {g.min():.2g}-{g.max():.2g} s"
+        src += f"; τ best of {TAU_GRID_S}"
     terms = {
-        "idle_wake_s": Term("idle_wake_s", cost, prior.idle_wake_s, src, rel_rms, len(resid), n, rel_se),
-        "idle_wake_tau_s": Term("idle_wake_tau_s", tau, prior.idle_wake_tau_s, src, rel_rms, len(resid), n, None),
+        "idle_wake_s": Term("idle_wake_s", value, prior.idle_wake_s, src, rel_rms, len(resid), n, rel_se),
+        "idle_wake_tau_s": Term(
+            "idle_wake_tau_s", time_constant, prior.idle_wake_tau_s, src, rel_rms, len(resid), n, None
+        ),
     }
     return LinearFit(terms, len(resid), n, rel_rms, math.nan)

@@ -89,6 +89,9 @@ class LifecycleMixin(AdmittingMixin):
             arm=arm,
             canary_policy=canary.policy if arm == CANARY and canary is not None else None,
         )
+        if self.gate is not None and p >= 0:  # what admission projected (its drifts' feedback)
+            tracked.handoff_est = v.handoff_s(request.prompt_tokens, int(t.inst[i]))
+            tracked.own_est = v.queues.terms_of(p).alone_s(max(computed, 1)) + tracked.handoff_est
         for _, shadow in self.shadows:
             try:
                 choice = shadow.route(request, v).decode
@@ -307,10 +310,8 @@ class LifecycleMixin(AdmittingMixin):
                 if gate is not None:
                     p = int(t.prefill[i])
                     if p >= 0:  # the feedback that corrects admission's projection
-                        prof = v.profile
-                        after = prof.kv_transfer_time(req.prompt_tokens) + prof.step_time(1, req.prompt_tokens)
-                        projected = tracked.prefill_due + after - tracked.routed_at
-                        gate.observe_ttft(p, projected, first_token_at - tracked.routed_at)
+                        projected = tracked.prefill_due + tracked.handoff_est - tracked.routed_at
+                        gate.observe_ttft(p, projected, first_token_at - tracked.routed_at, tracked.own_est)
                     if output_tokens > 1:  # and the decode slots' measured TPOT
                         gate.observe_tpot(tpot, float(t.tpot_slo[i]), v, now)
                 learner = tracked.router if tracked.arm == CANARY else self.routing  # each arm's router learns its own

@@ -1,0 +1,71 @@
+"""The live console's `[admission]` settings: SLO admission's bounds, margins and engine limits."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SloAdmission(BaseModel):
+    """Admission that protects the SLO (the live console's `[admission]` settings).
+
+    Arrivals are routed while the cluster can start them within their target (their own service,
+    prefill alone and hand-off, plus headroom × what it leaves of their class's TTFT target): a
+    decode slot is free (slots per decode instance start from vLLM's max_num_seqs and the TPOT
+    target on the profile, then follow what the decode engines report and the measured TPOT)
+    and the least-loaded prefill instance's backlog (the dispatcher's projections corrected by the
+    measured TTFT, or the engine's own waiting requests if more) leaves room for the prompt.
+    Otherwise a request is held in the queue policy's order if it is expected to start within its
+    wait bound (TTFT target + extra_wait_s), or refused at once with 429 and Retry-After; a held
+    request that can no longer start within its wait bound is answered 503 with Retry-After.
+    A saturation only the prior projects (no engine reports a queue, too little measured to back
+    the projection) is not refused at once: the request is held up to evidence_hold_s, then
+    judged again with what was measured meanwhile.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        True, description="hold and shed by the SLO (off: only the queue policy's max_in_flight_per_instance)"
+    )
+    decode_slots: int | None = Field(
+        None,
+        ge=1,
+        description="requests in flight per decode instance; none: vLLM's max_num_seqs (the profile's), cut to the "
+        "most whose decode step stays within headroom × the tightest TPOT target",
+    )
+    headroom: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description=(
+            "the share of a request's TTFT target, after its own service (its prefill alone and the hand-off), "
+            "that the queue projected ahead of it may take (the rest covers what the projection of that queue "
+            "does not see: measured 1.0-2.2x its projection near capacity)"
+        ),
+    )
+    extra_wait_s: float = Field(
+        0.0,
+        ge=0,
+        description="the bounded wait: a request expected to start up to this long after its TTFT target is still held "
+        "(its wait bound is TTFT target + this); 0 admits only what is expected to meet the SLO",
+    )
+    kv_high: float = Field(
+        0.95, gt=0, le=1, description="a decode instance whose polled KV usage is at least this takes no new request"
+    )
+    evidence_hold_s: float = Field(
+        0.5,
+        ge=0,
+        description=(
+            "a request refused only by the prior's projection (no engine reports a queue, too few measured TTFTs "
+            "or TPOTs back it) is held up to this long instead, then judged again (a wrong prior costs the first "
+            "requests latency, not refusals)"
+        ),
+    )
+    waiting_high: int = Field(
+        8,
+        ge=1,
+        description=(
+            "a decode instance whose engine reports this many waiting "
+            "requests (out of slots or KV) takes no new request"
+        ),
+    )

@@ -174,10 +174,7 @@ def within_slo(o: Outcome) -> bool:
 
 
 def summarize(label: str, mode: str, rate: float, sent: list[Sent]) -> dict[str, Any]:
-    """The run's row. `beyond_headroom`: requests whose prompt alone (the profile's idle TTFT) takes
-    more than headroom × the TTFT target, which admission never routes at once."""
-    p = get_profile(PROFILE)
-    beyond = idle_ttft(p, np.array([s.prompt for s in sent], dtype=float)) > SloAdmission().headroom * SLO.ttft_s
+    """The run's row (`detail`: each request's prompt, status, wait and TTFT, in sending order)."""
     outs = [s.out for s in sent]
     n = len(outs)
     refused = [o for o in outs if o.status in (429, 503)]
@@ -206,11 +203,9 @@ def summarize(label: str, mode: str, rate: float, sent: list[Sent]) -> dict[str,
         "retry_after_all": all(o.retry_after for o in refused) if refused else None,
         "send_lag_max_s": max((s.lag_s for s in sent), default=0.0),
         "loadavg": os.getloadavg()[0],
-        "beyond_headroom": int(beyond.sum()),
-        "beyond_headroom_refused": sum(o.status in (429, 503) for o, b in zip(outs, beyond, strict=True) if b),
-        "beyond_headroom_within_slo": sum(within_slo(o) for o, b in zip(outs, beyond, strict=True) if b),
-        "detail": [[s.prompt, s.out.status, round(s.out.wait_s, 3), s.out.ttft_s and round(s.out.ttft_s, 3)]
-                   for s in sent],
+        "detail": [
+            [s.prompt, s.out.status, round(s.out.wait_s, 3), s.out.ttft_s and round(s.out.ttft_s, 3)] for s in sent
+        ],
     }
 
 
@@ -258,8 +253,20 @@ def announced_run(home: Path, port: int, console: subprocess.Popen[bytes], timeo
 
 
 def up_command(port: int, cfg: Path) -> list[str]:
-    return [sys.executable, "-m", "console.cli", "up", "--headless", "--port", str(port), str(cfg), "--prefill", "1",
-            "--decode", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "console.cli",
+        "up",
+        "--headless",
+        "--port",
+        str(port),
+        str(cfg),
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+    ]
 
 
 def run_case(
@@ -301,8 +308,11 @@ def find_capacity(w: Workload, start: float, a: argparse.Namespace) -> tuple[flo
         ok = row["within_slo_share"] >= ATTAINMENT_C
         row["pass"] = ok
         grid.append(row)
-        print(f"  λ {rate:5.2f}/s  n {row['requests']:>4}  attainment {row['within_slo_share']:6.1%}  "
-              f"{'≥' if ok else '<'} 95%  ({row['wall_s']:.0f} s, load {row['loadavg']:.1f})", flush=True)
+        print(
+            f"  λ {rate:5.2f}/s  n {row['requests']:>4}  attainment {row['within_slo_share']:6.1%}  "
+            f"{'≥' if ok else '<'} 95%  ({row['wall_s']:.0f} s, load {row['loadavg']:.1f})",
+            flush=True,
+        )
         (passed if ok else missed).append(rate)
         return ok
 
@@ -322,6 +332,18 @@ def find_capacity(w: Workload, start: float, a: argparse.Namespace) -> tuple[flo
     return max(passed), grid
 
 
+def refused_by_off(on: dict[str, Any], off: dict[str, Any]) -> str:
+    """What admission-off did with the requests the on run refused (the same sequence, by position)."""
+    pairs = [(a, b) for a, b in zip(on["detail"], off["detail"], strict=False) if a[1] in (429, 503)]
+    served = sorted(b[3] for _, b in pairs if b[1] == 200 and b[3] is not None and b[3] <= SLO.ttft_s)
+    span = f" (TTFT {served[0]:.2f}–{served[-1]:.2f} s)" if served else ""
+    longest = max(a[0] for a, _ in pairs)
+    return (
+        f"off answered {len(served)} of the {len(pairs)} refused within the TTFT target{span}; "
+        f"the longest refused prompt {longest} tokens"
+    )
+
+
 def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     by = {(r["load"], r["admission"]): r for r in rows}
     out: dict[str, str] = {}
@@ -334,21 +356,23 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
             ok = on["refused_share"] <= 0.01
             out[load] = f"{'met' if ok else 'not met'}: {on['refused_share']:.1%} refused (≤ 1%)"
             if on["refused"] and off is not None:
-                out[load] += (f"; {on['beyond_headroom_refused']} of the {on['refused']} refused had a prompt beyond "
-                              f"headroom × TTFT alone; off answered {off['beyond_headroom_within_slo']} of its "
-                              f"{off['beyond_headroom']} such within SLO")
+                out[load] += "; " + refused_by_off(on, off)
         elif x < 2 and off is not None:
             ratio = on["answered_share"] / off["within_slo_share"] if off["within_slo_share"] else float("inf")
             ok = ratio >= 0.95
-            out[load] = (f"{'met' if ok else 'not met'}: answered {on['answered_share']:.1%} = {ratio:.0%} of off's "
-                         f"{off['within_slo_share']:.1%} within SLO (≥ 95%)")
+            out[load] = (
+                f"{'met' if ok else 'not met'}: answered {on['answered_share']:.1%} = {ratio:.0%} of off's "
+                f"{off['within_slo_share']:.1%} within SLO (≥ 95%)"
+            )
         else:
             att = on["attainment_admitted"] or 0.0
             fast = on["refusal_max_s"] is None or on["refusal_max_s"] <= 1.0
             ra = on["retry_after_all"] is not False
             ok = att >= 0.9 and fast and ra
-            out[load] = (f"{'met' if ok else 'not met'}: {att:.1%} of admitted within SLO (≥ 90%), refusals max "
-                         f"{num(on['refusal_max_s'], '.2f')} s (≤ 1), Retry-After {'on all' if ra else 'MISSING'}")
+            out[load] = (
+                f"{'met' if ok else 'not met'}: {att:.1%} of admitted within SLO (≥ 90%), refusals max "
+                f"{num(on['refusal_max_s'], '.2f')} s (≤ 1), Retry-After {'on all' if ra else 'MISSING'}"
+            )
     return out
 
 
@@ -370,18 +394,20 @@ def line(r: dict[str, Any]) -> str:
 
 def diagnosis_line(r: dict[str, Any]) -> str:
     d = r["diagnosis"]
-    causes = ", ".join(
-        f"{c} {v['count']} (last projected {v['last_projected_s']:.2f} s vs bound {v['bound_s']:.2f} s)"
-        for c, v in d["causes"].items()
-    ) or "none"
+    causes = (
+        ", ".join(
+            f"{c} {v['count']} (last projected {v['last_projected_s']:.2f} s vs bound {v['bound_s']:.2f} s)"
+            for c, v in d["causes"].items()
+        )
+        or "none"
+    )
     check = d["prefill_check"] or {}
     meas = f"prefill measured {check['measured_s']:.3f} s vs projected {check['projected_s']:.3f} s; " if check else ""
     return (
         f"      refused by cause: {causes}; held unverified {d['held_unverified']}; TTFT drift "
         f"{num(d['ttft_drift'][0], '.2f')}–{num(d['ttft_drift'][1], '.2f')}; {meas}backlog max "
         f"{num(d['backlog_max_s'], '.2f')} s, engine waiting max {d['waiting_max']}; console slo_met "
-        f"{d['console_slo_met']}; refused with a prompt beyond headroom alone {r['beyond_headroom_refused']} of "
-        f"{r['beyond_headroom']}"
+        f"{d['console_slo_met']}"
     )
 
 
@@ -419,12 +445,16 @@ def main() -> None:
     mu = profile_rate(p, w)
     t_start = time.monotonic()
     settings = ", ".join(a.on_setting) or "default admission"
-    print(f"{datetime.date.today()} · emulated 1P1D {PROFILE}, {settings}; load average at start "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)")
-    print(f"workload: Poisson arrivals (seed {a.seed}) over {w.source} lengths ({w.left_out:.1%} of its rows left out "
-          f"as infeasible alone; prompt mean {w.prompts.mean():.0f}, output mean {w.outputs.mean():.0f} clipped at "
-          f"{a.max_output}); SLO TTFT {SLO.ttft_s:g} s, TPOT {SLO.tpot_s * 1000:g} ms; profile rate {mu:.2f}/s",
-          flush=True)
+    print(
+        f"{datetime.date.today()} · emulated 1P1D {PROFILE}, {settings}; load average at start "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)"
+    )
+    print(
+        f"workload: Poisson arrivals (seed {a.seed}) over {w.source} lengths ({w.left_out:.1%} of its rows left out "
+        f"as infeasible alone; prompt mean {w.prompts.mean():.0f}, output mean {w.outputs.mean():.0f} clipped at "
+        f"{a.max_output}); SLO TTFT {SLO.ttft_s:g} s, TPOT {SLO.tpot_s * 1000:g} ms; profile rate {mu:.2f}/s",
+        flush=True,
+    )
     if a.capacity:
         cap, grid = a.capacity, list[dict[str, Any]]()
     else:
@@ -443,8 +473,10 @@ def main() -> None:
     found = verdicts(rows)
     for load, v in found.items():
         print(f"  {load:<5} {v}")
-    print(f"done in {time.monotonic() - t_start:.0f} s; load average at end "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"done in {time.monotonic() - t_start:.0f} s; load average at end "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     if a.json:
         a.json.write_text(json.dumps({"capacity": cap, "grid": grid, "rows": rows, "verdicts": found}, indent=2))
 

@@ -183,6 +183,12 @@ class SloGate:
         p = self.profile
         return p.kv_transfer_time(prompt_tokens) + p.step_time(1, prompt_tokens)
 
+    def handoff_s(self, prompt_tokens: float, v: ClusterView, d: int = -1) -> float:
+        """`ClusterView.handoff_s` with the decode step the decode engines measured (the recent TPOT)
+        once enough was measured, else the profile's."""
+        slots = self.slots
+        return v.handoff_s(prompt_tokens, d, slots.tpot_s if slots.measured else None)
+
     def service_s(self, prompt_tokens: float) -> float:
         """Prefill (its steps on an idle instance), KV transfer and one decode step of a prompt on an idle cluster."""
         return self._terms.alone_s(prompt_tokens) + self._after_prefill_s(prompt_tokens)
@@ -282,10 +288,16 @@ class SloGate:
         first = self.first_token_s(r, v, now)
         if not len(first):
             return False
-        k = int(np.argmin(first))
-        handoff = v.handoff_s(r.prompt_tokens)
+        k = int(first.argmin())
+        handoff = self.handoff_s(r.prompt_tokens, v)
+        start = now - r.arrival + float(first[k]) + handoff
+        ttft = self._ttft(r)
+        if start <= self.settings.headroom * ttft:  # within the target whatever its own service
+            return True
+        if start > ttft:
+            return False
         own = self._own_s(r, v, int(np.flatnonzero(v.prefill_mask())[k])) + handoff
-        return now - r.arrival + float(first[k]) + handoff <= self.target_s(r, own)
+        return start <= self.target_s(r, own)
 
     def _completion_rate(self, v: ClusterView) -> float:
         """Requests per second the decode pool finishes at full slots (from the profile)."""
@@ -307,7 +319,7 @@ class SloGate:
         room = self.decode_room(v) - held
         decode_wait = 0.0 if room > 0 else (1 - room) / self._completion_rate(v)
         alone = self._terms.alone_s(r.prompt_tokens)
-        return now - r.arrival + max(prefill, decode_wait + alone) + v.handoff_s(r.prompt_tokens)
+        return now - r.arrival + max(prefill, decode_wait + alone) + self.handoff_s(r.prompt_tokens, v)
 
     def own_service_s(self, r: Request, v: ClusterView, now: float) -> float:
         """`r`'s own service where its first token would come soonest: its prefill alone there and the hand-off."""
@@ -315,7 +327,7 @@ class SloGate:
         if not len(where):
             return self.service_s(r.prompt_tokens)
         k = int(np.argmin(self.first_token_s(r, v, now)))
-        return self._own_s(r, v, int(where[k])) + v.handoff_s(r.prompt_tokens)
+        return self._own_s(r, v, int(where[k])) + self.handoff_s(r.prompt_tokens, v)
 
     def _cause(self, v: ClusterView, held: float) -> RefusalCause:
         if self.decode_room(v) - held > 0:
@@ -408,7 +420,7 @@ class SloGate:
             own = np.broadcast_to(np.asarray(self._uncached(r, v), dtype=float), v.prefill_mask().shape)
             waits = first[k] - v.queues.terms_of(int(where[k])).alone_s(float(own[where[k]])) > 1e-9
             if waits:
-                handoff = v.handoff_s(r.prompt_tokens)
+                handoff = self.handoff_s(r.prompt_tokens, v)
                 budget = self._budget(r, self._own_s(r, v, int(where[k])) + handoff)
                 if now - r.arrival + first[k] + handoff > budget:
                     break

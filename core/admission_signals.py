@@ -118,22 +118,30 @@ class TtftDrifts:
     def __init__(self) -> None:
         self.own = TtftDrift()
         self.wait = TtftDrift()
+        self._ratios: tuple[np.ndarray, np.ndarray] | None = None
+        """`ratios` as last computed (dropped by each observation): read on every arrival."""
 
     def observe(self, p: int, projected_s: float, measured_s: float, own_s: float | None = None) -> None:
         """A request projected `projected_s` to its first token on instance p, `own_s` of that its
         own service (None: all of it), measured `measured_s`."""
+        self._ratios = None
         if own_s is None or projected_s - own_s <= IDLE_SHARE * own_s:
             self.own.observe(p, projected_s, measured_s)
             return
-        own = own_s * float(self.ratios(p + 1)[0][p])
+        known = self.own if self.own.samples[p : p + 1].any() else self.wait  # `ratios`' own part, for p alone
+        own = own_s * float(known.of(p + 1)[p])
         wait = projected_s - own_s
         self.wait.observe(p, wait, max(measured_s - own, 0.1 * wait))
 
     def ratios(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per instance index: the drift of a prompt's own service, and of the queue ahead of it."""
+        """Per instance index: the drift of a prompt's own service, and of the queue ahead of it (read-only)."""
+        cached = self._ratios
+        if cached is not None and len(cached[0]) == n:
+            return cached
         own, wait = self.own.of(n), self.wait.of(n)
         own_n, wait_n = self.own.samples[:n], self.wait.samples[:n]
-        return np.where(own_n > 0, own, wait), np.where(wait_n > 0, wait, own)
+        self._ratios = (np.where(own_n > 0, own, wait), np.where(wait_n > 0, wait, own))
+        return self._ratios
 
     def settled(self, p: int) -> bool:
         """Enough measured requests back either correction on instance p."""

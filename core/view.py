@@ -227,25 +227,26 @@ class ClusterView:
         tokens = t.l_in[:n] + np.where(t.state[:n] == RUNNING, t.generated_at(self.now), 0.0)
         return np.bincount(t.inst[:n][bound], weights=tokens[bound], minlength=self.n_instances)
 
-    def handoff_s(self, prompt_tokens: float, d: int = -1) -> float:
+    def handoff_s(self, prompt_tokens: float, d: int = -1, busy_step_s: float | None = None) -> float:
         """Seconds from a prompt's first token on its prefill instance to the client's, on decode
         instance `d` (else the soonest routable one): the KV read and the decode step that makes
-        the token, after the steps a busy decode instance makes it wait for. vLLM 0.32's NIXL pull
+        the token, after the step a busy decode instance makes it wait for. vLLM 0.32's NIXL pull
         starts when the decode engine's step under way ends and the sequence joins at the step
-        boundary after the read ends (adapters/emulator/kv_legs.py), about half a step each: one
-        step of that instance's current batch expected, none when it is idle. Plus the HTTP legs of
-        the hand-off (three round trips, as the simulator counts them)."""
+        boundary after the read ends (adapters/emulator/kv_legs.py), about half a step each: so
+        on a busy instance two of its steps (`busy_step_s`, a measured decode step, else the
+        profile's at its running count), on an idle one the read and one step of the prompt. Plus
+        the HTTP legs of the hand-off (three round trips, as the simulator counts them)."""
         p = self.profile
         fixed = p.kv_transfer_time(prompt_tokens) + 3 * p.http_rtt_s
-        where = np.array([d]) if d >= 0 else np.flatnonzero(self.decode_mask())
-        if not len(where):
+        if d >= 0:
+            n = int(self.running_n[d])
+        else:
+            mask = self.decode_mask()
+            n = int(self.running_n[mask].min()) if mask.any() else 0
+        if n <= 0:
             return float(fixed + p.step_time(1, prompt_tokens))
-        n = self.running_n[where]
-        if not n.any():
-            return float(fixed + p.step_time(1, prompt_tokens))
-        kv = self.decode_tokens()[where]
-        busy = np.where(n > 0, p.step_time(n, kv), 0.0)
-        return float(fixed + np.min(busy + p.step_time(n + 1, kv + prompt_tokens)))
+        step = busy_step_s if busy_step_s else p.step_time(n, n * p.ps_context_tokens)
+        return float(fixed + 2 * step)
 
     def kv_estimate(self) -> np.ndarray:
         """KV usage per index: observed when polled, else physical load / KV capacity (at most 1,

@@ -50,7 +50,7 @@ class _Tracked:
     with the prompts projected there, core/prefill.py); view.queues.due has it as projected now."""
     handoff_est: float = 0.0
     """Seconds from its prefill's first token to the client's, as projected when it was routed
-    (`ClusterView.handoff_s`; kept only under SLO admission, whose TTFT drift compares it)."""
+    (`SloGate.handoff_s`; kept only under SLO admission, whose TTFT drift compares it)."""
     own_est: float = 0.0
     """Of its projected TTFT, its own service: its prefill alone on its instance and `handoff_est`."""
     in_prefill: bool = True

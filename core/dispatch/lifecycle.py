@@ -89,8 +89,8 @@ class LifecycleMixin(AdmittingMixin):
             arm=arm,
             canary_policy=canary.policy if arm == CANARY and canary is not None else None,
         )
-        if self.gate is not None and p >= 0:  # what admission projected (its drifts' feedback)
-            tracked.handoff_est = v.handoff_s(request.prompt_tokens, int(t.inst[i]))
+        if (gate := self.gate) is not None and p >= 0:  # what admission projected (its drifts' feedback)
+            tracked.handoff_est = gate.handoff_s(request.prompt_tokens, v, int(t.inst[i]))
             tracked.own_est = v.queues.terms_of(p).alone_s(max(computed, 1)) + tracked.handoff_est
         for _, shadow in self.shadows:
             try:

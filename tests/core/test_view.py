@@ -28,7 +28,8 @@ def test_an_idle_decode_instance_adds_the_read_and_one_step_of_the_new_sequence(
 
 def test_a_busy_decode_instance_adds_one_step_of_its_batch_before_the_step_that_makes_the_token() -> None:
     """vLLM's NIXL pull starts when the step under way ends and the sequence joins at the boundary
-    after the read: half a step each, expected. Three sequences of 100 tokens run on d0."""
+    after the read: half a step each, expected, then the step that makes the token. Three
+    sequences run on d0: two of its steps, the measured one when given, else the profile's."""
     d = Dispatcher(PROFILE, "round_robin")
     d.add_instance("p0", Role.PREFILL)
     d.add_instance("d0", Role.DECODE)
@@ -36,10 +37,10 @@ def test_a_busy_decode_instance_adds_one_step_of_its_batch_before_the_step_that_
         running(d, k, 100)
     v = d.view
     v.now = 0.1
-    busy = PROFILE.step_time(3, 300)
-    joined = PROFILE.step_time(4, 600)
-    assert v.handoff_s(300) == pytest.approx(PROFILE.kv_transfer_time(300) + busy + joined)
-    assert busy > 0.02  # h20: one step is ~22 ms, what the hand-off gains here
+    step = PROFILE.step_time(3, 3 * PROFILE.ps_context_tokens)
+    assert v.handoff_s(300) == pytest.approx(PROFILE.kv_transfer_time(300) + 2 * step)
+    assert step > 0.02  # h20: one step is ~22 ms, what the hand-off gains here
+    assert v.handoff_s(300, busy_step_s=0.05) == pytest.approx(PROFILE.kv_transfer_time(300) + 0.1)
 
 
 def test_the_hand_off_is_on_the_soonest_routable_decode_instance_unless_one_is_named() -> None:
@@ -54,5 +55,5 @@ def test_the_hand_off_is_on_the_soonest_routable_decode_instance_unless_one_is_n
     idle = PROFILE.kv_transfer_time(300) + PROFILE.step_time(1, 300)
     assert v.handoff_s(300) == pytest.approx(idle)
     assert v.handoff_s(300, other) == pytest.approx(idle)
-    busy = PROFILE.kv_transfer_time(300) + PROFILE.step_time(1, 100) + PROFILE.step_time(2, 400)
+    busy = PROFILE.kv_transfer_time(300) + 2 * PROFILE.step_time(1, PROFILE.ps_context_tokens)
     assert v.handoff_s(300, busy_at) == pytest.approx(busy)

@@ -229,6 +229,7 @@ def diagnose(samples: list[dict[str, Any]], final: dict[str, Any], stored: list[
         "causes": causes,
         "held_unverified": adm.get("held_unverified"),
         "ttft_drift": (adm.get("ttft_drift_min"), adm.get("ttft_drift_max")),
+        "ttft_wait_drift": (adm.get("ttft_wait_drift_min"), adm.get("ttft_wait_drift_max")),
         "backlog_max_s": max((i.get("backlog_s") or 0.0 for i in prefill), default=None),
         "waiting_max": max((i.get("waiting") or 0 for i in prefill), default=None),
         "prefill_check": check.get("prefill"),
@@ -405,7 +406,8 @@ def diagnosis_line(r: dict[str, Any]) -> str:
     meas = f"prefill measured {check['measured_s']:.3f} s vs projected {check['projected_s']:.3f} s; " if check else ""
     return (
         f"      refused by cause: {causes}; held unverified {d['held_unverified']}; TTFT drift "
-        f"{num(d['ttft_drift'][0], '.2f')}–{num(d['ttft_drift'][1], '.2f')}; {meas}backlog max "
+        f"{num(d['ttft_drift'][0], '.2f')}–{num(d['ttft_drift'][1], '.2f')} (own service), "
+        f"{num(d['ttft_wait_drift'][0], '.2f')}–{num(d['ttft_wait_drift'][1], '.2f')} (queue); {meas}backlog max "
         f"{num(d['backlog_max_s'], '.2f')} s, engine waiting max {d['waiting_max']}; console slo_met "
         f"{d['console_slo_met']}"
     )

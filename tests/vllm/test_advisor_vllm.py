@@ -8,10 +8,8 @@ its rule with a verdict event. The predicted and observed P99 TTFT go to the sta
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +17,8 @@ import httpx
 import pytest
 
 from adapters.store import RunStore
-from tests.procs import ROOT, Console, alive, start_console, wait_for
-from tests.vllm.conftest import one_p_one_d, say
+from tests.procs import ROOT, Console, wait_for
+from tests.vllm.conftest import BASE_CONFIG, one_p_one_d, real_console, say
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -48,25 +46,13 @@ def conversations(path: Path, n: int = 48, gap_ms: int = 400) -> Path:
 @pytest.fixture(scope="module")
 def cluster(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     """A 1P1D cluster of real vLLM replaying `conversations` in a loop, the advisor on; always stopped."""
-    tmp = tmp_path_factory.mktemp("advisor-console")
-    config = tmp / "console.toml"
-    # as test_real_vllm's cluster: NIXL's progress thread keeps a core busy in each instance (probes get 10 s)
-    config.write_text(
-        'probe_timeout_s = 10\ndown_after_failures = 3\n[vllm]\nkv_load_failure_policy = "recompute"\n'
+    config = BASE_CONFIG + (
         f"[advisor]\nenabled = true\nperiod_s = 5.0\nwindow_s = 30.0\ncandidates = {json.dumps(CANDIDATES)}\n"
     )
-    trace = conversations(tmp / "trace.jsonl")
-    started = time.monotonic()
-    replay = ["--replay", str(trace), "--loop", "--replay-hash-block-tokens", "128"]
-    con = start_console(tmp, str(config), *one_p_one_d(tiny_model, vllm_bin), *replay, timeout=900)
-    try:
-        say(f"[test-vllm advisor] console with a real 1P1D cluster serving in {time.monotonic() - started:.0f} s")
-        pids = [i["pid"] for i in con.state()["instances"]]
+    tmp = tmp_path_factory.mktemp("advisor-console")
+    replay = ["--replay", str(conversations(tmp / "trace.jsonl")), "--loop", "--replay-hash-block-tokens", "128"]
+    with real_console(tmp, "test-vllm advisor", config, *one_p_one_d(tiny_model, vllm_bin), *replay) as con:
         yield con
-        assert con.stop(timeout=120) == 0
-        assert not [p for p in pids if alive(p)], "vLLM processes the console started outlived it"
-    finally:
-        con.stop(signal.SIGKILL)
 
 
 def _cli(con: Console, *args: str) -> subprocess.CompletedProcess[str]:

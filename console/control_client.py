@@ -14,6 +14,18 @@ class ControlError(ConsoleError):
     """The control API refused or could not be reached."""
 
 
+def canary_body(
+    kind: str, name: str, params: dict[str, Any], share: str | float, duration_s: float, source: str, pool: str | None
+) -> dict[str, Any]:
+    """The body of `POST /control/canary` (the CLI's and the dashboard's): route `share` of pool `pool`'s new requests
+    (None: the first pool's) under the candidate for `duration_s`."""
+    body: dict[str, Any] = {"kind": kind, "name": name, "params": params, "share": share, "duration_s": duration_s}
+    body["source"] = source
+    if pool is not None:
+        body["pool"] = pool
+    return body
+
+
 class ControlClient:
     def __init__(self, url: str | None = None, token: str | None = None, timeout_s: float = 10.0) -> None:
         self.address: ConsoleAddress = locate(url, token)
@@ -91,10 +103,16 @@ class ControlClient:
         return result
 
     def start_canary(
-        self, kind: str, name: str, params: dict[str, Any], share: str | float, duration_s: float, source: str = "cli"
+        self,
+        kind: str,
+        name: str,
+        params: dict[str, Any],
+        share: str | float,
+        duration_s: float,
+        source: str = "cli",
+        pool: str | None = None,
     ) -> dict[str, Any]:
-        body = {"kind": kind, "name": name, "params": params, "share": share, "duration_s": duration_s}
-        body["source"] = source
+        body = canary_body(kind, name, params, share, duration_s, source, pool)
         result: dict[str, Any] = self._call("POST", "/control/canary", json=body)
         return result
 

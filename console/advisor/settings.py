@@ -22,6 +22,12 @@ class AdvisorSettings(BaseModel):
         "(at 64 instances about 0.4 CPU-second per 100 requests in the window with prefix keys, 0.07 without: "
         "20 req/s over 300 s takes ~21 s of each 30 s period) on the machine that may also run the instances",
     )
+    pool: str | None = Field(
+        None,
+        min_length=1,
+        description="the pool to advise on (a [[pools]] entry's name; its traffic, shape and calibration, and where "
+        "an automatic canary runs); default: the first pool",
+    )
     period_s: float = Field(30.0, gt=0, description="how often a window is advised on")
     window_s: float = Field(300.0, gt=0, description="how much recent traffic each advice re-simulates")
     candidates: list[str] | None = Field(

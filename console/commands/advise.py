@@ -35,11 +35,13 @@ def advise(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
 
     A candidate's gain over the active policies is shown only when it exceeds the advisor's own
     recent error (its prediction of the active policies against what they did). Needs
-    `\\[advisor] enabled = true` on the console (docs/advisor.md).
+    `\\[advisor] enabled = true` on the console (docs/advisor.md); it advises on `\\[advisor] pool`
+    (default: the first pool), which the first line names.
 
     Example: sibyl-console advise --json | jq '.advice.ranked[0]'
     """
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from console.control_client import ControlClient
@@ -54,7 +56,8 @@ def advise(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         return
     share = answer.get("cpu_share")
     con.print(
-        f"advisor: every {answer['period_s']:g} s over the last {answer['window_s']:g} s, apply = {answer['apply']}; "
+        f"advisor on pool {escape(str(answer.get('pool') or '-'))}: every {answer['period_s']:g} s over the last "
+        f"{answer['window_s']:g} s, apply = {answer['apply']}; "
         f"worker pid {answer.get('pid')}, {'-' if share is None else f'{share:.1%}'} of a core"
     )
     advice = answer.get("advice")

@@ -36,8 +36,9 @@ def describe(canary: dict[str, Any]) -> list[str]:
         if c is None:
             continue
         plan = c["plan"]
+        pool = f" of pool {c['pool']}" if c.get("pool") else ""
         head = (
-            f"{what}: {c['id']} {plan['kind']} {plan['name']} {plan['params'] or ''} on {plan['share']:.0%} "
+            f"{what}: {c['id']} {plan['kind']} {plan['name']} {plan['params'] or ''} on {plan['share']:.0%}{pool} "
             f"for {plan['duration_s']:g} s [{c['source']}], {c['elapsed_s']:.0f} s in; finished "
             f"{c['finished']['canary']} canary, {c['finished']['control']} control"
         )
@@ -62,6 +63,9 @@ def canary(
     params_json: ParamsJsonOpt = [],  # noqa: B006
     share: Annotated[str, typer.Option("--share", help="share of traffic in the canary arm, in (0, 50%]")] = "10%",
     duration: Annotated[str, typer.Option("--for", help="how long before the verdict: 300, 90s, 5m, 1h")] = "5m",
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="the pool to canary on (one per base model; default: the first pool)")
+    ] = None,
     stop: Annotated[bool, typer.Option("--stop", help="end the running canary (the active policy stays)")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -70,12 +74,14 @@ def canary(
     """Route a share of new requests under a candidate policy and compare the two arms live.
 
     The share is hashed by session, else tenant, else request id, so a conversation stays in one arm.
-    At the end: promote (the candidate is swapped in, source `canary`), rollback, equal or
-    inconclusive; stopped early it ends interrupted. Without KIND and NAME it shows the canary.
+    With several pools it runs on --pool's requests (default: the first pool's); one canary runs at a
+    time. At the end: promote (the candidate is swapped in on that pool, source `canary`), rollback,
+    equal or inconclusive; stopped early it ends interrupted. Without KIND and NAME it shows the canary.
 
     Examples:
       sibyl-console policy canary routing prefix_aware --share 10% --for 5m
       sibyl-console policy canary routing least_load --param by=tokens --share 0.2 --for 10m
+      sibyl-console policy canary routing least_load --pool B --share 10% --for 5m
       sibyl-console policy canary            # the running canary's latest reading
       sibyl-console policy canary --stop
     """
@@ -94,12 +100,12 @@ def canary(
         return
     seconds = parse_duration(duration)
     params = params_for(policy_params(param, params_json), name)
-    started = client.start_canary(kind, name, params, share, seconds)
+    started = client.start_canary(kind, name, params, share, seconds, pool=pool)
     if as_json:
         typer.echo(json.dumps(started))
         return
     plan = started["plan"]
     typer.echo(
-        f"canary {started['id']}: {plan['kind']} {plan['name']} on {plan['share']:.0%} of requests for "
-        f"{plan['duration_s']:g} s (`sibyl-console policy canary` shows its readings)"
+        f"canary {started['id']}: {plan['kind']} {plan['name']} on {plan['share']:.0%} of pool {started['pool']}'s "
+        f"requests for {plan['duration_s']:g} s (`sibyl-console policy canary` shows its readings)"
     )

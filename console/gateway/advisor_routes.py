@@ -17,7 +17,9 @@ from core.errors import ConfigError
 if TYPE_CHECKING:
     from console.live.controller import Controller
 
-CANARY_BODY = '{"kind": "routing", "name": "<policy>", "params": {...}, "share": "10%", "duration_s": 300}'
+CANARY_BODY = (
+    '{"kind": "routing", "name": "<policy>", "params": {...}, "share": "10%", "duration_s": 300, "pool": "<name>"}'
+)
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -47,17 +49,26 @@ def advisor_routes(c: Controller, guard: Any) -> list[Route]:
         params, share, duration = body.get("params") or {}, body.get("share"), body.get("duration_s")
         if not isinstance(params, dict):
             return _error(400, "params must be an object")
+        pool = body.get("pool")
+        if pool is not None and not isinstance(pool, str):
+            return _error(400, "pool must be a string (a pool's name; default: the first pool)")
         if not isinstance(share, str | int | float) or isinstance(share, bool):
             return _error(422, 'share is required: a percentage like "10%" or a fraction like 0.1, in (0, 50%]')
         if not isinstance(duration, int | float) or isinstance(duration, bool):
             return _error(422, "duration_s is required: how many seconds the canary runs before its verdict")
         try:
             started = await c.canary.start(
-                body["kind"], body["name"], params, share, float(duration), source=str(body.get("source") or "api")
+                body["kind"],
+                body["name"],
+                params,
+                share,
+                float(duration),
+                source=str(body.get("source") or "api"),
+                pool=pool,
             )
         except CanaryBusy as e:
             return _error(409, str(e))
-        except (ConfigError, ConsoleError) as e:  # unknown policy or param, a kind that cannot be split, a bad share
+        except (ConfigError, ConsoleError) as e:  # unknown policy, param or pool, a kind that cannot be split, a share
             return _error(422, str(e))
         return _json(started)
 
@@ -93,8 +104,8 @@ def advisor_paths(
                 "description": "The what-if advisor's latest advice: the recent window re-simulated under the active "
                 "policies and each candidate, ranked, with predicted TTFT/TPOT p50/p99, SLO attainment, refusals and "
                 "prefix hit rate, the active policies' observed figures, the advisor's error and the bound a gain "
-                "must clear (`shown`); `advice` is null until the first period, and `enabled` false when "
-                "[advisor] is off.",
+                "must clear (`shown`); `pool` is the pool advised on ([advisor] pool, default the first); `advice` "
+                "is null until the first period, and `enabled` false when [advisor] is off.",
                 "responses": {
                     "200": ok("the advice and the advisor's state", ["enabled", "advice"]),
                     "401": unauthorized,
@@ -113,9 +124,10 @@ def advisor_paths(
             "post": {
                 "operationId": "startCanary",
                 "security": bearer,
-                "description": "Route `share` of new requests (hashed by session, else tenant, else request id) under "
-                "a candidate routing or rank policy for `duration_s`, compare the arms, and end by the rule: promote "
-                "(swap it in, source canary), rollback, equal or inconclusive.",
+                "description": "Route `share` of pool `pool`'s new requests (default: the first pool's; hashed by "
+                "session, else tenant, else request id) under a candidate routing or rank policy for `duration_s`, "
+                "compare the arms, and end by the rule: promote (swap it in on that pool, source canary), rollback, "
+                "equal or inconclusive. One canary runs at a time on the console, whichever its pool.",
                 "requestBody": {
                     "required": True,
                     "content": {
@@ -135,19 +147,24 @@ def advisor_paths(
                                     },
                                     "duration_s": {"type": "number", "exclusiveMinimum": 0},
                                     "source": {"type": "string"},
+                                    "pool": {
+                                        "type": "string",
+                                        "description": "the pool to canary on (a pool's name; default: the first)",
+                                    },
                                 },
                             }
                         }
                     },
                 },
                 "responses": {
-                    "200": ok("the canary started", ["id", "plan"]),
+                    "200": ok("the canary started", ["id", "plan", "pool"]),
                     "400": error("malformed body"),
                     "401": unauthorized,
                     "409": error("a canary is already running"),
                     "422": error(
                         "unknown policy or bad params, a kind that cannot be split (queue, reschedule, scaling), "
-                        "a share outside (0, 50%], or a duration that is not positive"
+                        "a share outside (0, 50%], a duration that is not positive, or an unknown pool (the message "
+                        "names the pools)"
                     ),
                 },
             },

@@ -123,8 +123,9 @@ class Proxy:
             arrival = time.monotonic()
             lora = route.adapter
             pool = c.runtime_of[route.pool]  # the route's pool: its prefix index, its instances, its services
-            keys = pool.prefix.known_keys(body, tokenize=pool.dispatcher.reads_prefix, lora=lora)
-            if keys is None:  # a text or chat prompt for a policy that reads the cache: the engine tokenizes it
+            tokenize = pool.dispatcher.reads_prefix or pool.advised  # the advisor re-simulates the prefix caches
+            keys = pool.prefix.known_keys(body, tokenize=tokenize, lora=lora)
+            if keys is None:  # a text or chat prompt for a reader of the cache: the engine tokenizes it
                 keys = await pool.prefix.tokenized_keys(body, pool.instances.values(), lora)
             session = headers.get(b"x-session-id", "")
             req = Request(

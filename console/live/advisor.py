@@ -9,8 +9,10 @@ worker thread (console/advisor/window.py) and handed to the worker process, whos
 without blocking. The simulation itself, the CPU that matters, runs in the worker; its CPU time is
 reported beside every answer (`cpu_share`, /metrics).
 
-The window is marked as mixing two policies (its observed figures are no one's, so no error is taken
-from it) when a routing or queue swap or a canary falls inside it. The shape is the live instances'
+It advises on one pool (`[advisor] pool`, default the first): its window holds that pool's requests only (their
+stored `model` is the pool's), its shape and profiles are that pool's, and an automatic canary runs there. The
+window is marked as mixing two policies (its observed figures are no one's, so no error is taken from it) when a
+routing or queue swap or a canary on that pool falls inside it. The shape is the pool's live instances'
 (active prefill and decode counts), each with the profile the calibration projects it with now
 (`instance_profiles`: its own calibration, or its calibrated peers' terms); an instance on the shared
 terms runs the main profile (`cluster_profile`: the prior with the instances' fitted step terms averaged).
@@ -135,6 +137,8 @@ class LiveAdvisor:
         settings: AdvisorSettings,
         *,
         dispatcher: Dispatcher,
+        pool: str,
+        model: str | None = None,
         canary: LiveCanary,
         log: AdvisorLog,
         events: EventBus,
@@ -149,6 +153,10 @@ class LiveAdvisor:
         self.settings = settings
         self.enabled = settings.enabled
         self.dispatcher, self.canary, self.log, self.events = dispatcher, canary, log, events
+        self.pool = pool
+        """The name of the pool it advises on (its dispatcher's)."""
+        self.model = model
+        """That pool's base model: finished and in-flight requests whose model is another are left out (None: all)."""
         self.t0, self.run_id, self.slos = t0, run_id, dict(slos)
         self.shape, self.profile = shape, profile
         """`profile()`: the main profile windows are simulated with (`cluster_profile`: the prior with the
@@ -179,7 +187,13 @@ class LiveAdvisor:
                 cooldown_s=settings.cooldown_s,
                 max_swaps_per_hour=settings.max_swaps_per_hour,
             )
-            canary.on_end.append(lambda _: self.autopilot.quiet(time.monotonic()))
+            canary.on_end.append(self._canary_ended)
+
+    def _canary_ended(self, record: Mapping[str, Any]) -> None:
+        """A canary ended: on the advised pool, the autopilot cools down (another pool's canary left its traffic
+        alone)."""
+        if record.get("pool") in (None, self.pool):
+            self.autopilot.quiet(time.monotonic())
 
     # --- the hot path: one call per arrival and per finished request ---------------------------------
     def note(self, request: Request, max_tokens_set: bool = True) -> None:
@@ -189,8 +203,8 @@ class LiveAdvisor:
             self.arrivals.note(str(request.id), request.prefix_keys, request.session, max_tokens_set)
 
     def request(self, row: dict[str, Any]) -> None:
-        """A finished request's stored row, kept for one window."""
-        if not self.enabled:
+        """A finished request's stored row, kept for one window when it ran on the advised pool."""
+        if not self.enabled or (self.model is not None and row.get("model") not in (None, self.model)):
             return
         rows = self.rows
         rows.append(row)
@@ -260,6 +274,8 @@ class LiveAdvisor:
         out, notes = self.outcomes, self.arrivals
         rows = []
         for rec in list(out.live.values()):
+            if rec.model and self.model is not None and rec.model != self.model:
+                continue  # another pool's
             req = rec.request
             noted = None if notes is None else notes.get(rec.id)
             rows.append(
@@ -290,7 +306,7 @@ class LiveAdvisor:
         swapped = any(
             ev.kind.value in ADVISED_KINDS and ev.source != "config" and now - s.window_s < ev.time <= now
             for ev in d.policy_events
-        ) or self.canary.active_until > now - s.window_s
+        ) or self.canary.ran_since(self.pool, now - s.window_s)
         return {
             "run_id": self.run_id,
             "end": now - self.t0,
@@ -344,6 +360,7 @@ class LiveAdvisor:
                 source="advisor",
                 why=action.why,
                 promote=lambda: self.autopilot.may_promote(time.monotonic()),
+                pool=self.pool,
             )
 
     # --- views ---------------------------------------------------------------------------------------------
@@ -357,6 +374,7 @@ class LiveAdvisor:
             return None
         s, a, w = self.settings, self.answer, self.worker
         return {
+            "pool": self.pool,
             "apply": s.apply,
             "period_s": s.period_s,
             "window_s": s.window_s,

@@ -1,14 +1,16 @@
 """A running console's policy canary: its start, its arms' finished requests, a reading every few seconds, its end.
 
-The split and the statistics are console/advisor/canary.py's (ArmSplit, read_canary: Mann–Whitney,
-Fisher and Newcombe intervals under a stated stopping rule); the dispatcher routes the canary arm under
-the candidate (core/dispatch/canary.py) and each request records its arm. A reading compares the arms'
-requests that arrived after the start and finished since, in a worker thread (scipy, not on the event
-loop). The end is the rule's verdict: *promote* swaps the active policy to the candidate (a swap with
-source `canary`), *rollback*, *equal* and *inconclusive* leave the active one; a canary stopped by the
-operator, by a swap of its kind, or by the console stopping ends *interrupted*. Every start, reading and
-end is an advisor event in the run store and a `canary` event on the bus (the dashboard's log); /metrics
-shows the running canary, its arms so far and the verdicts by outcome (console/live/canary_metrics.py).
+It runs on one pool, the one the operator names (default: the first): that pool's dispatcher splits its requests
+and a promotion swaps that pool's policy; at most one canary runs on the console at a time. The split and the
+statistics are console/advisor/canary.py's (ArmSplit, read_canary: Mann–Whitney, Fisher and Newcombe intervals
+under a stated stopping rule); the dispatcher routes the canary arm under the candidate (core/dispatch/canary.py)
+and each request records its arm. A reading compares the arms' requests of the canary's pool that arrived after
+the start and finished since, in a worker thread (scipy, not on the event loop). The end is the rule's verdict:
+*promote* swaps the active policy to the candidate (a swap with source `canary`), *rollback*, *equal* and
+*inconclusive* leave the active one; a canary stopped by the operator, by a swap of its kind in its pool, or by
+the console stopping ends *interrupted*. Every start, reading and end is an advisor event in the run store and a
+`canary` event on the bus (the dashboard's log), each naming the pool; /metrics shows the running canary, its arms
+so far and the verdicts by outcome (console/live/canary_metrics.py).
 """
 
 from __future__ import annotations
@@ -64,7 +66,22 @@ class AdvisorLog(Protocol):
 
 
 Swap = Callable[[str, str, dict[str, Any], str], Any]
-"""(kind, name, params, source) → the swap (the controller's set_policy)."""
+"""(kind, name, params, source) → the swap (the controller's set_policy on the canary's pool)."""
+
+
+@dataclass(frozen=True)
+class CanaryPool:
+    """The pool a canary runs on: its name, its base model (its requests' stored `model`), its dispatcher (which
+    splits its requests) and the swap that promotes a candidate in it."""
+
+    name: str
+    model: str
+    dispatcher: Dispatcher
+    swap: Swap
+
+
+PoolOf = Callable[[str | None], CanaryPool]
+"""A pool's name → its CanaryPool (None: the first pool); an unknown name raises core.pools.UnknownPool."""
 
 
 @dataclass
@@ -73,6 +90,7 @@ class RunningCanary:
 
     id: str
     plan: CanaryPlan
+    pool: CanaryPool
     source: str
     started: float
     """Monotonic seconds."""
@@ -89,6 +107,7 @@ class RunningCanary:
         return {
             "id": self.id,
             "plan": self.plan.to_json(),
+            "pool": self.pool.name,
             "source": self.source,
             "why": self.why,
             "started_t": self.started_rel,
@@ -100,17 +119,15 @@ class RunningCanary:
 
 
 class LiveCanary:
-    """The console's canary: at most one at a time (see the module docstring)."""
+    """The console's canary: at most one at a time, on the pool named when it starts (see the module docstring)."""
 
-    def __init__(
-        self, dispatcher: Dispatcher, log: AdvisorLog, events: EventBus, t0: float, swap: Swap
-    ) -> None:
-        self.dispatcher, self.log, self.events, self.t0, self.swap = dispatcher, log, events, t0, swap
+    def __init__(self, pool_of: PoolOf, log: AdvisorLog, events: EventBus, t0: float) -> None:
+        self.pool_of, self.log, self.events, self.t0 = pool_of, log, events, t0
         self.current: RunningCanary | None = None
         self.last: dict[str, Any] | None = None
         """The last canary that ended, with its verdict."""
-        self.active_until: float = float("-inf")
-        """Monotonic time the last canary ended (inf while one runs): windows that overlap it mix two policies."""
+        self.active_until: dict[str, float] = {}
+        """By pool: monotonic time the last canary on it ended (inf while one runs there)."""
         self._stats: Any = None
         """console.advisor.canary, once the first canary starts."""
         self.on_end: list[Callable[[dict[str, Any]], None]] = []
@@ -130,16 +147,19 @@ class LiveCanary:
         source: str = "api",
         why: str = "",
         promote: Callable[[], str | None] | None = None,
+        pool: str | None = None,
     ) -> dict[str, Any]:
-        """Check the request (a CanaryError or PolicyError says what is wrong), then route `share` of new
-        requests under the candidate for `duration_s`."""
+        """Check the request (a CanaryError, PolicyError or UnknownPool says what is wrong), then route `share` of
+        pool `pool`'s new requests (None: the first pool's) under the candidate for `duration_s`."""
         if self._stats is None:
             self._stats = await asyncio.to_thread(importlib.import_module, CANARY_MODULE)
         plan = self._stats.plan_canary(kind, name, dict(params or {}), share, duration_s)
+        target = self.pool_of(pool)
         if self.current is not None:
             c = self.current
             raise CanaryBusy(
-                f"canary {c.id} ({c.plan.kind} {c.plan.name}) is running; stop it first (policy canary --stop)"
+                f"canary {c.id} ({c.plan.kind} {c.plan.name} on pool {c.pool.name}) is running; stop it first "
+                "(policy canary --stop)"
             )
         cid = f"canary-{next(_ids)}-{int(time.time())}"
         split = self._stats.ArmSplit(plan.share, salt=cid)
@@ -148,22 +168,27 @@ class LiveCanary:
         def in_canary(r: Request) -> bool:
             return bool(split.arm(r.session, r.tenant, str(r.id)) == canary_arm)
 
-        self.dispatcher.start_canary(plan.kind, plan.name, plan.params, in_canary, label=cid)
+        target.dispatcher.start_canary(plan.kind, plan.name, plan.params, in_canary, label=cid)
         now = time.monotonic()
-        c = RunningCanary(cid, plan, source, now, now - self.t0, promote, why)
-        self.current, self.active_until = c, float("inf")
+        c = RunningCanary(cid, plan, target, source, now, now - self.t0, promote, why)
+        self.current = c
+        self.active_until[target.name] = float("inf")
         detail = (
-            f"{plan.kind} {plan.name} on {plan.share:.0%} of requests (by session, else tenant, else request) "
-            f"for {plan.duration_s:g} s [{source}]" + (f": {why}" if why else "")
+            f"{plan.kind} {plan.name} on {plan.share:.0%} of pool {target.name}'s requests (by session, else tenant, "
+            f"else request) for {plan.duration_s:g} s [{source}]" + (f": {why}" if why else "")
         )
-        self._event("canary_start", c, None, detail, {"plan": plan.to_json(), "source": source, "why": why})
+        data = {"plan": plan.to_json(), "pool": target.name, "source": source, "why": why}
+        self._event("canary_start", c, None, detail, data)
         return c.to_json(now)
 
     # --- the arms ------------------------------------------------------------------------------------
     def request(self, row: Mapping[str, Any]) -> None:
-        """A finished request's stored row: kept in its arm when it arrived while the canary ran."""
+        """A finished request's stored row: kept in its arm when it ran on the canary's pool (its stored `model`,
+        when known, is the pool's) and arrived while the canary ran."""
         c, arm = self.current, row.get("arm")
         if c is None or arm not in ("canary", "control") or (row.get("arrival") or 0.0) < c.started_rel:
+            return
+        if row.get("model") not in (None, c.pool.model):  # another pool's (its dispatcher splits nothing)
             return
         c.arms[str(arm)].append(
             {"status": row["status"], "ttft": row.get("ttft"), "tpot": row.get("tpot"), "slo_met": row.get("slo_met")}
@@ -215,14 +240,14 @@ class LiveCanary:
         if c is None:
             return None
         self.current = None
-        self.dispatcher.stop_canary()
+        c.pool.dispatcher.stop_canary()
         now = time.monotonic()
-        self.active_until = now
+        self.active_until[c.pool.name] = now
         swapped = None
         if decision == "promote":
             held = c.promote() if c.promote is not None else None
             if held is None:
-                ev = self.swap(c.plan.kind.value, c.plan.name, dict(c.plan.params), "canary")
+                ev = c.pool.swap(c.plan.kind.value, c.plan.name, dict(c.plan.params), "canary")
                 swapped = {"kind": ev.kind.value, "old": ev.old, "new": ev.new}
                 reason += f"; promoted: {c.plan.kind} {ev.old} -> {ev.new}"
             else:
@@ -241,11 +266,18 @@ class LiveCanary:
         """End the running canary without a verdict: the active policy stays in force."""
         return self.end("interrupted", reason)
 
-    def policy_swapped(self, kind: str, source: str) -> None:
-        """A swap of the canary's kind (not its own promotion) ends it: its control arm is no longer one policy."""
+    def policy_swapped(self, kind: str, source: str, pool: str | None = None) -> None:
+        """A swap of the canary's kind in its pool (`pool`; None: the canary's), not its own promotion, ends it: its
+        control arm is no longer one policy. A swap in another pool leaves it running."""
         c = self.current
-        if c is not None and c.plan.kind.value == kind and source != "canary":
-            self.interrupt(f"the {kind} policy was swapped during the canary (source {source})")
+        if c is None or c.plan.kind.value != kind or source == "canary" or pool not in (None, c.pool.name):
+            return
+        self.interrupt(f"the {kind} policy was swapped during the canary (source {source})")
+
+    def ran_since(self, pool: str, since: float) -> bool:
+        """Whether a canary ran on pool `pool` at any time after `since` (monotonic): a window of that pool's traffic
+        reaching back past it mixes two policies."""
+        return self.active_until.get(pool, float("-inf")) > since
 
     def snapshot(self) -> dict[str, Any]:
         """The running canary (None: none) and the last one that ended, as /control/canary and the state show them."""
@@ -261,5 +293,5 @@ class LiveCanary:
         )
         self.events.publish(
             "canary", phase=event.removeprefix("canary_"), canary=c.id, kind=plan.kind.value, policy=plan.name,
-            decision=decision, detail=detail, t=t,
+            decision=decision, detail=detail, t=t, pool=c.pool.name,
         )

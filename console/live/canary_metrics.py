@@ -27,11 +27,12 @@ def arm_figures(rows: Sequence[Mapping[str, Any]]) -> tuple[int, float, float, f
 
 
 class CanaryCollector(Collector):
-    """The canary's series at scrape time: whether one runs and its share (labels pool, kind, candidate), each
-    arm's finished requests, SLO attainment and P99 TTFT/TPOT so far (label arm too), and verdicts by outcome."""
+    """The canary's series at scrape time: whether one runs and its share (labels pool: the running or last
+    canary's, kind, candidate), each arm's finished requests, SLO attainment and P99 TTFT/TPOT so far (label arm
+    too), and verdicts by outcome."""
 
-    def __init__(self, canary: LiveCanary, pool: str) -> None:
-        self.canary, self.pool = canary, pool
+    def __init__(self, canary: LiveCanary) -> None:
+        self.canary = canary
         self._figures: tuple[tuple[str, int, int], dict[str, tuple[int, float, float, float]]] | None = None
         """The arms' figures and the (canary, rows per arm) they were computed on: recomputed when rows arrive."""
 
@@ -77,7 +78,7 @@ class CanaryCollector(Collector):
         )
         c, last = self.canary.current, self.canary.last
         if c is not None:
-            values = [self.pool, c.plan.kind.value, c.plan.name]
+            values = [c.pool.name, c.plan.kind.value, c.plan.name]
             running.add_metric(values, 1)
             share.add_metric(values, c.plan.share)
             for name, (n, met, ttft_p99, tpot_p99) in self._arms(c).items():
@@ -86,7 +87,7 @@ class CanaryCollector(Collector):
                 ttft.add_metric([*values, name], ttft_p99)
                 tpot.add_metric([*values, name], tpot_p99)
         elif last is not None:
-            running.add_metric([self.pool, str(last["plan"]["kind"]), str(last["plan"]["name"])], 0)
+            running.add_metric([str(last["pool"]), str(last["plan"]["kind"]), str(last["plan"]["name"])], 0)
         yield from (running, share, requests, attainment, ttft, tpot)
         verdicts = CounterMetricFamily(
             "sibyl_canary_verdicts",

@@ -346,6 +346,14 @@ class ConsoleConfig(BaseModel):
                 self.lora = self.lora.model_copy(update={"adapters": {**self.lora.adapters, **p.adapters}})
         return self
 
+    @model_validator(mode="after")
+    def _advisor_pool(self) -> ConsoleConfig:
+        """`[advisor] pool` names one of the console's pools."""
+        names = [p.pool_name for p in self.pools] or [self.served_model_name]
+        if self.advisor.pool is not None and self.advisor.pool not in names:
+            raise ValueError(f"advisor.pool: no pool {self.advisor.pool!r}; pools: {', '.join(names)}")
+        return self
+
     @property
     def pool_name(self) -> str:
         """The name of the console's (single) pool."""
@@ -490,6 +498,8 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> ConsoleConfig:
         loc: tuple[str | int, ...] = tuple(err["loc"])
         if not loc and (m := re.match(r"Value error, (\w+)\[(\d+)\]", err["msg"])):
             loc = (m.group(1), int(m.group(2)))  # a check across a list's entries names the entry in its message
+        elif not loc and (m := re.match(r"Value error, (\w+)\.(\w+):", err["msg"])):
+            loc = (m.group(1), m.group(2))  # a check across sections names the field in its message
         where = ".".join(str(x) for x in loc)
         allowed = ", ".join(ConsoleConfig.model_fields) if err["type"] == "extra_forbidden" and len(loc) == 1 else ""
         if loc and loc[-1] == "adapters" and (m := re.search(r"adapter '([^']+)'", err["msg"])):

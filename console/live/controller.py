@@ -19,7 +19,7 @@ from adapters.vllm.instances import Instance
 from adapters.vllm.poller import Poller
 from console.live import tracing
 from console.live.advisor import AdvisorCollector, LiveAdvisor, RowTee, cluster_profile
-from console.live.canary import LiveCanary
+from console.live.canary import CanaryPool, LiveCanary
 from console.live.canary_metrics import CanaryCollector
 from console.live.config import ConsoleConfig
 from console.live.decision_quality import QualityCollector, quality
@@ -55,8 +55,9 @@ class Controller:
     (probes, breakers, lost signals), prefix index, calibration, `migrations` and `operations` (scale, flip, the
     periodic policies' decisions), and the `services` (console.live.services.RequestServices) its LiveRequests
     call; its instance changes reach its parts through its `listeners`. Shared by all: `outcomes` (counts, SLO
-    window, metrics, events, stored rows), `tenants`, the adapters (`lora`), the poller, the canary and the
-    advisor. With one pool `dispatcher`, `held`, `health`, ... are that pool's. The controller keeps start and
+    window, metrics, events, stored rows), `tenants`, the adapters (`lora`), the poller, the canary (one at a
+    time, on the pool named when it starts) and the advisor (on `[advisor] pool`). With one pool `dispatcher`,
+    `held`, `health`, ... are that pool's. The controller keeps start and
     stop, the tick, policy swaps and the state snapshot."""
 
     def __init__(
@@ -100,8 +101,8 @@ class Controller:
         )
         """Every instance by id (with several pools a live view over each pool's own)."""
         self.backend, self.profile, self.dispatcher = first.backend, first.profile, first.dispatcher
-        """The first pool's (the only one's, with one pool): what labels the run, and what the advisor, the
-        canary and decision quality read."""
+        """The first pool's (the only one's, with one pool): what labels the run, and what the top-level state and
+        decision quality read."""
         self.held, self.health, self.prefix = first.held, first.health, first.prefix
         self.calibration = first.calibration
         self.migrations, self.operations, self.refusals = first.migrations, first.operations, first.refusals
@@ -132,31 +133,34 @@ class Controller:
         self.metrics.registry.register(LoraCollector(self.lora.counts))
         self.tracing = tracing.build(config.tracing)
         """OpenTelemetry spans of each request's phases (None: [tracing] off, opentelemetry not even imported)."""
-        first_pool = first.pool.name
-        self.canary = LiveCanary(
-            first.dispatcher, self.recorder, self.events, self.t0, partial(self.set_policy, pool=first_pool)
-        )
-        """The policy canary (one at a time, on the first pool), its arms and readings."""
+        self.canary = LiveCanary(self.canary_pool, self.recorder, self.events, self.t0)
+        """The policy canary (one at a time, on the pool named when it starts: the first by default), its arms and
+        readings."""
+        advised = self.runtime(config.advisor.pool) if config.advisor.pool is not None else first
         self.advisor = LiveAdvisor(
             config.advisor,
-            dispatcher=first.dispatcher,
+            dispatcher=advised.dispatcher,
+            pool=advised.pool.name,
+            model=advised.pool.model,
             canary=self.canary,
             log=self.recorder,
             events=self.events,
             t0=self.t0,
             run_id=run_id,
             slos=config.slo,
-            shape=lambda: self.snapshot().cluster,
-            profile=lambda: cluster_profile(first.profile, [a.terms for a in first.calibration.applied.values()]),
+            shape=lambda: "{}P{}D".format(*advised.cluster()),
+            profile=lambda: cluster_profile(advised.profile, [a.terms for a in advised.calibration.applied.values()]),
             outcomes=self.outcomes,
-            calibration=first.calibration,
+            calibration=advised.calibration,
         )
-        """The what-if advisor ([advisor], on the first pool; its simulations run in a niced worker process)."""
+        """The what-if advisor ([advisor], on its `pool`, default the first; its simulations run in a niced worker
+        process)."""
+        advised.advised = self.advisor.enabled
         self.finished.listeners.append(self.canary.request)
         if self.advisor.enabled:  # a disabled advisor keeps no rows (its `request` would return at once)
             self.finished.listeners.append(self.advisor.request)
         self.metrics.registry.register(AdvisorCollector(self.advisor))
-        self.metrics.registry.register(CanaryCollector(self.canary, first_pool))
+        self.metrics.registry.register(CanaryCollector(self.canary))
         arrivals = self.advisor if config.advisor.enabled else None
         for r in self.runtimes:
             r.serve(config, self.tenants, self.outcomes, self.lora, arrivals)
@@ -190,6 +194,11 @@ class Controller:
     def runtime(self, pool: str | None) -> PoolRuntime:
         """The runtime of pool `pool` (None: the only pool; UnknownPool otherwise)."""
         return self.runtime_of[self.pools.pick(pool)]
+
+    def canary_pool(self, name: str | None) -> CanaryPool:
+        """The pool a canary runs on: pool `name` (None: the first pool; UnknownPool naming the pools otherwise)."""
+        r = self.runtimes[0] if name is None else self.runtime(name)
+        return CanaryPool(r.pool.name, r.pool.model, r.dispatcher, partial(self.set_policy, pool=r.pool.name))
 
     def runtime_with(self, instance_id: str) -> PoolRuntime | None:
         """The runtime of the pool the instance serves (None: no pool has it)."""
@@ -301,7 +310,7 @@ class Controller:
         self.outcomes.policy_swapped(
             ev.time - self.t0, ev.kind.value, ev.old, ev.new, ev.params, source, pool=runtime.pool.name
         )
-        self.canary.policy_swapped(ev.kind.value, source)
+        self.canary.policy_swapped(ev.kind.value, source, pool=runtime.pool.name)
         if k == PolicyKind.QUEUE:
             runtime.held.release()  # a new limit may let held requests go
         return ev

@@ -153,6 +153,9 @@ class PoolRuntime:
             instances if isinstance(instances, dict) else {i.id: i for i in instances}
         )
         """This pool's instances by id (the scaler adds and removes them here)."""
+        self.advised = False
+        """The advisor advises this pool: the gateway keys every request's prompt, since the advisor re-simulates
+        the prefix caches whatever the active routing policy reads (set by the controller)."""
         self.dispatcher = d = Dispatcher(
             self.profile,
             config.policy,

@@ -349,14 +349,15 @@ class ConsoleState(_Model):
     tenants: TenantsState | None = Field(None, description="API keys, per-tenant limits and counters of /v1")
     advisor: dict[str, Any] | None = Field(
         None,
-        description="the what-if advisor ([advisor]; none: off): apply mode, period and window, its worker's pid "
+        description="the what-if advisor ([advisor]; none: off): the pool it advises on, apply mode, period and "
+        "window, its worker's pid "
         "and CPU share, and the latest advice's ranking (predicted P99 TTFT, attainment and gain of each candidate, "
         "whether the gain clears the advisor's error, which is shown beside it); GET /control/advice has it whole",
     )
     canary: dict[str, Any] | None = Field(
         None,
-        description="the policy canary: the running one (plan, elapsed, requests finished per arm, latest reading) "
-        "and the last one that ended, with its verdict",
+        description="the policy canary: the running one (plan, pool, elapsed, requests finished per arm, latest "
+        "reading) and the last one that ended, with its verdict",
     )
     pools: dict[str, PoolState] | None = Field(
         None,

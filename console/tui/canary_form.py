@@ -35,7 +35,7 @@ class CanaryAsk:
     """As typed ("10%", "0.1"): sent as is, as the CLI sends its --share."""
     duration_s: float = 0.0
     refusal: str | None = None
-    """Why no canary can run for this kind or pool (None: it can)."""
+    """Why no canary can run for this kind (None: it can)."""
     errors: dict[str, str] = field(default_factory=dict)
     """By field: `share`, `for`."""
 
@@ -44,21 +44,17 @@ class CanaryAsk:
         return self.refusal is None and not self.errors
 
 
-def refusal(rules: ModuleType, kind: str, pool: str | None, first_pool: str | None) -> str | None:
-    """Why a canary of `kind` cannot be started from the picker: the console's message for a kind it cannot split,
-    or a pool other than the first (the control API canaries the first pool only and names none)."""
+def refusal(rules: ModuleType, kind: str) -> str | None:
+    """Why a canary of `kind` cannot be started from the picker: the console's message for a kind it cannot split
+    (any pool can be canaried: the picker sends the pool chosen)."""
     try:
         rules.check_kind(kind)
     except SibylError as e:
         return str(e)
-    if pool is not None and pool != first_pool:
-        return f"the console runs canaries on its first pool ({first_pool}) only; choose that pool, or swap"
     return None
 
 
-def check(
-    rules: ModuleType, kind: str, pool: str | None, first_pool: str | None, share: str, duration: str
-) -> CanaryAsk:
+def check(rules: ModuleType, kind: str, share: str, duration: str) -> CanaryAsk:
     """The share under the console's rule (in (0, 50%]) and the duration as `policy canary --for` reads it."""
     errors: dict[str, str] = {}
     try:
@@ -70,7 +66,7 @@ def check(
         seconds = parse_duration(duration)
     except SibylError as e:
         errors["for"] = str(e)
-    return CanaryAsk(share.strip(), seconds, refusal(rules, kind, pool, first_pool), errors)
+    return CanaryAsk(share.strip(), seconds, refusal(rules, kind), errors)
 
 
 class CanaryForm(Vertical):

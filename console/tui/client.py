@@ -11,7 +11,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import ValidationError
 
-from console.control_client import ControlError
+from console.control_client import ControlError, canary_body
 from console.live.state import ConsoleState
 
 log = logging.getLogger(__name__)
@@ -132,12 +132,18 @@ class DashboardClient:
         return result
 
     async def start_canary(
-        self, kind: str, name: str, params: dict[str, Any], share: str | float, duration_s: float, source: str = "tui"
+        self,
+        kind: str,
+        name: str,
+        params: dict[str, Any],
+        share: str | float,
+        duration_s: float,
+        source: str = "tui",
+        pool: str | None = None,
     ) -> dict[str, Any]:
-        """`POST /control/canary` with the body `sibyl-console policy canary` sends: route `share` of new requests
-        under the candidate for `duration_s`; returns the canary {id, plan, ...}."""
-        body = {"kind": kind, "name": name, "params": params, "share": share, "duration_s": duration_s}
-        body["source"] = source
+        """`POST /control/canary` with the body `sibyl-console policy canary` sends: route `share` of pool `pool`'s new
+        requests (None: the first pool's) under the candidate for `duration_s`; returns the canary {id, plan, ...}."""
+        body = canary_body(kind, name, params, share, duration_s, source, pool)
         result: dict[str, Any] = await self._call("POST", "/control/canary", body)
         return result
 

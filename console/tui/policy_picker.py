@@ -19,8 +19,8 @@ from console.tui.params_form import ParamsForm
 
 ApplyFn = Callable[..., Awaitable[dict[str, Any]]]
 """Swaps a policy: (kind, name, params[, pool=NAME]) → the API's {kind, old, new, params, source}."""
-CanaryFn = Callable[[str, str, dict[str, Any], str, float], Awaitable[dict[str, Any]]]
-"""Starts a canary: (kind, name, params, share as typed, duration_s) → the API's {id, plan, ...}."""
+CanaryFn = Callable[..., Awaitable[dict[str, Any]]]
+"""Starts a canary: (kind, name, params, share as typed, duration_s[, pool=NAME]) → the API's {id, plan, ...}."""
 
 
 class PolicyPicker(ModalScreen[dict[str, Any] | None]):
@@ -55,8 +55,6 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
         """Starts a canary (None: the picker only swaps)."""
         self.as_canary = as_canary and canary is not None
         """Open with `canary` chosen rather than `swap now`."""
-        self.first_pool: str | None = next(iter(self.pools)) if len(self.pools) > 1 else None
-        """The pool a canary runs on when there are several."""
         kinds = list(dict.fromkeys(str(p["kind"]) for p in self.available))
         self.kinds = kinds
         """Kinds that have at least one registered policy."""
@@ -115,13 +113,13 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
 
     @work(exclusive=True, group="picker-split", exit_on_error=False)
     async def _check_split(self) -> None:
-        """With canary chosen: say at once why this kind (or pool) cannot be canaried, in the console's words."""
+        """With canary chosen: say at once why this kind cannot be canaried, in the console's words."""
         form = self.canary_form
         if form is None or not form.canary:
             return
         rules = await canary_rules()
         if form.canary:
-            form.query_one("#canary-note", Static).update(refusal(rules, self.kind, self.pool, self.first_pool) or "")
+            form.query_one("#canary-note", Static).update(refusal(rules, self.kind) or "")
 
     def _policies(self) -> list[Mapping[str, Any]]:
         return [p for p in self.available if p["kind"] == self.kind]
@@ -236,16 +234,18 @@ class PolicyPicker(ModalScreen[dict[str, Any] | None]):
 
     @work(exclusive=True, group="picker-apply", exit_on_error=False)
     async def _start_canary(self, kind: str, name: str, params: dict[str, Any]) -> None:
-        """Check the share, duration and kind as the console and `policy canary` do, then start it through the
-        control API; its refusal is shown under the field it names (a param's, the share's) or below."""
+        """Check the share, duration and kind as the console and `policy canary` do, then start it on the chosen pool
+        (one pool: the console's) through the control API; its refusal is shown under the field it names (a param's,
+        the share's) or below."""
         error, form = self.query_one("#picker-error", Static), self.canary_form
         if form is None or self._canary_fn is None:
             return
         rules = await canary_rules()
-        ask = check(rules, kind, self.pool, self.first_pool, *form.texts())
+        ask = check(rules, kind, *form.texts())
         form.show(ask)
         if not ask.ok:
             error.update(ask.refusal or "fix the fields marked above; no canary was started")
             return
         error.update("starting the canary…")
-        await self._send(self._canary_fn(kind, name, params, ask.share, ask.duration_s), canary=ask)
+        pool = {} if self.pool is None else {"pool": self.pool}
+        await self._send(self._canary_fn(kind, name, params, ask.share, ask.duration_s, **pool), canary=ask)

@@ -1,5 +1,5 @@
 """The advisor's and the canary's control routes on a controller without a network: answers, the canary's life
-through the API, and bad input as clear 4xx errors."""
+through the API (on the first pool, or on the pool named), and bad input as clear 4xx errors."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from console.gateway.app import build_app
 from console.gateway.openapi import build_openapi
 from console.live.controller import Controller
 from core.types import Request
-from tests.console.advisor.fakes import controller
+from tests.console.advisor.fakes import controller, two_pool_controller
 
 
 def call(c: Controller, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -34,6 +34,7 @@ def test_advice_answers_off_and_on_and_needs_the_token(tmp_path: Path) -> None:
     on = controller(tmp_path / "on", advisor=True)
     answer = call(on, "GET", "/control/advice").json()
     assert answer["enabled"] is True and answer["advice"] is None and answer["period_s"] == 1.0
+    assert answer["pool"] == "sibyl-model"  # the only pool's name
     assert on.state()["advisor"]["apply"] == "suggest"
 
     async def anonymous() -> int:
@@ -87,6 +88,7 @@ def test_a_canary_through_the_api_splits_routing_records_arms_and_ends_interrupt
     assert swap.new == "sibyl" and c.canary.current is None and c.dispatcher.canary is None
     last = call(c, "GET", "/control/canary").json()["last"]
     assert last["decision"] == "interrupted" and "swapped during the canary" in last["reason"]
+    assert started["pool"] == last["pool"] == "sibyl-model"
     assert call(c, "DELETE", "/control/canary").status_code == 409
     assert c.dispatcher.routing.name == "sibyl"
     c.recorder.close()
@@ -95,8 +97,47 @@ def test_a_canary_through_the_api_splits_routing_records_arms_and_ends_interrupt
     assert events[1]["decision"] == "interrupted"
 
 
+def test_a_canary_on_the_pool_named_splits_that_pools_requests_only(tmp_path: Path) -> None:
+    c = two_pool_controller(tmp_path)
+    a, b = c.runtimes
+    body = {"kind": "routing", "name": "least_load", "params": {}, "share": "50%", "duration_s": 600}
+    unknown = call(c, "POST", "/control/canary", json={**body, "pool": "C"})
+    assert unknown.status_code == 422 and unknown.json()["error"]["message"] == "no pool 'C'; pools: A, b"
+    assert call(c, "POST", "/control/canary", json={**body, "pool": 7}).status_code == 400
+    assert a.dispatcher.canary is None and b.dispatcher.canary is None and c.canary.current is None
+    started = call(c, "POST", "/control/canary", json={**body, "pool": "b"}).json()
+    assert started["pool"] == "b" and b.dispatcher.canary is not None and a.dispatcher.canary is None
+    busy = call(c, "POST", "/control/canary", json=body)  # one canary per console, whichever its pool
+    assert busy.status_code == 409 and "on pool b) is running" in busy.json()["error"]["message"]
+    for k in range(20):
+        a.dispatcher.route(Request(f"a{k}", 0.0, 10, 10, session=f"s{k}"), 0.0)
+        b.dispatcher.route(Request(f"b{k}", 0.0, 10, 10, session=f"s{k}"), 0.0)
+    assert {a.dispatcher.arm_of(f"a{k}") for k in range(20)} == {None}
+    assert {b.dispatcher.arm_of(f"b{k}") for k in range(20)} == {"canary", "control"}
+    c.set_policy("routing", "sibyl", {}, source="api", pool="A")  # another pool's swap leaves it running
+    assert c.canary.current is not None and call(c, "GET", "/control/canary").json()["running"]["pool"] == "b"
+    ended = call(c, "DELETE", "/control/canary").json()  # --stop: whichever runs
+    assert ended["pool"] == "b" and ended["decision"] == "interrupted" and b.dispatcher.canary is None
+    first = call(c, "POST", "/control/canary", json=body).json()  # no pool: the first
+    assert first["pool"] == "A" and a.dispatcher.canary is not None and b.dispatcher.canary is None
+    c.set_policy("routing", "least_load", {}, source="api", pool="A")  # a swap of its kind in its pool ends it
+    assert c.canary.current is None and c.canary.last is not None and c.canary.last["decision"] == "interrupted"
+    c.recorder.close()
+    events = c.store.advisor_events(c.run_id)
+    assert [(e["event"], e["data"]["pool"]) for e in events] == [
+        ("canary_start", "b"),
+        ("canary_end", "b"),
+        ("canary_start", "A"),
+        ("canary_end", "A"),
+    ]
+    assert "of pool b's requests" in events[0]["detail"]
+
+
 def test_the_openapi_document_describes_the_routes() -> None:
     doc = build_openapi(models=["m"], instances=["p0"], catalog=[])
     assert doc["paths"]["/control/advice"]["get"]["security"] == [{"bearerAuth": []}]
     canary = doc["paths"]["/control/canary"]
     assert set(canary) == {"get", "post", "delete"} and "422" in canary["post"]["responses"]
+    schema = canary["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["properties"]["pool"]["type"] == "string" and "pool" not in schema["required"]
+    assert "unknown pool" in canary["post"]["responses"]["422"]["description"]

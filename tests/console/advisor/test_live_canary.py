@@ -1,6 +1,6 @@
 """A canary's life in a controller without a network: arms fed with a known difference end it by the rule (a
-promotion swaps the candidate in with source canary; the autopilot's gate can hold it), and the autopilot's
-decisions on constructed advice."""
+promotion swaps the candidate in with source canary, in the canary's pool; the autopilot's gate can hold it; rows of
+another pool never enter the arms), and the autopilot's decisions on constructed advice."""
 
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ import numpy as np
 from console.advisor.autopilot import Autopilot
 from console.advisor.figures import Figures
 from console.advisor.simulate import Advice, Errors, Ranked
-from tests.console.advisor.fakes import controller
+from tests.console.advisor.fakes import controller, two_pool_controller
 
 
-def feed(c, arm: str, ttft: np.ndarray, started_rel: float) -> None:  # type: ignore[no-untyped-def]
+def feed(  # type: ignore[no-untyped-def]
+    c, arm: str, ttft: np.ndarray, started_rel: float, model: str | None = None
+) -> None:
     for k, t in enumerate(ttft.tolist()):
         c.finished.request(
-            {"request_id": f"{arm}{k}", "arm": arm, "arrival": started_rel + 1.0, "finish": started_rel + 2.0,
-             "status": "ok", "ttft": t, "tpot": 0.02, "slo_met": True}
+            {"request_id": f"{model or ''}{arm}{k}", "arm": arm, "arrival": started_rel + 1.0,
+             "finish": started_rel + 2.0, "status": "ok", "ttft": t, "tpot": 0.02, "slo_met": True, "model": model}
         )
 
 
@@ -45,6 +47,36 @@ def test_a_canary_whose_arm_is_faster_is_promoted_as_a_swap_with_source_canary(t
     c.recorder.close()
     events = [e["event"] for e in c.store.advisor_events(c.run_id)]
     assert events == ["canary_start", "canary_reading", "canary_end"]
+
+
+def test_a_canary_on_pool_b_reads_b_only_and_promotes_in_b(tmp_path: Path) -> None:
+    c = two_pool_controller(tmp_path)
+    a, b = c.runtimes
+    rng = np.random.default_rng(5)
+
+    async def life() -> dict:  # type: ignore[type-arg]
+        started = await c.canary.start("routing", "least_load", {}, "10%", 0.05, source="api", pool="b")
+        t = started["started_t"]
+        # pool A's rows (model A) carrying an arm, as a row could only if it ran on a pool with a canary: left out,
+        # else their slow canary arm would turn the verdict
+        feed(c, "canary", rng.lognormal(np.log(2.0), 0.3, 2000), t, model="A")
+        feed(c, "canary", rng.lognormal(np.log(0.1), 0.3, 400), t, model="org/B")
+        feed(c, "control", rng.lognormal(np.log(0.2), 0.3, 2000), t, model="org/B")
+        assert c.canary.current is not None and len(c.canary.current.arms["canary"]) == 400
+        time.sleep(0.06)
+        reading = await c.canary.read()
+        assert reading is not None and reading.decision == "promote", reading
+        return c.canary.snapshot()
+
+    snap = asyncio.run(life())
+    last = snap["last"]
+    assert last["pool"] == "b" and last["decision"] == "promote"
+    assert last["finished"] == {"canary": 400, "control": 2000}
+    assert b.dispatcher.routing.name == "least_load" and a.dispatcher.routing.name == "round_robin"
+    assert b.dispatcher.policy_events[-1].source == "canary" and b.dispatcher.canary is None
+    c.recorder.close()
+    swaps = [(e["pool"], e["new"], e["source"]) for e in c.store.policy_events(c.run_id) if e["source"] == "canary"]
+    assert swaps == [("b", "least_load", "canary")]
 
 
 def test_the_autopilots_gate_holds_a_promotion_past_its_swaps_per_hour(tmp_path: Path) -> None:

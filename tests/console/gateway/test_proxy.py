@@ -70,15 +70,19 @@ request_bodies = st.fixed_dictionaries(
 
 
 def fake_controller(**kw: Any) -> Any:
+    """`tokenized`: each known_keys call's `tokenize` flag goes there; `advised`: the advisor advises the pool."""
     config = SimpleNamespace(max_body_bytes=kw.get("limit", 1 << 20), slo={"default": None, "interactive": None})
+    tokenized: list[bool] = kw.get("tokenized", [])
 
     def no_keys(body: Any, tokenize: bool = True, lora: str | None = None) -> tuple[int, ...]:
+        tokenized.append(tokenize)
         return ()
 
     pool = Pool(MODEL, MODEL, cast(Any, SimpleNamespace(view=SimpleNamespace(lora=None))))
     prefix = SimpleNamespace(known_keys=no_keys)
     dispatcher = SimpleNamespace(routing=SimpleNamespace(reads_prefix=False), reads_prefix=False)
-    runtime = SimpleNamespace(prefix=prefix, dispatcher=dispatcher, instances={}, services=None)
+    advised = kw.get("advised", False)
+    runtime = SimpleNamespace(prefix=prefix, dispatcher=dispatcher, instances={}, services=None, advised=advised)
     return SimpleNamespace(
         pools=Pools([pool]),
         runtime_of={pool: runtime},  # the one pool's parts, as Controller.runtime_of maps them
@@ -230,7 +234,9 @@ class Captured:
         Captured.runs.append(self)
 
 
-def call_proxy(body: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[list[dict[str, Any]], list[Captured]]:
+def call_proxy(
+    body: bytes, headers: list[tuple[bytes, bytes]], **controller: Any
+) -> tuple[list[dict[str, Any]], list[Captured]]:
     sent: list[dict[str, Any]] = []
     msgs = iter([{"type": "http.request", "body": body, "more_body": False}])
 
@@ -245,7 +251,7 @@ def call_proxy(body: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[list[di
     orig = proxy_mod.LiveRequest
     proxy_mod.LiveRequest = Captured  # type: ignore[assignment,misc]
     try:
-        asyncio.run(Proxy(fake_controller())(scope, receive, send))
+        asyncio.run(Proxy(fake_controller(**controller))(scope, receive, send))
     finally:
         proxy_mod.LiveRequest = orig  # type: ignore[misc]
     return sent, Captured.runs
@@ -329,3 +335,13 @@ def test_a_request_id_in_flight_twice_is_a_409_then_free_again() -> None:
     assert runs == ["dup", "dup"] and a == [] and c == []
     assert b[0]["status"] == 409
     error_shaped(b[1]["body"], 409)
+
+
+def test_the_prompt_is_keyed_for_the_advisor_even_when_the_active_policy_reads_no_cache() -> None:
+    """Under round robin the gateway keys only prompts it can hash without tokenizing; on a pool the advisor
+    advises it tokenizes the rest too (the real-vLLM stage found the advisor's window without keys)."""
+    plain: list[bool] = []
+    call_proxy(b'{"prompt": "hello"}', [], tokenized=plain)
+    advised: list[bool] = []
+    call_proxy(b'{"prompt": "hello"}', [], tokenized=advised, advised=True)
+    assert plain == [False] and advised == [True]

@@ -1,5 +1,7 @@
 """The live advisor's window input: what the gateway notes at arrival, and the requests in flight it reads from the
-gateway's records so that a window carries the load the cluster carries at its end."""
+gateway's records so that a window carries the load the cluster carries at its end; with several pools, the advisor on
+the pool `[advisor] pool` names: that pool's requests, shape, policies, swaps and canaries, and its automatic canary
+started there."""
 
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from console.advisor.window import window_from_rows
+from console.advisor.worker import WorkerAnswer
 from console.live.channel import ClientChannel
 from console.live.record import RequestRecord
 from console.live.request import LiveRequest
 from core.types import Request
-from tests.console.advisor.fakes import controller
+from tests.console.advisor.fakes import controller, two_pool_controller
+from tests.console.advisor.test_live_canary import advice
 from tests.console.live.fakes import FakeParts, Sent, dispatcher, instances, never_disconnects
 
 
@@ -84,4 +88,47 @@ def test_the_window_takes_the_requests_in_flight_from_the_gateways_records(tmp_p
     assert w.measured.tolist() == [True, True, False, False] and w.in_flight_at_end == 2
     assert w.prefix_keys == [(), (), (7, 8), (9,)] and w.priorities.tolist() == [0, 0, 2, 0]
     assert w.observed.requests == 2
+    c.recorder.close()
+
+
+def test_the_advisor_on_a_named_pool_reads_that_pool_only_and_canaries_there(tmp_path: Path) -> None:
+    c = two_pool_controller(tmp_path, advisor=True, advisor_pool="b")
+    a, b = c.runtimes
+    adv = c.advisor
+    assert (adv.pool, adv.model, adv.dispatcher, adv.calibration) == ("b", "org/B", b.dispatcher, b.calibration)
+    assert c.advisor.answer_json()["pool"] == "b" and c.state()["advisor"]["pool"] == "b"
+    assert adv.shape() == "1P1D" and c.state()["cluster"] == "2P2D"  # b's shape, not the console's
+    rel = time.monotonic() - c.t0
+    for rid, model in (("on-a", "A"), ("on-b", "org/B"), ("unknown", None)):
+        adv.request({**finished_row(rid, rel - 1.0, 10), "model": model})
+    assert [r["request_id"] for r in adv.rows] == ["on-b", "unknown"]  # a row of no known model is kept
+    for rid, model in (("live-a", "A"), ("live-b", "org/B")):
+        c.outcomes.started(RequestRecord(Request(rid, time.monotonic(), 10, 16), stream=True, model=model))
+    assert [r["request_id"] for r in adv.in_flight_rows()] == ["live-b"]
+
+    c.set_policy("routing", "least_load", {}, source="api", pool="A")  # A's swap: b's window is still one policy
+
+    async def canary_on_a() -> None:
+        await c.canary.start("routing", "least_load", {}, "10%", 60, pool="A")
+        c.canary.interrupt("done")
+
+    asyncio.run(canary_on_a())
+    args = adv.window_args(time.monotonic(), [])
+    assert args["active"]["routing"] == ("round_robin", {}) and args["swapped"] is False and args["cluster"] == "1P1D"
+    c.set_policy("routing", "sibyl", {}, source="api", pool="b")
+    assert adv.window_args(time.monotonic(), [])["swapped"] is True
+
+    # two advices in a row past the error: the autopilot starts a canary, on b (A's canary did not cool it down)
+    adv.autopilot.apply = "canary"
+
+    async def two_advices() -> None:
+        for job in (1, 2):
+            await adv._take(WorkerAnswer(job, advice(0.3, 0.1, True), None, 0.0, 0.0, 0.0, 1, 0.0))
+
+    asyncio.run(two_advices())
+    running = c.canary.current
+    assert running is not None and running.pool.name == "b" and running.source == "advisor"
+    assert b.dispatcher.canary is not None and a.dispatcher.canary is None
+    c.canary.interrupt("done")  # b's canary ended: now the autopilot cools down
+    assert adv.autopilot.quiet_until > time.monotonic() + 500
     c.recorder.close()

@@ -1,6 +1,6 @@
 """A policy canary's /metrics series, read through the gateway's real /metrics route on a controller without a
 network: absent before the first canary, each arm's figures while one runs (hand-computed from the rows fed to it),
-the verdicts counted by outcome once canaries end."""
+the verdicts counted by outcome once canaries end, and the series labelled with the canary's own pool."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from console.gateway.app import build_app
 from console.live.canary import VERDICTS
 from console.live.controller import Controller
-from tests.console.advisor.fakes import controller
+from tests.console.advisor.fakes import controller, two_pool_controller
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -112,4 +112,26 @@ def test_the_running_canary_its_arms_and_its_verdicts_are_metrics(tmp_path: Path
     assert final[("sibyl_canary_running", promoted)] == 0.0 and ("sibyl_canary_running", on) not in final
     counts = {dict(by)["outcome"]: v for (name, by), v in final.items() if name == "sibyl_canary_verdicts_total"}
     assert counts == {"promote": 1.0, "rollback": 0.0, "equal": 0.0, "inconclusive": 0.0, "interrupted": 1.0}
+    c.recorder.close()
+
+
+def test_the_series_carry_the_pool_the_canary_runs_on(tmp_path: Path) -> None:
+    c = two_pool_controller(tmp_path)
+    body = {"kind": "routing", "name": "least_load", "params": {}, "share": "25%", "duration_s": 600}
+    started = call(c, "POST", "/control/canary", json={**body, "pool": "b"}).json()
+    t = started["started_t"] + 1.0
+    c.finished.request(arm_row("canary", 0, t, model="org/B"))
+    c.finished.request(arm_row("control", 1, t, model="org/B"))
+    c.finished.request(arm_row("control", 2, t, model="A"))  # pool A's: no arm's
+    on_b = (("candidate", "least_load"), ("kind", "routing"), ("pool", "b"))
+    got = scrape(c)
+    assert got[("sibyl_canary_running", on_b)] == 1.0
+    assert got[("sibyl_canary_arm_requests", tuple(sorted((*on_b, ("arm", "control")))))] == 1
+    assert {dict(by)["pool"] for (name, by), _ in got.items() if name != "sibyl_canary_verdicts_total"} == {"b"}
+    call(c, "DELETE", "/control/canary")
+    call(c, "POST", "/control/canary", json=body)  # no pool: the first, A
+    call(c, "DELETE", "/control/canary")
+    after = scrape(c)
+    on_a = (("candidate", "least_load"), ("kind", "routing"), ("pool", "A"))
+    assert after[("sibyl_canary_running", on_a)] == 0.0 and ("sibyl_canary_running", on_b) not in after
     c.recorder.close()

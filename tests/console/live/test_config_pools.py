@@ -85,3 +85,16 @@ def test_the_slots_per_instance_follow_the_engines_flags() -> None:
     assert load_config(None, vllm).max_loras() == 4
     assert load_config(None, {**vllm, "vllm.extra_args": ["--max-cpu-loras=6"]}).max_loras() == 6
     assert load_config(None, {"backend": "vllm"}).max_loras() == 1
+
+
+def test_the_advisor_pool_is_one_of_the_pools_and_a_wrong_one_names_the_file_line_and_pools(tmp_path: Path) -> None:
+    pools = '[[pools]]\nmodel = "a"\n\n[[pools]]\nmodel = "org/b"\nname = "b"\n'
+    assert load_config(write(tmp_path, "c.toml", f'[advisor]\npool = "b"\n\n{pools}'), {}).advisor.pool == "b"
+    assert load_config(write(tmp_path, "c.toml", pools), {}).advisor.pool is None  # the first pool's
+    path = write(tmp_path, "c.toml", f'[advisor]\nenabled = true\npool = "org/b"\n\n{pools}')  # a model, not a name
+    with pytest.raises(ConfigError, match=r"c\.toml:3: field 'advisor\.pool': .*no pool 'org/b'; pools: a, b$"):
+        load_config(path, {})
+    one = write(tmp_path, "one.toml", '[advisor]\npool = "x"\n')  # one pool: the served model's name
+    with pytest.raises(ConfigError, match=r"one\.toml:2: field 'advisor\.pool': .*pools: sibyl-model$"):
+        load_config(one, {})
+    assert load_config(write(tmp_path, "ok.toml", '[advisor]\npool = "m"\n'), {"served_model_name": "m"}).advisor.pool

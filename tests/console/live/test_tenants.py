@@ -188,6 +188,7 @@ def test_the_gateway_charges_the_keys_tenant_or_lets_the_client_name_one(
             prefix=SimpleNamespace(known_keys=lambda body, tokenize=True, lora=None: ()),
             dispatcher=SimpleNamespace(routing=SimpleNamespace(reads_prefix=False), reads_prefix=False),
             services=None,  # the LiveRequest is Captured: it never uses them
+            advised=False,
         )
         c = SimpleNamespace(
             pools=SimpleNamespace(routes={}, default=SimpleNamespace(pool=pool, adapter=None)),

@@ -146,7 +146,7 @@ def test_a_canary_from_the_picker_shown_and_stopped(
                 await pilot.press("ctrl+s")
                 error = picker.query_one("#picker-error", Static)
                 await until(pilot, lambda: "the console refused (409)" in plain(error), 15)
-                assert f"canary {cid} (routing least_load) is running" in plain(error)
+                assert f"canary {cid} (routing least_load on pool sibyl-model) is running" in plain(error)
                 await pilot.press("escape")
                 await until(pilot, lambda: not isinstance(app.screen, PolicyPicker))
 

@@ -1,5 +1,5 @@
-"""The picker's canary step without a console: what it sends (the CLI's defaults, 5m read as 300 s), a pool other
-than the first refused (the control API canaries the first pool only), and an interval an arm cannot bound."""
+"""The picker's canary step without a console: what it sends (the CLI's defaults, 5m read as 300 s, the pool chosen
+when the console runs several, none when it runs one), and an interval an arm cannot bound."""
 
 from __future__ import annotations
 
@@ -20,20 +20,18 @@ from tests.console.tui.fakes import until
 ROUND_ROBIN = {"name": "round_robin", "params": {}}
 
 
-def test_the_picker_starts_a_canary_on_the_first_pool_only() -> None:
-    started: list[tuple[Any, ...]] = []
+def start_from_picker(catalogue: dict[str, Any], pool: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Open the picker with canary chosen, pick `pool` (None: leave it), apply; what the canary call got."""
+    started: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
     async def swap(*args: Any, **kwargs: Any) -> dict[str, Any]:
         raise AssertionError("a canary was asked for, not a swap")
 
-    async def canary(*args: Any) -> dict[str, Any]:
-        started.append(args)
+    async def canary(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        started.append((args, kwargs))
         return {"id": "canary-1", "plan": {"kind": args[0], "name": args[1], "share": 0.1, "duration_s": args[4]}}
 
-    pools = {"A": {"routing": ROUND_ROBIN}, "B": {"routing": ROUND_ROBIN}}
-    picker = PolicyPicker(
-        {"active": pools["A"], "pools": pools, "available": catalog(live=True)}, swap, canary=canary, as_canary=True
-    )
+    picker = PolicyPicker(catalogue, swap, canary=canary, as_canary=True)
     results: list[dict[str, Any] | None] = []
 
     async def body() -> None:
@@ -41,22 +39,28 @@ def test_the_picker_starts_a_canary_on_the_first_pool_only() -> None:
         async with app.run_test() as pilot:
             await app.push_screen(picker, results.append)
             await until(pilot, lambda: picker.policy is not None and picker.canary_chosen)
-            picker.query_one("#picker-pool", Select).value = "B"
-            note = picker.query_one("#canary-note", Static)
-            await until(pilot, lambda: "first pool (A) only" in str(note.render()))
-            picker.action_apply()
-            error = picker.query_one("#picker-error", Static)
-            await until(pilot, lambda: "first pool (A) only" in str(error.render()))
-            assert started == []
-            picker.query_one("#picker-pool", Select).value = "A"
-            await until(pilot, lambda: picker.pool == "A" and str(note.render()) == "")
+            if pool is not None:
+                picker.query_one("#picker-pool", Select).value = pool
+                await until(pilot, lambda: picker.pool == pool)
+            await pilot.pause()
+            assert str(picker.query_one("#canary-note", Static).render()) == ""  # any pool can be canaried
             picker.action_apply()
             await until(pilot, lambda: bool(results))
 
     asyncio.run(body())
-    (args,) = started
-    assert args == ("routing", "round_robin", {}, "10%", 300.0)
     assert results[0] is not None and results[0]["id"] == "canary-1"
+    (call,) = started
+    return call
+
+
+def test_the_picker_starts_a_canary_on_the_pool_chosen() -> None:
+    pools = {"A": {"routing": ROUND_ROBIN}, "B": {"routing": ROUND_ROBIN}}
+    several = {"active": pools["A"], "pools": pools, "available": catalog(live=True)}
+    assert start_from_picker(several, "B") == (("routing", "round_robin", {}, "10%", 300.0), {"pool": "B"})
+    assert start_from_picker(several, None) == (("routing", "round_robin", {}, "10%", 300.0), {"pool": "A"})
+    one: dict[str, Any] = {"active": {"routing": ROUND_ROBIN}, "pools": {"m": {"routing": ROUND_ROBIN}}}
+    one["available"] = catalog(live=True)
+    assert start_from_picker(one, None) == (("routing", "round_robin", {}, "10%", 300.0), {})  # one pool: none named
 
 
 def test_an_interval_an_arm_cannot_bound_reads_infinite() -> None:

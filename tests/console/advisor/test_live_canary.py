@@ -11,9 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from console.advisor.autopilot import Autopilot
-from console.advisor.figures import Figures
-from console.advisor.simulate import Advice, Errors, Ranked
-from tests.console.advisor.fakes import controller, two_pool_controller
+from tests.console.advisor.fakes import advice, controller, two_pool_controller
 
 
 def feed(  # type: ignore[no-untyped-def]
@@ -99,19 +97,6 @@ def test_the_autopilots_gate_holds_a_promotion_past_its_swaps_per_hour(tmp_path:
     assert "not promoted: 0 automatic swaps in the last hour (max_swaps_per_hour = 0)" in last["reason"]
     assert c.dispatcher.routing.name == "round_robin"
     c.recorder.close()
-
-
-def figures(ttft_p99: float, attainment: float) -> Figures:
-    return Figures(100, ttft_p99 / 2, ttft_p99, 0.02, 0.03, attainment, 0, None)
-
-
-def advice(gain: float, error: float, shown: bool) -> Advice:
-    active = Ranked("active", ("round_robin", {}), ("fcfs", {}), figures(1.0, 0.9), Errors(0.0, 0.0), False, True)
-    best = Ranked(
-        "routing:prefix_aware", ("prefix_aware", {}), ("fcfs", {}), figures(1.0 - gain, 0.9), Errors(gain, 0.0), shown
-    )
-    bound = Errors(error, 0.01)
-    return Advice({}, "2P2D", "p", figures(1.0, 0.9), figures(1.0, 0.9), bound, bound, [best, active], {}, 0.1, 0)
 
 
 def test_the_autopilot_starts_a_canary_after_two_advices_in_a_row_then_cools_down() -> None:

@@ -17,8 +17,7 @@ from console.live.channel import ClientChannel
 from console.live.record import RequestRecord
 from console.live.request import LiveRequest
 from core.types import Request
-from tests.console.advisor.fakes import controller, two_pool_controller
-from tests.console.advisor.test_live_canary import advice
+from tests.console.advisor.fakes import advice, controller, two_pool_controller
 from tests.console.live.fakes import FakeParts, Sent, dispatcher, instances, never_disconnects
 
 

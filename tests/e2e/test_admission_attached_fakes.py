@@ -88,4 +88,6 @@ def test_concurrent_clients_of_idle_fast_upstreams_see_no_refusal(console: Conso
     assert by_status == {200: clients * ROUNDS}, by_status
     admission = console.state()["queue"]["admission"]
     assert admission["shed"] == 0 and admission["expired"] == 0, admission
-    assert admission["ttft_drift_min"] < 0.5, admission  # the measured TTFT corrected the prior's projection
+    # the measured TTFT corrected the prior's projection: the queue's part (most requests here wait behind others),
+    # or a prompt's own service (the ones that found an instance idle)
+    assert min(admission["ttft_drift_min"], admission["ttft_wait_drift_min"]) < 0.5, admission

@@ -309,10 +309,14 @@ class SloGate:
         )
         return n * self.decode_slots / (max(self.typical_output, 1.0) * step)
 
-    def predicted_start(self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0) -> float:
+    def predicted_start(
+        self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0, first: np.ndarray | None = None
+    ) -> float:
         """Seconds after its arrival `r` is expected to start if held behind `held` requests (`share` of
-        the held prefill work: less than all when held requests are released fairly between tenants)."""
-        first = self.first_token_s(r, v, now)
+        the held prefill work: less than all when held requests are released fairly between tenants);
+        `first`: `first_token_s` of it now, if already computed."""
+        if first is None:
+            first = self.first_token_s(r, v, now)
         drift = self.drift.ratios(v.n_instances)[1][v.prefill_mask()]
         held_work = share * self.held_work_s * (float(drift.mean()) if len(drift) else 1.0)
         prefill = pool_drained_s(first, held_work)
@@ -321,12 +325,13 @@ class SloGate:
         alone = self._terms.alone_s(r.prompt_tokens)
         return now - r.arrival + max(prefill, decode_wait + alone) + self.handoff_s(r.prompt_tokens, v)
 
-    def own_service_s(self, r: Request, v: ClusterView, now: float) -> float:
-        """`r`'s own service where its first token would come soonest: its prefill alone there and the hand-off."""
+    def own_service_s(self, r: Request, v: ClusterView, now: float, first: np.ndarray | None = None) -> float:
+        """`r`'s own service where its first token would come soonest: its prefill alone there and the
+        hand-off (`first`: `first_token_s` of it now, if already computed)."""
         where = np.flatnonzero(v.prefill_mask())
         if not len(where):
             return self.service_s(r.prompt_tokens)
-        k = int(np.argmin(self.first_token_s(r, v, now)))
+        k = int(np.argmin(self.first_token_s(r, v, now) if first is None else first))
         return self._own_s(r, v, int(where[k])) + self.handoff_s(r.prompt_tokens, v)
 
     def _cause(self, v: ClusterView, held: float) -> RefusalCause:
@@ -343,8 +348,9 @@ class SloGate:
     ) -> tuple[float, RefusalCause, float] | None:
         """`r` held behind `held` requests is expected to start after its budget (its target plus
         the bounded wait): when, the limit that keeps it and the budget (None: it is expected in time)."""
-        start = self.predicted_start(r, v, now, held, share)
-        budget = self._budget(r, self.own_service_s(r, v, now))
+        first = self.first_token_s(r, v, now)
+        start = self.predicted_start(r, v, now, held, share, first)
+        budget = self._budget(r, self.own_service_s(r, v, now, first))
         return None if start <= budget else (start, self._cause(v, held), budget)
 
     def refusal(self, r: Request, v: ClusterView, now: float, held: float, share: float = 1.0) -> str | None:
@@ -413,15 +419,17 @@ class SloGate:
             return out
         where = np.flatnonzero(v.prefill_mask())
         extra = np.zeros(len(where))
-        drift = self.drift.ratios(v.n_instances)[1][where]
+        own_r, wait_r = self.drift.ratios(v.n_instances)
+        drift = wait_r[where]
         while (r := adm.head(queue)) is not None and room > 0:
             first = self.first_token_s(r, v, now) + extra
             k = int(np.argmin(first))
+            p = int(where[k])
             own = np.broadcast_to(np.asarray(self._uncached(r, v), dtype=float), v.prefill_mask().shape)
-            waits = first[k] - v.queues.terms_of(int(where[k])).alone_s(float(own[where[k]])) > 1e-9
-            if waits:
+            alone = v.queues.terms_of(p).alone_s(float(own[p]))
+            if first[k] - alone > 1e-9:  # it waits there: released only within its budget
                 handoff = self.handoff_s(r.prompt_tokens, v)
-                budget = self._budget(r, self._own_s(r, v, int(where[k])) + handoff)
+                budget = self._budget(r, alone * float(own_r[p]) + handoff)  # its own service: `_own_s` there
                 if now - r.arrival + first[k] + handoff > budget:
                     break
             popped = adm.release(queue, now, 1)

@@ -14,7 +14,7 @@ import numpy as np
 
 from core.admission_queue import AdmissionControl as AdmissionControl
 from core.admission_settings import SloAdmission as SloAdmission
-from core.admission_signals import DecodeSlots, RefusalCause, Refusals, TtftDrifts
+from core.admission_signals import DecodeSlots, RefusalCause, Refusals, TtftDrifts, TtftMargin
 from core.policies.base import QueuePolicy
 from core.prefill import StepTerms
 from core.types import Admission, Request, Role
@@ -88,6 +88,8 @@ class SloGate:
         """Held requests answered 503 because they could no longer start within their wait bound."""
         self.refusals: dict[RefusalCause, Refusals] = {c: Refusals() for c in RefusalCause}
         self.drift = TtftDrifts()
+        self.margin = TtftMargin(settings.headroom, settings.ttft_attainment_goal)
+        """The share of what a request's own service leaves of its TTFT target that the queue ahead may take."""
         """Measured over projected TTFT per prefill instance: a prompt's own service and the queue ahead."""
         self.unverified: dict[Hashable, tuple[float, RefusalCause]] = {}
         """Held requests refused by the prior's projection alone: id → (until when they are held
@@ -105,6 +107,8 @@ class SloGate:
         out: dict[str, float | int] = {
             "decode_slots": self.decode_slots,
             "headroom": self.settings.headroom,
+            "margin": round(self.margin.value, 3),
+            "ttft_attainment_goal": self.settings.ttft_attainment_goal,
             "extra_wait_s": self.settings.extra_wait_s,
             "wait_bound_s": ttft + self.settings.extra_wait_s,
             "prefill_s_per_request": round(self._terms.marginal_s(self.typical_prompt), 4),
@@ -146,6 +150,11 @@ class SloGate:
         `measured_s` (`TtftDrifts.observe`)."""
         self.drift.observe(p, projected_s, measured_s, own_s)
 
+    def observe_attainment(self, ttft_s: float, target_s: float) -> None:
+        """An admitted request got its first token `ttft_s` after arrival, against its TTFT target
+        (`TtftMargin.observe`)."""
+        self.margin.observe(ttft_s, target_s)
+
     def observe_tpot(self, tpot_s: float, target_s: float, v: ClusterView, now: float) -> None:
         """A request finished with measured TPOT `tpot_s` (its target `target_s`): the decode slots
         follow it and what the decode engines report now."""
@@ -160,13 +169,14 @@ class SloGate:
 
     def target_s(self, r: Request, own_s: float) -> float:
         """How long after arrival `r` may be projected to start and be routed, its own service
-        (its prefill alone and the hand-off) taking `own_s`: that service and headroom × what it
-        leaves of the TTFT target. The margin is on the queue ahead of it, which the projection sees
-        worst (measured 1.0–2.2× its projection at 0.8–1.2·C, `benchmarks/admission.py`); the own
-        service of a prompt on an idle instance it sees within ~20 ms. A prompt whose own service
-        alone exceeds the target gets the target."""
+        (its prefill alone and the hand-off) taking `own_s`: that service and the margin × what it
+        leaves of the TTFT target (`TtftMargin`: between headroom and 1). The margin is on the queue
+        ahead of it, which the projection sees worst (measured 1.0–2.2× its projection at 0.8–1.2·C,
+        `benchmarks/admission.py`); the own service of a prompt on an idle instance it sees within
+        ~20 ms. A prompt whose own service alone exceeds the target gets the target."""
         ttft = self._ttft(r)
-        return self.settings.headroom * ttft + (1 - self.settings.headroom) * min(own_s, ttft)
+        margin = self.margin.value
+        return margin * ttft + (1 - margin) * min(own_s, ttft)
 
     def _budget(self, r: Request, own_s: float) -> float:
         return self.target_s(r, own_s) + self.settings.extra_wait_s
@@ -282,7 +292,7 @@ class SloGate:
 
     def fits_now(self, r: Request, v: ClusterView, now: float) -> bool:
         """`r` routed now is expected to start within its target (`target_s`: its own service and
-        headroom × what that leaves of its TTFT target) on the prefill instance that gives it its
+        the margin × what that leaves of its TTFT target) on the prefill instance that gives it its
         first token soonest (the bounded wait, if any, is spent in the gateway's queue, not in an
         engine's)."""
         first = self.first_token_s(r, v, now)
@@ -292,7 +302,7 @@ class SloGate:
         handoff = self.handoff_s(r.prompt_tokens, v)
         start = now - r.arrival + float(first[k]) + handoff
         ttft = self._ttft(r)
-        if start <= self.settings.headroom * ttft:  # within the target whatever its own service
+        if start <= self.margin.value * ttft:  # within the target whatever its own service
             return True
         if start > ttft:
             return False
@@ -409,7 +419,7 @@ class SloGate:
         """Held requests to route now, one at a time in the queue policy's order, while a decode slot
         is free (`room`) and the prefill instance where the head's first token comes soonest,
         counting the ones released here, gives it that token within its budget counted from its
-        arrival (headroom × TTFT target + bounded wait: the wait it has had counts), or is idle
+        arrival (its target + bounded wait: the wait it has had counts), or is idle
         (then nothing held longer starts sooner; `expire` answers the head once even an idle
         cluster would start it past its bound). Counted from now instead, a request held 1.1 s
         of a burst was released into a prefill step that gave its first token 3.15 s after arrival,
@@ -501,7 +511,7 @@ class SloGate:
         """When a new request would likely be admitted: the prefill backlog and the held work
         drained to the budget, or decode slots free; at least 1 s, at most 60 s."""
         b = self.backlogs(v, now)
-        budget = self.settings.headroom * (self.slo["default"].ttft_s - self.service_s(self.typical_prompt))
+        budget = self.margin.value * (self.slo["default"].ttft_s - self.service_s(self.typical_prompt))
         prefill = (float(b.sum()) + self.held_work_s) / max(len(b), 1) - max(budget, 0.0)
         room = self.decode_room(v) - held
         decode = 0.0 if room > 0 else (1 - room) / self._completion_rate(v)

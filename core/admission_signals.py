@@ -156,6 +156,37 @@ class TtftDrifts:
         return out
 
 
+class TtftMargin:
+    """The share of what a request's own service leaves of its TTFT target that the queue projected
+    ahead of it may take, held to the admitted requests' measured TTFT attainment.
+
+    Each admitted request's first token moves it, a stochastic approximation of the margin at which
+    a share `goal` of the admitted meet their target: one that met it loosens the margin by `step` ×
+    (1 − `goal`), one that missed tightens it by `step` × `goal`, so it settles where the admitted
+    miss at rate 1 − `goal`, within [`floor`, 1]. It starts at 1 (refuse only what is projected to
+    miss) and tightens where the projection proves optimistic: near capacity the queue ahead ran
+    1.0–2.2× its projection (`benchmarks/admission.py`). A `goal` of 1 keeps it at `floor`."""
+
+    def __init__(self, floor: float, goal: float, step: float = 0.1) -> None:
+        self.floor = floor
+        self.goal = goal
+        self.step = step
+        self.value = floor if goal >= 1.0 else 1.0
+        self.met = 0
+        self.missed = 0
+
+    def observe(self, ttft_s: float, target_s: float) -> None:
+        """An admitted request got its first token `ttft_s` after arrival against its target."""
+        if self.goal >= 1.0 or not math.isfinite(target_s):
+            return
+        if ttft_s <= target_s:
+            self.met += 1
+            self.value = min(self.value + self.step * (1.0 - self.goal), 1.0)
+        else:
+            self.missed += 1
+            self.value = max(self.value - self.step * self.goal, self.floor)
+
+
 class DecodeSlots:
     """Requests in flight per decode instance, moved by what the engines report (additive increase,
     multiplicative decrease).

@@ -312,6 +312,7 @@ class LifecycleMixin(AdmittingMixin):
                     if p >= 0:  # the feedback that corrects admission's projection
                         projected = tracked.prefill_due + tracked.handoff_est - tracked.routed_at
                         gate.observe_ttft(p, projected, first_token_at - tracked.routed_at, tracked.own_est)
+                    gate.observe_attainment(first_token_at - req.arrival, float(t.ttft_slo[i]))
                     if output_tokens > 1:  # and the decode slots' measured TPOT
                         gate.observe_tpot(tpot, float(t.tpot_slo[i]), v, now)
                 learner = tracked.router if tracked.arm == CANARY else self.routing  # each arm's router learns its own

@@ -26,6 +26,7 @@ import numpy as np
 
 from adapters.store import RunStore, StoreError
 from console.advisor.figures import Figures, observed_figures
+from console.advisor.pools import RecordedPool, on_pool, recorded_pools
 from console.errors import ConsoleError
 from core.slo import DEFAULT_SLO, SLOClass
 
@@ -276,13 +277,17 @@ def window_from_rows(
 
 
 def active_policies(
-    events: Sequence[Mapping[str, Any]], config: Mapping[str, Any], policy: str, at: float
+    events: Sequence[Mapping[str, Any]],
+    config: Mapping[str, Any],
+    policy: str,
+    at: float,
+    pool: str | None = None,
 ) -> tuple[dict[str, PolicySetting], list[float]]:
     """The routing and queue policies in force at `at` (the last policy event of each kind by then, else
-    the run's configuration), and the times of every swap of those kinds. With several pools, the first
-    pool's (the one the advisor simulates: the pool of the first event naming one; events stored before
-    pools were recorded name none and count)."""
-    first_pool = next((ev["pool"] for ev in events if ev.get("pool")), None)
+    the run's configuration), and the times of every swap of those kinds. With several pools, pool `pool`'s
+    (None: the first pool's, the pool of the first event naming one); events stored before pools were
+    recorded name none and count."""
+    first_pool = pool if pool is not None else next((ev["pool"] for ev in events if ev.get("pool")), None)
     queue = config.get("queue") or {}
     active: dict[str, PolicySetting] = {
         "routing": (policy or str(config.get("policy") or "round_robin"), dict(config.get("params") or {})),
@@ -298,6 +303,17 @@ def active_policies(
     return active, swaps
 
 
+def _pool_of(run_id: str, pools: Sequence[RecordedPool], pool: str | None) -> RecordedPool | None:
+    """The recorded pool named `pool` (None: the first; None too when the run recorded none and none is named)."""
+    if pool is None:
+        return pools[0] if pools else None
+    found = next((p for p in pools if p.name == pool), None)
+    if found is None:
+        known = f"pools: {', '.join(p.name for p in pools)}" if pools else "it recorded no pools"
+        raise WindowError(f"run {run_id} has no pool {pool!r}; {known}")
+    return found
+
+
 def window_from_store(
     store: RunStore,
     run_id: str,
@@ -305,24 +321,33 @@ def window_from_store(
     *,
     end: float | None = None,
     keys: RecentArrivals | None = None,
+    pool: str | None = None,
 ) -> Window:
-    """The window [end − window_s, end] of a run in the store (`end`: default the run's last recorded
-    arrival or finish), with the policies, SLO classes and shape the run recorded."""
+    """The window [end − window_s, end] of a run in the store (`end`: default the pool's last recorded
+    arrival or finish), with the policies, SLO classes and shape the run recorded.
+
+    With several pools it is one pool's, as the live advisor's is (`pool`: its name; None: the first pool):
+    only its requests (`on_pool`: those of its model), its configured shape and its policies; a name the run
+    has no pool of is a WindowError naming the run's pools."""
     try:
         info = store.get_run(run_id)
     except StoreError as e:
         raise WindowError(str(e)) from None
-    rows = store.requests(info.run_id)
+    advised = _pool_of(info.run_id, recorded_pools(info.config), pool)
+    model = None if advised is None else advised.model
+    rows = [r for r in store.requests(info.run_id) if on_pool(r.get("model"), model)]
     if end is None:
         times = [t for r in rows for t in (r.get("finish"), r.get("arrival")) if t is not None]
         if not times:
-            raise WindowError(f"run {info.run_id} has no recorded requests")
+            on = "" if advised is None or model is None else f" on pool {advised.name}"
+            raise WindowError(f"run {info.run_id} has no recorded requests{on}")
         end = max(times)
     slos = {
         str(name): SLOClass.model_validate({"name": name, **dict(v)}) if isinstance(v, Mapping) else v
         for name, v in dict(info.config.get("slo") or {}).items()
     }
-    active, swaps = active_policies(store.policy_events(info.run_id), info.config, info.policy, end)
+    events = store.policy_events(info.run_id)
+    active, swaps = active_policies(events, info.config, info.policy, end, None if advised is None else advised.name)
     return window_from_rows(
         rows,
         run_id=info.run_id,
@@ -332,5 +357,5 @@ def window_from_store(
         slos=slos,
         keys=keys,
         swapped=any(end - window_s < t <= end for t in swaps),
-        cluster=info.cluster,
+        cluster=advised.shape if advised is not None and advised.shape is not None else info.cluster,
     )

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from console.advisor.pools import on_pool
 from core.types import InstancePhase
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ class LiveAdvisor:
 
     def request(self, row: dict[str, Any]) -> None:
         """A finished request's stored row, kept for one window when it ran on the advised pool."""
-        if not self.enabled or (self.model is not None and row.get("model") not in (None, self.model)):
+        if not self.enabled or not on_pool(row.get("model"), self.model):
             return
         rows = self.rows
         rows.append(row)
@@ -274,7 +275,7 @@ class LiveAdvisor:
         out, notes = self.outcomes, self.arrivals
         rows = []
         for rec in list(out.live.values()):
-            if rec.model and self.model is not None and rec.model != self.model:
+            if not on_pool(rec.model, self.model):
                 continue  # another pool's
             req = rec.request
             noted = None if notes is None else notes.get(rec.id)

@@ -38,7 +38,8 @@ def gain(entry: dict[str, Any], bound: dict[str, Any]) -> str:
 
 
 class AdvisorPanel(Widget):
-    """The app calls `show` with the state's `advisor` and `canary` objects each refresh."""
+    """The app calls `show` with the state's `advisor` and `canary` objects each refresh; the title names the pool
+    the advisor advises on."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -48,6 +49,8 @@ class AdvisorPanel(Widget):
 
     def show(self, advisor: dict[str, Any] | None, canary: dict[str, Any] | None) -> None:
         self.advisor, self.canary = advisor, canary
+        pool = (advisor or {}).get("pool")
+        self.border_title = Text(f"advisor · pool {pool}" if pool else "advisor")  # Text: a name is not markup
         running = bool(canary and (canary.get("running") or canary.get("last")))
         self.display = advisor is not None or running
         self.refresh(layout=True)

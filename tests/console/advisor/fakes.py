@@ -1,14 +1,28 @@
 """Controllers without a network for the advisor's tests: one prefill and two decode fake instances, a real run
-store, the advisor on or off; or two pools (A: A.p0 A.d0, b of model org/B: b.p0 b.d0), the advisor on one."""
+store, the advisor on or off; or two pools (A: A.p0 A.d0, b of model org/B: b.p0 b.d0), the advisor on one.
+`advise_once` gives one's advisor a real advice, `served` serves its control API on 127.0.0.1 for the clients (the
+CLI, the dashboard) to read."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import uvicorn
 
 from adapters.store import RunStore
 from adapters.vllm.instances import Instance
 from console.advisor.figures import Figures
-from console.advisor.simulate import Advice, Errors, Ranked
+from console.advisor.simulate import Advice, Errors, Ranked, parse_candidate
+from console.advisor.simulate import advise as simulate_advice
+from console.advisor.window import window_from_rows
+from console.advisor.worker import WorkerAnswer
+from console.gateway.app import build_app
 from console.live.config import AdvisorSettings, ConsoleConfig
 from console.live.controller import Controller
 from console.live.pools import plan_pools
@@ -71,3 +85,54 @@ def advice(gain: float, error: float, shown: bool) -> Advice:
     )
     bound = Errors(error, 0.01)
     return Advice({}, "2P2D", "p", figures(1.0, 0.9), figures(1.0, 0.9), bound, bound, [best, active], {}, 0.1, 0)
+
+
+@contextlib.contextmanager
+def served(c: Controller) -> Iterator[str]:
+    """`c`'s gateway (its control API) served by uvicorn on a free 127.0.0.1 port, in a thread of its own so that a
+    blocking client (the CLI) can call it, until the block ends; yields its URL once it listens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    config = uvicorn.Config(
+        build_app(c, manage_lifecycle=False), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"control-api-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10.0
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the control API did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10.0)
+        assert not thread.is_alive(), "the control API did not stop"
+
+
+def advise_once(c: Controller, per_pool: int = 20) -> None:
+    """One advice for `c`'s advisor, as its worker would give it: `per_pool` requests of each pool's model finished
+    over the last 4 s (arrivals 0.15 s apart, 200-token prompts, 32 tokens out, 0.5 s each), the advisor's own
+    window of them (its pool's only) re-simulated here on its pool's shape and profile under the active policies
+    and least_load, the answer taken as the worker's."""
+    adv = c.advisor
+    now = time.monotonic()
+    rel = now - c.t0
+    for pool in c.runtimes:
+        for k in range(per_pool):
+            arrival = rel - 4.0 + 0.15 * k
+            adv.request(
+                {
+                    "request_id": f"{pool.pool.name}-{k}", "arrival": arrival, "prompt_tokens": 200,
+                    "output_tokens": 32, "max_tokens": 32, "status": "ok", "prefill_start": arrival,
+                    "first_token": arrival + 0.1, "finish": arrival + 0.5, "ttft": 0.1, "tpot": 0.01,
+                    "slo_met": True, "cached_tokens": None, "slo_class": "default", "tenant": "default",
+                    "priority": 0, "model": pool.pool.model,
+                }
+            )
+    rows = list(adv.rows)
+    window = window_from_rows(rows, **adv.window_args(now, rows, []))
+    advice = simulate_advice(window, adv._shape(), adv.profile(), candidates=[parse_candidate("least_load")])
+    asyncio.run(adv._take(WorkerAnswer(1, advice, None, 0.5, 0.5, 0.5, 1, time.time())))

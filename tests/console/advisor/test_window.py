@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from adapters.redact import redact_config
 from adapters.store import RunStore
 from console.advisor.simulate import Shape, predict, simulate
 from console.advisor.window import (
@@ -17,6 +18,8 @@ from console.advisor.window import (
     window_from_rows,
     window_from_store,
 )
+from console.live.config import ConsoleConfig
+from console.live.pools import cluster_label, plan_pools
 from core.perf import get_profile
 from core.slo import SLOClass
 
@@ -294,3 +297,70 @@ def test_with_several_pools_only_the_first_pools_swaps_are_its_active_policies()
     legacy = [{**e, "pool": None} for e in events]  # stored before pools were recorded: every event counts
     active, swaps = active_policies(legacy, {}, "round_robin", at=10.0)
     assert active["routing"] == ("least_load", {}) and swaps == [5.0, 7.0]
+
+
+def two_pool_run(store: RunStore) -> str:
+    """A live run of pools A (model A, 1P2D) and b (model org/B, 2P3D), recorded as `up` records one: its
+    configuration and cluster label, each request's base model, each pool's policy events."""
+    config = ConsoleConfig.model_validate(
+        {
+            "policy": "round_robin",
+            "pools": [
+                {"model": "A", "prefill": 1, "decode": 2},
+                {"model": "org/B", "name": "b", "prefill": 2, "decode": 3},
+            ],
+        }
+    )
+    run = store.create_run(
+        kind="live",
+        backend="emulator",
+        cluster=cluster_label(plan_pools(config)),
+        policy=config.policy,
+        config=redact_config(config.model_dump(mode="json")),
+    )
+    store.add_requests(
+        run,
+        [
+            row("a1", 110.0, 112.0, model="A"),
+            row("b1", 120.0, 121.0, model="org/B", prompt_tokens=300),
+            row("a2", 130.0, 190.0, model="A"),
+            row("b2", 140.0, 150.0, model="org/B", prompt_tokens=300),
+            row("unknown", 145.0, 146.0),  # no model recorded (a row from before schema 9): either pool's
+        ],
+    )
+    for pool in ("A", "b"):
+        store.add_policy_event(run, t=0.0, kind="routing", old=None, new="round_robin", params={}, source="config",
+                               pool=pool)
+    store.add_policy_event(run, t=50.0, kind="routing", old="round_robin", new="least_load", params={}, source="api",
+                           pool="b")
+    store.add_policy_event(run, t=135.0, kind="queue", old="fcfs", new="priority", params={}, source="api", pool="A")
+    return run
+
+
+def test_with_several_pools_the_window_is_one_pools_requests_shape_and_policies(store: RunStore) -> None:
+    run = two_pool_run(store)
+    first = window_from_store(store, run, 100.0, end=200.0)  # no pool named: the first, as the live advisor's
+    assert first.request_ids == ["a1", "a2", "unknown"] and first.cluster == "1P2D"
+    assert first.active == {"routing": ("round_robin", {}), "queue": ("priority", {})} and first.swapped
+    b = window_from_store(store, run, 100.0, end=200.0, pool="b")
+    assert b.request_ids == ["b1", "b2", "unknown"] and b.cluster == "2P3D"
+    assert b.prompt_tokens.tolist() == [300, 300, 100]
+    # b's swap at 50 s is before the window and A's at 135 s is not b's: one policy, b's own
+    assert b.active == {"routing": ("least_load", {}), "queue": ("fcfs", {})} and not b.swapped
+    assert window_from_store(store, run, 100.0, pool="b").end == 150.0  # the end: b's last record, not the run's
+    with pytest.raises(WindowError, match=r"has no pool 'B'; pools: A, b$"):
+        window_from_store(store, run, 100.0, end=200.0, pool="B")
+
+
+def test_a_run_of_one_pool_or_none_is_one_window_and_another_pool_is_an_error(store: RunStore) -> None:
+    config = ConsoleConfig(policy="least_load")  # one pool, named after its served model
+    one = store.create_run(kind="live", backend="emulator", cluster="1P1D", policy="least_load",
+                           config=redact_config(config.model_dump(mode="json")))
+    store.add_requests(one, [row("x", 10.0, 11.0, model="sibyl-model"), row("y", 12.0, 13.0)])
+    named = window_from_store(store, one, 100.0, pool="sibyl-model")
+    assert named.request_ids == window_from_store(store, one, 100.0).request_ids == ["x", "y"]
+    assert named.cluster == "1P1D"
+    with pytest.raises(WindowError, match=r"has no pool 'b'; pools: sibyl-model$"):
+        window_from_store(store, one, 100.0, pool="b")
+    with pytest.raises(WindowError, match=r"has no pool 'b'; it recorded no pools$"):
+        window_from_store(store, live_run(store), 100.0, pool="b")  # a run that recorded no pools

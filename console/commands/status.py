@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from console.control_client import ControlClient
-    from console.live.state import ConsoleState
+    from console.live.state import ConsoleState, QueueState
 
 # What a command needs is imported inside it (rich, httpx, the state model, the policy registry):
 # `--help`, `scale` or `policy set` then load none of what `status` or `policy list` need.
@@ -134,21 +134,8 @@ def status(
         if len(every_pool) > 1:
             con.print(f"below: pool {pool}'s queue, admission and refusals; tenants and SLO attainment of all pools")
     if s.queue is not None:
-        q, a = s.queue, s.queue.admission
-        held = (
-            f"queue {q.depth} held (max {q.max_queued}, ttl {q.ttl_s:g} s)"
-            if q.ttl_s is not None
-            else f"queue {q.depth} held"
-        )
-        if a:
-            held += (
-                f"; SLO admission: {a['decode_slots']} decode slots per instance, "
-                f"~{a['prefill_s_per_request']:g} s prefill per request, wait bound {a['wait_bound_s']:g} "
-                f"s (TTFT + {a['extra_wait_s']:g} s); shed {a['shed']}, expired {a['expired']}"
-            )
-        else:
-            held += f"; SLO admission off ({q.max_in_flight_per_instance} in flight per decode instance)"
-        con.print(held)
+        q = s.queue
+        con.print(queue_line(q))
         if q.refusals is not None:
             con.print(refusals_line(q.refusals))
     if calibrated and pool is None:
@@ -160,6 +147,30 @@ def status(
         f"p50/p99 {_ms(w.ttft_p50)}/{_ms(w.ttft_p99)} ms  TPOT p50/p99 "
         f"{_ms(w.tpot_p50)}/{_ms(w.tpot_p99)} ms   run: attainment {_pct(r.attainment)}"
     )
+
+
+def queue_line(q: QueueState) -> str:
+    """The gateway's queue and SLO admission's limits in force (its margin among them)."""
+    a = q.admission
+    held = (
+        f"queue {q.depth} held (max {q.max_queued}, ttl {q.ttl_s:g} s)"
+        if q.ttl_s is not None
+        else f"queue {q.depth} held"
+    )
+    if a:
+        held += (
+            f"; SLO admission: {a['decode_slots']} decode slots per instance, "
+            f"~{a['prefill_s_per_request']:g} s prefill per request, wait bound {a['wait_bound_s']:g} "
+            f"s (TTFT + {a['extra_wait_s']:g} s); shed {a['shed']}, expired {a['expired']}"
+        )
+        if "margin" in a:  # the queue ahead may take this share of what a prompt's own service leaves
+            held += (
+                f"; margin {a['margin']:g} (headroom {a['headroom']:g} to 1, for "
+                f"{a['ttft_attainment_goal']:.0%} of the admitted within TTFT)"
+            )
+    else:
+        held += f"; SLO admission off ({q.max_in_flight_per_instance} in flight per decode instance)"
+    return held
 
 
 def refusals_line(refusals: dict[str, Any]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from console.commands.status import _calibration_table, refusals_line
+from console.commands.status import _calibration_table, queue_line, refusals_line
 from console.live.state import ConsoleState, QueueState
 
 
@@ -80,3 +80,22 @@ def test_an_instance_projected_with_its_peers_terms_says_so_and_until_when() -> 
     con.print(_calibration_table(s))
     text = con.export_text()
     assert "p1 (peers' terms, refit 0 s ago)" in text and source in text
+
+
+def test_the_queue_line_shows_admissions_margin_between_headroom_and_one() -> None:
+    admission = {
+        "decode_slots": 154,
+        "prefill_s_per_request": 0.24,
+        "wait_bound_s": 2.0,
+        "extra_wait_s": 0.0,
+        "shed": 3,
+        "expired": 1,
+        "margin": 0.905,
+        "headroom": 0.8,
+        "ttft_attainment_goal": 0.95,
+    }
+    line = queue_line(QueueState.model_validate({"depth": 2, "admission": admission}))
+    assert line.startswith("queue 2 held; SLO admission: 154 decode slots per instance")
+    assert line.endswith("shed 3, expired 1; margin 0.905 (headroom 0.8 to 1, for 95% of the admitted within TTFT)")
+    off = QueueState.model_validate({"depth": 0, "max_in_flight_per_instance": 256})
+    assert queue_line(off) == "queue 0 held; SLO admission off (256 in flight per decode instance)"

@@ -186,7 +186,8 @@ class SloGate:
         measured drift), with no queue ahead."""
         tokens = self._uncached(r, v)
         own = float(tokens[p]) if isinstance(tokens, np.ndarray) else float(tokens)
-        return v.queues.terms_of(p).alone_s(own) * float(self.drift.ratios(v.n_instances)[0][p])
+        own_r, _, own_a = self.drift.ratios(v.n_instances)
+        return v.queues.terms_of(p).alone_s(own) * float(own_r[p]) + float(own_a[p])
 
     def _after_prefill_s(self, prompt_tokens: float) -> float:
         """From the prefill's first token to the client's: the KV transfer and one decode step."""
@@ -277,8 +278,8 @@ class SloGate:
             )
             projected = np.maximum(projected, engine)
         alone = self._alone_s(v, mask, tokens)
-        own_r, wait_r = self.drift.ratios(v.n_instances)
-        out: np.ndarray = alone * own_r[mask] + np.maximum(projected - alone, 0.0) * wait_r[mask]
+        own_r, wait_r, own_a = self.drift.ratios(v.n_instances)
+        out: np.ndarray = alone * own_r[mask] + own_a[mask] + np.maximum(projected - alone, 0.0) * wait_r[mask]
         return out
 
     @staticmethod
@@ -429,7 +430,7 @@ class SloGate:
             return out
         where = np.flatnonzero(v.prefill_mask())
         extra = np.zeros(len(where))
-        own_r, wait_r = self.drift.ratios(v.n_instances)
+        own_r, wait_r, own_a = self.drift.ratios(v.n_instances)
         drift = wait_r[where]
         while (r := adm.head(queue)) is not None and room > 0:
             first = self.first_token_s(r, v, now) + extra
@@ -439,7 +440,7 @@ class SloGate:
             alone = v.queues.terms_of(p).alone_s(float(own[p]))
             if first[k] - alone > 1e-9:  # it waits there: released only within its budget
                 handoff = self.handoff_s(r.prompt_tokens, v)
-                budget = self._budget(r, alone * float(own_r[p]) + handoff)  # its own service: `_own_s` there
+                budget = self._budget(r, alone * float(own_r[p]) + float(own_a[p]) + handoff)  # `_own_s` there
                 if now - r.arrival + first[k] + handoff > budget:
                     break
             popped = adm.release(queue, now, 1)

@@ -96,6 +96,47 @@ class TtftDrift:
         return self.ratio[:n]
 
 
+class OwnServiceLine:
+    """A prompt's own service, measured against projected, per prefill instance: measured ≈ a + r ×
+    projected, fitted by least squares over recency-weighted moments (the plain mean of the first
+    1/`alpha` requests, an exponentially weighted one after).
+
+    Measured on emulated 1P1D (requests routed to an idle instance, three runs of
+    `benchmarks/admission.py`): the own service's error is a constant, not a share. It came out 6–9
+    ms past its projection whatever the prompt (a = 9 ms, r = 0.99), so a ratio fitted on it (1.03,
+    mostly short prompts) put a 1.8 s prompt 50–110 ms past what it took. A line is used once
+    `min_samples` requests back it and their projections spread by at least `min_spread` of their
+    mean (else the slope is not identified and the ratio stands)."""
+
+    def __init__(self, alpha: float = 0.05, min_samples: int = 8, min_spread: float = 0.25) -> None:
+        self.alpha = alpha
+        self.min_samples = min_samples
+        self.min_spread = min_spread
+        self.samples = np.zeros(0, dtype=np.int64)
+        self.moments = np.zeros((0, 4))
+        """Per instance: the weighted means of x, y, x² and x·y (x projected, y measured)."""
+
+    def observe(self, p: int, projected_s: float, measured_s: float) -> None:
+        k = p + 1 - len(self.samples)
+        if k > 0:
+            self.samples = np.append(self.samples, np.zeros(k, dtype=np.int64))
+            self.moments = np.vstack([self.moments, np.zeros((k, 4))])
+        self.samples[p] += 1
+        w = max(self.alpha, 1.0 / int(self.samples[p]))
+        x, y = projected_s, measured_s
+        self.moments[p] += w * (np.array([x, y, x * x, x * y]) - self.moments[p])
+
+    def lines(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per instance index up to n: a, r, and whether the requests seen identify them."""
+        k = min(n, len(self.samples))
+        mx, my, mxx, mxy = (np.pad(self.moments[:k, j], (0, n - k)) for j in range(4))
+        var = mxx - mx * mx
+        known = (np.pad(self.samples[:k], (0, n - k)) >= self.min_samples) & (var > (self.min_spread * mx) ** 2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(known, (mxy - mx * my) / np.where(known, var, 1.0), 1.0)
+        return np.where(known, my - r * mx, 0.0), r, known
+
+
 IDLE_SHARE = 0.1
 """A request whose projected queue ahead was at most this share of its own service counts as routed
 to an idle instance (it teaches the own-service drift)."""
@@ -113,34 +154,47 @@ class TtftDrifts:
     ahead ran 1.1–1.5× its projection (later prompts join a waiting prompt's step before it starts,
     as vLLM's scheduler batches them; `benchmarks/admission.py`). One ratio fitted on both scaled a
     long prompt's own service by the queue's error. A part nothing was measured for on an instance
-    follows the other part there."""
+    follows the other part there. Where the own service's requests identify a line (`OwnServiceLine`:
+    a constant plus a slope), its slope replaces the own ratio and its constant is added: the
+    own-service error measured was a constant, which a ratio stretches over a long prompt."""
 
     def __init__(self) -> None:
         self.own = TtftDrift()
         self.wait = TtftDrift()
-        self._ratios: tuple[np.ndarray, np.ndarray] | None = None
+        self.own_line = OwnServiceLine()
+        self._ratios: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         """`ratios` as last computed (dropped by each observation): read on every arrival."""
 
     def observe(self, p: int, projected_s: float, measured_s: float, own_s: float | None = None) -> None:
         """A request projected `projected_s` to its first token on instance p, `own_s` of that its
         own service (None: all of it), measured `measured_s`."""
-        self._ratios = None
         if own_s is None or projected_s - own_s <= IDLE_SHARE * own_s:
+            self._ratios = None
             self.own.observe(p, projected_s, measured_s)
+            self.own_line.observe(p, projected_s, measured_s)
             return
-        known = self.own if self.own.samples[p : p + 1].any() else self.wait  # `ratios`' own part, for p alone
-        own = own_s * float(known.of(p + 1)[p])
+        cached = self._ratios
+        own_r, _, own_a = self.ratios(max(p + 1, len(cached[0]) if cached is not None else 0))  # as `ratios` has it
+        own = own_s * float(own_r[p]) + float(own_a[p])
         wait = projected_s - own_s
+        self._ratios = None
         self.wait.observe(p, wait, max(measured_s - own, 0.1 * wait))
 
-    def ratios(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per instance index: the drift of a prompt's own service, and of the queue ahead of it (read-only)."""
+    def ratios(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per instance index (read-only): the drift of a prompt's own service and of the queue ahead
+        of it, and the constant added to the own service (s): a projected own service x is taken as
+        x × the first + the third."""
         cached = self._ratios
         if cached is not None and len(cached[0]) == n:
             return cached
         own, wait = self.own.of(n), self.wait.of(n)
         own_n, wait_n = self.own.samples[:n], self.wait.samples[:n]
-        self._ratios = (np.where(own_n > 0, own, wait), np.where(wait_n > 0, wait, own))
+        own_r = np.where(own_n > 0, own, wait)
+        a, r, known = self.own_line.lines(n)
+        mean = np.pad(self.own_line.moments[:n, 0], (0, max(n - len(self.own_line.moments), 0)))
+        # a slope far from the ratio, or a constant past half the mean projection: an outlier's doing
+        known &= (r >= 0.5 * own_r) & (r <= 2.0 * own_r) & (np.abs(a) <= 0.5 * mean)
+        self._ratios = (np.where(known, r, own_r), np.where(wait_n > 0, wait, own), np.where(known, a, 0.0))
         return self._ratios
 
     def settled(self, p: int) -> bool:

@@ -1,13 +1,15 @@
 """What SLO admission learns, on constructed sequences: the TTFT correction follows as far as its samples
-back it, in log space; the decode slots grow and shrink by what is measured and reported."""
+back it, in log space; a constant own-service error is fitted as a line; the decode slots grow and
+shrink by what is measured and reported."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from core.admission_signals import DecodeSlots, TtftDrift
+from core.admission_signals import DecodeSlots, OwnServiceLine, TtftDrift, TtftDrifts
 
 
 def test_each_sample_backs_a_factor_of_root_two_until_the_correction_is_free() -> None:
@@ -63,3 +65,41 @@ def test_decode_slots_stop_at_max_num_seqs_and_never_move_when_fixed() -> None:
     for k in range(30):
         fixed.observe(0.01 if k < 20 else 1.0, 0.1, k == 25, float(k))
     assert int(fixed) == 4 and fixed.past_target()
+
+
+def test_a_constant_own_service_error_is_fitted_as_a_constant_not_stretched_over_a_long_prompt() -> None:
+    """Idle-routed prompts projected 0.2–1.5 s came out 9 ms late each (as measured on emulated
+    1P1D): the line takes a = 9 ms, r = 1, so a 1.8 s prompt is projected 1.809 s; the ratio alone
+    (the mean of log(measured / projected), 1.014 here) would have put it 17 ms later."""
+    drifts = TtftDrifts()
+    xs = np.linspace(0.2, 1.5, 24)
+    for x in xs:
+        drifts.observe(0, float(x), float(x) + 0.009)
+    ratio = float(np.exp(np.mean(np.log((xs + 0.009) / xs))))
+    assert float(drifts.own.ratio[0]) == pytest.approx(ratio, rel=0.01)
+    own_r, wait_r, own_a = drifts.ratios(1)
+    assert float(own_r[0]) == pytest.approx(1.0, abs=1e-6) and float(own_a[0]) == pytest.approx(0.009, abs=1e-6)
+    assert 1.8 * float(own_r[0]) + float(own_a[0]) == pytest.approx(1.809)
+    assert 1.8 * ratio > 1.809 + 0.015
+    # the queue's part: 0.5 s projected past the own 0.3 s, measured 1.0 s: (1.0 − 0.309) / 0.5
+    drifts.observe(0, 0.8, 1.0, own_s=0.3)
+    assert float(drifts.wait.ratio[0]) == pytest.approx((1.0 - 0.309) / 0.5, rel=1e-6)
+
+
+def test_without_spread_in_the_projections_the_ratio_stands() -> None:
+    """Eight prompts of one size identify no slope: the own service keeps its ratio and no constant;
+    a prior ten times too slow, over prompts of many sizes, gives the line's slope (0.1)."""
+    same = TtftDrifts()
+    for _ in range(12):
+        same.observe(0, 0.4, 0.44)
+    own_r, _, own_a = same.ratios(1)
+    assert float(own_r[0]) == pytest.approx(1.1) and float(own_a[0]) == 0.0
+    slow_prior = TtftDrifts()
+    for x in np.linspace(0.5, 5.0, 30):
+        slow_prior.observe(0, float(x), 0.1 * float(x) + 0.005)
+    own_r, _, own_a = slow_prior.ratios(1)
+    assert float(own_r[0]) == pytest.approx(0.1, rel=1e-6) and float(own_a[0]) == pytest.approx(0.005, abs=1e-6)
+    line = OwnServiceLine()
+    for _ in range(7):
+        line.observe(0, 0.5 + _ * 0.2, 0.6)
+    assert not line.lines(2)[2].any()  # fewer than min_samples on instance 0, nothing on 1

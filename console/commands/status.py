@@ -163,7 +163,7 @@ def queue_line(q: QueueState) -> str:
             f"~{a['prefill_s_per_request']:g} s prefill per request, wait bound {a['wait_bound_s']:g} "
             f"s (TTFT + {a['extra_wait_s']:g} s); shed {a['shed']}, expired {a['expired']}"
         )
-        if "margin" in a:  # the queue ahead may take this share of what a prompt's own service leaves
+        if a.get("ttft_attainment_goal", 1.0) < 1.0:  # the margin moves: where it stands now
             held += (
                 f"; margin {a['margin']:g} (headroom {a['headroom']:g} to 1, for "
                 f"{a['ttft_attainment_goal']:.0%} of the admitted within TTFT)"

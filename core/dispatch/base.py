@@ -66,6 +66,8 @@ class _Tracked:
     """Its arm in the canary running when it was routed (core/dispatch/canary.py; None: no canary ran)."""
     canary_policy: Any = None
     """The canary's candidate when it is in the canary arm (it routed it, or chooses its rank)."""
+    missed_at_handoff: bool = False
+    """Its decode began past its TTFT target: SLO admission's margin counted the miss then, not at its end."""
 
 
 class DispatcherBase:

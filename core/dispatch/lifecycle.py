@@ -233,6 +233,10 @@ class LifecycleMixin(AdmittingMixin):
         tracked = self._tracked[rid]
         if tracked.in_prefill:  # the caller skipped on_prefill_end
             self._end_prefill(tracked, int(t.prefill[i]), now)
+        gate, late = self.gate, now - tracked.request.arrival
+        if gate is not None and late > float(t.ttft_slo[i]):  # a certain miss: the margin hears it now
+            gate.observe_attainment(late, float(t.ttft_slo[i]))
+            tracked.missed_at_handoff = True
         d = int(t.inst[i])
         if d >= 0:
             self._score_handoff(d, tracked, rid)
@@ -312,7 +316,8 @@ class LifecycleMixin(AdmittingMixin):
                     if p >= 0:  # the feedback that corrects admission's projection
                         projected = tracked.prefill_due + tracked.handoff_est - tracked.routed_at
                         gate.observe_ttft(p, projected, first_token_at - tracked.routed_at, tracked.own_est)
-                    gate.observe_attainment(first_token_at - req.arrival, float(t.ttft_slo[i]))
+                    if not tracked.missed_at_handoff:
+                        gate.observe_attainment(first_token_at - req.arrival, float(t.ttft_slo[i]))
                     if output_tokens > 1:  # and the decode slots' measured TPOT
                         gate.observe_tpot(tpot, float(t.tpot_slo[i]), v, now)
                 learner = tracked.router if tracked.arm == CANARY else self.routing  # each arm's router learns its own

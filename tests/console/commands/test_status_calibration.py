@@ -82,7 +82,7 @@ def test_an_instance_projected_with_its_peers_terms_says_so_and_until_when() -> 
     assert "p1 (peers' terms, refit 0 s ago)" in text and source in text
 
 
-def test_the_queue_line_shows_admissions_margin_between_headroom_and_one() -> None:
+def test_the_queue_line_shows_admissions_margin_when_it_moves() -> None:
     admission = {
         "decode_slots": 154,
         "prefill_s_per_request": 0.24,
@@ -97,5 +97,7 @@ def test_the_queue_line_shows_admissions_margin_between_headroom_and_one() -> No
     line = queue_line(QueueState.model_validate({"depth": 2, "admission": admission}))
     assert line.startswith("queue 2 held; SLO admission: 154 decode slots per instance")
     assert line.endswith("shed 3, expired 1; margin 0.905 (headroom 0.8 to 1, for 95% of the admitted within TTFT)")
+    fixed = queue_line(QueueState.model_validate({"depth": 2, "admission": {**admission, "ttft_attainment_goal": 1}}))
+    assert fixed.endswith("shed 3, expired 1")  # the margin does not move: headroom is in the config
     off = QueueState.model_validate({"depth": 0, "max_in_flight_per_instance": 256})
     assert queue_line(off) == "queue 0 held; SLO admission off (256 in flight per decode instance)"

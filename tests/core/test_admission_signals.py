@@ -81,6 +81,7 @@ def test_a_constant_own_service_error_is_fitted_as_a_constant_not_stretched_over
     assert float(own_r[0]) == pytest.approx(1.0, abs=1e-6) and float(own_a[0]) == pytest.approx(0.009, abs=1e-6)
     assert 1.8 * float(own_r[0]) + float(own_a[0]) == pytest.approx(1.809)
     assert 1.8 * ratio > 1.809 + 0.015
+    assert drifts.extremes()["ttft_own_constant_max_s"] == pytest.approx(0.009, abs=1e-4)
     # the queue's part: 0.5 s projected past the own 0.3 s, measured 1.0 s: (1.0 − 0.309) / 0.5
     drifts.observe(0, 0.8, 1.0, own_s=0.3)
     assert float(drifts.wait.ratio[0]) == pytest.approx((1.0 - 0.309) / 0.5, rel=1e-6)

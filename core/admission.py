@@ -144,11 +144,13 @@ class SloGate:
         self.typical_prompt += 0.05 * (request.prompt_tokens - self.typical_prompt)
         self.typical_output += 0.05 * (request.max_tokens - self.typical_output)
 
-    def observe_ttft(self, p: int, projected_s: float, measured_s: float, own_s: float | None = None) -> None:
+    def observe_ttft(
+        self, p: int, projected_s: float, measured_s: float, own_s: float | None = None, alone: bool = True
+    ) -> None:
         """A request routed to prefill instance p was projected to get its first token `projected_s`
         after it was routed, `own_s` of that its own service (None: all of it), and got it after
-        `measured_s` (`TtftDrifts.observe`)."""
-        self.drift.observe(p, projected_s, measured_s, own_s)
+        `measured_s`; `alone`: no other prefill was in flight there when it was routed (`TtftDrifts.observe`)."""
+        self.drift.observe(p, projected_s, measured_s, own_s, alone)
 
     def observe_attainment(self, ttft_s: float, target_s: float) -> None:
         """An admitted request got its first token `ttft_s` after arrival, against its TTFT target

@@ -165,10 +165,18 @@ class TtftDrifts:
         self._ratios: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         """`ratios` as last computed (dropped by each observation): read on every arrival."""
 
-    def observe(self, p: int, projected_s: float, measured_s: float, own_s: float | None = None) -> None:
+    def observe(
+        self, p: int, projected_s: float, measured_s: float, own_s: float | None = None, alone: bool = True
+    ) -> None:
         """A request projected `projected_s` to its first token on instance p, `own_s` of that its
-        own service (None: all of it), measured `measured_s`."""
+        own service (None: all of it), measured `measured_s`; `alone`: no other prefill was in flight
+        on p when it was routed. One projected to find p idle while another prefill was still in
+        flight there teaches neither part: what it waited was not projected, so no ratio says how far
+        off that was, and counted as its own service it inflated the own part (emulated 1P1D at 3·C:
+        2.45), which then took the queue's error out of every queued request's measurement."""
         if own_s is None or projected_s - own_s <= IDLE_SHARE * own_s:
+            if not alone:
+                return
             self._ratios = None
             self.own.observe(p, projected_s, measured_s)
             self.own_line.observe(p, projected_s, measured_s)

@@ -53,6 +53,8 @@ class _Tracked:
     (`SloGate.handoff_s`; kept only under SLO admission, whose TTFT drift compares it)."""
     own_est: float = 0.0
     """Of its projected TTFT, its own service: its prefill alone on its instance and `handoff_est`."""
+    alone: bool = True
+    """No other prefill the gateway routed was in flight on its prefill instance when it was routed."""
     in_prefill: bool = True
     """Routed and its prefill has not ended (counted in view.prefill_n)."""
     computed: int = 0

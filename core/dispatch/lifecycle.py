@@ -92,6 +92,7 @@ class LifecycleMixin(AdmittingMixin):
         if (gate := self.gate) is not None and p >= 0:  # what admission projected (its drifts' feedback)
             tracked.handoff_est = gate.handoff_s(request.prompt_tokens, v, int(t.inst[i]))
             tracked.own_est = v.queues.terms_of(p).alone_s(max(computed, 1)) + tracked.handoff_est
+            tracked.alone = int(v.prefill_n[p]) == 1  # itself
         for _, shadow in self.shadows:
             try:
                 choice = shadow.route(request, v).decode
@@ -315,7 +316,8 @@ class LifecycleMixin(AdmittingMixin):
                     p = int(t.prefill[i])
                     if p >= 0:  # the feedback that corrects admission's projection
                         projected = tracked.prefill_due + tracked.handoff_est - tracked.routed_at
-                        gate.observe_ttft(p, projected, first_token_at - tracked.routed_at, tracked.own_est)
+                        measured = first_token_at - tracked.routed_at
+                        gate.observe_ttft(p, projected, measured, tracked.own_est, tracked.alone)
                     if not tracked.missed_at_handoff:
                         gate.observe_attainment(first_token_at - req.arrival, float(t.ttft_slo[i]))
                     if output_tokens > 1:  # and the decode slots' measured TPOT

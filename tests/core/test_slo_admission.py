@@ -245,6 +245,25 @@ def test_finished_requests_feed_the_drift_of_the_instance_that_prefilled_them() 
     assert gate.drift.own.ratio[0] > 1.0 and gate.drift.wait.ratio[0] > 1.0
 
 
+def test_a_request_the_projection_had_idle_while_another_prefill_was_in_flight_teaches_neither_drift() -> None:
+    """r0 is routed at 0 and its prefill has not ended by 1 s, past its projected end: r1, routed
+    then, finds the instance idle by the projection but not in fact. Its 2 s TTFT is not a prompt's
+    own service (that would inflate the own part) nor a projected wait; r2, routed alone later,
+    teaches the own part."""
+    d = tiny_cluster()
+    d.route(Request(0, 0.0, 40, 16), 0.0)
+    d.route(Request(1, 1.0, 40, 16), 1.0)
+    assert d._tracked[1].alone is False and d._tracked[0].alone is True
+    for k, (end, first) in enumerate(((2.5, 2.6), (2.9, 3.0))):
+        d.on_prefill_end(k, end, 0.1)
+        d.on_decode_start(k, end)
+        d.on_finish(k, first + 0.5, 16, first_token_at=first)
+    gate = d.gate
+    assert gate is not None and int(gate.drift.own.samples[0]) == 1 and not gate.drift.wait.samples.any()  # r0
+    d.route(Request(2, 10.0, 40, 16), 10.0)
+    assert d._tracked[2].alone is True
+
+
 def test_the_queues_drift_scales_the_queue_ahead_not_a_prompts_own_service() -> None:
     """Exact on an idle instance, 0.3 s late behind 0.8 s of projected queue: an idle instance's
     projection of a prompt stays its own service; behind a queue only the queue's part grows, by

@@ -172,8 +172,10 @@ class TtftDrifts:
         own service (None: all of it), measured `measured_s`; `alone`: no other prefill was in flight
         on p when it was routed. One projected to find p idle while another prefill was still in
         flight there teaches neither part: what it waited was not projected, so no ratio says how far
-        off that was, and counted as its own service it inflated the own part (emulated 1P1D at 3·C:
-        2.45), which then took the queue's error out of every queued request's measurement."""
+        off that was, and counted as its own service it would inflate the own part, which then takes
+        the queue's error out of every queued request's measurement. (Once in a run at 3·C the own
+        part reached 2.45 and the queue's fell to 0.92, and 81% of the admitted met their target; two
+        more runs of that build, and two with this rule, stayed at 1.02–1.07 and 99.5–100%.)"""
         if own_s is None or projected_s - own_s <= IDLE_SHARE * own_s:
             if not alone:
                 return

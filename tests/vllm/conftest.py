@@ -69,9 +69,12 @@ def say(text: str) -> None:
 
 
 @contextmanager
-def real_console(tmp: Path, label: str, config: str, *args: str) -> Iterator[Console]:
+def real_console(
+    tmp: Path, label: str, config: str, *args: str, models: tuple[str, ...] = ("sibyl-model",)
+) -> Iterator[Console]:
     """`up` of a real vLLM cluster with console config `config` and `args`, serving and past its first P/D request
-    (the NIXL handshake); stopped afterwards, and no vLLM process it started may outlive it."""
+    of each of `models` (each pool's NIXL handshake); stopped afterwards, and no vLLM process it started may outlive
+    it."""
     path = tmp / "console.toml"
     path.write_text(config)
     started = time.monotonic()
@@ -79,7 +82,8 @@ def real_console(tmp: Path, label: str, config: str, *args: str) -> Iterator[Con
     try:
         say(f"[{label}] console with a real cluster serving in {time.monotonic() - started:.0f} s")
         pids = [i["pid"] for i in con.state()["instances"]]
-        warm_up(con, label)
+        for model in models:
+            warm_up(con, label, model)
         yield con
         assert con.stop(timeout=120) == 0
         assert not [p for p in pids if alive(p)], "vLLM processes the console started outlived it"
@@ -87,14 +91,14 @@ def real_console(tmp: Path, label: str, config: str, *args: str) -> Iterator[Con
         con.stop(signal.SIGKILL)
 
 
-def warm_up(con: Console, label: str) -> None:
+def warm_up(con: Console, label: str, model: str = "sibyl-model") -> None:
     """The first P/D request sets up the NIXL handshake; vLLM gives it a hard-coded 5 s, which a loaded 2-core box can
     miss once (500). Retry that first request at most twice and say so."""
     for attempt in range(3):
-        body = {"model": "sibyl-model", "prompt": "warm up", "max_tokens": 2}
+        body = {"model": model, "prompt": "warm up", "max_tokens": 2}
         r = httpx.post(con.url + "/v1/completions", json=body, timeout=300)
         if r.status_code == 200:
-            say(f"[{label}] first P/D request (NIXL handshake) succeeded at attempt {attempt + 1}")
+            say(f"[{label}] first P/D request of {model} (NIXL handshake) succeeded at attempt {attempt + 1}")
             return
-        say(f"[{label}] first P/D request attempt {attempt + 1}: {r.status_code} {r.text[:200]}")
+        say(f"[{label}] first P/D request of {model}, attempt {attempt + 1}: {r.status_code} {r.text[:200]}")
     pytest.fail("no P/D request succeeded after three attempts")

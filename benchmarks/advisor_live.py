@@ -13,8 +13,9 @@ runs do not (each replays the same file under its policy).
 For each half, the advice used is the latest one the live advisor recorded (the run store's advice events) whose
 window lies within that half. Each policy's observed P99 TTFT is taken over the same window, placed relative to
 the half's first arrival in its own run. Targets, per half: the advisor's order of the candidates by predicted P99
-TTFT is the order of their live P99 TTFTs (two live figures within `--tie` of each other are a tie: either order
-counts), and its predicted P99 TTFT of the active policy is within 25% of the observed.
+TTFT is the order of their live P99 TTFTs, each from a run without the advisor (the active policy's second run; two
+live figures within `--tie` of each other are a tie: either order counts), and its predicted P99 TTFT of the
+active policy is within 25% of the observed.
 Usage: python -m benchmarks.advisor_live [--azure-rows 600] [--mooncake-rows 400] [--speed 2] [--json]
 """
 
@@ -129,9 +130,13 @@ def p99_ttft(rows: list[dict[str, Any]], start: float, end: float) -> float | No
     return float(np.percentile(ttft, 99)) if ttft else None
 
 
-def judge(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def judge(args: argparse.Namespace, runs: dict[str, dict[str, Any]], bare: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per half: the advice against the live runs. The order is judged on runs alike, none with the advisor: the
+    candidates' and the active policy's second run (`bare`); the active run's own figure (the advisor's worker
+    shares this machine's two cores with the emulators and the gateway) is reported beside it."""
     active = runs[args.active]
     starts = {p: half_starts(r["rows"], args.gap_s / args.speed) for p, r in runs.items()}
+    bare_starts = half_starts(bare["rows"], args.gap_s / args.speed)
     a0, a1 = starts[args.active]
     out = []
     for half, (lo, hi) in enumerate(((a0, a1), (a1, float("inf")))):
@@ -144,10 +149,11 @@ def judge(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[dic
         w0, w1 = advice["window"]["start"] - lo, advice["window"]["end"] - lo  # relative to the half's start
         predicted = {r["routing"]["name"]: r["predicted"]["ttft_p99"] for r in advice["ranked"]}
         observed = {p: p99_ttft(runs[p]["rows"], starts[p][half] + w0, starts[p][half] + w1) for p in CANDIDATES}
-        live_order = sorted(CANDIDATES, key=lambda p: observed[p] or np.inf)
+        alike = {**observed, args.active: p99_ttft(bare["rows"], bare_starts[half] + w0, bare_starts[half] + w1)}
+        live_order = sorted(CANDIDATES, key=lambda p: alike[p] or np.inf)
         advised = sorted(CANDIDATES, key=lambda p: predicted.get(p) or np.inf)
         agree = all(
-            (observed[p] or np.inf) <= (observed[q] or np.inf) * (1 + args.tie)
+            (alike[p] or np.inf) <= (alike[q] or np.inf) * (1 + args.tie)
             for i, p in enumerate(advised) for q in advised[i + 1:]
         )
         own = advice["observed"]["ttft_p99"]  # over the window's requests finished by its end, as the advisor saw them
@@ -156,6 +162,7 @@ def judge(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[dic
         out.append({
             "half": half, "trace": "azure" if half == 0 else "mooncake", "window_s": [w0, w1],
             "requests": advice["window"]["requests"], "predicted": predicted, "observed": observed,
+            "active_without_advisor": alike[args.active],
             "advised_order": advised, "live_order": live_order, "order_agrees": agree,
             "active_predicted": pred, "active_observed": own,
             "active_error": None if not pred or not own else abs(pred - own) / own,
@@ -194,7 +201,7 @@ def main() -> None:
         order = [args.active, *[p for p in CANDIDATES if p != args.active]]
         runs = {p: live_run(args, trace, profile_file, p, Path(tmp) / p, total, p == args.active) for p in order}
         bare = live_run(args, trace, profile_file, args.active, Path(tmp) / "no-advisor", total, False)
-    halves = judge(args, runs)
+    halves = judge(args, runs, bare)
     with_advisor = runs[args.active]
     server = {
         "with_advisor_share": with_advisor["server_cpu_s"] / with_advisor["served_s"],
@@ -216,6 +223,9 @@ def main() -> None:
             pr, ob = h["predicted"].get(p), h["observed"][p]
             ratio = f"{pr / ob:.2f}" if pr and ob else "-"
             print(f"{h['trace']:<9} {p:<13} {pr or float('nan'):>10.3f} {ob or float('nan'):>10.3f} {ratio:>9}")
+        bare_p99 = h["active_without_advisor"]
+        print(f"{h['trace']:<9} {args.active + ' again, without the advisor':<40} {bare_p99 or float('nan'):>10.3f} "
+              "(the order is judged on this run and the candidates', none with the advisor)")
         print(f"{h['trace']}: advised order {' < '.join(h['advised_order'])}; live {' < '.join(h['live_order'])}; "
               f"agrees (ties within {args.tie:.0%}): {'yes' if h['order_agrees'] else 'NO'}; active predicted "
               f"{h['active_predicted']:.3f} s vs observed {h['active_observed']:.3f} s over the {h['requests']} "

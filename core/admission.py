@@ -88,9 +88,9 @@ class SloGate:
         """Held requests answered 503 because they could no longer start within their wait bound."""
         self.refusals: dict[RefusalCause, Refusals] = {c: Refusals() for c in RefusalCause}
         self.drift = TtftDrifts()
+        """Measured over projected TTFT per prefill instance: a prompt's own service and the queue ahead."""
         self.margin = TtftMargin(settings.headroom, settings.ttft_attainment_goal)
         """The share of what a request's own service leaves of its TTFT target that the queue ahead may take."""
-        """Measured over projected TTFT per prefill instance: a prompt's own service and the queue ahead."""
         self.unverified: dict[Hashable, tuple[float, RefusalCause]] = {}
         """Held requests refused by the prior's projection alone: id → (until when they are held
         before being judged again, the limit they would have hit)."""

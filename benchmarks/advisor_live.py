@@ -130,6 +130,13 @@ def p99_ttft(rows: list[dict[str, Any]], start: float, end: float) -> float | No
     return float(np.percentile(ttft, 99)) if ttft else None
 
 
+def order_agrees(advised: list[str], live: dict[str, float | None], tie: float) -> bool:
+    """Whether the live P99s keep the advised order, two within `tie` of each other counting as a tie."""
+    return all(
+        (live[p] or np.inf) <= (live[q] or np.inf) * (1 + tie) for i, p in enumerate(advised) for q in advised[i + 1:]
+    )
+
+
 def judge(args: argparse.Namespace, runs: dict[str, dict[str, Any]], bare: dict[str, Any]) -> list[dict[str, Any]]:
     """Per half: the advice against the live runs. The order is judged on runs alike, none with the advisor: the
     candidates' and the active policy's second run (`bare`); the active run's own figure (the advisor's worker
@@ -152,10 +159,7 @@ def judge(args: argparse.Namespace, runs: dict[str, dict[str, Any]], bare: dict[
         alike = {**observed, args.active: p99_ttft(bare["rows"], bare_starts[half] + w0, bare_starts[half] + w1)}
         live_order = sorted(CANDIDATES, key=lambda p: alike[p] or np.inf)
         advised = sorted(CANDIDATES, key=lambda p: predicted.get(p) or np.inf)
-        agree = all(
-            (alike[p] or np.inf) <= (alike[q] or np.inf) * (1 + args.tie)
-            for i, p in enumerate(advised) for q in advised[i + 1:]
-        )
+        agree = order_agrees(advised, alike, args.tie)
         own = advice["observed"]["ttft_p99"]  # over the window's requests finished by its end, as the advisor saw them
         pred = advice["predicted_active"]["ttft_p99"]
         every = observed[args.active]  # over every request that arrived in the window (the complete run)
@@ -163,6 +167,7 @@ def judge(args: argparse.Namespace, runs: dict[str, dict[str, Any]], bare: dict[
             "half": half, "trace": "azure" if half == 0 else "mooncake", "window_s": [w0, w1],
             "requests": advice["window"]["requests"], "predicted": predicted, "observed": observed,
             "active_without_advisor": alike[args.active],
+            "order_agrees_with_active_run": order_agrees(advised, observed, args.tie),  # its own figure there
             "advised_order": advised, "live_order": live_order, "order_agrees": agree,
             "active_predicted": pred, "active_observed": own,
             "active_error": None if not pred or not own else abs(pred - own) / own,
@@ -227,7 +232,8 @@ def main() -> None:
         print(f"{h['trace']:<9} {args.active + ' again, without the advisor':<40} {bare_p99 or float('nan'):>10.3f} "
               "(the order is judged on this run and the candidates', none with the advisor)")
         print(f"{h['trace']}: advised order {' < '.join(h['advised_order'])}; live {' < '.join(h['live_order'])}; "
-              f"agrees (ties within {args.tie:.0%}): {'yes' if h['order_agrees'] else 'NO'}; active predicted "
+              f"agrees (ties within {args.tie:.0%}): {'yes' if h['order_agrees'] else 'NO'} (with the advised run's "
+              f"own {args.active}: {'yes' if h['order_agrees_with_active_run'] else 'NO'}); active predicted "
               f"{h['active_predicted']:.3f} s vs observed {h['active_observed']:.3f} s over the {h['requests']} "
               f"requests finished by the window's end (error {h['active_error']:.0%}, within 25%: "
               f"{'yes' if h['within_25pct'] else 'NO'}); vs {h['observed'][args.active]:.3f} s over every arrival "

@@ -112,29 +112,44 @@ class OwnServiceLine:
         self.alpha = alpha
         self.min_samples = min_samples
         self.min_spread = min_spread
-        self.samples = np.zeros(0, dtype=np.int64)
-        self.moments = np.zeros((0, 4))
+        self.samples: list[int] = []
+        self.moments: list[list[float]] = []
         """Per instance: the weighted means of x, y, x² and x·y (x projected, y measured)."""
+        self.a = np.zeros(0)
+        self.r = np.ones(0)
+        self.known = np.zeros(0, dtype=bool)
+        """Per instance: the line (refitted on each of its observations) and whether it is identified."""
+        self.mean = np.zeros(0)
+        """Per instance: the weighted mean projection (x)."""
+
+    def _grow(self, n: int) -> None:
+        k = n - len(self.samples)
+        if k > 0:
+            self.samples += [0] * k
+            self.moments += [[0.0, 0.0, 0.0, 0.0] for _ in range(k)]
+            self.a = np.append(self.a, np.zeros(k))
+            self.r = np.append(self.r, np.ones(k))
+            self.known = np.append(self.known, np.zeros(k, dtype=bool))
+            self.mean = np.append(self.mean, np.zeros(k))
 
     def observe(self, p: int, projected_s: float, measured_s: float) -> None:
-        k = p + 1 - len(self.samples)
-        if k > 0:
-            self.samples = np.append(self.samples, np.zeros(k, dtype=np.int64))
-            self.moments = np.vstack([self.moments, np.zeros((k, 4))])
-        self.samples[p] += 1
-        w = max(self.alpha, 1.0 / int(self.samples[p]))
+        self._grow(p + 1)
+        n = self.samples[p] = self.samples[p] + 1
+        w = max(self.alpha, 1.0 / n)
+        m = self.moments[p]
         x, y = projected_s, measured_s
-        self.moments[p] += w * (np.array([x, y, x * x, x * y]) - self.moments[p])
+        for j, value in enumerate((x, y, x * x, x * y)):
+            m[j] += w * (value - m[j])
+        mx, my, mxx, mxy = m
+        var = mxx - mx * mx
+        known = n >= self.min_samples and var > (self.min_spread * mx) ** 2
+        r = (mxy - mx * my) / var if known else 1.0
+        self.known[p], self.r[p], self.a[p], self.mean[p] = known, r, my - r * mx if known else 0.0, mx
 
     def lines(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per instance index up to n: a, r, and whether the requests seen identify them."""
-        k = min(n, len(self.samples))
-        mx, my, mxx, mxy = (np.pad(self.moments[:k, j], (0, n - k)) for j in range(4))
-        var = mxx - mx * mx
-        known = (np.pad(self.samples[:k], (0, n - k)) >= self.min_samples) & (var > (self.min_spread * mx) ** 2)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = np.where(known, (mxy - mx * my) / np.where(known, var, 1.0), 1.0)
-        return np.where(known, my - r * mx, 0.0), r, known
+        """Per instance index up to n (read-only views): a, r, and whether the requests seen identify them."""
+        self._grow(n)
+        return self.a[:n], self.r[:n], self.known[:n]
 
 
 IDLE_SHARE = 0.1
@@ -183,12 +198,21 @@ class TtftDrifts:
             self.own.observe(p, projected_s, measured_s)
             self.own_line.observe(p, projected_s, measured_s)
             return
-        cached = self._ratios
-        own_r, _, own_a = self.ratios(max(p + 1, len(cached[0]) if cached is not None else 0))  # as `ratios` has it
-        own = own_s * float(own_r[p]) + float(own_a[p])
+        own_r, own_a = self._own_terms(p)
+        own = own_s * own_r + own_a
         wait = projected_s - own_s
         self._ratios = None
         self.wait.observe(p, wait, max(measured_s - own, 0.1 * wait))
+
+    def _own_terms(self, p: int) -> tuple[float, float]:
+        """`ratios`' own part on instance p alone: (its drift, its constant), without the arrays."""
+        own, wait, line = self.own, self.wait, self.own_line
+        own.of(p + 1), wait.of(p + 1), line.lines(p + 1)
+        r = float(own.ratio[p] if own.samples[p] > 0 else wait.ratio[p])
+        slope, a = float(line.r[p]), float(line.a[p])
+        if line.known[p] and 0.5 * r <= slope <= 2.0 * r and abs(a) <= 0.5 * float(line.mean[p]):
+            return slope, a
+        return r, 0.0
 
     def ratios(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per instance index (read-only): the drift of a prompt's own service and of the queue ahead
@@ -202,10 +226,12 @@ class TtftDrifts:
         own_n, wait_n = self.own.samples[:n], self.wait.samples[:n]
         own_r = np.where(own_n > 0, own, wait)
         a, r, known = self.own_line.lines(n)
-        mean = np.pad(self.own_line.moments[:n, 0], (0, max(n - len(self.own_line.moments), 0)))
-        # a slope far from the ratio, or a constant past half the mean projection: an outlier's doing
-        known &= (r >= 0.5 * own_r) & (r <= 2.0 * own_r) & (np.abs(a) <= 0.5 * mean)
-        self._ratios = (np.where(known, r, own_r), np.where(wait_n > 0, wait, own), np.where(known, a, 0.0))
+        if known.any():  # a slope far from the ratio, or a constant past half the mean projection: an outlier's doing
+            use = known & (r >= 0.5 * own_r) & (r <= 2.0 * own_r) & (np.abs(a) <= 0.5 * self.own_line.mean[:n])
+            own_r, offset = np.where(use, r, own_r), np.where(use, a, 0.0)
+        else:
+            offset = np.zeros(n)
+        self._ratios = (own_r, np.where(wait_n > 0, wait, own), offset)
         return self._ratios
 
     def settled(self, p: int) -> bool:

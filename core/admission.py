@@ -14,7 +14,7 @@ import numpy as np
 
 from core.admission_queue import AdmissionControl as AdmissionControl
 from core.admission_settings import SloAdmission as SloAdmission
-from core.admission_signals import DecodeSlots, RefusalCause, Refusals, TtftDrifts, TtftMargin
+from core.admission_signals import DecodeSlots, RefusalCause, Refusals, StepJoiners, TtftDrifts, TtftMargin
 from core.policies.base import QueuePolicy
 from core.prefill import StepTerms
 from core.types import Admission, Request, Role
@@ -90,6 +90,8 @@ class SloGate:
         self.drift = TtftDrifts()
         """Measured over projected TTFT per prefill instance: a prompt's own service and the queue ahead."""
         self.margin = TtftMargin(settings.headroom, settings.ttft_attainment_goal)
+        self.joiners = StepJoiners()
+        """The rate prompts are routed to each prefill instance: those expected to join a request's step."""
         """The share of what a request's own service leaves of its TTFT target that the queue ahead may take."""
         self.unverified: dict[Hashable, tuple[float, RefusalCause]] = {}
         """Held requests refused by the prior's projection alone: id → (until when they are held
@@ -280,9 +282,23 @@ class SloGate:
             )
             projected = np.maximum(projected, engine)
         alone = self._alone_s(v, mask, tokens)
+        starts = q.step_starts(tokens, now, v.prefill_free_at)[mask]
+        joining = StepJoiners.expected_s(
+            self.joiners.rates(v.n_instances, now)[mask], starts - now, q.terms, self.typical_prompt,
+            tokens[mask] if isinstance(tokens, np.ndarray) else tokens,
+        )
         own_r, wait_r, own_a = self.drift.ratios(v.n_instances)
-        out: np.ndarray = alone * own_r[mask] + own_a[mask] + np.maximum(projected - alone, 0.0) * wait_r[mask]
+        waits = np.maximum(projected - alone, 0.0) + joining
+        out: np.ndarray = alone * own_r[mask] + own_a[mask] + waits * wait_r[mask]
         return out
+
+    def routed(self, p: int, tokens: float, step_start: float, now: float) -> float:
+        """A prompt of `tokens` uncached tokens was routed to prefill instance p at `now`, into a step
+        projected to start at `step_start`: count it, and return what the prompts expected to join
+        that step add to its first token (part of what admission projected for it)."""
+        self.joiners.routed(p, now)
+        rate = self.joiners.rates(p + 1, now)[p] - 1.0 / self.joiners.tau_s  # the rate before this one
+        return float(StepJoiners.expected_s(rate, step_start - now, self._terms, self.typical_prompt, tokens))
 
     @staticmethod
     def _alone_s(v: ClusterView, mask: np.ndarray, tokens: float | np.ndarray) -> float | np.ndarray:

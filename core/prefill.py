@@ -297,6 +297,39 @@ class PrefillQueues:
         fresh = k * (t.step_base + t.per_seq + t.base) + t.per_kv * sum_hi + chunk
         return start + fresh
 
+    def step_starts(self, tokens: Any, now: float, free_at: np.ndarray | None = None) -> np.ndarray:
+        """Per instance index: when the step that would take the first chunk of a prompt of `tokens`
+        uncached tokens (a scalar, or one per instance) routed now starts, as `first_token_at` places
+        it: the last projected step if that has not started and may take it, else a step of its own
+        once the instance is free and the prompt's intake is done (`now` plus the intake on an idle
+        instance). Prompts routed there before that start join the same step (admission's
+        `StepJoiners`)."""
+        t = self.terms
+        free = self.free_at if free_at is None else free_at
+        own = self.own if self.own.own else None
+        out: np.ndarray = np.maximum(free, now) + t.host
+        if own is not None:
+            for i, ti in own.own.items():
+                if i < len(out):
+                    out[i] = max(float(free[i]), now) + ti.host
+        for i, start in self._tails.items():
+            if start > now:
+                ti = t if own is None else own.of(i, t)
+                tail = self._steps[i][-1]
+                length = max(float(tokens if np.ndim(tokens) == 0 else tokens[i]), 1.0)
+                room = ti.budget - float(tail[_TOKENS])
+                if room > 0 and tail[_SEQS] < ti.max_seqs and (ti.chunked or length <= room):
+                    out[i] = start
+        return out
+
+    def first_step_start(self, rid: Hashable) -> float:
+        """When the projected step holding the prompt's first chunk starts (-inf once it has been settled)."""
+        r = self._routed[rid]
+        k = r.chunks[0][0] - self._first_sid[r.p]
+        if k < 0:
+            return -math.inf
+        return float(self._steps[r.p][k][_START]) + self._offset[r.p]
+
     def due(self, rid: Hashable) -> float:
         """When the prompt's first token is projected now (its step's end; as routed once settled)."""
         r = self._routed[rid]

@@ -53,6 +53,8 @@ class _Tracked:
     (`SloGate.handoff_s`; kept only under SLO admission, whose TTFT drift compares it)."""
     own_est: float = 0.0
     """Of its projected TTFT, its own service: its prefill alone on its instance and `handoff_est`."""
+    joining_est: float = 0.0
+    """Of its projected TTFT, what the prompts expected to join its prefill step add (`StepJoiners`; SLO admission)."""
     alone: bool = True
     """No other prefill the gateway routed was in flight on its prefill instance when it was routed."""
     in_prefill: bool = True

@@ -93,6 +93,7 @@ class LifecycleMixin(AdmittingMixin):
             tracked.handoff_est = gate.handoff_s(request.prompt_tokens, v, int(t.inst[i]))
             tracked.own_est = v.queues.terms_of(p).alone_s(max(computed, 1)) + tracked.handoff_est
             tracked.alone = int(v.prefill_n[p]) == 1  # itself
+            tracked.joining_est = gate.routed(p, max(computed, 1), v.queues.first_step_start(request.id), now)
         for _, shadow in self.shadows:
             try:
                 choice = shadow.route(request, v).decode
@@ -315,7 +316,7 @@ class LifecycleMixin(AdmittingMixin):
                 if gate is not None:
                     p = int(t.prefill[i])
                     if p >= 0:  # the feedback that corrects admission's projection
-                        projected = tracked.prefill_due + tracked.handoff_est - tracked.routed_at
+                        projected = tracked.prefill_due + tracked.joining_est + tracked.handoff_est - tracked.routed_at
                         measured = first_token_at - tracked.routed_at
                         gate.observe_ttft(p, projected, measured, tracked.own_est, tracked.alone)
                     if not tracked.missed_at_handoff:

@@ -9,7 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from core.admission_signals import DecodeSlots, OwnServiceLine, TtftDrift, TtftDrifts
+from core.admission_signals import DecodeSlots, OwnServiceLine, StepJoiners, TtftDrift, TtftDrifts
+from core.step_terms import StepTerms
+from tests.helpers import toy_profile
 
 
 def test_each_sample_backs_a_factor_of_root_two_until_the_correction_is_free() -> None:
@@ -104,3 +106,24 @@ def test_without_spread_in_the_projections_the_ratio_stands() -> None:
     for _ in range(7):
         line.observe(0, 0.5 + _ * 0.2, 0.6)
     assert not line.lines(2)[2].any()  # fewer than min_samples on instance 0, nothing on 1
+
+
+def test_the_prompts_expected_to_join_a_step_are_the_routed_rate_times_the_wait_for_it_within_its_room() -> None:
+    """Two prompts routed to instance 0 at 0 s and 10 s, none to 1: the rate decays over tau (10 s); a
+    step starting 0.5 s from now is expected to take rate × 0.5 s typical prompts, each its sequence,
+    host and chunk cost, and no more than the budget and the slots leave beside the request's own."""
+    joiners = StepJoiners(tau_s=10.0)
+    joiners.routed(0, 0.0)
+    joiners.routed(0, 10.0)
+    level = math.exp(-1.0) + 1.0
+    assert joiners.rates(2, 10.0) == pytest.approx([level / 10.0, 0.0])
+    assert joiners.rates(2, 20.0)[0] == pytest.approx(level * math.exp(-1.0) / 10.0)
+    terms = StepTerms.of(toy_profile(decode_step_per_seq_s=0.001, prefill_per_token_s=1e-4, prefill_per_token2_s=1e-8,
+                                     max_num_batched_tokens=2048, max_num_seqs=8))
+    each = 0.001 + terms.host + 1e-4 * 200 + 1e-8 * 200**2
+    assert StepJoiners.expected_s(2.0, 0.5, terms, 200.0, 100.0) == pytest.approx(1.0 * each)
+    assert StepJoiners.expected_s(2.0, -0.3, terms, 200.0, 100.0) == 0.0  # its step has started: nobody joins
+    assert StepJoiners.expected_s(100.0, 1.0, terms, 200.0, 100.0) == pytest.approx(7 * each)  # 8 slots, one its own
+    assert StepJoiners.expected_s(100.0, 1.0, terms, 200.0, 1848.0) == pytest.approx(each)  # 200 tokens left
+    rows = StepJoiners.expected_s(np.array([2.0, 0.0]), np.array([0.5, 0.5]), terms, 200.0, 100.0)
+    assert rows == pytest.approx([each, 0.0])

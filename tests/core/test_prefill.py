@@ -124,6 +124,28 @@ def test_a_prompt_routed_to_a_busy_instance_joins_the_step_that_has_not_started(
     assert np.allclose(q.first_token_at(np.array([512.0, 100.0]), 0.001), [both[0], 0.001 + step(1, 100)])
 
 
+def test_the_step_a_prompt_would_start_in_is_the_unstarted_tail_it_joins_else_one_after_the_instance_is_free() -> None:
+    """Where later prompts could still join a prompt's step: on an idle instance its step starts now;
+    behind a started step, when the instance is free; into a tail that has not started, at its start;
+    behind a tail with no room left, after it."""
+    q = queues()
+    q.push(0, "a", 512, 0.0)  # a's step starts at once
+    a_end = step(1, 512)
+    assert q.step_starts(512, 0.001) == pytest.approx([a_end, 0.001])  # behind a's running step; p1 idle
+    assert q.first_step_start("a") == pytest.approx(0.0)
+    q.push(0, "b", 512, 0.001)  # b's step starts when a's ends
+    assert q.first_step_start("b") == pytest.approx(a_end)
+    assert q.step_starts(np.array([512.0, 100.0]), 0.002) == pytest.approx([a_end, 0.002])  # joins b's step
+    q.push(0, "c", 1536, 0.002)  # b's step is full: 2048 tokens
+    assert q.first_step_start("c") == pytest.approx(a_end)
+    assert q.step_starts(1, 0.003)[0] == pytest.approx(q.free_at[0])  # no room: after b and c's step
+    q.end("a", a_end)
+    assert q.first_step_start("b") == pytest.approx(a_end)
+    q.end("b", 0.2)
+    with pytest.raises(KeyError):
+        q.first_step_start("b")
+
+
 def test_a_measured_end_settles_its_step_and_moves_the_rest_by_its_lateness_once() -> None:
     q = queues()
     a = q.push(0, "a", 512, 0.0)

@@ -280,7 +280,12 @@ def test_the_queues_drift_scales_the_queue_ahead_not_a_prompts_own_service() -> 
     for k in range(10):
         d.route(Request(100 + k, 0.0, 40, 16), 0.0)
     projected = float(d.view.first_token_at(40.0)[0])
-    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(alone + 1.1 / 0.8 * (projected - alone))
+    # the 10 routed at 0 s: 1 a second over the joiners' 10 s; r's step starts at `start`, a typical prompt each
+    t, start, typical = d.view.queues.terms, float(d.view.queues.step_starts(40.0, 0.0)[0]), gate.typical_prompt
+    joining = 10 / 10.0 * start * (t.per_seq + t.host + (t.per_kv + t.per_token) * typical + t.per_token2 * typical**2)
+    assert start > 0 and joining > 0
+    expected = alone + 1.1 / 0.8 * (projected - alone + joining)
+    assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(expected)
 
 
 def test_concurrent_prefill_durations_do_not_inflate_the_prefill_estimate() -> None:
@@ -489,3 +494,34 @@ def test_the_margin_settles_where_the_admitted_meet_their_target_at_the_goal() -
             seen.append(gate.margin.value)
     assert float(np.mean(seen)) == pytest.approx(0.9, abs=0.02)
     assert gate.margin.missed / (gate.margin.met + gate.margin.missed) == pytest.approx(0.05, abs=0.01)
+
+
+def test_admission_expects_the_prompts_that_will_join_a_requests_step_and_its_drift_compares_that() -> None:
+    """Prompts routed at 0, 0.1 and 0.2 s to the one prefill instance: the first runs at once, the
+    second waits for its step to start when the first ends, and prompts that come before then join
+    that step (as vLLM forms a step from what waits when it starts). The third's projection adds
+    the routed rate × the wait for its step × a typical prompt's share; so does what the queue's
+    drift later compares with its measured TTFT."""
+    d = cluster()
+    gate = d.gate
+    assert gate is not None
+    t = d.view.queues.terms
+    each = t.per_seq + t.host + (t.per_kv + t.per_token) * gate.typical_prompt + t.per_token2 * gate.typical_prompt**2
+    d.route(req(0, 0.0), 0.0)
+    assert d._tracked[0].joining_est == 0.0  # the instance was idle: its step started at once
+    d.route(req(1, 0.1), 0.1)
+    start = d.view.queues.first_step_start(1)
+    assert start == pytest.approx(PREFILL_256 + PROFILE.step_time(1, 256), rel=1e-6) and start > 0.1
+    rate = math.exp(-0.1 / 10.0) / 10.0  # the first prompt, 0.1 s ago
+    assert d._tracked[1].joining_est == pytest.approx(rate * (start - 0.1) * each)
+    r = req(2, 0.2)
+    d.view.now = 0.2
+    rate = (math.exp(-0.2 / 10.0) + math.exp(-0.1 / 10.0)) / 10.0
+    projected = float(d.view.first_token_at(256.0)[0]) - 0.2
+    assert float(gate.first_token_s(r, d.view, 0.2)[0]) == pytest.approx(projected + rate * (start - 0.2) * each)
+    tracked = d._tracked[1]
+    first = tracked.prefill_due + tracked.joining_est + tracked.handoff_est  # as projected, joiners included
+    d.on_prefill_end(1, tracked.prefill_due + tracked.joining_est, None)
+    d.on_decode_start(1, tracked.prefill_due + tracked.joining_est)
+    d.on_finish(1, first + 1.0, 200, first_token_at=first)
+    assert int(gate.drift.wait.samples[0]) == 1 and float(gate.drift.wait.ratio[0]) == pytest.approx(1.0)

@@ -282,10 +282,9 @@ class SloGate:
             )
             projected = np.maximum(projected, engine)
         alone = self._alone_s(v, mask, tokens)
-        starts = q.step_starts(tokens, now, v.prefill_free_at)[mask]
-        joining = StepJoiners.expected_s(
-            self.joiners.rates(v.n_instances, now)[mask], starts - now, q.terms, self.typical_prompt,
-            tokens[mask] if isinstance(tokens, np.ndarray) else tokens,
+        joining = self.joiners.expected_s(
+            np.flatnonzero(mask), q.step_starts(tokens, now, v.prefill_free_at)[mask] - now, now, q.terms,
+            self.typical_prompt, tokens[mask] if isinstance(tokens, np.ndarray) else tokens,
         )
         own_r, wait_r, own_a = self.drift.ratios(v.n_instances)
         waits = np.maximum(projected - alone, 0.0) + joining
@@ -296,9 +295,9 @@ class SloGate:
         """A prompt of `tokens` uncached tokens was routed to prefill instance p at `now`, into a step
         projected to start at `step_start`: count it, and return what the prompts expected to join
         that step add to its first token (part of what admission projected for it)."""
-        self.joiners.routed(p, now)
-        rate = self.joiners.rates(p + 1, now)[p] - 1.0 / self.joiners.tau_s  # the rate before this one
-        return float(StepJoiners.expected_s(rate, step_start - now, self._terms, self.typical_prompt, tokens))
+        joining = self.joiners.expected_one(p, step_start - now, now, self._terms, self.typical_prompt, tokens)
+        self.joiners.routed(p, now)  # after: the rate it was admitted on
+        return joining
 
     @staticmethod
     def _alone_s(v: ClusterView, mask: np.ndarray, tokens: float | np.ndarray) -> float | np.ndarray:

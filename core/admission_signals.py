@@ -269,44 +269,72 @@ class StepJoiners:
     The rate is per instance, of the prompts routed there (refused ones never reach an engine),
     exponentially weighted over `tau_s`."""
 
+    REBASE_S = 600.0
+    """The weights are kept relative to an origin moved forward this often (so their exponentials stay finite)."""
+
     def __init__(self, tau_s: float = 10.0) -> None:
         self.tau_s = tau_s
-        self.level = np.zeros(0)
-        """Per instance index: the weighted count of routed prompts over tau_s, as of `at`."""
-        self.at = np.zeros(0)
+        self.origin = 0.0
+        self.weights = np.zeros(0)
+        """Per instance index: Σ exp((t − origin) / tau_s) over the times t prompts were routed there."""
+        self._each: tuple[object, float, float] = (None, 0.0, 0.0)
 
     def _grow(self, n: int) -> None:
-        k = n - len(self.level)
+        k = n - len(self.weights)
         if k > 0:
-            self.level = np.append(self.level, np.zeros(k))
-            self.at = np.append(self.at, np.zeros(k))
+            self.weights = np.append(self.weights, np.zeros(k))
 
     def routed(self, p: int, now: float) -> None:
         """A prompt was routed to prefill instance p at `now`."""
+        if now - self.origin > self.REBASE_S:
+            self.weights *= math.exp(-(now - self.origin) / self.tau_s)
+            self.origin = now
         self._grow(p + 1)
-        self.level[p] = float(self.level[p]) * math.exp(-max(now - float(self.at[p]), 0.0) / self.tau_s) + 1.0
-        self.at[p] = now
+        self.weights[p] += math.exp((now - self.origin) / self.tau_s)
+
+    def _scale(self, now: float) -> float:
+        """weights × this = prompts routed per second, recently."""
+        return math.exp(-(now - self.origin) / self.tau_s) / self.tau_s
 
     def rates(self, n: int, now: float) -> np.ndarray:
         """Prompts routed per second to each instance index up to n, recently."""
         self._grow(n)
-        decay: np.ndarray = np.exp(-np.maximum(now - self.at[:n], 0.0) / self.tau_s)
-        out: np.ndarray = self.level[:n] * decay / self.tau_s
+        out: np.ndarray = self.weights[:n] * self._scale(now)
         return out
 
-    @staticmethod
-    def expected_s(rate: np.ndarray | float, until_start_s: np.ndarray | float, terms: StepTerms,
-                   typical: float, tokens: np.ndarray | float) -> np.ndarray:
-        """Seconds the prompts expected to join a step starting `until_start_s` from now add to it: the
-        rate × that time (at most what the step's budget and slots leave beside `tokens` of the
-        request's own), each a `typical` prompt's chunk and sequence."""
-        typical = max(typical, 1.0)
-        room = np.minimum(np.maximum(terms.budget - np.asarray(tokens, dtype=float), 0.0) / typical,
+    def each_s(self, terms: StepTerms, typical: float) -> float:
+        """What one `typical` prompt joining a step adds to it: its sequence, intake and chunk."""
+        key, at, each = self._each
+        if key is not terms or at != typical:
+            t, n = terms, max(typical, 1.0)
+            each = t.per_seq + t.host + (t.per_kv + t.per_token) * n + t.per_token2 * n * n
+            self._each = (terms, typical, each)
+        return each
+
+    def expected_s(self, where: np.ndarray, until_start_s: np.ndarray, now: float, terms: StepTerms,
+                   typical: float, tokens: float | np.ndarray) -> np.ndarray:
+        """Per instance index in `where`: seconds the prompts expected to join a step starting
+        `until_start_s` from now add to it, the rate × that time (at most what the step's budget and
+        slots leave beside `tokens` of the request's own), each `each_s`; 0 where it has started."""
+        out = np.zeros(len(where))
+        busy = until_start_s > 0.0
+        if not busy.any():
+            return out
+        self._grow(int(where.max()) + 1 if len(where) else 0)
+        room = np.minimum(np.maximum(terms.budget - np.asarray(tokens, dtype=float), 0.0) / max(typical, 1.0),
                           terms.max_seqs - 1.0)
-        n = np.minimum(np.asarray(rate) * np.maximum(until_start_s, 0.0), room)
-        each = terms.per_seq + terms.host + (terms.per_kv + terms.per_token) * typical + terms.per_token2 * typical**2
-        out: np.ndarray = n * each
-        return out
+        n = np.minimum(self.weights[where] * (self._scale(now) * np.where(busy, until_start_s, 0.0)), room)
+        joining: np.ndarray = n * self.each_s(terms, typical)
+        return joining
+
+    def expected_one(self, p: int, until_start_s: float, now: float, terms: StepTerms, typical: float,
+                     tokens: float) -> float:
+        """`expected_s` for instance p alone, in plain floats."""
+        if until_start_s <= 0.0 or p >= len(self.weights):
+            return 0.0
+        room = min(max(terms.budget - tokens, 0.0) / max(typical, 1.0), terms.max_seqs - 1.0)
+        n = min(float(self.weights[p]) * self._scale(now) * until_start_s, room)
+        return n * self.each_s(terms, typical)
 
 
 class TtftMargin:

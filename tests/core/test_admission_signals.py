@@ -121,9 +121,17 @@ def test_the_prompts_expected_to_join_a_step_are_the_routed_rate_times_the_wait_
     terms = StepTerms.of(toy_profile(decode_step_per_seq_s=0.001, prefill_per_token_s=1e-4, prefill_per_token2_s=1e-8,
                                      max_num_batched_tokens=2048, max_num_seqs=8))
     each = 0.001 + terms.host + 1e-4 * 200 + 1e-8 * 200**2
-    assert StepJoiners.expected_s(2.0, 0.5, terms, 200.0, 100.0) == pytest.approx(1.0 * each)
-    assert StepJoiners.expected_s(2.0, -0.3, terms, 200.0, 100.0) == 0.0  # its step has started: nobody joins
-    assert StepJoiners.expected_s(100.0, 1.0, terms, 200.0, 100.0) == pytest.approx(7 * each)  # 8 slots, one its own
-    assert StepJoiners.expected_s(100.0, 1.0, terms, 200.0, 1848.0) == pytest.approx(each)  # 200 tokens left
-    rows = StepJoiners.expected_s(np.array([2.0, 0.0]), np.array([0.5, 0.5]), terms, 200.0, 100.0)
-    assert rows == pytest.approx([each, 0.0])
+    assert joiners.each_s(terms, 200.0) == pytest.approx(each)
+    rate = level / 10.0
+    both = np.array([0, 1])
+    at_10 = joiners.expected_s(both, np.array([0.5, 0.5]), 10.0, terms, 200.0, 100.0)
+    assert at_10 == pytest.approx([rate * 0.5 * each, 0.0])
+    assert joiners.expected_one(0, 0.5, 10.0, terms, 200.0, 100.0) == pytest.approx(rate * 0.5 * each)
+    assert joiners.expected_s(both, np.array([-0.3, 0.5]), 10.0, terms, 200.0, 100.0) == pytest.approx([0.0, 0.0])
+    assert joiners.expected_one(0, -0.3, 10.0, terms, 200.0, 100.0) == 0.0  # its step has started: nobody joins
+    assert joiners.expected_one(0, 100.0, 10.0, terms, 200.0, 100.0) == pytest.approx(7 * each)  # 8 slots, 1 its own
+    assert joiners.expected_one(0, 100.0, 10.0, terms, 200.0, 1848.0) == pytest.approx(each)  # 200 tokens left
+    joiners.routed(0, 10.0 + StepJoiners.REBASE_S + 1.0)  # the origin moves; the rate is as before
+    assert joiners.origin == 10.0 + StepJoiners.REBASE_S + 1.0
+    before = level * math.exp(-(StepJoiners.REBASE_S + 1) / 10)
+    assert joiners.rates(1, joiners.origin)[0] == pytest.approx(before / 10 + 0.1)

@@ -175,7 +175,8 @@ class SloGate:
         """How long after arrival `r` may be projected to start and be routed, its own service
         (its prefill alone and the hand-off) taking `own_s`: that service and the margin × what it
         leaves of the TTFT target (`TtftMargin`: between headroom and 1). The margin is on the queue
-        ahead of it, which the projection sees worst (measured 1.0–2.2× its projection at 0.8–1.2·C,
+        ahead of it, which the projection sees worst: how many prompts will join its step is a count
+        no projection at routing knows (± 0.16 s a request at 1.2·C around `StepJoiners`' expectation,
         `benchmarks/admission.py`); the own service of a prompt on an idle instance it sees within
         ~20 ms. A prompt whose own service alone exceeds the target gets the target."""
         ttft = self._ttft(r)

@@ -41,7 +41,8 @@ class SloAdmission(BaseModel):
         description=(
             "the share of a request's TTFT target, after its own service (its prefill alone and the hand-off), that "
             "the queue projected ahead of it may take (the least, with a ttft_attainment_goal below 1); the rest "
-            "covers what the projection of that queue does not see: measured 1.0-2.2x its projection near capacity"
+            "covers what the projection of that queue cannot know: how many prompts will join its step "
+            "(docs/admission.md)"
         ),
     )
     ttft_attainment_goal: float = Field(

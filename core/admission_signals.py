@@ -169,7 +169,8 @@ class TtftDrifts:
     says "much shorter", not "free"). Kept apart because the two err differently: on emulated 1P1D
     near capacity a prompt's own service came out within ~3% of its projection, while the queue
     ahead ran 1.1–1.5× its projection (later prompts join a waiting prompt's step before it starts,
-    as vLLM's scheduler batches them; `benchmarks/admission.py`). One ratio fitted on both scaled a
+    as vLLM's scheduler batches them; `benchmarks/admission.py`; expected since by `StepJoiners`, and
+    the queue's part then measured 0.93–1.00). One ratio fitted on both scaled a
     long prompt's own service by the queue's error. A part nothing was measured for on an instance
     follows the other part there. Where the own service's requests identify a line (`OwnServiceLine`:
     a constant plus a slope), its slope replaces the own ratio and its constant is added: the

@@ -90,9 +90,9 @@ class SloGate:
         self.drift = TtftDrifts()
         """Measured over projected TTFT per prefill instance: a prompt's own service and the queue ahead."""
         self.margin = TtftMargin(settings.headroom, settings.ttft_attainment_goal)
+        """The share of what a request's own service leaves of its TTFT target that the queue ahead may take."""
         self.joiners = StepJoiners()
         """The rate prompts are routed to each prefill instance: those expected to join a request's step."""
-        """The share of what a request's own service leaves of its TTFT target that the queue ahead may take."""
         self.unverified: dict[Hashable, tuple[float, RefusalCause]] = {}
         """Held requests refused by the prior's projection alone: id → (until when they are held
         before being judged again, the limit they would have hit)."""

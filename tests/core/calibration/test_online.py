@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from adapters.emulator.metrics import buckets_pow2
-from core.calibration.online import FITTED_TERMS, EngineInterval, HistogramDelta, OnlineFitter, TimedLeg
+from core.calibration.online import (
+    FITTED_TERMS,
+    EngineInterval,
+    HistogramDelta,
+    OnlineFitter,
+    TimedLeg,
+    _prefill_steps,
+)
 from core.perf import PerfProfile
 
 TRUE = PerfProfile(
@@ -195,3 +202,19 @@ def test_bucket_second_moment_is_scaled_to_the_exact_mean() -> None:
     assert h.mean == 30.0
     assert h.second_moment() == pytest.approx(900.0)  # all in one bucket: E[x²] = mean²
     assert HistogramDelta().mean is None and HistogramDelta().second_moment() is None
+
+
+def test_the_step_a_request_sees_is_its_own_when_prompts_ran_alone_and_size_biased_when_steps_batch_many() -> None:
+    """Ten prefill steps of 200 tokens and ten of 1,800 (bucket midpoints), no decode batch. Each a
+    prompt of its own (a mean computed prompt of 1,000 tokens: one request a step): a request saw a
+    step of the mean size, spread 1, where weighing steps by their tokens said E[T²]/E[T]² = 1.64.
+    Steps of ten 100-token prompts: size-biased, as many requests in a step as its tokens say."""
+    bounds = ((0.0, 0.0), (100.0, 0.0), (300.0, 10.0), (1700.0, 10.0), (1900.0, 20.0), (float("inf"), 20.0))
+    steps = HistogramDelta(20, 10 * 200 + 10 * 1800, bounds)
+    found = _prefill_steps(steps, 0.0, 1000.0)
+    assert found is not None and found[0] == 20 and found[1] == pytest.approx(1.0)
+    batched = _prefill_steps(steps, 0.0, 100.0)  # 10 prompts a step on average: m(T) = 1 + 9·T/1000
+    e_t, e_t2 = 1000.0, (200.0**2 + 1800.0**2) / 2
+    seen = (e_t + 9 * e_t2 / e_t) / 10
+    assert batched is not None and batched[1] == pytest.approx(seen / e_t)
+    assert 1.0 < batched[1] < e_t2 / e_t**2

@@ -283,14 +283,25 @@ class SloGate:
             )
             projected = np.maximum(projected, engine)
         alone = self._alone_s(v, mask, tokens)
-        joining = self.joiners.expected_s(
-            np.flatnonzero(mask), q.step_starts(tokens, now, v.prefill_free_at)[mask] - now, now, q.terms,
-            self.typical_prompt, tokens[mask] if isinstance(tokens, np.ndarray) else tokens,
-        )
+        joining = self._joining_s(v, mask, tokens, now)
         own_r, wait_r, own_a = self.drift.ratios(v.n_instances)
         waits = np.maximum(projected - alone, 0.0) + joining
         out: np.ndarray = alone * own_r[mask] + own_a[mask] + waits * wait_r[mask]
         return out
+
+    def _joining_s(self, v: ClusterView, mask: np.ndarray, tokens: float | np.ndarray, now: float) -> np.ndarray:
+        """Per routable prefill instance: what the prompts expected to join `r`'s step there add (`StepJoiners`)."""
+        q, where, j = v.queues, np.flatnonzero(mask), self.joiners
+        if len(where) > j.SMALL_POOL:
+            mine = tokens[mask] if isinstance(tokens, np.ndarray) else tokens
+            return j.expected_s(where, q.step_starts(tokens, now, v.prefill_free_at)[mask] - now, now, q.terms,
+                                self.typical_prompt, mine)
+        free, out = v.prefill_free_at, []
+        for p in where.tolist():
+            own = float(tokens[p]) if isinstance(tokens, np.ndarray) else float(tokens)
+            wait = q.step_start_one(p, own, now, float(free[p])) - now if j.rate_known(p) else 0.0
+            out.append(j.expected_one(p, wait, now, q.terms, self.typical_prompt, own))
+        return np.array(out)
 
     def routed(self, p: int, tokens: float, step_start: float, now: float) -> float:
         """A prompt of `tokens` uncached tokens was routed to prefill instance p at `now`, into a step

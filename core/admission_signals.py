@@ -253,10 +253,6 @@ class TtftDrifts:
         return out
 
 
-SMALL_POOL = 8
-"""Up to this many routable prefill instances, the joiners are expected one instance at a time in floats."""
-
-
 class StepJoiners:
     """The prompts that will join a request's prefill step before it starts, expected.
 
@@ -274,6 +270,8 @@ class StepJoiners:
     The rate is per instance, of the prompts routed there (refused ones never reach an engine),
     exponentially weighted over `tau_s`."""
 
+    SMALL_POOL = 8
+    """Up to this many routable prefill instances, admission asks one instance at a time, in floats."""
     REBASE_S = 600.0
     """The weights are kept relative to an origin moved forward this often (so their exponentials stay finite)."""
 
@@ -321,18 +319,16 @@ class StepJoiners:
         """Per instance index in `where`: seconds the prompts expected to join a step starting
         `until_start_s` from now add to it, the rate × that time (at most what the step's budget and
         slots leave beside `tokens` of the request's own), each `each_s`; 0 where it has started."""
-        if len(where) <= SMALL_POOL:  # a few instances: plain floats cost less than NumPy's calls
-            one, scalar = self.expected_one, np.ndim(tokens) == 0
-            return np.array([
-                one(int(p), u, now, terms, typical, float(tokens if scalar else tokens[k]))  # type: ignore[index]
-                for k, (p, u) in enumerate(zip(where.tolist(), until_start_s.tolist(), strict=True))
-            ])
-        self._grow(int(where.max()) + 1)
+        self._grow(int(where.max()) + 1 if len(where) else 0)
         room = np.minimum(np.maximum(terms.budget - np.asarray(tokens, dtype=float), 0.0) / max(typical, 1.0),
                           terms.max_seqs - 1.0)
         n = np.minimum(self.weights[where] * (self._scale(now) * np.maximum(until_start_s, 0.0)), room)
         joining: np.ndarray = n * self.each_s(terms, typical)
         return joining
+
+    def rate_known(self, p: int) -> bool:
+        """Whether any prompt was routed to instance p (else none is expected to join its steps)."""
+        return p < len(self.weights) and self.weights[p] > 0.0
 
     def expected_one(self, p: int, until_start_s: float, now: float, terms: StepTerms, typical: float,
                      tokens: float) -> float:

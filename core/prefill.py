@@ -322,6 +322,17 @@ class PrefillQueues:
                     out[i] = start
         return out
 
+    def step_start_one(self, p: int, tokens: float, now: float, free_at: float | None = None) -> float:
+        """`step_starts` for instance p alone (plain floats)."""
+        t = self.own.of(p, self.terms) if self.own.own else self.terms
+        start = self._tails.get(p)
+        if start is not None and start > now:
+            tail = self._steps[p][-1]
+            room = t.budget - float(tail[_TOKENS])
+            if room > 0 and tail[_SEQS] < t.max_seqs and (t.chunked or max(tokens, 1.0) <= room):
+                return start
+        return max(float(self.free_at[p]) if free_at is None else free_at, now) + t.host
+
     def first_step_start(self, rid: Hashable) -> float:
         """When the projected step holding the prompt's first chunk starts (-inf once it has been settled)."""
         r = self._routed[rid]

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from core.admission_signals import SMALL_POOL, DecodeSlots, OwnServiceLine, StepJoiners, TtftDrift, TtftDrifts
+from core.admission_signals import DecodeSlots, OwnServiceLine, StepJoiners, TtftDrift, TtftDrifts
 from core.step_terms import StepTerms
 from tests.helpers import toy_profile
 
@@ -138,7 +138,7 @@ def test_the_prompts_expected_to_join_a_step_are_the_routed_rate_times_the_wait_
 
 
 def test_many_instances_expect_their_joiners_in_arrays_as_a_few_do_one_by_one() -> None:
-    """Past SMALL_POOL instances the expectation is computed over arrays: the same values as one at a time."""
+    """The expectation over arrays (admission's, past SMALL_POOL instances) is the same as one at a time."""
     joiners = StepJoiners(tau_s=10.0)
     rng = np.random.default_rng(5)
     for t in np.sort(rng.uniform(0.0, 20.0, 200)):
@@ -150,6 +150,6 @@ def test_many_instances_expect_their_joiners_in_arrays_as_a_few_do_one_by_one() 
     until = rng.uniform(-0.2, 1.0, 12)
     tokens = rng.uniform(50.0, 3000.0, 12)
     many = joiners.expected_s(where, until, 20.0, terms, 300.0, tokens)
-    assert len(where) > SMALL_POOL
+    assert len(where) > StepJoiners.SMALL_POOL
     one = [joiners.expected_one(p, float(until[p]), 20.0, terms, 300.0, float(tokens[p])) for p in range(12)]
     assert many == pytest.approx(one) and (many[until <= 0] == 0).all() and (many > 0).sum() >= 4

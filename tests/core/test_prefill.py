@@ -136,9 +136,12 @@ def test_the_step_a_prompt_would_start_in_is_the_unstarted_tail_it_joins_else_on
     q.push(0, "b", 512, 0.001)  # b's step starts when a's ends
     assert q.first_step_start("b") == pytest.approx(a_end)
     assert q.step_starts(np.array([512.0, 100.0]), 0.002) == pytest.approx([a_end, 0.002])  # joins b's step
+    assert [q.step_start_one(0, 512, 0.002), q.step_start_one(1, 100, 0.002)] == pytest.approx([a_end, 0.002])
     q.push(0, "c", 1536, 0.002)  # b's step is full: 2048 tokens
     assert q.first_step_start("c") == pytest.approx(a_end)
     assert q.step_starts(1, 0.003)[0] == pytest.approx(q.free_at[0])  # no room: after b and c's step
+    for now in (0.0005, 0.003):  # one instance at a time, in floats: the same
+        assert [q.step_start_one(p, 1, now) for p in (0, 1)] == pytest.approx(q.step_starts(1, now))
     q.end("a", a_end)
     assert q.first_step_start("b") == pytest.approx(a_end)
     q.end("b", 0.2)

@@ -290,7 +290,8 @@ class SloGate:
         return out
 
     def _joining_s(self, v: ClusterView, mask: np.ndarray, tokens: float | np.ndarray, now: float) -> np.ndarray:
-        """Per routable prefill instance: what the prompts expected to join `r`'s step there add (`StepJoiners`)."""
+        """Per routable prefill instance: what the prompts expected to join the step that a prompt of `tokens`
+        would start in there add to it (`StepJoiners`)."""
         q, where, j = v.queues, np.flatnonzero(mask), self.joiners
         if len(where) > j.SMALL_POOL:
             mine = tokens[mask] if isinstance(tokens, np.ndarray) else tokens

@@ -280,7 +280,6 @@ class StepJoiners:
         self.origin = 0.0
         self.weights = np.zeros(0)
         """Per instance index: Σ exp((t − origin) / tau_s) over the times t prompts were routed there."""
-        self._each: tuple[object, float, float] = (None, 0.0, 0.0)
 
     def _grow(self, n: int) -> None:
         k = n - len(self.weights)
@@ -299,20 +298,15 @@ class StepJoiners:
         """weights × this = prompts routed per second, recently."""
         return math.exp(-(now - self.origin) / self.tau_s) / self.tau_s
 
-    def rates(self, n: int, now: float) -> np.ndarray:
-        """Prompts routed per second to each instance index up to n, recently."""
-        self._grow(n)
-        out: np.ndarray = self.weights[:n] * self._scale(now)
-        return out
+    def rate(self, p: int, now: float) -> float:
+        """Prompts routed per second to instance p, recently."""
+        return float(self.weights[p]) * self._scale(now) if p < len(self.weights) else 0.0
 
-    def each_s(self, terms: StepTerms, typical: float) -> float:
+    @staticmethod
+    def each_s(terms: StepTerms, typical: float) -> float:
         """What one `typical` prompt joining a step adds to it: its sequence, intake and chunk."""
-        key, at, each = self._each
-        if key is not terms or at != typical:
-            t, n = terms, max(typical, 1.0)
-            each = t.per_seq + t.host + (t.per_kv + t.per_token) * n + t.per_token2 * n * n
-            self._each = (terms, typical, each)
-        return each
+        n = max(typical, 1.0)
+        return terms.per_seq + terms.host + (terms.per_kv + terms.per_token) * n + terms.per_token2 * n * n
 
     def expected_s(self, where: np.ndarray, until_start_s: np.ndarray, now: float, terms: StepTerms,
                    typical: float, tokens: float | np.ndarray) -> np.ndarray:
@@ -333,11 +327,10 @@ class StepJoiners:
     def expected_one(self, p: int, until_start_s: float, now: float, terms: StepTerms, typical: float,
                      tokens: float) -> float:
         """`expected_s` for instance p alone, in plain floats."""
-        if until_start_s <= 0.0 or p >= len(self.weights):
+        if until_start_s <= 0.0:
             return 0.0
         room = min(max(terms.budget - tokens, 0.0) / max(typical, 1.0), terms.max_seqs - 1.0)
-        n = min(float(self.weights[p]) * self._scale(now) * until_start_s, room)
-        return n * self.each_s(terms, typical)
+        return min(self.rate(p, now) * until_start_s, room) * self.each_s(terms, typical)
 
 
 class TtftMargin:

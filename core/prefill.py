@@ -304,22 +304,13 @@ class PrefillQueues:
         once the instance is free and the prompt's intake is done (`now` plus the intake on an idle
         instance). Prompts routed there before that start join the same step (admission's
         `StepJoiners`)."""
-        t = self.terms
         free = self.free_at if free_at is None else free_at
-        own = self.own if self.own.own else None
-        out: np.ndarray = np.maximum(free, now) + t.host
-        if own is not None:
-            for i, ti in own.own.items():
-                if i < len(out):
-                    out[i] = max(float(free[i]), now) + ti.host
-        for i, start in self._tails.items():
-            if start > now:
-                ti = t if own is None else own.of(i, t)
-                tail = self._steps[i][-1]
-                length = max(float(tokens if np.ndim(tokens) == 0 else tokens[i]), 1.0)
-                room = ti.budget - float(tail[_TOKENS])
-                if room > 0 and tail[_SEQS] < ti.max_seqs and (ti.chunked or length <= room):
-                    out[i] = start
+        out: np.ndarray = np.maximum(free, now) + self.terms.host
+        apart = {i for i, start in self._tails.items() if start > now} | self.own.own.keys()
+        for i in apart:  # a tail it may join, or terms of its own: as `step_start_one` says
+            if i < len(out):
+                length = float(tokens if np.ndim(tokens) == 0 else tokens[i])
+                out[i] = self.step_start_one(i, length, now, float(free[i]))
         return out
 
     def step_start_one(self, p: int, tokens: float, now: float, free_at: float | None = None) -> float:

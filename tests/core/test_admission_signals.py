@@ -116,8 +116,8 @@ def test_the_prompts_expected_to_join_a_step_are_the_routed_rate_times_the_wait_
     joiners.routed(0, 0.0)
     joiners.routed(0, 10.0)
     level = math.exp(-1.0) + 1.0
-    assert joiners.rates(2, 10.0) == pytest.approx([level / 10.0, 0.0])
-    assert joiners.rates(2, 20.0)[0] == pytest.approx(level * math.exp(-1.0) / 10.0)
+    assert [joiners.rate(0, 10.0), joiners.rate(1, 10.0)] == pytest.approx([level / 10.0, 0.0])
+    assert joiners.rate(0, 20.0) == pytest.approx(level * math.exp(-1.0) / 10.0)
     terms = StepTerms.of(toy_profile(decode_step_per_seq_s=0.001, prefill_per_token_s=1e-4, prefill_per_token2_s=1e-8,
                                      max_num_batched_tokens=2048, max_num_seqs=8))
     each = 0.001 + terms.host + 1e-4 * 200 + 1e-8 * 200**2
@@ -134,7 +134,7 @@ def test_the_prompts_expected_to_join_a_step_are_the_routed_rate_times_the_wait_
     joiners.routed(0, 10.0 + StepJoiners.REBASE_S + 1.0)  # the origin moves; the rate is as before
     assert joiners.origin == 10.0 + StepJoiners.REBASE_S + 1.0
     before = level * math.exp(-(StepJoiners.REBASE_S + 1) / 10)
-    assert joiners.rates(1, joiners.origin)[0] == pytest.approx(before / 10 + 0.1)
+    assert joiners.rate(0, joiners.origin) == pytest.approx(before / 10 + 0.1)
 
 
 def test_many_instances_expect_their_joiners_in_arrays_as_a_few_do_one_by_one() -> None:

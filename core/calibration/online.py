@@ -15,8 +15,8 @@ as the emulator runs it (adapters/emulator/engine.py). Two rows per interval:
   the requests that finished in the interval, against the prefill tokens of the step they ran in.
   Prompts admitted together share a step and each waits for the whole step: the step's tokens are
   the interval's computed prompt tokens over its prefill steps (`iteration_tokens_total`'s steps
-  above the decode batch), scaled by the spread of their sizes as the requests saw them (a step
-  carrying more is seen by more); without it, k prompts' worth, k the mean number of requests in their
+  above the decode batch), scaled by the spread of the prompt counts in those steps (a step carrying
+  more is seen by more: `_prefill_steps`); without it, k prompts' worth, k the mean number of requests in their
   prefill phase (Little's law: Σ prefill time / interval, at least 1). A prompt larger than a
   step's share (`max_num_batched_tokens`) spans several steps, each paying the fixed costs.
   Skipped when most prompt tokens came from another instance's KV (a decode instance's
@@ -130,16 +130,18 @@ EMPTY = HistogramDelta()
 
 
 def _prefill_steps(
-    iteration_tokens: HistogramDelta | None, batch: float, computed: float
+    iteration_tokens: HistogramDelta | None, batch: float, computed: float, variance: float = 0.0, prompts: float = 0.0
 ) -> tuple[float, float] | None:
     """Steps that carried prefill tokens, from `iteration_tokens_total`'s buckets: those above the
     first bound at or over twice the decode batch (a decode-only step computes one token per
-    sequence); and how much larger the step a request sees is than the mean such step, at the
-    buckets' midpoints T, each step weighed by the requests it carried, m(T) = 1 + (per − 1)·T/E[T]
-    with per = E[T] / computed (at least 1): 1 where each prompt ran alone (weighing those by T put
-    a lone prompt's step 8-14% past what the engine measured at 0.8·C), E[T²]/E[T]² where steps batch
-    many. None when that bound does not sit well below a prompt's computed tokens (short prompts in a
-    large batch cannot be told from decode steps) or no step was above it."""
+    sequence); and how much larger the step a request sees is than the mean such step. A step holds
+    k prompts of i.i.d. sizes (mean `computed`, variance `variance`), so its tokens T have
+    Var T = E[k]·variance + computed²·Var k, and a request, seeing its step with weight k, sees
+    E[kT]/E[k] = computed·E[k²]/E[k]: the mean step × (1 + Var k / E[k]²), with E[k] = E[T] / computed
+    (at least 1) and E[T], Var T at the buckets' midpoints. So 1
+    where each prompt ran alone whatever their sizes, E[T²]/E[T]² where equal prompts batch. None
+    when that bound does not sit well below a prompt's computed tokens (short prompts in a large
+    batch cannot be told from decode steps) or no step was above it."""
     if iteration_tokens is None or computed <= 0:
         return None
     buckets = iteration_tokens.buckets
@@ -157,8 +159,10 @@ def _prefill_steps(
                 below, low = max(below, cum), upper
             if first <= 0:
                 return above, 1.0
-            mean, per = first / n, max(1.0, first / n / computed)  # requests a step: m(T) = 1 + (per − 1)·T/mean
-            return above, max((first + (per - 1.0) * second / mean) / (n * per) / mean, 1.0)
+            mean = first / n
+            each = max(1.0, prompts / above if prompts > 0 else mean / computed)  # E[k]
+            each_var = max(second / n - mean * mean - each * variance, 0.0) / (computed * computed)
+            return above, 1.0 + each_var / (each * each)
     return None
 
 
@@ -334,7 +338,9 @@ class OnlineFitter:
         if prefills <= 0 or not local:
             prefills, computed, square = 0.0, 0.0, 0.0
         budget = float(self.prior.max_num_batched_tokens)
-        found = _prefill_steps(iv.iteration_tokens, max(batch, iv.running), computed)
+        found = _prefill_steps(
+            iv.iteration_tokens, max(batch, iv.running), computed, max(square - computed * computed, 0.0), prefills
+        )
         prefill_steps, spread = found if found else (None, 1.0)
         if prefill_steps:
             per_step = min(prefills * computed / prefill_steps, budget)

@@ -205,16 +205,22 @@ def test_bucket_second_moment_is_scaled_to_the_exact_mean() -> None:
 
 
 def test_the_step_a_request_sees_is_its_own_when_prompts_ran_alone_and_size_biased_when_steps_batch_many() -> None:
-    """Ten prefill steps of 200 tokens and ten of 1,800 (bucket midpoints), no decode batch. Each a
-    prompt of its own (a mean computed prompt of 1,000 tokens: one request a step): a request saw a
-    step of the mean size, spread 1, where weighing steps by their tokens said E[T²]/E[T]² = 1.64.
-    Steps of ten 100-token prompts: size-biased, as many requests in a step as its tokens say."""
+    """Ten prefill steps of 200 tokens and ten of 1,800 (bucket midpoints), no decode batch.
+    - Each a prompt of its own, prompts of 200 and 1,800 tokens (mean 1,000, variance 640,000): the
+      steps' spread is all the prompts' own, so k = 1 always and a request saw the mean step, spread 1
+      (weighing steps by their tokens said E[T²]/E[T]² = 1.64).
+    - Equal 100-token prompts, 10 a step on average: the steps held 2 and 18, every request's step
+      size-biased, E[k²]/E[k]² = (2² + 18²)/2 / 10² = 1.64.
+    - Prompts of mean 100 and variance 10,000, 10 a step: Var k = (Var T − 10·10,000)/100² = 54,
+      spread 1 + 54/10² = 1.54."""
     bounds = ((0.0, 0.0), (100.0, 0.0), (300.0, 10.0), (1700.0, 10.0), (1900.0, 20.0), (float("inf"), 20.0))
     steps = HistogramDelta(20, 10 * 200 + 10 * 1800, bounds)
-    found = _prefill_steps(steps, 0.0, 1000.0)
-    assert found is not None and found[0] == 20 and found[1] == pytest.approx(1.0)
-    batched = _prefill_steps(steps, 0.0, 100.0)  # 10 prompts a step on average: m(T) = 1 + 9·T/1000
-    e_t, e_t2 = 1000.0, (200.0**2 + 1800.0**2) / 2
-    seen = (e_t + 9 * e_t2 / e_t) / 10
-    assert batched is not None and batched[1] == pytest.approx(seen / e_t)
-    assert 1.0 < batched[1] < e_t2 / e_t**2
+    alone = _prefill_steps(steps, 0.0, 1000.0, variance=640_000.0, prompts=20)
+    assert alone is not None and alone[0] == 20 and alone[1] == pytest.approx(1.0)
+    assert _prefill_steps(steps, 0.0, 1000.0, prompts=20) == (20, pytest.approx(1.64))  # sizes unknown: all k's
+    equal = _prefill_steps(steps, 0.0, 100.0, prompts=200)
+    assert equal is not None and equal[1] == pytest.approx(1.64)
+    varied = _prefill_steps(steps, 0.0, 100.0, variance=10_000.0, prompts=200)
+    assert varied is not None and varied[1] == pytest.approx(1.54)
+    by_tokens = _prefill_steps(steps, 0.0, 100.0)  # no count of prompts: E[k] from the steps' mean tokens
+    assert by_tokens is not None and by_tokens[1] == pytest.approx(1.64)

@@ -11,7 +11,9 @@ lora_per_adapter_step_s, at most max_loras adapters per batch, both legs under t
 
 The grid is the issue's target cell (50 adapters, Zipf(1.0), max_loras 4, 4P4D, 3.5 req/s: the load
 where adapter-blind least_load meets about 80% of the SLO) and its neighbours, one axis at a time; no
-policy default was tuned on any cell. `--quick` runs the target cell alone on fewer requests.
+policy default was tuned on any cell. `--quick` runs the target cell alone on fewer requests. Each cell's
+"most cut" is the baseline's loads over the fewest any routing could make on its requests (Belady's MIN
+on each role's pooled slots, `fewest_loads`): how much of what is possible a policy got.
 
     python -m benchmarks.lora_sweep            # the grid, under ~1 min on this machine
     python -m benchmarks.lora_sweep --quick
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -73,9 +76,37 @@ NEIGHBOURS = [
 ]
 
 
+def fewest_loads(adapters: Sequence[str | None], slots: int) -> int:
+    """Belady's MIN: the fewest adapter loads that serving `adapters` in arrival order takes from one
+    pool of `slots` (on a miss, evict the adapter needed again furthest ahead). One pool of a role's
+    instances × max_loras slots can place anything its instances can, and ignores that an adapter in
+    use cannot be evicted, so no routing, even one that knew every future request, loads less on
+    that role's instances."""
+    ahead: list[int] = [0] * len(adapters)
+    seen: dict[str, int] = {}
+    for i in range(len(adapters) - 1, -1, -1):
+        a = adapters[i]
+        if a is not None:
+            ahead[i], seen[a] = seen.get(a, len(adapters)), i
+    held: dict[str, int] = {}
+    loads = 0
+    for i, a in enumerate(adapters):
+        if a is None:
+            continue
+        if a not in held:
+            loads += 1
+            if len(held) >= slots:
+                del held[max(held, key=held.__getitem__)]
+        held[a] = ahead[i]
+    return loads
+
+
 def run_cell(cell: Cell, base: Any, seed: int) -> list[dict[str, Any]]:
-    """Every policy on the cell's identical arrivals and adapters: one row each."""
+    """Every policy on the cell's identical arrivals and adapters: one row each, with the fewest loads
+    any routing could make there (`fewest_loads` on each role)."""
     t = base.with_rate(cell.rate)
+    mix = zipf_mix(len(t), cell.adapters, cell.skew, seed)
+    fewest = fewest_loads(mix, cell.prefill * cell.max_loras) + fewest_loads(mix, cell.decode * cell.max_loras)
     plan = SimPlan(
         arrivals=t.arrivals,
         prompt_tokens=t.prompt_tokens,
@@ -89,13 +120,13 @@ def run_cell(cell: Cell, base: Any, seed: int) -> list[dict[str, Any]]:
         slo=SLOClass(),
         seed=seed,
         shadow=False,
-        lora=zipf_mix(len(t), cell.adapters, cell.skew, seed),
+        lora=mix,
         max_loras=cell.max_loras,
     )
     rows = []
     for label, name, params in POLICIES:
         row, _ = run_one(plan, name, params)
-        rows.append({"cell": cell, "label": label, **row})
+        rows.append({"cell": cell, "label": label, "fewest_loads": fewest, **row})
     return rows
 
 
@@ -105,24 +136,26 @@ def _pct(new: float, old: float) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown: per cell and policy, TTFT p50/p99, loads per minute, SLO attainment, P99 TPOT, and each
-    lora_affinity row against the baseline it wraps (loads ÷, P99 TTFT and P99 TPOT change)."""
+    lora_affinity row against the baseline it wraps (loads ÷, the most any routing could cut them to
+    (÷ `fewest_loads`), P99 TTFT and P99 TPOT change)."""
     head = (
-        "| cell | policy | TTFT p50 s | TTFT p99 s | loads/min | SLO | TPOT p99 ms | loads cut | TTFT p99 "
-        "| TPOT p99 |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| cell | policy | TTFT p50 s | TTFT p99 s | loads/min | SLO | TPOT p99 ms | loads cut | most cut "
+        "| TTFT p99 | TPOT p99 |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     by_label: dict[tuple[Cell, str], dict[str, Any]] = {(r["cell"], r["label"]): r for r in rows}
     for r in rows:
-        cut = ttft = tpot = ""
+        cut = most = ttft = tpot = ""
         if r["label"].startswith("affinity("):
             b = by_label[(r["cell"], r["label"][len("affinity(") : -1])]
             loads, base_loads = r["lora_loads"], b["lora_loads"]
             cut = f"{base_loads / loads:.1f}×" if loads else "∞"
+            most = f"{base_loads / r['fewest_loads']:.1f}×" if r["fewest_loads"] else "∞"
             ttft, tpot = _pct(r["ttft_p99"], b["ttft_p99"]), _pct(r["tpot_p99"], b["tpot_p99"])
         lines.append(
             f"| {r['cell'].label()} | {r['label']} | {r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | "
             f"{r['lora_loads_per_min']:.0f} | {100 * r['slo_attainment']:.1f}% | {1000 * r['tpot_p99']:.1f} | "
-            f"{cut} | {ttft} | {tpot} |"
+            f"{cut} | {most} | {ttft} | {tpot} |"
         )
     return "\n".join(lines)
 

@@ -35,7 +35,7 @@ LOAD_S = 20.0
 CLIENTS = 6
 
 
-@pytest.mark.slow  # ~23 s of steady load: make test-slow (CI runs it); make test has tests/console/live/test_calibration.py
+@pytest.mark.slow  # ~23 s of steady load: make test-slow (CI runs it); make test keeps test_calibration.py
 def test_a_prior_ten_times_too_slow_converges_under_steady_load_and_refuses_nothing(tmp_path: Path) -> None:
     prior = get_profile(PRIOR)
     faster = {k: getattr(prior, k) / 10 for k in TEN_TIMES}

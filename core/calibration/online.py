@@ -10,38 +10,34 @@ and prefill chunks of p tokens lasts
 
 as the emulator runs it (adapters/emulator/engine.py). Two rows per interval:
 
-* prefill row: vLLM's `request_prefill_time` (from first scheduling to first token: the engine's
-  own split, which never counts the wait in its queue; that is `request_queue_time`) averaged over
-  the requests that finished in the interval, against the prefill tokens of the step they ran in.
-  Prompts admitted together share a step and each waits for the whole step: the step's tokens are
-  the interval's computed prompt tokens over its prefill steps (`iteration_tokens_total`'s steps
-  above the decode batch), scaled by the spread of the prompt counts in those steps (a step carrying
-  more is seen by more: `_prefill_steps`); without it, k prompts' worth, k the mean number of requests in their
-  prefill phase (Little's law: Σ prefill time / interval, at least 1). A prompt larger than a
-  step's share (`max_num_batched_tokens`) spans several steps, each paying the fixed costs.
-  Skipped when most prompt tokens came from another instance's KV (a decode instance's
-  "prefill" is the KV pull).
-* decode row: the mean of `request_time_per_output_token` against the batch a step carries
-  (sampled tokens / steps, from `generation_tokens` and `iteration_tokens`' count; else the
-  running gauge) and its resident KV (that batch times the mean prompt plus half the mean output
-  of the requests that finished; else the KV-usage gauge), plus the prefill chunks mixed into
-  those steps (the prefill steps' share, times the share of their batch that was decoding).
+* prefill row: vLLM's `request_prefill_time` (from first scheduling to first token: the engine's own split,
+  which never counts the wait in its queue; that is `request_queue_time`) averaged over the requests that
+  finished in the interval, against the prefill tokens of the step they ran in. Prompts admitted together share
+  a step and each waits for the whole step: the step's tokens are the interval's computed prompt tokens over its
+  prefill steps (`iteration_tokens_total`'s steps above the decode batch), scaled by the spread of the prompt
+  counts in those steps (a step carrying more is seen by more: `_prefill_steps`); without it, k prompts' worth,
+  k the mean number of requests in their prefill phase (Little's law: Σ prefill time / interval, at least 1). A
+  prompt larger than a step's share (`max_num_batched_tokens`) spans several steps, each paying the fixed costs.
+  Skipped when most prompt tokens came from another instance's KV (a decode instance's "prefill" is the KV
+  pull).
+* decode row: the mean of `request_time_per_output_token` against the batch a step carries (sampled tokens /
+  steps, from `generation_tokens` and `iteration_tokens`' count; else the running gauge) and its resident KV
+  (that batch times the mean prompt plus half the mean output of the requests that finished; else the KV-usage
+  gauge), plus the prefill chunks mixed into those steps (the prefill steps' share, times the share of their
+  batch that was decoding).
 
-The gateway's timings are used only where the engine's own split is unavailable (an upstream
-without vLLM's histograms) and only for uncontended legs (`TimedLeg.in_flight == 0`): a gateway
-duration includes every wait behind other requests, so under concurrency it would count waiting
-as work. A prefill leg is the intake's host work (the prior's) + step(1, l) + prefill(l), a decode
-leg's TPOT one step(1, l + n/2);
-KV hand-offs (decode start → first token on an idle decode instance) fit the KV transfer terms,
-t − step(1, l) = kv_transfer_base + kv_transfer_per_token·l.
+The gateway's timings are used only where the engine's own split is unavailable (an upstream without vLLM's
+histograms) and only for uncontended legs (`TimedLeg.in_flight == 0`): a gateway duration includes every wait
+behind other requests, so under concurrency it would count waiting as work. A prefill leg is the intake's host
+work (the prior's) + step(1, l) + prefill(l), a decode leg's TPOT one step(1, l + n/2); KV hand-offs (decode
+start → first token on an idle decode instance) fit the KV transfer terms, t − step(1, l) = kv_transfer_base +
+kv_transfer_per_token·l.
 
-The fit is `fit_linear`'s (shared with `calibrate`): robust least squares with each row weighted
-by its age (exponential forgetting, `half_life_s`) and its request count, the prior added as
-`prior_weight` pseudo-samples (ridge toward it), and a term that the rows in the window do not
-identify (its regressor hardly varies, moves with another one, or is too noisy) kept at its prior
-with the reason. Terms come back with their value, prior, source, the regression's relative RMS
-residual, their sample count and the age of their newest sample.
-"""
+The fit is `fit_linear`'s (shared with `calibrate`): robust least squares with each row weighted by its age
+(exponential forgetting, `half_life_s`) and its request count, the prior added as `prior_weight` pseudo-samples
+(ridge toward it), and a term that the rows in the window do not identify (its regressor hardly varies, moves
+with another one, or is too noisy) kept at its prior with the reason. Terms come back with their value, prior,
+source, the regression's relative RMS residual, their sample count and the age of their newest sample."""
 
 from __future__ import annotations
 
@@ -132,16 +128,15 @@ EMPTY = HistogramDelta()
 def _prefill_steps(
     iteration_tokens: HistogramDelta | None, batch: float, computed: float, variance: float = 0.0, prompts: float = 0.0
 ) -> tuple[float, float] | None:
-    """Steps that carried prefill tokens, from `iteration_tokens_total`'s buckets: those above the
-    first bound at or over twice the decode batch (a decode-only step computes one token per
-    sequence); and how much larger the step a request sees is than the mean such step. A step holds
-    k prompts of i.i.d. sizes (mean `computed`, variance `variance`), so its tokens T have
-    Var T = E[k]·variance + computed²·Var k, and a request, seeing its step with weight k, sees
-    E[kT]/E[k] = computed·E[k²]/E[k]: the mean step × (1 + Var k / E[k]²), with E[k] = E[T] / computed
-    (at least 1) and E[T], Var T at the buckets' midpoints. So 1
-    where each prompt ran alone whatever their sizes, E[T²]/E[T]² where equal prompts batch. None
-    when that bound does not sit well below a prompt's computed tokens (short prompts in a large
-    batch cannot be told from decode steps) or no step was above it."""
+    """Steps that carried prefill tokens, from `iteration_tokens_total`'s buckets: those above the first bound
+    at or over twice the decode batch (a decode-only step computes one token per sequence); and how much
+    larger the step a request sees is than the mean such step. A step holds k prompts of i.i.d. sizes (mean
+    `computed`, variance `variance`): Var T = E[k]·variance + computed²·Var k, and a request, seeing its step
+    with weight k, sees computed·E[k²]/E[k] = the mean step × (1 + Var k / E[k]²); E[k] is `prompts` over
+    those steps (else E[T] / computed), at least 1; E[T], Var T at the buckets' midpoints. So 1 where each
+    prompt ran alone whatever their sizes, E[T²]/E[T]² where equal prompts batch. None when that bound does
+    not sit well below a prompt's computed tokens (short prompts in a large batch cannot be told from decode
+    steps) or no step was above it."""
     if iteration_tokens is None or computed <= 0:
         return None
     buckets = iteration_tokens.buckets
@@ -161,7 +156,7 @@ def _prefill_steps(
                 return above, 1.0
             mean = first / n
             each = max(1.0, prompts / above if prompts > 0 else mean / computed)  # E[k]
-            each_var = max(second / n - mean * mean - each * variance, 0.0) / (computed * computed)
+            each_var = max(second / n - mean * mean - each * max(variance, 0.0), 0.0) / (computed * computed)
             return above, 1.0 + each_var / (each * each)
     return None
 
@@ -338,9 +333,7 @@ class OnlineFitter:
         if prefills <= 0 or not local:
             prefills, computed, square = 0.0, 0.0, 0.0
         budget = float(self.prior.max_num_batched_tokens)
-        found = _prefill_steps(
-            iv.iteration_tokens, max(batch, iv.running), computed, max(square - computed * computed, 0.0), prefills
-        )
+        found = _prefill_steps(iv.iteration_tokens, max(batch, iv.running), computed, square - computed**2, prefills)
         prefill_steps, spread = found if found else (None, 1.0)
         if prefill_steps:
             per_step = min(prefills * computed / prefill_steps, budget)

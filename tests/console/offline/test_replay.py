@@ -62,6 +62,7 @@ def test_replay_records_each_trace_slice_linked_to_the_console(tmp_path: Path) -
         kill_children(con.home)
 
 
+@pytest.mark.slow  # two replays end to end: ~8 s (make test-slow, which CI runs)
 def test_each_replay_sends_fresh_prompts_under_its_own_ids_and_calibrates_from_its_own_requests(tmp_path: Path) -> None:
     """Two replays of one slice through the console (the second by its --url): neither repeats the
     other's prompts (a prefix cache would serve them), every request id carries its replay's run id,

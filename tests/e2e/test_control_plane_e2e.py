@@ -183,6 +183,7 @@ def test_a_role_flip_changes_where_requests_go(tmp_path: Path) -> None:
         kill_children(con.home)
 
 
+@pytest.mark.slow  # ~6 s (make test-slow, which CI runs); the policy itself: tests/core/policies
 def test_priority_queue_releases_urgent_requests_first_and_sheds_past_its_bound(tmp_path: Path) -> None:
     """One request in flight at a time (max_in_flight_per_instance 1 × 1 decode instance): while a
     long request runs, three low-priority requests and then an urgent one wait; the urgent one goes

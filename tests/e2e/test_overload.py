@@ -89,6 +89,7 @@ def check_burst(console: Console, n: int, timeout: float) -> None:
     assert met >= 0.9 * len(rows), [(round(r["ttft"], 2), r["slo_met"]) for r in rows]
 
 
+@pytest.mark.slow  # ~7 s; with the 600 burst below in make test-slow, which CI runs
 def test_a_burst_of_120_is_answered_promptly_and_the_admitted_meet_their_slo(console: Console) -> None:
     check_burst(console, 120, timeout=60)
 

@@ -12,7 +12,7 @@ import pytest
 from tests.procs import FAST_PROFILE, kill_children, start_console
 
 
-@pytest.mark.slow  # two pools and four CLI runs: ~7 s (make test-slow, which CI runs)
+@pytest.mark.slow  # two pools and six CLI runs: ~7 s (make test-slow, which CI runs)
 def test_status_pool_shows_one_pool_and_refuses_an_unknown_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal's width; the `status` calls inherit it
     sql = tmp_path / "sql"

@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
 from adapters.ports import free_port
 from adapters.store import RunStore
+from benchmarks.advisor_live import p99_ttft
 from benchmarks.harness import console_env, start_console, stop
 from benchmarks.live_vs_sim import parse_policy, slowed
 from benchmarks.paths import add_traces_option, traces_dir
@@ -133,11 +133,6 @@ def slow_instance(state: dict[str, Any], factor: float) -> str | None:
     return str(target["id"])
 
 
-def p99_ttft(rows: list[dict[str, Any]]) -> float | None:
-    ttft = [r["ttft"] for r in rows if r["status"] == "ok" and r["ttft"] is not None]
-    return float(np.percentile(ttft, 99)) if ttft else None
-
-
 def alone(args: argparse.Namespace, tmp: Path, profile_file: Path, trace_file: Path, total: int, policy: str,
           seed: int) -> dict[str, Any]:
     """One replay of the slice under `policy` alone: its P99 TTFT over the canary's window of arrivals."""
@@ -149,8 +144,9 @@ def alone(args: argparse.Namespace, tmp: Path, profile_file: Path, trace_file: P
     finally:
         rows = live.close()
     t0 = min(r["arrival"] for r in rows)
-    inside = [r for r in rows if t0 + args.warmup_s <= r["arrival"] <= t0 + args.warmup_s + args.for_s]
-    out = {"policy": policy, "seed": seed, "requests": len(inside), "p99_ttft": p99_ttft(inside),
+    start, end = t0 + args.warmup_s, t0 + args.warmup_s + args.for_s
+    inside = [r for r in rows if start <= r["arrival"] <= end]
+    out = {"policy": policy, "seed": seed, "requests": len(inside), "p99_ttft": p99_ttft(rows, start, end),
            "failed": sum(r["status"] != "ok" for r in inside), "why_failed": why_failed(inside),
            "slow_instance": live.slow}
     print(f"alone {policy}, seed {seed}: P99 TTFT {out['p99_ttft']} s over {len(inside)} requests "
@@ -195,7 +191,7 @@ def canary(args: argparse.Namespace, tmp: Path, profile_file: Path, trace_file: 
     again = read_canary(ArmSample.from_rows(arms["canary"]), ArmSample.from_rows(arms["control"]), plan, elapsed)
     reading = ended.get("reading") or {}
     figures = {f["figure"]: f for f in reading.get("figures", [])}
-    p99 = {a: p99_ttft(r) for a, r in arms.items()}
+    p99 = {a: p99_ttft(r, start, start + elapsed) for a, r in arms.items()}
     out = {
         "seed": seed, "canary_id": ended["id"], "decision": ended["decision"], "reason": ended["reason"],
         "at_s": elapsed, "requests": sum(1 for r in rows if start <= r["arrival"] <= start + elapsed),

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.admission_first_token import FirstTokenProjection
 from core.admission_queue import AdmissionControl as AdmissionControl
 from core.admission_settings import SloAdmission as SloAdmission
 from core.admission_signals import DecodeSlots, RefusalCause, Refusals, StepJoiners, TtftDrifts, TtftMargin
@@ -49,7 +50,7 @@ def pool_drained_s(first: np.ndarray, work: float) -> float:
     return float(t[int(np.argmax(fits))])
 
 
-class SloGate:
+class SloGate(FirstTokenProjection):
     """The saturation model behind SloAdmission: decode slots, the projected first tokens, predicted start.
 
     The prefill side is the dispatcher's batching-aware projection (core/prefill.py: prompts share
@@ -186,14 +187,6 @@ class SloGate:
     def _budget(self, r: Request, own_s: float) -> float:
         return self.target_s(r, own_s) + self.settings.extra_wait_s
 
-    def _own_s(self, r: Request, v: ClusterView, p: int) -> float:
-        """`r`'s prefill alone on prefill instance p (its uncached prompt there, scaled by p's
-        measured drift), with no queue ahead."""
-        tokens = self._uncached(r, v)
-        own = float(tokens[p]) if isinstance(tokens, np.ndarray) else float(tokens)
-        own_r, _, own_a = self.drift.ratios(v.n_instances)
-        return v.queues.terms_of(p).alone_s(own) * float(own_r[p]) + float(own_a[p])
-
     def _after_prefill_s(self, prompt_tokens: float) -> float:
         """From the prefill's first token to the client's: the KV transfer and one decode step."""
         p = self.profile
@@ -209,22 +202,22 @@ class SloGate:
         """Prefill (its steps on an idle instance), KV transfer and one decode step of a prompt on an idle cluster."""
         return self._terms.alone_s(prompt_tokens) + self._after_prefill_s(prompt_tokens)
 
+    def _full(self, v: ClusterView) -> np.ndarray:
+        """Per instance: its engine reports KV usage or waiting requests past the limits (an unpolled
+        NaN compares False: not full by its own account)."""
+        s = self.settings
+        out: np.ndarray = (v.kv_usage >= s.kv_high) | (v.waiting_obs >= s.waiting_high)
+        return out
+
     def decode_room(self, v: ClusterView) -> int:
         """Slots left on routable decode instances that are not saturated by their own account."""
-        s = self.settings
-        mask = v.decode_mask()
-        with np.errstate(invalid="ignore"):
-            full = (v.kv_usage >= s.kv_high) | (v.waiting_obs >= s.waiting_high)
-        room = int(self.decode_slots * np.count_nonzero(mask & ~full)) - v.table.n
+        room = self.decode_slots * int(np.count_nonzero(v.decode_mask() & ~self._full(v))) - v.table.n
         self.slots.limited = room <= 0
         return room
 
     def _decode_engines_saturated(self, v: ClusterView) -> bool:
         """A routable decode engine reports waiting requests or KV usage past the limits."""
-        s = self.settings
-        with np.errstate(invalid="ignore"):
-            full = (v.kv_usage >= s.kv_high) | (v.waiting_obs >= s.waiting_high)
-        return bool(np.any(v.decode_mask() & full))
+        return bool((v.decode_mask() & self._full(v)).any())
 
     def _confirmed(self, cause: RefusalCause, v: ClusterView) -> bool:
         """Whether the engines or the measurements back a refusal for `cause` (else only the prior does).
@@ -240,8 +233,7 @@ class SloGate:
         return True
 
     def _kv_full(self, v: ClusterView) -> bool:
-        with np.errstate(invalid="ignore"):
-            return bool(np.any(v.decode_mask() & (v.kv_usage >= self.settings.kv_high)))
+        return bool((v.decode_mask() & (v.kv_usage >= self.settings.kv_high)).any())
 
     def backlogs(self, v: ClusterView, now: float) -> np.ndarray:
         """Seconds until each routable prefill instance has drained what is queued on it: the
@@ -256,54 +248,6 @@ class SloGate:
         out: np.ndarray = np.maximum(projected, engine) if len(engine) else projected
         return out
 
-    @staticmethod
-    def _uncached(r: Request, v: ClusterView) -> float | np.ndarray:
-        """The prompt tokens `r` would compute: one per instance (less its expected prefix hit there)
-        where the prefix view expects one anywhere, else the whole prompt."""
-        cached = v.cached_tokens(r)
-        return np.maximum(float(r.prompt_tokens) - cached, 1.0) if cached.any() else float(r.prompt_tokens)
-
-    def first_token_s(self, r: Request, v: ClusterView, now: float) -> np.ndarray:
-        """Per routable prefill instance: seconds from now until `r`'s first token would come out
-        there if routed now — batched into the projection, or behind what the engine reports
-        waiting if that is later — scaled by the instance's measured drift. The prompt is what each
-        instance would compute: less the prefix it is expected to find cached there."""
-        q = v.queues
-        self._terms = q.terms
-        mask = v.prefill_mask()
-        tokens = self._uncached(r, v)
-        projected = v.first_token_at(tokens)[mask] - now
-        if v.waiting_obs[mask].any():
-            own = np.broadcast_to(np.asarray(tokens, dtype=float), mask.shape)
-            engine = np.array(
-                [
-                    q.terms_of(int(p)).backlog_s(float(v.waiting_obs[p]), self.typical_prompt, float(own[p]))
-                    for p in np.flatnonzero(mask)
-                ]
-            )
-            projected = np.maximum(projected, engine)
-        alone = self._alone_s(v, mask, tokens)
-        joining = self._joining_s(v, mask, tokens, now)
-        own_r, wait_r, own_a = self.drift.ratios(v.n_instances)
-        waits = np.maximum(projected - alone, 0.0) + joining
-        out: np.ndarray = alone * own_r[mask] + own_a[mask] + waits * wait_r[mask]
-        return out
-
-    def _joining_s(self, v: ClusterView, mask: np.ndarray, tokens: float | np.ndarray, now: float) -> np.ndarray:
-        """Per routable prefill instance: what the prompts expected to join the step that a prompt of `tokens`
-        would start in there add to it (`StepJoiners`)."""
-        q, where, j = v.queues, np.flatnonzero(mask), self.joiners
-        if len(where) > j.SMALL_POOL:
-            mine = tokens[mask] if isinstance(tokens, np.ndarray) else tokens
-            return j.expected_s(where, q.step_starts(tokens, now, v.prefill_free_at)[mask] - now, now, q.terms,
-                                self.typical_prompt, mine)
-        free, out = v.prefill_free_at, []
-        for p in where.tolist():
-            own = float(tokens[p]) if isinstance(tokens, np.ndarray) else float(tokens)
-            wait = q.step_start_one(p, own, now, float(free[p])) - now if j.rate_known(p) else 0.0
-            out.append(j.expected_one(p, wait, now, q.terms, self.typical_prompt, own))
-        return np.array(out)
-
     def routed(self, p: int, tokens: float, step_start: float, now: float) -> float:
         """A prompt of `tokens` uncached tokens was routed to prefill instance p at `now`, into a step
         projected to start at `step_start`: count it, and return what the prompts expected to join
@@ -311,15 +255,6 @@ class SloGate:
         joining = self.joiners.expected_one(p, step_start - now, now, self._terms, self.typical_prompt, tokens)
         self.joiners.routed(p, now)  # after: the rate it was admitted on
         return joining
-
-    @staticmethod
-    def _alone_s(v: ClusterView, mask: np.ndarray, tokens: float | np.ndarray) -> float | np.ndarray:
-        """Per routable prefill instance: the prompt's prefill alone there (its own terms, if any)."""
-        q = v.queues
-        if np.ndim(tokens) == 0 and not q.own.own:
-            return q.terms.alone_s(float(tokens))
-        own = np.broadcast_to(np.asarray(tokens, dtype=float), mask.shape)
-        return np.array([q.terms_of(int(p)).alone_s(float(own[p])) for p in np.flatnonzero(mask)])
 
     def fits_now(self, r: Request, v: ClusterView, now: float) -> bool:
         """`r` routed now is expected to start within its target (`target_s`: its own service and

@@ -201,21 +201,32 @@ class TtftDrifts:
             self.own.observe(p, projected_s, measured_s)
             self.own_line.observe(p, projected_s, measured_s)
             return
-        own_r, own_a = self._own_terms(p)
+        own_r, own_a = self.own_terms(p)
         own = own_s * own_r + own_a
         wait = projected_s - own_s
         self._ratios = None
         self.wait.observe(p, wait, max(measured_s - own, 0.1 * wait))
 
-    def _own_terms(self, p: int) -> tuple[float, float]:
+    def own_terms(self, p: int) -> tuple[float, float]:
         """`ratios`' own part on instance p alone: (its drift, its constant), without the arrays."""
         own, wait, line = self.own, self.wait, self.own_line
-        own.of(p + 1), wait.of(p + 1), line.lines(p + 1)
+        self._grow(p + 1)
         r = float(own.ratio[p] if own.samples[p] > 0 else wait.ratio[p])
         slope, a = float(line.r[p]), float(line.a[p])
         if line.known[p] and 0.5 * r <= slope <= 2.0 * r and abs(a) <= 0.5 * float(line.mean[p]):
             return slope, a
         return r, 0.0
+
+    def wait_ratio(self, p: int) -> float:
+        """`ratios`' queue part on instance p alone, without the arrays."""
+        own, wait = self.own, self.wait
+        self._grow(p + 1)
+        return float(wait.ratio[p] if wait.samples[p] > 0 else own.ratio[p])
+
+    def _grow(self, n: int) -> None:
+        """Every part's arrays cover n instances."""
+        if n > len(self.own.ratio) or n > len(self.wait.ratio) or n > len(self.own_line.samples):
+            self.own.of(n), self.wait.of(n), self.own_line.lines(n)
 
     def ratios(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per instance index (read-only): the drift of a prompt's own service and of the queue ahead

@@ -4,15 +4,16 @@
 one minute to the next, so a regression between builds is only seen side by side. This script
 exports each `--rev` (a git revision, or `.` for the working tree) with `git archive` into a
 temporary directory, starts one gateway per build (`sibyl-console up --headless --backend vllm
---attach ...`, `--policy` as given, SLO admission off where the build has it, no keys file, tracing
-off) over the same two of `shared/tools/fake_upstream.py` (zero-latency prefill and decode), and
-loads them in turn with `shared/tools/loadgen.py` (streaming /v1/completions, 16 tokens, 64
-concurrent), `--rounds` times. It prints each build's median req/s and gateway CPU per request
-(from /proc), and, per round, the ratio of each build's CPU per request to the first build's:
-the machine's drift moves both builds of a round alike, so the median ratio is the comparison.
+--attach ...`, `--policy` as given, SLO admission off where the build has it (`--admission-on` leaves
+it on), no keys file, tracing off) over the same two of `shared/tools/fake_upstream.py`
+(zero-latency prefill and decode), and loads them in turn with `shared/tools/loadgen.py`
+(streaming /v1/completions, 16 tokens, 64 concurrent), `--rounds` times. It prints each build's
+median req/s and gateway CPU per request (from /proc), and, per round, the ratio of each build's
+CPU per request to the first build's: the machine's drift moves both builds of a round alike, so
+the median ratio is the comparison.
 
 Usage: python -m benchmarks.gateway_ab --rev a295d97 --rev . [--policy sibyl] [--rounds 8]
-       [--requests 3000] [--shared ../shared] [--json]
+       [--admission-on] [--requests 3000] [--shared ../shared] [--json]
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ def export(rev: str, into: Path) -> Path:
 
 
 def start_gateway(
-    tree: Path, policy: str, prefill: str, decode: str, home: Path
+    tree: Path, policy: str, prefill: str, decode: str, home: Path, admission: bool = False
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """One build's gateway over the fakes, on a free port, with its own home and run store."""
+    """One build's gateway over the fakes, on a free port, with its own home and run store;
+    `admission`: SLO admission left at the build's default (on) instead of off."""
     config = home / "bench.toml"
     # the same path in every build: SLO admission (where the build has it) would judge the fakes' zero latency
     has_admission = (tree / "console" / "live" / "admission.py").exists()
-    config.write_text("[admission]\nenabled = false\n" if has_admission else "")
+    config.write_text("[admission]\nenabled = false\n" if has_admission and not admission else "")
     port = free_port()
     env = {**console_env(home), "PYTHONPATH": str(tree)}
     args = [str(config), "--backend", "vllm", "--attach", f"prefill={prefill};decode={decode}"]
@@ -79,7 +81,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 home = Path(tmp) / f"home{k}"
                 home.mkdir()
                 tree = export(rev, Path(tmp))
-                proc, url = start_gateway(tree, args.policy, fakes[0], fakes[1], home)
+                proc, url = start_gateway(tree, args.policy, fakes[0], fakes[1], home, args.admission_on)
                 procs.append(proc)
                 gateways.append((rev, url, proc.pid))
             runs: dict[str, list[tuple[float, float]]] = {rev: [] for rev in args.rev}
@@ -117,14 +119,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "req_per_s_ratio_median": statistics.median(rps_ratio),
             }
         )
-    return {"policy": args.policy, "rounds": args.rounds, "requests": args.requests, "rows": rows}
+    return {
+        "policy": args.policy,
+        "admission": args.admission_on,
+        "rounds": args.rounds,
+        "requests": args.requests,
+        "rows": rows,
+    }
 
 
 def print_report(r: dict[str, Any]) -> None:
     base = r["rows"][0]["rev"]
     print(
-        f"\nrouting {r['policy']}, 1P1D zero-latency fakes, {r['requests']:,} requests x {r['rounds']} rounds, "
-        "medians\n"
+        f"\nrouting {r['policy']}, SLO admission {'on' if r.get('admission') else 'off'}, 1P1D zero-latency fakes, "
+        f"{r['requests']:,} requests x {r['rounds']} rounds, medians\n"
     )
     print(
         f"| build | req/s | CPU ms/request | CPU/request vs {base} (median of rounds) | per round | req/s vs {base} |"
@@ -150,6 +158,12 @@ def main() -> None:
         "--policy", default="sibyl", help="routing policy of every gateway (`default`: each build's own default)"
     )
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument(
+        "--admission-on",
+        action="store_true",
+        help="leave SLO admission on (every build's default since issue 37) to compare what its decisions cost; "
+        "only between builds that refuse nothing the fakes serve (issue 37's fix onward)",
+    )
     ap.add_argument("--requests", type=int, default=3000, help="requests per gateway per round")
     ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
     ap.add_argument("--json", action="store_true")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -365,6 +368,22 @@ class TtftMargin:
         self.value = floor if goal >= 1.0 else 1.0
         self.met = 0
         self.missed = 0
+        self._deadlines: list[tuple[float, int, Hashable]] = []
+        """(TTFT deadline, order, request id) of the admitted requests, a heap (kept while the margin moves)."""
+        self._order = itertools.count()
+
+    def watch(self, rid: Hashable, deadline: float) -> None:
+        """Admitted request `rid` must have its first token by `deadline` (remembered only while the margin moves)."""
+        if self.goal < 1.0 and math.isfinite(deadline):
+            heapq.heappush(self._deadlines, (deadline, next(self._order), rid))
+
+    def overdue(self, now: float) -> list[Hashable]:
+        """The watched requests whose deadline passed before `now`, each once (finished or not: the caller knows)."""
+        out: list[Hashable] = []
+        heap = self._deadlines
+        while heap and heap[0][0] < now:
+            out.append(heapq.heappop(heap)[2])
+        return out
 
     def observe(self, ttft_s: float, target_s: float) -> None:
         """An admitted request got its first token `ttft_s` after arrival against its target."""

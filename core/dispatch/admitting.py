@@ -9,6 +9,7 @@ import numpy as np
 from core.admission import SloAdmission, SloGate
 from core.dispatch import recording
 from core.dispatch.instances import InstancesMixin
+from core.request_table import RUNNING
 from core.types import (
     Admission,
     Request,
@@ -68,6 +69,7 @@ class AdmittingMixin(InstancesMixin):
         gate = self.gate
         if gate is not None:
             gate.observe(request)
+            self._hear_late(gate, now)
         if not adm.held_since and self._room() > 0 and (gate is None or gate.fits_now(request, v, now)):
             adm.arrivals += 1  # the common case, without the policy
             return Admission.ROUTE
@@ -81,6 +83,19 @@ class AdmittingMixin(InstancesMixin):
         decision, why = gate.hold_or_shed(adm, self.queue, request, v, now)
         self.shed_reason = why or self.shed_reason
         return decision
+
+    def _hear_late(self, gate: SloGate, now: float) -> None:
+        """The admitted requests past their TTFT target whose decode has not begun are certain misses:
+        the moving margin hears them now, at the next arrival, rather than at their hand-off (in a
+        burst, the hand-offs come after the burst's arrivals were admitted on the old margin)."""
+        t = self.view.table
+        for rid in gate.margin.overdue(now):
+            tracked = self._tracked.get(rid)
+            i = t.row.get(rid)
+            if tracked is None or i is None or tracked.miss_heard or t.state[i] == RUNNING:
+                continue  # finished, or handed off in time (judged at its first token)
+            gate.observe_attainment(now - tracked.request.arrival, float(t.ttft_slo[i]))
+            tracked.miss_heard = True
 
     def release(self, now: float) -> list[Request]:
         """Held requests to route now, in the queue policy's order, while there is room.

@@ -70,8 +70,9 @@ class _Tracked:
     """Its arm in the canary running when it was routed (core/dispatch/canary.py; None: no canary ran)."""
     canary_policy: Any = None
     """The canary's candidate when it is in the canary arm (it routed it, or chooses its rank)."""
-    missed_at_handoff: bool = False
-    """Its decode began past its TTFT target: SLO admission's margin counted the miss then, not at its end."""
+    miss_heard: bool = False
+    """SLO admission's margin counted it as a miss before its end: it passed its TTFT target before
+    its decode began (heard at the next arrival past that target, else at the hand-off)."""
 
 
 class DispatcherBase:

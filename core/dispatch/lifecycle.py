@@ -94,6 +94,8 @@ class LifecycleMixin(AdmittingMixin):
             tracked.own_est = v.queues.terms_of(p).alone_s(max(computed, 1)) + tracked.handoff_est
             tracked.alone = int(v.prefill_n[p]) == 1  # itself
             tracked.joining_est = gate.routed(p, max(computed, 1), v.queues.first_step_start(request.id), now)
+        if gate is not None and request.ttft_s is not None:  # a miss is heard once it is certain
+            gate.margin.watch(request.id, request.arrival + request.ttft_s)
         for _, shadow in self.shadows:
             try:
                 choice = shadow.route(request, v).decode
@@ -236,9 +238,9 @@ class LifecycleMixin(AdmittingMixin):
         if tracked.in_prefill:  # the caller skipped on_prefill_end
             self._end_prefill(tracked, int(t.prefill[i]), now)
         gate, late = self.gate, now - tracked.request.arrival
-        if gate is not None and late > float(t.ttft_slo[i]):  # a certain miss: the margin hears it now
+        if gate is not None and late > float(t.ttft_slo[i]) and not tracked.miss_heard:  # a certain miss
             gate.observe_attainment(late, float(t.ttft_slo[i]))
-            tracked.missed_at_handoff = True
+            tracked.miss_heard = True
         d = int(t.inst[i])
         if d >= 0:
             self._score_handoff(d, tracked, rid)
@@ -319,7 +321,7 @@ class LifecycleMixin(AdmittingMixin):
                         projected = tracked.prefill_due + tracked.joining_est + tracked.handoff_est - tracked.routed_at
                         measured = first_token_at - tracked.routed_at
                         gate.observe_ttft(p, projected, measured, tracked.own_est, tracked.alone)
-                    if not tracked.missed_at_handoff:
+                    if not tracked.miss_heard:
                         gate.observe_attainment(first_token_at - req.arrival, float(t.ttft_slo[i]))
                     if output_tokens > 1:  # and the decode slots' measured TPOT
                         gate.observe_tpot(tpot, float(t.tpot_slo[i]), v, now)

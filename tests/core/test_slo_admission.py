@@ -480,6 +480,36 @@ def test_the_margin_starts_at_the_whole_target_and_tightens_when_admitted_reques
     assert fixed.margin.value == 0.8
 
 
+def test_a_request_past_its_target_before_its_decode_begins_is_heard_as_a_miss_at_the_next_arrival() -> None:
+    """Under a burst the hand-offs come after the burst's arrivals: the margin hears a request that
+    passed its 2 s target still in prefill as soon as the next request arrives, once; one handed off
+    in time is judged at its first token instead."""
+    d = cluster(ttft_attainment_goal=0.95)
+    gate = d.gate
+    assert gate is not None
+    for k in (0, 1):
+        assert d.admit(req(k), 0.0) == Admission.ROUTE
+        d.route(req(k), 0.0)
+    d.on_prefill_end(1, 0.3, 0.3)
+    d.on_decode_start(1, 0.35)  # in time: not a certain miss
+    d.admit(req(2, 1.9), 1.9)
+    assert gate.margin.missed == 0 and gate.margin.value == 1.0  # nobody is past 2 s yet
+    d.admit(req(3, 2.1), 2.1)  # request 0 is 2.1 s old and still in prefill: a miss, heard now
+    assert gate.margin.missed == 1 and gate.margin.value == pytest.approx(1.0 - 0.095)
+    d.on_prefill_end(0, 2.6, 2.6)
+    d.on_decode_start(0, 2.7)  # not heard again at its hand-off
+    d.on_finish(0, 3.0, 16, first_token_at=2.75)  # nor at its end
+    d.admit(req(4, 5.0), 5.0)  # nor at a later arrival
+    assert gate.margin.missed == 1
+    d.on_finish(1, 3.0, 16, first_token_at=0.4)
+    assert gate.margin.met == 1
+    still = cluster()  # the default goal keeps no deadlines: the margin stays at headroom
+    assert still.gate is not None
+    still.route(req(0), 0.0)
+    still.admit(req(1, 3.0), 3.0)
+    assert still.gate.margin.missed == 0 and still.gate.margin.value == 0.8
+
+
 def test_the_margin_settles_where_the_admitted_meet_their_target_at_the_goal() -> None:
     """Admitted requests that miss with a probability rising with the margin (5% at 0.9): the margin
     settles near 0.9, where the admitted meet their target 95% of the time."""

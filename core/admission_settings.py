@@ -9,8 +9,8 @@ class SloAdmission(BaseModel):
     """Admission that protects the SLO (the live console's `[admission]` settings).
 
     Arrivals are routed while the cluster can start them within their target (their own service,
-    prefill alone and hand-off, plus headroom × what it leaves of their class's TTFT target, or a
-    margin between headroom and 1 held to ttft_attainment_goal of the admitted in SLO): a
+    prefill alone and hand-off, plus a margin × what it leaves of their class's TTFT target; the
+    margin moves between headroom and 1 to hold ttft_attainment_goal of the admitted in SLO): a
     decode slot is free (slots per decode instance start from vLLM's max_num_seqs and the TPOT
     target on the profile, then follow what the decode engines report and the measured TPOT)
     and the least-loaded prefill instance's backlog (the dispatcher's projections corrected by the
@@ -39,20 +39,21 @@ class SloAdmission(BaseModel):
         gt=0,
         le=1,
         description=(
-            "the share of a request's TTFT target, after its own service (its prefill alone and the hand-off), that "
-            "the queue projected ahead of it may take (the least, with a ttft_attainment_goal below 1); the rest "
-            "covers what the projection of that queue cannot know: how many prompts will join its step "
-            "(docs/admission.md)"
+            "the least share of a request's TTFT target, after its own service (its prefill alone and the hand-off), "
+            "that the queue projected ahead of it may take: the margin moves between this and 1 "
+            "(ttft_attainment_goal), and stays here with a goal of 1; the rest covers what the projection of that "
+            "queue cannot know: how many prompts will join its step (docs/admission.md)"
         ),
     )
     ttft_attainment_goal: float = Field(
-        1.0,
+        0.95,
         ge=0.5,
         le=1,
         description=(
-            "below 1, the margin moves between headroom and 1 to keep this share of the admitted within their TTFT "
-            "target: it starts at the whole target and loosens while more meet it, tightening when fewer do (fewer "
-            "refusals below capacity, more misses at and above it: docs/admission.md); 1 keeps it at headroom"
+            "the margin moves between headroom and 1 to keep this share of the admitted within their TTFT target: "
+            "it starts at the whole target, tightens on each admitted request that misses it (heard once certain: "
+            "past its target before its decode began) and loosens on each that meets it; 1 keeps it at headroom "
+            "(fewer refusals below capacity, more of the admitted missing at 2-3x capacity: docs/admission.md)"
         ),
     )
     extra_wait_s: float = Field(

@@ -355,11 +355,12 @@ class TtftMargin:
     a share `goal` of the admitted meet their target: one that met it loosens the margin by `step` ×
     (1 − `goal`), one that missed tightens it by `step` × `goal`, so it settles where the admitted
     miss at rate 1 − `goal`, within [`floor`, 1]. It starts at 1 (refuse only what is projected to
-    miss) and tightens where the projection proves optimistic: near capacity the queue ahead ran
-    1.0–2.2× its projection (`benchmarks/admission.py`). A `goal` of 1 (the console's default) keeps it
-    at `floor`: measured at 0.8–3·C, a goal of 0.95 refused one request fewer in 77 at 0.8·C but left
-    more of the admitted past their target at and above C (3·C: 90.8% within it against 97.4%), as
-    misses come in bursts and are heard only at the hand-off."""
+    miss) and tightens where the projection proves optimistic. A miss is heard once it is certain,
+    not at the first token: the dispatcher asks `overdue` at each arrival for the admitted requests
+    past their deadline (`watch`), and one whose decode has not begun has missed. In a burst the
+    hand-offs come after the burst's arrivals were admitted. A `goal` of 1 keeps it at `floor` (and
+    keeps no deadlines). The console's goal, 0.95, and a goal of 1 are measured side by side at
+    0.8–3·C in docs/admission.md."""
 
     def __init__(self, floor: float, goal: float, step: float = 0.1) -> None:
         self.floor = floor

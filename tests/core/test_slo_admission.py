@@ -60,14 +60,14 @@ def test_decode_slots_are_max_num_seqs_cut_to_the_tpot_target() -> None:
 
 
 def test_a_burst_routes_what_the_prefill_can_start_within_the_ttft_target_and_sheds_the_rest_at_once() -> None:
-    d = cluster()
+    d = cluster(ttft_attainment_goal=1.0)
     decisions = admit_all(d, 600)
     routed = decisions.count(Admission.ROUTE)
-    # 0.8 × 2 s TTFT: about six 256-token prompts fit in one prefill instance's backlog
+    # a margin fixed at headroom, 0.8 × 2 s TTFT: about six 256-token prompts fit in one prefill instance's backlog
     assert 4 <= routed <= 7 and decisions[:routed] == [Admission.ROUTE] * routed
-    # a margin held to an attainment goal starts at 1 (nothing admitted has missed yet): the whole
-    # 2 s target, about eight
-    moving = admit_all(cluster(ttft_attainment_goal=0.95), 600).count(Admission.ROUTE)
+    # the default margin, held to an attainment goal, starts at 1 (nothing admitted has missed yet):
+    # the whole 2 s target, about eight
+    moving = admit_all(cluster(), 600).count(Admission.ROUTE)
     assert 7 <= moving <= 9 and moving > routed
     assert decisions.count(Admission.SHED) == 600 - routed - decisions.count(Admission.QUEUED)
     assert "TTFT target 2 s + bounded wait 0 s" in d.shed_reason
@@ -76,7 +76,7 @@ def test_a_burst_routes_what_the_prefill_can_start_within_the_ttft_target_and_sh
 
 
 def test_the_bounded_wait_holds_what_can_start_within_it_and_releases_in_the_queue_policys_order() -> None:
-    d = cluster(queue="priority", extra_wait_s=3.0)
+    d = cluster(queue="priority", extra_wait_s=3.0, ttft_attainment_goal=1.0)
     decisions = admit_all(d, 40)
     queued = [k for k, a in enumerate(decisions) if a == Admission.QUEUED]
     assert queued and decisions.count(Admission.SHED) > 0
@@ -177,7 +177,7 @@ def test_a_burst_of_short_prompts_is_batched_not_summed_and_all_of_it_is_admitte
 
 
 def test_a_prefill_backlog_refusal_is_counted_with_its_projected_start_against_the_bound() -> None:
-    d = cluster()
+    d = cluster(ttft_attainment_goal=1.0)
     decisions = admit_all(d, 100)
     by_cause = d.gate.refusals_by_cause()  # type: ignore[union-attr]
     shed = decisions.count(Admission.SHED)
@@ -303,9 +303,9 @@ def test_concurrent_prefill_durations_do_not_inflate_the_prefill_estimate() -> N
 # --- hold on what the engines report, shed late: a prior is a starting point (issue 37) ----------
 def test_before_anything_is_measured_a_burst_the_prior_says_is_too_much_is_held_not_refused() -> None:
     """600 prompts of 256 tokens, nothing measured, no engine reporting a queue: the prior alone
-    projects most past the 1.6 s bound, so they are held (evidence_hold_s = 0.5 s), and refused
-    (as expired, by cause) only once that hold is over and the projection still says so."""
-    d = cluster(measured=False)
+    projects most past the 1.6 s bound (a margin fixed at headroom), so they are held (evidence_hold_s
+    = 0.5 s), and refused (as expired, by cause) only once that hold is over and the projection still says so."""
+    d = cluster(measured=False, ttft_attainment_goal=1.0)
     decisions = admit_all(d, 600)
     assert Admission.SHED not in decisions
     routed = decisions.count(Admission.ROUTE)
@@ -425,8 +425,8 @@ def test_the_margin_is_on_the_queue_ahead_so_a_long_prompt_an_idle_cluster_serve
 
 def test_a_short_prompt_may_wait_headroom_times_what_its_own_service_leaves() -> None:
     """Behind a backlog, a 256-token prompt is routed while its projected start stays within its
-    own service + 0.8 × (2 s − that service), and refused past it."""
-    d = cluster()
+    own service + 0.8 × (2 s − that service) with the margin fixed at headroom, and refused past it."""
+    d = cluster(ttft_attainment_goal=1.0)
     gate = d.gate
     assert gate is not None
     own = gate.service_s(256)
@@ -474,7 +474,7 @@ def test_the_margin_starts_at_the_whole_target_and_tightens_when_admitted_reques
     assert gate.margin.value == 0.8  # never tighter than headroom
     own = gate.service_s(256)
     assert gate.target_s(req(1), own) == pytest.approx(own + 0.8 * (2.0 - own))
-    fixed = cluster().gate  # the default goal, 1: the margin stays at headroom
+    fixed = cluster(ttft_attainment_goal=1.0).gate  # a goal of 1: the margin stays at headroom
     assert fixed is not None and fixed.margin.value == 0.8
     fixed.observe_attainment(1.0, 2.0)
     assert fixed.margin.value == 0.8
@@ -503,7 +503,7 @@ def test_a_request_past_its_target_before_its_decode_begins_is_heard_as_a_miss_a
     assert gate.margin.missed == 1
     d.on_finish(1, 3.0, 16, first_token_at=0.4)
     assert gate.margin.met == 1
-    still = cluster()  # the default goal keeps no deadlines: the margin stays at headroom
+    still = cluster(ttft_attainment_goal=1.0)  # a goal of 1 keeps no deadlines: the margin stays at headroom
     assert still.gate is not None
     still.route(req(0), 0.0)
     still.admit(req(1, 3.0), 3.0)

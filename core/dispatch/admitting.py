@@ -86,8 +86,8 @@ class AdmittingMixin(InstancesMixin):
 
     def _hear_late(self, gate: SloGate, now: float) -> None:
         """The admitted requests past their TTFT target whose decode has not begun are certain misses:
-        the moving margin hears them now, at the next arrival, rather than at their hand-off (in a
-        burst, the hand-offs come after the burst's arrivals were admitted on the old margin)."""
+        the moving margin hears them now, at the next arrival or release, rather than at their hand-off
+        (in a burst, the hand-offs come after the burst's arrivals were admitted on the old margin)."""
         t = self.view.table
         for rid in gate.margin.overdue(now):
             tracked = self._tracked.get(rid)
@@ -102,6 +102,8 @@ class AdmittingMixin(InstancesMixin):
 
         Call after a request finishes or fails, after instances become active, and periodically.
         """
+        if self.gate is not None:
+            self._hear_late(self.gate, now)
         if not self.admission:
             return []
         v = self.view

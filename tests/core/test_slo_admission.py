@@ -65,9 +65,15 @@ def test_a_burst_routes_what_the_prefill_can_start_within_the_ttft_target_and_sh
     routed = decisions.count(Admission.ROUTE)
     # a margin fixed at headroom, 0.8 × 2 s TTFT: about six 256-token prompts fit in one prefill instance's backlog
     assert 4 <= routed <= 7 and decisions[:routed] == [Admission.ROUTE] * routed
-    # the default margin, held to an attainment goal, starts at 1 (nothing admitted has missed yet):
+    # the default margin, held to an attainment goal, is headroom's until eight admitted requests
+    # were judged (a cold burst); then where it learned, from 1 (nothing admitted has missed yet):
     # the whole 2 s target, about eight
-    moving = admit_all(cluster(), 600).count(Admission.ROUTE)
+    assert admit_all(cluster(), 600).count(Admission.ROUTE) == routed
+    warm = cluster()
+    assert warm.gate is not None
+    for _ in range(8):
+        warm.gate.observe_attainment(1.0, 2.0)
+    moving = admit_all(warm, 600).count(Admission.ROUTE)
     assert 7 <= moving <= 9 and moving > routed
     assert decisions.count(Admission.SHED) == 600 - routed - decisions.count(Admission.QUEUED)
     assert "TTFT target 2 s + bounded wait 0 s" in d.shed_reason
@@ -445,28 +451,33 @@ def test_a_short_prompt_may_wait_headroom_times_what_its_own_service_leaves() ->
 
 def test_the_margin_starts_at_the_whole_target_and_tightens_when_admitted_requests_miss_it() -> None:
     """Each admitted request's measured TTFT moves the margin: a miss tightens it by 0.1 × 0.95,
-    a met target loosens it by 0.1 × 0.05, within [headroom, 1]; routed on the dispatcher, a
-    request whose first token came 2.5 s after arrival (target 2 s) tightens it."""
-    d = cluster(ttft_attainment_goal=0.95)
+    a met target loosens it by 0.1 × 0.05, within [headroom, 1], from 1; routed on the dispatcher, a
+    request whose first token came 2.5 s after arrival (target 2 s) tightens it. Until eight
+    admitted requests were judged the margin in force is headroom's (a cold burst is not admitted
+    on the whole target)."""
+    d = cluster()  # the default goal, 0.95
     gate = d.gate
-    assert gate is not None and gate.margin.value == 1.0
+    assert gate is not None and gate.margin.learned == 1.0 and gate.margin.value == 0.8
     assert d.admit(req(0), 0.0) == Admission.ROUTE
     d.route(req(0), 0.0)
     d.on_prefill_end(0, 2.4, 2.4)
     d.on_decode_start(0, 2.45)  # its decode starts past the target: a certain miss, heard now
-    assert gate.margin.value == pytest.approx(1.0 - 0.095)
+    assert gate.margin.learned == pytest.approx(1.0 - 0.095)
     d.on_finish(0, 5.0, 200, first_token_at=2.5)  # and not counted again at its end
-    assert gate.margin.value == pytest.approx(1.0 - 0.095) and gate.margin.missed == 1
+    assert gate.margin.learned == pytest.approx(1.0 - 0.095) and gate.margin.missed == 1
     assert d.admit(req(1, 5.0), 5.0) == Admission.ROUTE
     d.route(req(1, 5.0), 5.0)
     d.on_prefill_end(1, 5.3, 0.3)
     d.on_decode_start(1, 5.35)
     assert gate.margin.met == 0  # in time so far: judged at its first token
     d.on_finish(1, 6.0, 20, first_token_at=5.4)
-    assert gate.margin.met == 1 and gate.margin.value == pytest.approx(1.0 - 0.095 + 0.005)
+    assert gate.margin.met == 1 and gate.margin.learned == pytest.approx(1.0 - 0.095 + 0.005)
+    for _ in range(5):
+        gate.observe_attainment(1.0, 2.0)
+    assert gate.margin.value == 0.8  # seven judged: still headroom's
     gate.observe_attainment(3.0, 2.0)
-    gate.observe_attainment(1.0, 2.0)
-    for _ in range(37):  # nineteen in time undo one miss: two misses, less the two met above
+    assert gate.margin.value == gate.margin.learned == pytest.approx(1.0 - 2 * 0.095 + 6 * 0.005)  # eight: learned
+    for _ in range(32):  # nineteen in time undo one miss: two misses, less the six met above
         gate.observe_attainment(1.0, 2.0)
     assert gate.margin.value == pytest.approx(1.0)
     for _ in range(5):
@@ -493,9 +504,9 @@ def test_a_request_past_its_target_before_its_decode_begins_is_heard_as_a_miss_a
     d.on_prefill_end(1, 0.3, 0.3)
     d.on_decode_start(1, 0.35)  # in time: not a certain miss
     d.admit(req(2, 1.9), 1.9)
-    assert gate.margin.missed == 0 and gate.margin.value == 1.0  # nobody is past 2 s yet
+    assert gate.margin.missed == 0 and gate.margin.learned == 1.0  # nobody is past 2 s yet
     d.admit(req(3, 2.1), 2.1)  # request 0 is 2.1 s old and still in prefill: a miss, heard now
-    assert gate.margin.missed == 1 and gate.margin.value == pytest.approx(1.0 - 0.095)
+    assert gate.margin.missed == 1 and gate.margin.learned == pytest.approx(1.0 - 0.095)
     d.on_prefill_end(0, 2.6, 2.6)
     d.on_decode_start(0, 2.7)  # not heard again at its hand-off
     d.on_finish(0, 3.0, 16, first_token_at=2.75)  # nor at its end
@@ -503,6 +514,11 @@ def test_a_request_past_its_target_before_its_decode_begins_is_heard_as_a_miss_a
     assert gate.margin.missed == 1
     d.on_finish(1, 3.0, 16, first_token_at=0.4)
     assert gate.margin.met == 1
+    held = cluster(ttft_attainment_goal=0.95, extra_wait_s=3.0)  # heard at a release too
+    assert held.gate is not None
+    held.route(req(0), 0.0)
+    held.release(2.5)
+    assert held.gate.margin.missed == 1
     still = cluster(ttft_attainment_goal=1.0)  # a goal of 1 keeps no deadlines: the margin stays at headroom
     assert still.gate is not None
     still.route(req(0), 0.0)

@@ -51,8 +51,9 @@ class SloAdmission(BaseModel):
         le=1,
         description=(
             "the margin moves between headroom and 1 to keep this share of the admitted within their TTFT target: "
-            "it starts at the whole target, tightens on each admitted request that misses it (heard once certain: "
-            "past its target before its decode began) and loosens on each that meets it; 1 keeps it at headroom "
+            "it learns from the whole target, tightening on each admitted request that misses it (heard once "
+            "certain: past its target before its decode began) and loosening on each that meets it, and is "
+            "headroom until eight were judged; 1 keeps it at headroom "
             "(fewer refusals below capacity, more of the admitted missing at 2-3x capacity: docs/admission.md)"
         ),
     )

@@ -99,14 +99,24 @@ def test_threshold_scales_out_under_load_then_drains_back_with_no_failed_request
         for th in threads:
             th.join(60)
         assert errors == []
-        # the load has ended: d1 drains once its streams finish (seconds alone; over 30 s once in a full test-slow run)
-        wait_for(lambda: any(ev == "removed" for ev, _ in instance_steps_live(con, "d1")), 60, "d1 to be drained away")
-        assert all(i["id"] != "d1" for i in con.state()["instances"])
+        # the load has ended: one decode instance drains once its streams finish (seconds alone; over 30 s
+        # once in a full test-slow run). The policy drains the least loaded one: d1 as a rule, d0 once in a
+        # full test-slow run, where the load's last second already read low with two instances
+        def removed() -> list[str]:
+            return [iid for iid in ("d0", "d1") if any(ev == "removed" for ev, _ in instance_steps_live(con, iid))]
+
+        wait_for(lambda: removed() != [], 60, "a decode instance to be drained away")
+        gone = removed()
+        assert len(gone) == 1
+        assert [i["id"] for i in con.state()["instances"] if i["role"] == "decode"] == [
+            iid for iid in ("d0", "d1") if iid not in gone
+        ]
         con.stop()
         steps = instance_steps(con, "d1")
-        assert [ev for ev, _ in steps] == ["starting", "added", "draining", "removed"]
+        assert [ev for ev, _ in steps[:2]] == ["starting", "added"]
         assert "utilisation" in steps[0][1] and "[policy:threshold]" in steps[0][1]  # the reason quotes the numbers
-        assert steps[3][1].startswith("drained")
+        drained = instance_steps(con, gone[0])
+        assert [ev for ev, _ in drained[-2:]] == ["draining", "removed"] and drained[-1][1].startswith("drained")
         rows = RunStore(con.db).requests(con.run_id)
         assert len(rows) == RATE * SECONDS and all(r["status"] == "ok" for r in rows)
         assert any(r["decode_instance"] == "d1" for r in rows)  # added while the load lasted, and used

@@ -357,8 +357,8 @@ class TtftMargin:
     miss at rate 1 − `goal`, within [`floor`, 1]. It starts at 1 (refuse only what is projected to
     miss) and tightens where the projection proves optimistic; it is in force once `min_judged`
     admitted requests were judged, and `floor` before (a cold burst admitted at 1 lands on its
-    target: `make test-slow`'s 600 burst had 7 of 8 answered at 2.0 s against 2 s, released from the
-    queue on the whole target before any was judged). A miss is heard once it is certain,
+    target: `make test-slow`'s 600 burst had 7 of 8 answered at 2.0 s against 2 s, all admitted on
+    the whole target before any was judged). A miss is heard once it is certain,
     not at the first token: the dispatcher asks `overdue` at each arrival and each release for the
     admitted requests past their deadline (`watch`), and one whose decode has not begun has missed. In a burst the
     hand-offs come after the burst's arrivals were admitted. A `goal` of 1 keeps it at `floor` (and

@@ -72,7 +72,7 @@ class _Tracked:
     """The canary's candidate when it is in the canary arm (it routed it, or chooses its rank)."""
     miss_heard: bool = False
     """SLO admission's margin counted it as a miss before its end: it passed its TTFT target before
-    its decode began (heard at the next arrival past that target, else at the hand-off)."""
+    its decode began (heard at the next arrival or release past that target, else at the hand-off)."""
 
 
 class DispatcherBase:

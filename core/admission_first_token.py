@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.admission_signals import StepJoiners, TtftDrifts
-from core.types import Request
+from core.types import Request, Role
 
 if TYPE_CHECKING:
     from core.step_terms import StepTerms
@@ -29,7 +29,6 @@ class FirstTokenProjection:
     joiners: StepJoiners
     typical_prompt: float
     _terms: StepTerms
-    _where_of: tuple[np.ndarray, list[int]] | None = None
 
     @staticmethod
     def _uncached(r: Request, v: ClusterView) -> float | np.ndarray:
@@ -47,11 +46,10 @@ class FirstTokenProjection:
         instance would compute: less the prefix it is expected to find cached there."""
         q = v.queues
         self._terms = q.terms
-        mask = v.prefill_mask()
         tokens = self._uncached(r, v)
-        where = self._where(mask)
+        where = v.routable_indices(Role.PREFILL)
         if len(where) > StepJoiners.SMALL_POOL:
-            return self.first_token_array(v, mask, tokens, now)
+            return self.first_token_array(v, v.prefill_mask(), tokens, now)
         obs = v.waiting_obs
         waiting = any(obs[p] for p in where)
         return np.array(
@@ -60,13 +58,6 @@ class FirstTokenProjection:
                 for p in where
             ]
         )
-
-    def _where(self, mask: np.ndarray) -> list[int]:
-        """The indices `mask` holds, kept for the same array (a view's cached mask, never changed in place)."""
-        kept = self._where_of
-        if kept is None or kept[0] is not mask:
-            kept = self._where_of = (mask, np.flatnonzero(mask).tolist())
-        return kept[1]
 
     def first_token_one(self, v: ClusterView, p: int, tokens: float, now: float, waiting: bool) -> float:
         """`first_token_s` on prefill instance p alone, in floats; `waiting`: some routable prefill
@@ -87,18 +78,18 @@ class FirstTokenProjection:
     def first_token_array(self, v: ClusterView, mask: np.ndarray, tokens: float | np.ndarray, now: float) -> np.ndarray:
         """`first_token_s` over every `mask`ed instance at once, in arrays (large pools)."""
         q = v.queues
+        where = np.flatnonzero(mask)
         projected = v.first_token_at(tokens)[mask] - now
         if v.waiting_obs[mask].any():
             own = np.broadcast_to(np.asarray(tokens, dtype=float), mask.shape)
             engine = np.array(
                 [
                     q.terms_of(int(p)).backlog_s(float(v.waiting_obs[p]), self.typical_prompt, float(own[p]))
-                    for p in np.flatnonzero(mask)
+                    for p in where
                 ]
             )
             projected = np.maximum(projected, engine)
-        alone = self._alone_s(v, mask, tokens)
-        where = np.flatnonzero(mask)
+        alone = self._alone_s(v, where, tokens)
         mine = tokens[mask] if isinstance(tokens, np.ndarray) else tokens
         starts = q.step_starts(tokens, now, v.prefill_free_at)[mask] - now
         joining = self.joiners.expected_s(where, starts, now, q.terms, self.typical_prompt, mine)
@@ -108,13 +99,13 @@ class FirstTokenProjection:
         return out
 
     @staticmethod
-    def _alone_s(v: ClusterView, mask: np.ndarray, tokens: float | np.ndarray) -> float | np.ndarray:
-        """Per routable prefill instance: the prompt's prefill alone there (its own terms, if any)."""
+    def _alone_s(v: ClusterView, where: np.ndarray, tokens: float | np.ndarray) -> float | np.ndarray:
+        """Per routable prefill instance (`where`): the prompt's prefill alone there (its own terms, if any)."""
         q = v.queues
         if np.ndim(tokens) == 0 and not q.own.own:
             return q.terms.alone_s(float(tokens))
-        own = np.broadcast_to(np.asarray(tokens, dtype=float), mask.shape)
-        return np.array([q.terms_of(int(p)).alone_s(float(own[p])) for p in np.flatnonzero(mask)])
+        own = np.broadcast_to(np.asarray(tokens, dtype=float), (v.n_instances,))
+        return np.array([q.terms_of(int(p)).alone_s(float(own[p])) for p in where])
 
     def _own_s(self, r: Request, v: ClusterView, p: int) -> float:
         """`r`'s prefill alone on prefill instance p (its uncached prompt there, scaled by p's

@@ -100,6 +100,7 @@ class ClusterView:
     view. Read it through `first_token_at`."""
     _masks: dict[Role, np.ndarray] = field(default_factory=dict)
     _n_routable: dict[Role, int] = field(default_factory=dict)
+    _where: dict[Role, list[int]] = field(default_factory=dict)
     _cached: tuple[Request, float, np.ndarray] | None = None
     queues: PrefillQueues = field(init=False, repr=False, compare=False)
     """`prefill_queues`, never None once the view is made (an attribute, not a property: the dispatcher
@@ -161,6 +162,7 @@ class ClusterView:
         """Forget cached masks after instances are added, removed, flipped or change health."""
         self._masks.clear()
         self._n_routable.clear()
+        self._where.clear()
 
     def narrowed(self, prefill: np.ndarray, decode: np.ndarray) -> ClusterView:
         """A shallow copy whose routable prefill and decode instances are only those of the boolean
@@ -169,6 +171,7 @@ class ClusterView:
         v = copy.copy(self)
         v._masks = {Role.PREFILL: prefill & self.prefill_mask(), Role.DECODE: decode & self.decode_mask()}
         v._n_routable = {}
+        v._where = {}
         return v
 
     def routable_count(self, role: Role) -> int:
@@ -177,6 +180,13 @@ class ClusterView:
         if n is None:
             n = self._n_routable[role] = int(np.count_nonzero(self.routable(role)))
         return n
+
+    def routable_indices(self, role: Role) -> list[int]:
+        """The instance indices `routable(role)` holds, ascending (cached like the masks; read-only)."""
+        where = self._where.get(role)
+        if where is None:
+            where = self._where[role] = np.flatnonzero(self.routable(role)).tolist()
+        return where
 
     def routable(self, role: Role) -> np.ndarray:
         """Boolean mask over instance indices that are ACTIVE, healthy and serve `role`."""

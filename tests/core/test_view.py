@@ -1,7 +1,9 @@
-"""The cluster view's hand-off projection: the KV read and the decode steps a busy decode instance adds."""
+"""The cluster view's hand-off projection (the KV read and the decode steps a busy decode instance
+adds) and its cached routable indices."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from core.dispatch import Dispatcher
@@ -57,3 +59,16 @@ def test_the_hand_off_is_on_the_soonest_routable_decode_instance_unless_one_is_n
     assert v.handoff_s(300, other) == pytest.approx(idle)
     busy = PROFILE.kv_transfer_time(300) + 2 * PROFILE.step_time(1, PROFILE.ps_context_tokens)
     assert v.handoff_s(300, busy_at) == pytest.approx(busy)
+
+
+def test_the_routable_indices_follow_health_changes_and_a_narrowed_copy() -> None:
+    d = Dispatcher(PROFILE, "round_robin")
+    for k in range(3):
+        d.add_instance(f"p{k}", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    v = d.view
+    assert v.routable_indices(Role.PREFILL) == [0, 1, 2] and v.routable_indices(Role.DECODE) == [3]
+    d.set_health("p1", False)
+    assert v.routable_indices(Role.PREFILL) == [0, 2] == np.flatnonzero(v.prefill_mask()).tolist()
+    narrow = v.narrowed(np.array([False, False, True, True]), np.ones(4, dtype=bool))
+    assert narrow.routable_indices(Role.PREFILL) == [2] and v.routable_indices(Role.PREFILL) == [0, 2]

@@ -9,11 +9,14 @@ clipped at --max-output tokens (sent as max_tokens with ignore_eos). The arrival
 lengths are the same sequence at every λ and in both modes (only the time scale changes), so on and
 off see the very same requests.
 
-1. C: with `[admission] enabled = false`, a short grid on λ (starting at half the profile's own
-   rate for these lengths, up ×1.25 after a pass or down ×0.8 after a miss, then bisecting between
-   the highest pass and the lowest miss above it while --grid-runs last) finds the highest λ whose
-   SLO attainment (requests answered within TTFT 2 s and TPOT 100 ms, measured by the client from
-   sending, over all requests) is ≥ 95%.
+1. C: with `[admission] enabled = false`, a short grid on λ, each point as long as the runs
+   (--duration; starting at half the profile's own rate for these lengths, up ×1.25 after a pass or
+   down ×0.8 after a miss, then bisecting between the highest pass and the lowest miss above it
+   while --grid-runs last) finds the highest λ whose SLO attainment (requests answered within TTFT
+   2 s and TPOT 100 ms, measured by the client from sending, over all requests) is ≥ 95%. A longer
+   run reaches further into the sequence, so C found on shorter points overstates the runs' own:
+   seed 37's 30 s points gave C = 2.42/s, and 160 s at 0.8 of that (1.94/s) left admission off at
+   95.0%, C itself for that length.
 2. Then at 0.8, 1.2, 2 and 3 × C, admission off and on alternately, one fresh console per run.
 
 Per run: requests; refused (429/503) share; answered (200, every token) share; answered within the
@@ -31,7 +34,7 @@ Targets: 0.8·C ≤ 1% refused; 1.2·C answered (on) ≥ 95% of off's answered w
 --capacity skips the grid; --on-setting KEY=VALUE adds an [admission] line to the 'on' runs (a what-if
 beside the defaults, never a default). Ctrl-C (or SIGTERM) stops the console of the run under way.
 
-Usage: python -m benchmarks.admission [--quick] [--duration 40] [--grid-duration 30] [--grid-runs 5]
+Usage: python -m benchmarks.admission [--quick] [--duration 40] [--grid-duration SECONDS] [--grid-runs 5]
        [--capacity C] [--loads 0.8,1.2,2,3] [--trace FILE] [--seed 37] [--max-output 256]
        [--on-setting headroom=1.0] [--json FILE]
 """
@@ -423,7 +426,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run of about 2 minutes (short loads, 2 grid points)")
     ap.add_argument("--duration", type=float, default=40.0, help="seconds of load per run")
-    ap.add_argument("--grid-duration", type=float, default=30.0, help="seconds of load per grid run")
+    ap.add_argument(
+        "--grid-duration", type=float, help="seconds of load per grid run (default: --duration, the runs' own length)"
+    )
     ap.add_argument("--grid-runs", type=int, default=5, help="at most this many grid runs to find C")
     ap.add_argument("--capacity", type=float, help="skip the grid: C in requests/s")
     ap.add_argument("--loads", default="0.8,1.2,2,3", help="multiples of C")
@@ -442,6 +447,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.duration, a.grid_duration, a.grid_runs, a.max_output = 8.0, 8.0, 3, 64
+    a.grid_duration = a.grid_duration or a.duration
     p = get_profile(PROFILE)
     w = workload(a.trace or traces_dir(a.traces) / BURSTGPT_SAMPLE, a.seed, a.max_output, p)
     mu = profile_rate(p, w)

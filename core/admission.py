@@ -237,14 +237,13 @@ class SloGate(FirstTokenProjection):
 
     def backlogs(self, v: ClusterView, now: float) -> np.ndarray:
         """Seconds until each routable prefill instance has drained what is queued on it: the
-        projection's, or what its engine reports waiting (typical prompts, batched) if more."""
+        projection's, or what its engine reports waiting (typical prompts, batched, less what has
+        drained since the report) if more."""
         q = v.queues
         self._terms = q.terms
         mask = v.prefill_mask()
         projected = np.maximum(v.prefill_free_at[mask] - now, 0.0)
-        engine = np.array(
-            [q.terms_of(int(p)).backlog_s(float(v.waiting_obs[p]), self.typical_prompt) for p in np.flatnonzero(mask)]
-        )
+        engine = np.array([self.engine_backlog_s(v, int(p), q.terms_of(int(p)), now) for p in np.flatnonzero(mask)])
         out: np.ndarray = np.maximum(projected, engine) if len(engine) else projected
         return out
 

@@ -99,6 +99,9 @@ class InstanceState:
     kv_capacity_tokens: int = 0
     tokens_per_s: float = 0.0
     url: str = ""
+    observed_at: float | None = None
+    """When its engine reported `running`, `waiting` and `kv_usage` (the dispatcher's clock: monotonic
+    seconds live); None: now."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,8 @@ class ClusterView:
     """Observed KV usage in [0, 1] per index (live polling); NaN when never observed."""
     waiting_obs: np.ndarray = field(default_factory=_ints)
     """Observed engine-side waiting requests per index (live polling); 0 when unknown."""
+    waiting_obs_at: np.ndarray = field(default_factory=_floats)
+    """When each `waiting_obs` was reported (inf: unknown, taken as reported now)."""
     running_n: np.ndarray = field(default_factory=_ints)
     """Running (decoding) requests per instance index, kept incrementally by the dispatcher."""
     pending_n: np.ndarray = field(default_factory=_ints)

@@ -121,4 +121,5 @@ class Instance:
             kv_usage=s.kv_usage,
             tokens_per_s=self.tokens_per_s,
             url=self.url,
+            observed_at=self.last_scrape or None,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 
 import numpy as np
@@ -51,6 +52,7 @@ class InstancesMixin(DispatcherBase):
         v.prefill_free_at = v.queues.free_at
         v.kv_usage = np.append(v.kv_usage, np.nan)
         v.waiting_obs = np.append(v.waiting_obs, 0)
+        v.waiting_obs_at = np.append(v.waiting_obs_at, np.inf)
         v.running_n = np.append(v.running_n, 0)
         v.pending_n = np.append(v.pending_n, 0)
         v.prefill_n = np.append(v.prefill_n, 0)
@@ -150,12 +152,14 @@ class InstancesMixin(DispatcherBase):
         return changed
 
     def observe_instance(self, state: InstanceState) -> None:
-        """Record polled KV usage and engine-side waiting requests (unknown ids are ignored)."""
+        """Record polled KV usage and engine-side waiting requests, and when they were reported
+        (unknown ids are ignored)."""
         i = self._index.get(str(state.id))
         if i is None:
             return
         self.view.kv_usage[i] = state.kv_usage
         self.view.waiting_obs[i] = state.waiting
+        self.view.waiting_obs_at[i] = math.inf if state.observed_at is None else state.observed_at
 
     def index_of(self, instance_id: str) -> int:
         return self._index[instance_id]

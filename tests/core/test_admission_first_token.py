@@ -1,6 +1,7 @@
 """Admission's first-token projection one instance at a time (small pools) equals the one in arrays
 (large pools), on constructed states: queued steps, engine-reported waiting, joiners, drifts,
-an instance with its own step terms, per-instance uncached prompts."""
+an instance with its own step terms, per-instance uncached prompts. And what an engine's report of
+waiting prompts adds to it as the report ages."""
 
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ def test_one_instance_at_a_time_projects_what_the_arrays_do(seed: int, waiting: 
     gate, v = d.gate, d.view
     assert gate is not None
     if waiting:
-        for p in (0, 5):
-            d.observe_instance(InstanceState(f"p{p}", Role.PREFILL, waiting=30))
+        d.observe_instance(InstanceState("p0", Role.PREFILL, waiting=30, observed_at=0.2))  # 0.3 s old at 0.5
+        d.observe_instance(InstanceState("p5", Role.PREFILL, waiting=30))  # when unknown: as of now
     d.set_health("p6", False)
     now = 0.5
     v.now = now
@@ -79,3 +80,31 @@ def test_a_small_pool_is_projected_one_instance_at_a_time_and_a_large_one_in_arr
     mask = v.prefill_mask()
     assert mask.sum() == StepJoiners.SMALL_POOL
     assert gate.first_token_s(r, v, 0.5) == pytest.approx(gate.first_token_array(v, mask, 900.0, 0.5))
+
+
+def test_an_engines_report_of_waiting_prompts_counts_less_as_it_ages() -> None:
+    """An idle 1P1D whose engine reported one typical prompt waiting at t = 10: a 900-token prompt
+    at 10 s is projected behind it, 0.1 s later by 0.1 s less, and once that prompt would have
+    drained (as of its report) exactly as with no report. The dashboard's backlog ages alike."""
+    d = Dispatcher(PROFILE, "round_robin")
+    d.add_instance("p0", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    gate = d.use_slo_admission(SloAdmission())
+    v = d.view
+    terms = v.queues.terms
+    ahead = terms.backlog_s(1.0, gate.typical_prompt)
+    assert ahead > 0.2
+    r = Request("x", 10.0, 900, 50)
+    clean = {t: float(gate.first_token_s(r, v, t)[0]) for t in (10.0, 10.1, 12.0)}
+    d.observe_instance(InstanceState("p0", Role.PREFILL, waiting=1, observed_at=10.0))
+    behind = terms.backlog_s(1.0, gate.typical_prompt, 900.0)
+    assert behind > clean[10.0] + 0.2  # the report matters when fresh
+    assert float(gate.first_token_s(r, v, 10.0)[0]) == pytest.approx(behind)
+    assert float(gate.first_token_s(r, v, 10.1)[0]) == pytest.approx(behind - 0.1)
+    assert float(gate.first_token_s(r, v, 12.0)[0]) == pytest.approx(clean[12.0])
+    assert gate.backlogs(v, 10.0)[0] == pytest.approx(ahead)
+    assert gate.backlogs(v, 10.1)[0] == pytest.approx(ahead - 0.1)
+    assert gate.backlogs(v, 12.0)[0] == 0.0
+    d.observe_instance(InstanceState("p0", Role.PREFILL, waiting=1))  # no time: taken as reported now
+    assert float(gate.first_token_s(r, v, 12.0)[0]) == pytest.approx(behind)
+    assert gate.backlogs(v, 12.0)[0] == pytest.approx(ahead)

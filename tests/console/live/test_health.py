@@ -108,11 +108,14 @@ def test_the_backend_seeing_an_instance_die_marks_it_down_once() -> None:
 def test_a_sample_reaches_the_dispatcher_and_the_log() -> None:
     health, log, _ = make()
     d0 = health.instances["d0"]
+    i = health.dispatcher.index_of("d0")
+    assert health.dispatcher.view.waiting_obs_at[i] == float("inf")  # nothing reported yet
     d0.sample.waiting, d0.sample.kv_usage = 7, 0.5
+    d0.update(d0.sample, 11.9)  # the poller took the page at 11.9
     health.on_sample(d0, 12.0)
     assert log.samples == ["d0"]
-    i = health.dispatcher.index_of("d0")
-    assert (health.dispatcher.view.waiting_obs[i], health.dispatcher.view.kv_usage[i]) == (7, 0.5)
+    view = health.dispatcher.view
+    assert (view.waiting_obs[i], view.kv_usage[i], view.waiting_obs_at[i]) == (7, 0.5, 11.9)
 
 
 def test_a_group_whose_ranks_drift_apart_is_reported_once_and_again_when_balanced() -> None:

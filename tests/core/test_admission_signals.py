@@ -109,20 +109,22 @@ def test_without_spread_in_the_projections_the_ratio_stands() -> None:
 
 
 def test_the_prompts_expected_to_join_a_step_are_the_routed_rate_times_the_wait_for_it_within_its_room() -> None:
-    """Two prompts routed to instance 0 at 0 s and 10 s, none to 1: the rate decays over tau (10 s); a
+    """Two prompts routed to instance 0 at 0 s and 10 s, none to 1: the rate decays over tau (10 s),
+    counted from the first prompt (which opens the span, over the part of the window it covers); a
     step starting 0.5 s from now is expected to take rate × 0.5 s typical prompts, each its sequence,
     host and chunk cost, and no more than the budget and the slots leave beside the request's own."""
     joiners = StepJoiners(tau_s=10.0)
     joiners.routed(0, 0.0)
     joiners.routed(0, 10.0)
     level = math.exp(-1.0) + 1.0
-    assert [joiners.rate(0, 10.0), joiners.rate(1, 10.0)] == pytest.approx([level / 10.0, 0.0])
-    assert joiners.rate(0, 20.0) == pytest.approx(level * math.exp(-1.0) / 10.0)
+    rate = (level - math.exp(-1.0)) / 10.0 / (1.0 - math.exp(-1.0))  # the second prompt over 10 s of the window
+    assert [joiners.rate(0, 10.0), joiners.rate(1, 10.0)] == pytest.approx([rate, 0.0])
+    later = (level * math.exp(-1.0) - math.exp(-2.0)) / 10.0 / (1.0 - math.exp(-2.0))
+    assert joiners.rate(0, 20.0) == pytest.approx(later)
     terms = StepTerms.of(toy_profile(decode_step_per_seq_s=0.001, prefill_per_token_s=1e-4, prefill_per_token2_s=1e-8,
                                      max_num_batched_tokens=2048, max_num_seqs=8))
     each = 0.001 + terms.host + 1e-4 * 200 + 1e-8 * 200**2
     assert joiners.each_s(terms, 200.0) == pytest.approx(each)
-    rate = level / 10.0
     both = np.array([0, 1])
     at_10 = joiners.expected_s(both, np.array([0.5, 0.5]), 10.0, terms, 200.0, 100.0)
     assert at_10 == pytest.approx([rate * 0.5 * each, 0.0])
@@ -135,6 +137,24 @@ def test_the_prompts_expected_to_join_a_step_are_the_routed_rate_times_the_wait_
     assert joiners.origin == 10.0 + StepJoiners.REBASE_S + 1.0
     before = level * math.exp(-(StepJoiners.REBASE_S + 1) / 10)
     assert joiners.rate(0, joiners.origin) == pytest.approx(before / 10 + 0.1)
+
+
+def test_the_rate_of_a_stream_just_begun_is_its_rate_not_a_ramp_from_nothing() -> None:
+    """Prompts every 0.5 s from t = 0: at 1, 2 and 4 s the rate reads 2/s within the spacing's error
+    (the weights divided by all of a 10 s window read 0.18, 0.36, 0.68/s); a second prompt 0.1 s after
+    the first is counted over `MIN_SPAN_S`, not 0.1 s; at 100 s, long past tau, it reads the same."""
+    joiners = StepJoiners(tau_s=10.0)
+    t = 0.0
+    for at in (1.0, 2.0, 4.0, 100.0):
+        while t <= at:
+            joiners.routed(0, t)
+            t += 0.5
+        assert joiners.rate(0, at) == pytest.approx(2.0, rel=0.06)
+        assert joiners.rates(np.array([0]), at) == pytest.approx([joiners.rate(0, at)])
+    fresh = StepJoiners(tau_s=10.0)
+    fresh.routed(0, 0.0)
+    fresh.routed(0, 0.1)
+    assert fresh.rate(0, 0.1) == pytest.approx(1.0 / 10.0 / (1.0 - math.exp(-StepJoiners.MIN_SPAN_S / 10.0)))
 
 
 def test_many_instances_expect_their_joiners_in_arrays_as_a_few_do_one_by_one() -> None:

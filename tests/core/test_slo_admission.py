@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from core.admission import SloAdmission, pool_drained_s, tpot_slots
-from core.admission_signals import RefusalCause
+from core.admission_signals import RefusalCause, StepJoiners
 from core.dispatch import Dispatcher
 from core.perf import get_profile
 from core.types import Admission, InstanceState, Request, Role
@@ -286,9 +286,13 @@ def test_the_queues_drift_scales_the_queue_ahead_not_a_prompts_own_service() -> 
     for k in range(10):
         d.route(Request(100 + k, 0.0, 40, 16), 0.0)
     projected = float(d.view.first_token_at(40.0)[0])
-    # the 10 routed at 0 s: 1 a second over the joiners' 10 s; r's step starts at `start`, a typical prompt each
+    # the 10 routed at 0 s: 9 over the joiners' one-second floor (the first opens the span); r's step
+    # starts at `start`, a typical prompt each, as many as its step's budget and slots leave room for
     t, start, typical = d.view.queues.terms, float(d.view.queues.step_starts(40.0, 0.0)[0]), gate.typical_prompt
-    joining = 10 / 10.0 * start * (t.per_seq + t.host + (t.per_kv + t.per_token) * typical + t.per_token2 * typical**2)
+    rate = 9 / 10.0 / (1.0 - math.exp(-StepJoiners.MIN_SPAN_S / 10.0))
+    room = min((t.budget - 40) / typical, t.max_seqs - 1.0)
+    each = t.per_seq + t.host + (t.per_kv + t.per_token) * typical + t.per_token2 * typical**2
+    joining = min(rate * start, room) * each
     assert start > 0 and joining > 0
     expected = alone + 1.1 / 0.8 * (projected - alone + joining)
     assert float(gate.first_token_s(r, d.view, 0.0)[0]) == pytest.approx(expected)
@@ -545,9 +549,10 @@ def test_the_margin_settles_where_the_admitted_meet_their_target_at_the_goal() -
 def test_admission_expects_the_prompts_that_will_join_a_requests_step_and_its_drift_compares_that() -> None:
     """Prompts routed at 0, 0.1 and 0.2 s to the one prefill instance: the first runs at once, the
     second waits for its step to start when the first ends, and prompts that come before then join
-    that step (as vLLM forms a step from what waits when it starts). The third's projection adds
-    the routed rate × the wait for its step × a typical prompt's share; so does what the queue's
-    drift later compares with its measured TTFT."""
+    that step (as vLLM forms a step from what waits when it starts). The second expects no joiners
+    (one prompt before it opens the rate's span: no rate yet); the third's projection adds the
+    routed rate × the wait for its step × a typical prompt's share; so does what the queue's drift
+    later compares with its measured TTFT."""
     d = cluster()
     gate = d.gate
     assert gate is not None
@@ -558,16 +563,18 @@ def test_admission_expects_the_prompts_that_will_join_a_requests_step_and_its_dr
     d.route(req(1, 0.1), 0.1)
     start = d.view.queues.first_step_start(1)
     assert start == pytest.approx(PREFILL_256 + PROFILE.step_time(1, 256), rel=1e-6) and start > 0.1
-    rate = math.exp(-0.1 / 10.0) / 10.0  # the first prompt, 0.1 s ago
-    assert d._tracked[1].joining_est == pytest.approx(rate * (start - 0.1) * each)
+    assert d._tracked[1].joining_est == 0.0
     r = req(2, 0.2)
     d.view.now = 0.2
-    rate = (math.exp(-0.2 / 10.0) + math.exp(-0.1 / 10.0)) / 10.0
+    rate = math.exp(-0.1 / 10.0) / 10.0 / (1.0 - math.exp(-StepJoiners.MIN_SPAN_S / 10.0))  # the second, 0.1 s ago
     projected = float(d.view.first_token_at(256.0)[0]) - 0.2
-    assert float(gate.first_token_s(r, d.view, 0.2)[0]) == pytest.approx(projected + rate * (start - 0.2) * each)
-    tracked = d._tracked[1]
+    expected = rate * (start - 0.2) * each
+    assert float(gate.first_token_s(r, d.view, 0.2)[0]) == pytest.approx(projected + expected)
+    d.route(r, 0.2)
+    tracked = d._tracked[2]
+    assert tracked.joining_est == pytest.approx(expected) and expected > 0
     first = tracked.prefill_due + tracked.joining_est + tracked.handoff_est  # as projected, joiners included
-    d.on_prefill_end(1, tracked.prefill_due + tracked.joining_est, None)
-    d.on_decode_start(1, tracked.prefill_due + tracked.joining_est)
-    d.on_finish(1, first + 1.0, 200, first_token_at=first)
+    d.on_prefill_end(2, tracked.prefill_due + tracked.joining_est, None)
+    d.on_decode_start(2, tracked.prefill_due + tracked.joining_est)
+    d.on_finish(2, first + 1.0, 200, first_token_at=first)
     assert int(gate.drift.wait.samples[0]) == 1 and float(gate.drift.wait.ratio[0]) == pytest.approx(1.0)

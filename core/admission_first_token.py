@@ -103,13 +103,15 @@ class FirstTokenProjection:
         a 1,981-token prompt arriving at an idle instance was projected one typical prompt late
         (2.16 s against 1.88 s served) from a report that one prompt was still waiting."""
         waiting = float(v.waiting_obs[p])
-        drained = min(max(now - float(v.waiting_obs_at[p]), 0.0), terms.backlog_s(waiting, self.typical_prompt))
-        return terms.backlog_s(waiting, self.typical_prompt, tokens) - drained
+        ahead = terms.backlog_s(waiting, self.typical_prompt)
+        drained = min(max(now - float(v.waiting_obs_at[p]), 0.0), ahead)
+        behind = terms.backlog_s(waiting, self.typical_prompt, tokens) if tokens > 0 else ahead
+        return behind - drained
 
     def engine_backlog_s(self, v: ClusterView, p: int, terms: StepTerms, now: float) -> float:
         """Seconds from now until what prefill instance p's engine last reported waiting has drained
-        (`engine_first_token_s` of no prompt of its own)."""
-        return max(self.engine_first_token_s(v, p, terms, 0.0, now), 0.0)
+        (`engine_first_token_s` of no prompt of its own: never negative, as no more drains than was ahead)."""
+        return self.engine_first_token_s(v, p, terms, 0.0, now)
 
     @staticmethod
     def _alone_s(v: ClusterView, where: np.ndarray, tokens: float | np.ndarray) -> float | np.ndarray:

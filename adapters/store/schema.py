@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """1: first release. 2: requests.queued (when the gateway queue held a request). 3: runs.sweep
 (the `sweep` a run belongs to). 4: requests.dp_rank (the data-parallel rank it decoded on).
 5: requests.ttft_source (what a request's TTFT was measured to: its first streamed token, or the
@@ -12,7 +12,9 @@ end of its prefill leg for a whole reply whose TPOT is unknown). 6: requests.cac
 engine found in its prefix cache). 7: the decisions table (decision records, created as a new table).
 8: requests.tenant (the tenant it was charged to). 9: requests.model, lora, arm, session and prefix_keys (what
 the request asked for and which canary arm it ran in), and the advisor_events table (advice and canaries).
-10: policy_events.pool (the pool whose policy changed, with several pools: one per base model)."""
+10: policy_events.pool (the pool whose policy changed, with several pools: one per base model). 11:
+instance_samples.health_rtt_s (the instance's /health round trip when sampled, so a live run's legs can be
+calibrated before it ends)."""
 
 MIGRATIONS: dict[int, list[str]] = {
     2: ["ALTER TABLE requests ADD COLUMN queued FLOAT"],
@@ -30,6 +32,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE requests ADD COLUMN prefix_keys BLOB",
     ],  # and the advisor_events table: new, so create_all makes it
     10: ["ALTER TABLE policy_events ADD COLUMN pool VARCHAR"],
+    11: ["ALTER TABLE instance_samples ADD COLUMN health_rtt_s FLOAT"],
 }
 """Statements that bring a store of version N-1 to N (tables created afresh need none)."""
 
@@ -154,6 +157,9 @@ class InstanceSample(SQLModel, table=True):
     kv_usage: float = 0
     tokens_per_s: float = 0
     projected_load: float | None = None
+    health_rtt_s: float | None = Field(
+        default=None, description="median of the instance's recent /health round trips, seconds (None: none yet)"
+    )
 
 
 class InstanceEvent(SQLModel, table=True):

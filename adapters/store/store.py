@@ -161,9 +161,12 @@ class RunStore:
                         f"than this sibyl-console ({SCHEMA_VERSION}); upgrade"
                     )
                 if version and conn.execute(text("SELECT name FROM sqlite_master WHERE name = 'requests'")).first():
+                    tables = {n for (n,) in conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'table'"))}
                     for v in range(version + 1, SCHEMA_VERSION + 1):
                         for statement in MIGRATIONS.get(v, []):
-                            conn.execute(text(statement))
+                            altered = statement.split()[2] if statement.startswith("ALTER TABLE") else None
+                            if altered is None or altered in tables:  # a table it lacks, create_all makes whole
+                                conn.execute(text(statement))
                 SQLModel.metadata.create_all(conn)
                 conn.execute(text(f"PRAGMA user_version = {SCHEMA_VERSION}"))
         except (DatabaseError, OperationalError) as e:

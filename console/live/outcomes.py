@@ -318,6 +318,7 @@ class Outcomes:
                 "kv_usage": s.kv_usage,
                 "tokens_per_s": inst.tokens_per_s,
                 "projected_load": None,
+                "health_rtt_s": float(np.median(inst.health_rtt_s)) if inst.health_rtt_s else None,
             }
         )
 

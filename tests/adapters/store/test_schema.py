@@ -1,7 +1,8 @@
 """Schema upgrades: a store written by schema 9 (its tables created here as schema 9 created them) opens and gains
-policy_events.pool (NULL for the rows it had); one written by schema 8 (likewise) and one by schema 6 open, gain the
-request columns model, lora, arm, session and prefix_keys, the advisor_events table and the pool; none loses anything
-already recorded. A store of a newer schema than this one is refused, untouched."""
+policy_events.pool and instance_samples.health_rtt_s (NULL for the rows it had); one written by schema 8 (likewise)
+and one by schema 6 open, gain the request columns model, lora, arm, session and prefix_keys, the advisor_events
+table and the pool; none loses anything already recorded. A store of a newer schema than this one is refused,
+untouched."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def test_a_schema_8_store_upgrades_in_place_and_keeps_its_records(tmp_path: Path
     assert [e["policy"] for e in again.advisor_events("r-old")] == ["prefix_aware"]
     again.close()
     with sqlite3.connect(path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
 
 
 def test_a_schema_6_store_takes_every_migration_since_in_one_open(tmp_path: Path) -> None:
@@ -190,13 +191,20 @@ def write_schema_9_store(path: Path) -> None:
         con.execute("PRAGMA user_version = 9")
 
 
-def test_a_schema_9_store_gains_the_policy_events_pool_and_keeps_its_records(tmp_path: Path) -> None:
+def test_a_schema_9_store_gains_the_policy_events_pool_and_the_samples_round_trip_and_keeps_its_records(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "runs.db"
     write_schema_9_store(path)
-    before = {t: columns(path, t) for t in ("runs", "requests", "policy_events", "decisions", "advisor_events")}
+    tables = ("runs", "requests", "policy_events", "instance_samples", "decisions", "advisor_events")
+    before = {t: columns(path, t) for t in tables}
     store = RunStore(path)
     after = {t: columns(path, t) for t in before}
-    assert after == {**before, "policy_events": [*before["policy_events"], "pool"]}  # added at the end, only it
+    assert after == {  # added at the end, only they
+        **before,
+        "policy_events": [*before["policy_events"], "pool"],
+        "instance_samples": [*before["instance_samples"], "health_rtt_s"],
+    }
     run = store.get_run("r-9")
     assert (run.status, run.requests, run.cluster, run.summary) == (
         "completed",
@@ -213,18 +221,22 @@ def test_a_schema_9_store_gains_the_policy_events_pool_and_keeps_its_records(tmp
         (3.0, "least_load", {"by": "tokens"}, "cli", None),
     ]
     assert store.instance_samples("r-9")[0]["kv_usage"] == 0.5 and store.instance_events("r-9")[0]["event"] == "down"
+    assert store.instance_samples("r-9")[0]["health_rtt_s"] is None
     [decision] = store.decisions("r-9")
     assert (decision["request_id"], decision["chosen"]) == ("a", "A.p0")
     assert [e["detail"] for e in store.advisor_events("r-9")] == ["no gain"]
     store.add_policy_event("r-9", t=9.0, kind="routing", old="round_robin", new="sibyl", params={}, source="api",
                            pool="B")
+    sample = {"t": 4.0, "instance_id": "A.d0", "role": "decode", "healthy": True, "running": 0, "waiting": 0}
+    store.add_instance_samples("r-9", [{**sample, "kv_usage": 0.1, "tokens_per_s": 0.0, "health_rtt_s": 0.0012}])
     store.close()
     again = RunStore(path)  # at the new version, opening it again changes nothing
     assert [e["pool"] for e in again.policy_events("r-9")] == [None, None, "B"]
+    assert [s["health_rtt_s"] for s in again.instance_samples("r-9")] == [None, 0.0012]
     again.close()
     assert columns(path, "policy_events") == after["policy_events"]
     with sqlite3.connect(path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
 
 
 def test_a_store_of_a_newer_schema_is_refused_and_left_as_it_is(tmp_path: Path) -> None:

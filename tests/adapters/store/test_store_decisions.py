@@ -60,6 +60,7 @@ def test_a_store_from_before_the_decisions_table_is_upgraded(tmp_path: Path) -> 
         if name in ("tenant", "model", "lora", "arm", "session", "prefix_keys"):  # schema 8's and 9's (not at 6)
             con.execute(f"ALTER TABLE requests DROP COLUMN {name}")
     con.execute("ALTER TABLE policy_events DROP COLUMN pool")  # schema 10's
+    con.execute("ALTER TABLE instance_samples DROP COLUMN health_rtt_s")  # schema 11's
     con.execute("PRAGMA user_version = 6")
     con.commit()
     con.close()

@@ -19,6 +19,7 @@ def test_a_store_of_schema_6_gains_requests_tenant(tmp_path: Path) -> None:
         for column in ("tenant", "model", "lora", "arm", "session", "prefix_keys"):  # schema 8's and 9's
             con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
         con.execute("ALTER TABLE policy_events DROP COLUMN pool")  # schema 10's
+        con.execute("ALTER TABLE instance_samples DROP COLUMN health_rtt_s")  # schema 11's
         con.execute("PRAGMA user_version = 6")
     store = RunStore(path)
     assert store.requests(old)[0]["tenant"] is None

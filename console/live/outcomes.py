@@ -8,8 +8,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-
 from console.live.events import EventBus
 from console.live.metrics import GatewayMetrics
 from console.live.record import Outcome, RequestRecord, RequestRow, Step
@@ -318,7 +316,7 @@ class Outcomes:
                 "kv_usage": s.kv_usage,
                 "tokens_per_s": inst.tokens_per_s,
                 "projected_load": None,
-                "health_rtt_s": float(np.median(inst.health_rtt_s)) if inst.health_rtt_s else None,
+                "health_rtt_s": inst.health_rtt_median(),
             }
         )
 
@@ -347,5 +345,5 @@ class Outcomes:
     def summary(self, now: float, instances: Iterable[Instance]) -> dict[str, Any]:
         """The run's closing summary: SLO over the run, request counts, health round trips."""
         snap = self.slo.snapshot(now)["run"]
-        rtt = {i.id: float(np.median(i.health_rtt_s)) for i in instances if i.health_rtt_s}
+        rtt = {i.id: m for i in instances if (m := i.health_rtt_median()) is not None}
         return {**snap, "requests_total": self.total, "failed": self.failed, "health_rtt_s": rtt}

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from core.errors import ProfileError
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+MAX_HOST_SHARE = 0.9
+"""The largest share of a prefill instance's core that streaming may take (`PerfProfile.host_stretch`)."""
 
 
 class DecodeCurve(BaseModel):
@@ -69,6 +71,15 @@ class PerfProfile(BaseModel):
         description="host work a prefill instance does per request outside its engine steps, its "
         "intake by the API server on the instance's cores: a request arriving during a step adds this "
         "after that step; one reaching an idle instance starts this long after it arrives",
+    )
+    host_per_streamed_token_s: float = Field(
+        0.0,
+        ge=0,
+        description="seconds of a prefill instance's core that each token streamed to a client takes, on a "
+        "host whose cores the instances and the gateway share (the gateway's and the decode instances' "
+        "per-token work): a prefill step run while the cluster streams R tokens/s takes its compute / "
+        "(1 - this·R) (`host_stretch`). `calibrate` fits it from the back-to-back prefill batches; 0 where "
+        "the engines have cores of their own",
     )
     idle_wake_s: float = Field(
         0.0,
@@ -211,6 +222,13 @@ class PerfProfile(BaseModel):
         if self.idle_wake_s <= 0 or idle_s <= 0:
             return 0.0
         return self.idle_wake_s * -math.expm1(-idle_s / self.idle_wake_tau_s)
+
+    def host_stretch(self, streamed_tokens_per_s: float) -> float:
+        """How much longer a prefill step takes while the cluster streams `streamed_tokens_per_s`
+        (`host_per_streamed_token_s`): 1 / (1 − the share of the core that streaming takes, at most
+        MAX_HOST_SHARE)."""
+        share = self.host_per_streamed_token_s * streamed_tokens_per_s
+        return 1.0 / (1.0 - min(share, MAX_HOST_SHARE)) if share > 0 else 1.0
 
     # --- KV transfer ------------------------------------------------------------------------
     def kv_transfer_time(self, tokens: float) -> float:

@@ -15,10 +15,12 @@ task (see asgi.py), and nothing else here needs a framework. Routes:
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -41,6 +43,7 @@ from adapters.emulator.asgi import (
 from adapters.emulator.dp_group import DataParallelGroup
 from adapters.emulator.engine import Engine, Sequence
 from adapters.emulator.faults import Faults
+from adapters.emulator.host_board import HostBoard, InstanceStreaming
 from adapters.emulator.info_api import InfoApi
 from adapters.emulator.kv import PullFailed
 from adapters.emulator.kv_legs import KVLegs
@@ -109,6 +112,13 @@ class EmulatedInstance:
         if s.lora.enable_lora:
             for engine in self.engines():
                 engine.lora = self.lora
+        self.board = HostBoard(Path(s.host_board)) if s.host_board else None
+        """The host board its engines stream to and read the host's streaming from (None: none)."""
+        if self.board is not None:
+            share = InstanceStreaming(self.board, s.host_slot, len(self.engines()))
+            for k, engine in enumerate(self.engines()):
+                engine.stream_rate = functools.partial(share.publish, k)
+                engine.host_streaming = share.host_total
         self.flusher = Flusher(s.writer_threads)
         self.engine.flush = self.flusher
         self.pd = KVLegs(self)
@@ -193,6 +203,9 @@ class EmulatedInstance:
             await pub.stop()
         await self.pd.puller.close()
         self.flusher.close()
+        if self.board is not None:  # it streams nothing any more
+            self.board.publish(self.s.host_slot, 0.0)
+            self.board.close()
         if self.tracing is not None:
             self.tracing.shutdown()
 

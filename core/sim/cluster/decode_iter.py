@@ -96,6 +96,12 @@ class IterationDecodeInstance:
     def batch(self) -> int:
         return len(self.running)
 
+    def token_rate(self) -> float:
+        """Tokens per second the batch emits now: one per running request a step."""
+        if not self.running:
+            return 0.0
+        return self.batch / (self.profile.step_time(self.batch, self.kv0) + self.step_extra_s)
+
     def _t(self, n: int) -> float:
         """Time from the interval start until n steps are done."""
         if n <= 0:

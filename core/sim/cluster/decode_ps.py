@@ -37,6 +37,10 @@ class PSDecodeInstance:
     def running(self) -> int:
         return len(self.offset)
 
+    def token_rate(self) -> float:
+        """Tokens per second the running requests receive together now."""
+        return self.rate * len(self.offset)
+
     def _advance(self, now: float) -> None:
         if now < self.t_last:  # stalled (an adapter load) until t_last
             return

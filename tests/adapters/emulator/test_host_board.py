@@ -1,0 +1,104 @@
+"""The host board emulated instances share: what each streams, and the prefill steps it slows."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from adapters.emulator.host_board import SLOTS, HostBoard, InstanceStreaming
+from adapters.emulator.process import running
+from tests.emulator_fixtures import FAST_PROFILE, complete, profile_file
+from tests.procs import wait_for
+
+TOKEN = {"Authorization": "Bearer s3cret"}
+
+
+def test_instances_mapping_one_board_see_what_each_other_streams(tmp_path: Path) -> None:
+    path = tmp_path / "board"
+    mine, theirs = HostBoard(path), HostBoard(path)  # as two processes map it
+    assert path.stat().st_size == SLOTS * 8 and theirs.total() == 0.0
+    share = InstanceStreaming(mine, 3, engines=2)  # a data-parallel pair of ranks in slot 3
+    share.publish(0, 100.0)
+    share.publish(1, 50.0)
+    theirs.publish(7, 25.0)
+    assert theirs.total() == mine.total() == 175.0
+    share.publish(0, 0.0)
+    assert theirs.total() == 75.0
+    theirs.publish(7 + SLOTS, 0.0)  # a slot beyond the board wraps around
+    assert mine.total() == share.host_total() == 50.0
+    mine.close()
+    theirs.close()
+
+
+def test_a_prefill_step_on_one_process_slows_while_another_streams(tmp_path: Path) -> None:
+    """Two emulator processes on one board, 0.5 ms of host work per streamed token. While the first
+    streams one request (a token every 2.1 ms step: ~476 tokens/s), a prompt's prefill step on the
+    second takes 1 / (1 − 0.0005·476) of its time; the board reads 0 again once the stream ends."""
+    prof = FAST_PROFILE.model_copy(update={"name": "streaming-host", "host_per_streamed_token_s": 0.0005})
+    board = tmp_path / "host-board"
+    args = ["--profile", profile_file(tmp_path, prof), "--admin-token", "s3cret", "--host-board", str(board)]
+    with running(
+        ("decode", [*args, "--host-slot", "0"]), ("prefill", [*args, "--host-slot", "1"]), log_dir=tmp_path
+    ) as (streamer, prefiller):
+        reader = HostBoard(board)
+        body = {"prompt": [1], "max_tokens": 600, "ignore_eos": True, "stream": True}
+        streaming = threading.Thread(target=complete, args=(streamer.url,), kwargs=body)
+        streaming.start()
+        try:
+            wait_for(lambda: reader.total() > 0, 10, "the stream to show on the board")
+            rate = 1 / prof.step_time(1, 100)
+            assert reader.total() == pytest.approx(rate, rel=0.05)
+            url = prefiller.url
+            since = httpx.get(url + "/admin/info", headers=TOKEN).json()["steps"]
+            assert complete(url, prompt=[1] * 200, max_tokens=1).status_code == 200
+            steps = httpx.get(url + f"/admin/steps?since={since}", headers=TOKEN).json()["steps"]
+        finally:
+            streaming.join(30)
+        prefill = [s for s in steps if s[6]]
+        assert len(prefill) == 1
+        _, start, end, batch, kv, *_ = prefill[0]
+        own = prof.step_time(batch, kv) + float(prof.prefill_time(200))
+        assert (end - start) / own == pytest.approx(1 / (1 - 0.0005 * rate), rel=0.02)
+        wait_for(lambda: reader.total() == 0.0, 10, "the finished stream to leave the board")
+        reader.close()
+
+
+def test_the_emulator_backend_gives_its_instances_one_board_and_a_free_slot_each(tmp_path: Path) -> None:
+    """`up`'s emulated backend: every instance gets the run folder's board and the lowest slot no live
+    instance holds; a removed instance's slot reads 0 and goes to the next one started."""
+    import asyncio
+
+    from adapters.backends.emulator import EmulatorBackend
+    from adapters.backends.settings import BackendSettings
+    from core.types import Role
+
+    settings = BackendSettings(prefill=1, decode=1, profile=profile_file(tmp_path, FAST_PROFILE))
+    backend = EmulatorBackend(settings, tmp_path / "run")
+
+    def slots() -> dict[str, int]:
+        out = {}
+        for iid, p in backend.procs.items():
+            assert p.args[p.args.index("--host-board") + 1] == str(tmp_path / "run" / "host-board")
+            out[iid] = int(p.args[p.args.index("--host-slot") + 1])
+        return out
+
+    async def main() -> None:
+        first = await backend.start()
+        try:
+            assert sorted(slots().values()) == [0, 1]
+            third = await backend.add(Role.DECODE, "d9")
+            assert slots()["d9"] == 2
+            gone = first[0].id
+            freed = slots()[gone]
+            backend.board.publish(freed, 123.0)  # as if it had streamed, then crashed
+            await backend.remove(gone)
+            assert backend.board.total() == 0.0
+            await backend.add(Role.DECODE, "d10")
+            assert slots()["d10"] == freed and third.id == "d9"
+        finally:
+            await backend.stop()
+
+    asyncio.run(main())

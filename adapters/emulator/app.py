@@ -15,7 +15,6 @@ task (see asgi.py), and nothing else here needs a framework. Routes:
 from __future__ import annotations
 
 import asyncio
-import functools
 import sys
 import time
 import uuid
@@ -112,13 +111,10 @@ class EmulatedInstance:
         if s.lora.enable_lora:
             for engine in self.engines():
                 engine.lora = self.lora
-        self.board = HostBoard(Path(s.host_board)) if s.host_board else None
-        """The host board its engines stream to and read the host's streaming from (None: none)."""
-        if self.board is not None:
-            share = InstanceStreaming(self.board, s.host_slot, len(self.engines()))
-            for k, engine in enumerate(self.engines()):
-                engine.stream_rate = functools.partial(share.publish, k)
-                engine.host_streaming = share.host_total
+        self.streaming = InstanceStreaming(HostBoard(Path(s.host_board)), s.host_slot) if s.host_board else None
+        """Its place on the host board (adapters/emulator/host_board.py): what it streams, what the host does."""
+        if self.streaming is not None:
+            self.streaming.attach(self.engine, self.engines())
         self.flusher = Flusher(s.writer_threads)
         self.engine.flush = self.flusher
         self.pd = KVLegs(self)
@@ -203,9 +199,8 @@ class EmulatedInstance:
             await pub.stop()
         await self.pd.puller.close()
         self.flusher.close()
-        if self.board is not None:  # it streams nothing any more
-            self.board.publish(self.s.host_slot, 0.0)
-            self.board.close()
+        if self.streaming is not None:
+            self.streaming.stop()
         if self.tracing is not None:
             self.tracing.shutdown()
 

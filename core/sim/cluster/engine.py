@@ -104,11 +104,11 @@ class ClusterSimulation:
         # positions in prefill_ids / decode_ids (-1 while it never served that role).
         self.prefill_ids: list[str] = []
         self.decode_ids: list[str] = []
-        self.profiles = InstanceProfiles(profile, mode, instance_profiles)
+        self.decoders: list[DecodeModel | None] = []
+        self.profiles = InstanceProfiles(profile, mode, instance_profiles, self.decoders)
         # the dispatcher projects prefill as these instances run it (core/prefill.py PrefillQueues)
         dispatcher.view.queues.serial = mode == "ps"
         self.prefills: list[SimPrefill] = []
-        self.decoders: list[DecodeModel | None] = []
         self._version: list[int] = []
         self._pos_p: list[int] = []
         self._pos_d: list[int] = []
@@ -302,9 +302,7 @@ class ClusterSimulation:
             pf.busy = True
             self.push(pf.host_free, _PREFILL_STEP, x)
             return
-        profile = self.profiles.at[x]
-        stretch = profile.host_stretch(self._streamed_rate()) if profile.host_per_streamed_token_s else 1.0
-        started = pf.start(now, stretch)
+        started = pf.start(now)
         if started is None:
             return
         end, admitted = started
@@ -312,10 +310,6 @@ class ClusterSimulation:
             self.t_pstart[i] = now
             self.dispatcher.on_prefill_start(i, now)
         self.push(end, _PREFILL_DONE, x)
-
-    def _streamed_rate(self) -> float:
-        """Tokens per second the decode instances emit now, together (what the gateway streams)."""
-        return sum(d.token_rate() for d in self.decoders if d is not None)
 
     def _next_step(self, x: int, now: float) -> None:
         pf = self.prefills[x]

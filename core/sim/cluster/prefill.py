@@ -45,7 +45,8 @@ class SimPrefill:
     """One instance's prefill engine: `stepper` holds its prompts (request indices)."""
 
     __slots__ = (
-        "stepper", "busy", "stepping", "intakes", "host_free", "finishing", "x", "lora", "idle_from", "idled", "wake"
+        "stepper", "busy", "stepping", "intakes", "host_free", "finishing", "x", "lora", "idle_from", "idled", "wake",
+        "stretch",
     )
 
     def __init__(self, x: int, terms: StepTerms, prompts: list[int], cache: SimCache | None) -> None:
@@ -76,6 +77,8 @@ class SimPrefill:
         """Its next step is the first after idling (it pays `wake`)."""
         self.wake: Callable[[float], float] | None = None
         """The profile's `wake_time`: what the first step after idling costs more (None: nothing)."""
+        self.stretch: Callable[[], float] | None = None
+        """How much longer what the cluster streams now makes a step (`PerfProfile.host_stretch`; None: 1)."""
 
     def arrive(self, now: float) -> None:
         """A prompt reached the instance now: its intake follows the step under way, or starts now."""
@@ -92,16 +95,16 @@ class SimPrefill:
         """Nothing runs, waits or is under way."""
         return not self.busy and not self.stepper
 
-    def start(self, now: float, stretch: float = 1.0) -> tuple[float, list[int]] | None:
+    def start(self, now: float) -> tuple[float, list[int]] | None:
         """Start the next step now (the caller has waited for `host_free`): when it ends and the
-        prompts it admits; None when nothing waits or runs. `stretch`: how much longer the host's
-        streaming makes it (`PerfProfile.host_stretch`)."""
+        prompts it admits; None when nothing waits or runs."""
         step = self.stepper.step() if self.lora is None else self.lora.step(self.x, self.stepper, now)
         if step is None:
             self.busy = False
             return None
         seconds, admitted, self.finishing = step
-        seconds *= stretch
+        if self.stretch is not None:
+            seconds *= self.stretch()
         if self.idled:
             self.idled = False
             if self.wake is not None:

@@ -34,14 +34,23 @@ from core.sim.cluster.result import Mode
 
 if TYPE_CHECKING:
     from core.sim.cluster.cache import SimCache
+    from core.sim.cluster.decode import DecodeModel
     from core.view import ClusterView
 
 
 class InstanceProfiles:
     """The cluster's profile and the instances' own; `of(id)` gives what an instance runs on."""
 
-    def __init__(self, profile: PerfProfile, mode: Mode, own: Mapping[str, PerfProfile] | None = None) -> None:
+    def __init__(
+        self,
+        profile: PerfProfile,
+        mode: Mode,
+        own: Mapping[str, PerfProfile] | None = None,
+        decoders: list[DecodeModel | None] | None = None,
+    ) -> None:
         self.profile = profile
+        self.decoders = decoders if decoders is not None else []
+        """The cluster's decode models: what they stream slows prefill steps where a profile says so."""
         self.mode = mode
         self.own: dict[str, PerfProfile] = dict(own or {})
         for iid, p in self.own.items():
@@ -72,5 +81,8 @@ class InstanceProfiles:
             view.queues.set_terms(x, terms)
         pf = SimPrefill(x, terms, prompts, cache)
         pf.wake = profile.wake_time if profile.idle_wake_s > 0 else None
+        if profile.host_per_streamed_token_s > 0:
+            decoders = self.decoders
+            pf.stretch = lambda: profile.host_stretch(sum(d.token_rate() for d in decoders if d is not None))
         self.at.append(profile)
         return pf

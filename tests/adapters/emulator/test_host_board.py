@@ -8,29 +8,48 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adapters.emulator.host_board import SLOTS, HostBoard, InstanceStreaming
+from adapters.emulator.host_board import SLACK_S, SLOTS, HostBoard, InstanceStreaming
 from adapters.emulator.process import running
+from adapters.emulator.sequence import Sequence, StepRecord
 from tests.emulator_fixtures import FAST_PROFILE, complete, profile_file
 from tests.procs import wait_for
 
 TOKEN = {"Authorization": "Bearer s3cret"}
 
 
-def test_instances_mapping_one_board_see_what_each_other_streams(tmp_path: Path) -> None:
+def test_instances_mapping_one_board_see_the_rates_of_steps_still_current(tmp_path: Path) -> None:
+    """Two mappings of one board (as two processes): each sees the other's rates while they are current,
+    until one more step of their length (and SLACK_S) has passed, so an instance that idles drops out."""
     path = tmp_path / "board"
-    mine, theirs = HostBoard(path), HostBoard(path)  # as two processes map it
-    assert path.stat().st_size == SLOTS * 8 and theirs.total() == 0.0
-    share = InstanceStreaming(mine, 3, engines=2)  # a data-parallel pair of ranks in slot 3
-    share.publish(0, 100.0)
-    share.publish(1, 50.0)
-    theirs.publish(7, 25.0)
-    assert theirs.total() == mine.total() == 175.0
-    share.publish(0, 0.0)
-    assert theirs.total() == 75.0
-    theirs.publish(7 + SLOTS, 0.0)  # a slot beyond the board wraps around
-    assert mine.total() == share.host_total() == 50.0
+    now = [100.0]
+    mine, theirs = HostBoard(path, lambda: now[0]), HostBoard(path, lambda: now[0])
+    assert path.stat().st_size == SLOTS * 3 * 8 and theirs.total() == 0.0
+    mine.publish(3, 100.0, 99.99, 100.0)  # a 10 ms step that just ended
+    theirs.publish(7, 25.0, 99.90, 99.98)  # an 80 ms step that ended 20 ms ago
+    assert mine.total() == theirs.total() == 125.0
+    now[0] = 100.0 + 0.01 + SLACK_S + 0.001  # the first idled past one more step of its own
+    assert theirs.total() == 25.0
+    theirs.publish(7 + SLOTS, 0.0)  # a slot beyond the board wraps around: slot 7 streams nothing
+    assert mine.total() == 0.0
     mine.close()
     theirs.close()
+
+
+def test_an_instance_counts_the_tokens_its_steps_stream_to_clients(tmp_path: Path) -> None:
+    """A step's rate is the tokens it sent to clients over its length: a prefill leg's token stays home."""
+    now = [10.0]
+    board = HostBoard(tmp_path / "board", lambda: now[0])
+    share = InstanceStreaming(board, 5)
+    streamed = [Sequence(f"s{k}", 4, 8) for k in range(3)]
+    for seq in streamed:
+        seq.sink = object()  # type: ignore[assignment]
+    leg = Sequence("leg", 4, 1, prefill_only=True)
+    leg.sink = object()  # type: ignore[assignment]
+    quiet = Sequence("quiet", 4, 8)  # no client listening
+    record = StepRecord(1, 9.99, 10.0, 5, 20, 5, [], 5, 1.0, "chain")
+    share.on_step(record, [*streamed, leg, quiet])
+    assert share.host_total() == pytest.approx(300.0)  # 3 tokens in 10 ms
+    share.stop()
 
 
 def test_a_prefill_step_on_one_process_slows_while_another_streams(tmp_path: Path) -> None:

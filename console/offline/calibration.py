@@ -39,7 +39,7 @@ fixed cost went negative (CI's stage run of 2026-11-30: h = 13.4 ms, a = −3.0 
 0, the quadratic bent to 9× vLLM's step log), lone prompts and bursts paid 13.4 ms of intake, and
 the emulator's Mooncake TTFT came out 35% above real vLLM; keeping h at its prior instead made it
 26-29% low. Regressed on both, the busy periods' excess is ~1 ms per arriving prompt and 165-276 µs
-per streamed token, on six stage stores (docs/fidelity.md, "The Mooncake prefix slice").
+per streamed token, on six stage stores (docs/fidelity.md, "The busy periods' excess is streaming").
 
 KV transfer, t = k0 + k1·l, the copy alone: the handoff (decode start → first token) follows vLLM's
 NIXL pull (adapters/emulator/kv_legs.py, core/sim/cluster/engine.py). It is the HTTP legs to the

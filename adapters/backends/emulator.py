@@ -12,7 +12,6 @@ import httpx
 from adapters import orphans
 from adapters.backends.base import BackendBase, Capability, instance_ids
 from adapters.backends.settings import BackendSettings
-from adapters.emulator.host_board import HostBoard
 from adapters.emulator.process import EmulatorProcess
 from adapters.emulator.settings import RUNTIME_ENV
 from adapters.errors import BackendError
@@ -92,8 +91,9 @@ class EmulatorBackend(BackendBase):
         self.events: dict[int, tuple[str, str]] = {}
         """Instance port → (KV-event endpoint, replay endpoint), when instances publish KV events."""
         self._seeds = 0
-        self.board = HostBoard(run_dir / "host-board")
-        """The instances' host board (adapters/emulator/host_board.py): they share what they stream."""
+        self.board_path = run_dir / "host-board"
+        """The instances' host board (adapters/emulator/host_board.py): they share what they stream.
+        An instance zeroes its slot when it stops; one that crashed drops out as its last rate lapses."""
         self._slots: dict[int, int] = {}
         """Instance port → its slot on the board."""
 
@@ -123,8 +123,7 @@ class EmulatorBackend(BackendBase):
             ]
         slot = min(set(range(len(self._slots) + 1)) - set(self._slots.values()))
         self._slots[port] = slot
-        self.board.publish(slot, 0.0)  # a stopped instance's last rate is not the new one's
-        board = ["--host-board", str(self.board.path), "--host-slot", str(slot)]
+        board = ["--host-board", str(self.board_path), "--host-slot", str(slot)]
         return EmulatorProcess(
             role.value,
             port,
@@ -178,13 +177,7 @@ class EmulatorBackend(BackendBase):
         if p is not None:
             await asyncio.to_thread(p.stop)
             orphans.forget(self.run_dir, instance_id)
-            self._free_slot(p.port)
-
-    def _free_slot(self, port: int) -> None:
-        """The slot of a stopped instance: nothing streams there (one that crashed could not say so)."""
-        slot = self._slots.pop(port, None)
-        if slot is not None:
-            self.board.publish(slot, 0.0)
+            self._slots.pop(p.port, None)
 
     async def migrate(self, request_id: str, source: Instance, target: Instance) -> dict[str, Any]:
         """Llumnix-style staged KV copy between two emulated instances (adapters/emulator/migration.py)."""
@@ -205,4 +198,4 @@ class EmulatorBackend(BackendBase):
         await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs.values()))
         for iid, p in procs.items():
             orphans.forget(self.run_dir, iid)
-            self._free_slot(p.port)
+            self._slots.pop(p.port, None)

@@ -86,9 +86,6 @@ class InstanceStreaming:
         length = record.end - record.start
         self.board.publish(self.slot, streamed / length if length > 0 else 0.0, record.start, record.end)
 
-    def host_total(self) -> float:
-        return self.board.total()
-
     def attach(self, scheduler: Scheduler, engines: list[Engine]) -> None:
         """Hear every step of the instance's `scheduler` (after the hook it has) and give its `engines`
         the host's total."""
@@ -101,7 +98,7 @@ class InstanceStreaming:
 
         scheduler.on_step = on_step
         for engine in engines:
-            engine.host_streaming = self.host_total
+            engine.host_streaming = self.board.total
 
     def stop(self) -> None:
         """It streams nothing any more: its slot says so, and the board is unmapped."""

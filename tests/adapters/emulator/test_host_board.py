@@ -48,7 +48,7 @@ def test_an_instance_counts_the_tokens_its_steps_stream_to_clients(tmp_path: Pat
     quiet = Sequence("quiet", 4, 8)  # no client listening
     record = StepRecord(1, 9.99, 10.0, 5, 20, 5, [], 5, 1.0, "chain")
     share.on_step(record, [*streamed, leg, quiet])
-    assert share.host_total() == pytest.approx(300.0)  # 3 tokens in 10 ms
+    assert board.total() == pytest.approx(300.0)  # 3 tokens in 10 ms
     share.stop()
 
 
@@ -87,8 +87,9 @@ def test_a_prefill_step_on_one_process_slows_while_another_streams(tmp_path: Pat
 
 def test_the_emulator_backend_gives_its_instances_one_board_and_a_free_slot_each(tmp_path: Path) -> None:
     """`up`'s emulated backend: every instance gets the run folder's board and the lowest slot no live
-    instance holds; a removed instance's slot reads 0 and goes to the next one started."""
+    instance holds; an instance removed zeroes its slot as it stops, and its slot goes to the next one."""
     import asyncio
+    import time
 
     from adapters.backends.emulator import EmulatorBackend
     from adapters.backends.settings import BackendSettings
@@ -96,28 +97,33 @@ def test_the_emulator_backend_gives_its_instances_one_board_and_a_free_slot_each
 
     settings = BackendSettings(prefill=1, decode=1, profile=profile_file(tmp_path, FAST_PROFILE))
     backend = EmulatorBackend(settings, tmp_path / "run")
+    board_path = tmp_path / "run" / "host-board"
 
     def slots() -> dict[str, int]:
         out = {}
         for iid, p in backend.procs.items():
-            assert p.args[p.args.index("--host-board") + 1] == str(tmp_path / "run" / "host-board")
+            assert p.args[p.args.index("--host-board") + 1] == str(board_path)
             out[iid] = int(p.args[p.args.index("--host-slot") + 1])
         return out
 
     async def main() -> None:
         first = await backend.start()
+        reader = HostBoard(board_path)
         try:
             assert sorted(slots().values()) == [0, 1]
             third = await backend.add(Role.DECODE, "d9")
             assert slots()["d9"] == 2
             gone = first[0].id
             freed = slots()[gone]
-            backend.board.publish(freed, 123.0)  # as if it had streamed, then crashed
+            now = time.monotonic()
+            reader.publish(freed, 123.0, now - 0.01, now + 60)  # as if its last step were streaming still
+            assert reader.total() == 123.0
             await backend.remove(gone)
-            assert backend.board.total() == 0.0
+            assert reader.total() == 0.0
             await backend.add(Role.DECODE, "d10")
             assert slots()["d10"] == freed and third.id == "d9"
         finally:
+            reader.close()
             await backend.stop()
 
     asyncio.run(main())

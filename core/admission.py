@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.admission_first_token import FirstTokenProjection
+from core.admission_local import LocalPrefill
 from core.admission_queue import AdmissionControl as AdmissionControl
 from core.admission_settings import SloAdmission as SloAdmission
 from core.admission_signals import DecodeSlots, RefusalCause, Refusals, StepJoiners, TtftDrifts, TtftMargin
@@ -84,7 +85,8 @@ class SloGate(FirstTokenProjection):
         self.refused: dict[Role, int] = {Role.PREFILL: 0, Role.DECODE: 0}
         """Those refusals, the sheds of a full queue and every expiry (wait bound or ttl_s) by the pool
         that was short: decode when no decode slot was (or would be) free, else prefill (the scaling
-        signals' refusal rates: demand the engines never see)."""
+        signals' refusal rates: demand the engines never see); and, as prefill's, the requests a
+        decode instance prefilled because the prefill pool was short (`local_prefill`)."""
         self.expired = 0
         """Held requests answered 503 because they could no longer start within their wait bound."""
         self.refusals: dict[RefusalCause, Refusals] = {c: Refusals() for c in RefusalCause}
@@ -98,6 +100,8 @@ class SloGate(FirstTokenProjection):
         """Held requests refused by the prior's projection alone: id → (until when they are held
         before being judged again, the limit they would have hit)."""
         self._terms: StepTerms = StepTerms.of(profile)
+        self.local = LocalPrefill(profile) if settings.local_prefill else None
+        """Where a request the prefill pool would start too late goes alone, if anywhere (`local_prefill`)."""
 
     @property
     def decode_slots(self) -> int:
@@ -124,6 +128,8 @@ class SloGate(FirstTokenProjection):
             "tpot_measured_s": round(self.slots.tpot_s, 4) if self.slots.samples else 0.0,
             "evidence_hold_s": self.settings.evidence_hold_s,
             "held_unverified": len(self.unverified),
+            "local_prefill": int(self.local is not None),
+            "served_on_decode": self.local.routed if self.local is not None else 0,
         }
         for cause, r in self.refusals.items():
             out[f"refused_{cause.value}"] = r.count
@@ -159,6 +165,11 @@ class SloGate(FirstTokenProjection):
         """An admitted request got its first token `ttft_s` after arrival, against its TTFT target
         (`TtftMargin.observe`)."""
         self.margin.observe(ttft_s, target_s)
+
+    def observe_output(self, output_tokens: int) -> None:
+        """A request finished after `output_tokens` tokens (how many the running ones may make)."""
+        if self.local is not None:
+            self.local.finished(output_tokens)
 
     def observe_tpot(self, tpot_s: float, target_s: float, v: ClusterView, now: float) -> None:
         """A request finished with measured TPOT `tpot_s` (its target `target_s`): the decode slots
@@ -343,6 +354,29 @@ class SloGate(FirstTokenProjection):
             "retry later"
         )
 
+    def prefill_on_decode(self, r: Request, v: ClusterView, now: float) -> bool:
+        """Whether `r`, which the prefill pool would start past its budget, goes to a decode instance
+        alone instead (`LocalPrefill`, with `local_prefill` on); the choice is kept for `take_local`."""
+        local = self.local
+        if local is None:
+            return False
+        deadline = r.arrival + self._budget(r, local.chunk_s(r.prompt_tokens) + self.profile.prefill_base_s)
+        tpot = self.slots.tpot_s if self.slots.measured else 0.0
+        s = self.settings
+        choice = local.choose(v, r.prompt_tokens, deadline, self.decode_slots, tpot, s.headroom, now)
+        if choice is None:
+            return False
+        local.chosen[r.id] = choice
+        return True
+
+    def take_local(self, r: Request, v: ClusterView, now: float) -> tuple[int, float] | None:
+        """The decode instance `r` was admitted to alone (`prefill_on_decode`), now routed there, and
+        when its first token is projected; None if it was not."""
+        if self.local is None or (chosen := self.local.chosen.pop(r.id, None)) is None:
+            return None
+        self._count_unmet(RefusalCause.PREFILL_BACKLOG)  # served, but the prefill pool was short: demand
+        return chosen.decode, self.local.route(v, chosen)
+
     def hopeless(self, r: Request, now: float) -> bool:
         """Held so long that even an idle cluster would start it past its wait bound."""
         return now - r.arrival + self.service_s(r.prompt_tokens) > self.wait_bound_s(r)
@@ -357,6 +391,9 @@ class SloGate(FirstTokenProjection):
         if len(queue) < queue.params.max_queued:
             ahead = adm.ahead_of(queue, r)
             short = self.shortfall(r, v, now, ahead, ahead / len(adm) if adm else 1.0)
+            if short is not None and short[1] == RefusalCause.PREFILL_BACKLOG and self.prefill_on_decode(r, v, now):
+                adm.arrivals += 1
+                return Admission.ROUTE, None  # `route` sends it to the decode instance chosen
             if short is not None and self.settings.evidence_hold_s > 0 and not self._confirmed(short[1], v):
                 unverified = short[1]  # only the prior says so: hold it, judge it again with what is measured
             elif short is not None:

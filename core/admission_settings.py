@@ -63,6 +63,14 @@ class SloAdmission(BaseModel):
         description="the bounded wait: a request expected to start up to this long after its TTFT target is still held "
         "(its wait bound is TTFT target + this); 0 admits only what is expected to meet the SLO",
     )
+    local_prefill: bool = Field(
+        True,
+        description=(
+            "a request the prefill pool would start past its target goes instead to a decode instance that computes "
+            "its prompt itself (no prefill leg), if its first token comes out there in time and every request "
+            "decoding there keeps headroom x its TPOT target with the stall (docs/admission.md); off: refused"
+        ),
+    )
     kv_high: float = Field(
         0.95, gt=0, le=1, description="a decode instance whose polled KV usage is at least this takes no new request"
     )

@@ -163,6 +163,8 @@ def queue_line(q: QueueState) -> str:
             f"~{a['prefill_s_per_request']:g} s prefill per request, wait bound {a['wait_bound_s']:g} "
             f"s (TTFT + {a['extra_wait_s']:g} s); shed {a['shed']}, expired {a['expired']}"
         )
+        if a.get("local_prefill"):
+            held += f"; prefill on decode: {a['served_on_decode']} served there"
         if a.get("ttft_attainment_goal", 1.0) < 1.0:  # the margin moves: where it stands now
             held += (
                 f"; margin {a['margin']:g} (headroom {a['headroom']:g} to 1, for "

@@ -49,6 +49,7 @@ def latencies(live: RequestRecord) -> Latencies:
     the first token, so that is a measured time at which the first token existed. It leaves out the
     KV hand-off and the decode instance's first step that a streamed TTFT includes: a lower bound of
     what the same request would have measured streamed. The row says which (`ttft_source`).
+    A whole reply without a prefill leg (its decode instance computed the prompt) has neither.
     A failed request has neither (it misses its SLO whatever they were)."""
     if not live.ok:
         return Latencies()
@@ -60,7 +61,7 @@ def latencies(live: RequestRecord) -> Latencies:
         tpot = (finish - first) / (live.output_tokens - 1) if live.output_tokens > 1 else 0.0
         handoff = first - prefill_end if prefill_end is not None and first >= prefill_end else None
         return Latencies(first - arrival, tpot, TTFT_FROM_TOKEN, handoff)
-    if not live.stream and prefill_end is not None:
+    if not live.stream and prefill_end is not None and Step.PREFILL in live.times:
         return Latencies(prefill_end - arrival, None, TTFT_FROM_PREFILL)
     return Latencies()
 

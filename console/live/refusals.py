@@ -150,11 +150,19 @@ class RefusalCollector(Collector):
             "the bound the last refused request was held to (seconds after arrival), by cause, per pool",
             labels=["pool", "cause"],
         )
+        on_decode = CounterMetricFamily(
+            "sibyl_admission_prefill_on_decode",
+            "requests the prefill pool would have started past their target that SLO admission sent to a decode "
+            "instance alone, which computed their prompt ([admission] local_prefill), per pool",
+            labels=["pool"],
+        )
         for pool, gate in gates:
             for cause, r in gate.refusals_by_cause().items():
                 total.add_metric([pool, cause], float(r["count"]))
                 projected.add_metric([pool, cause], float(r["last_projected_s"]))
                 bound.add_metric([pool, cause], float(r["bound_s"]))
+            on_decode.add_metric([pool], float(gate.local.routed if gate.local is not None else 0))
         yield total
         yield projected
         yield bound
+        yield on_decode

@@ -73,6 +73,9 @@ class DashboardHeader(Widget):
             parts = ", ".join(f"{k} {v}" for k, v in queue.by_class.items() if v)
             max_queued = "?" if queue.max_queued is None else queue.max_queued
             line2.append(f"   queued {queue.depth}/{max_queued}" + (f" ({parts})" if parts else ""), style=p.warn)
+        served = int((queue.admission or {}).get("served_on_decode", 0)) if queue is not None else 0
+        if served:  # admission's local prefill: requests the prefill pool was short for, served anyway
+            line2.append(f"   prefilled on decode {served}", style=p.muted)
         replay = replay_label(s.replay)
         if replay:
             line2.append("   " + replay, style=p.warn if "paused" in replay else "")

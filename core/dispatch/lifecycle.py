@@ -38,10 +38,13 @@ class LifecycleMixin(AdmittingMixin):
             router = canary.policy
         log = self.decisions
         ex = v.explain = Explain() if log is not None and log.want(request.id, now) else None
+        local = self.gate.take_local(request, v, now) if self.gate is not None else None
         try:
-            a = router.route(request, v)
+            # admission may send it to a decode instance alone (`local_prefill`)
+            a = Assignment(None, v.instance_ids[local[0]], local[1]) if local is not None else router.route(request, v)
             if ex is not None and log is not None:
-                log.add(ex.records("route", router.name, request, v, now, recording.made(v, a)))
+                name = "admission:local_prefill" if local is not None else router.name
+                log.add(ex.records("route", name, request, v, now, recording.made(v, a)))
             if request.prefix_keys and v.prefix is not None:
                 recording.count_prefix_hit(self.prefix_hits, v, request, a)
             if a.prefill is None:
@@ -311,6 +314,8 @@ class LifecycleMixin(AdmittingMixin):
         if tracked is not None:
             req = tracked.request
             self.queue.observe_completion(req, now - req.arrival, output_tokens)
+            if self.gate is not None:
+                self.gate.observe_output(output_tokens)
             tpot: float | None = None
             if first_token_at is not None:
                 tpot = (now - first_token_at) / (output_tokens - 1) if output_tokens > 1 else 0.0

@@ -24,13 +24,14 @@ def cluster(
     prefill: int = 1, decode: int = 1, queue: str = "fcfs", measured: bool = True, **settings: object
 ) -> Dispatcher:
     """`measured`: eight requests per prefill instance have borne the projection out (measured TTFT
-    = projected), so admission refuses on it at once; else nothing was measured yet."""
+    = projected), so admission refuses on it at once; else nothing was measured yet. The prefill pool
+    alone serves prompts unless the test says otherwise (`local_prefill`: tests/core/test_local_prefill.py)."""
     d = Dispatcher(PROFILE, "round_robin", queue=(queue, {}))
     for k in range(prefill):
         d.add_instance(f"p{k}", Role.PREFILL)
     for k in range(decode):
         d.add_instance(f"d{k}", Role.DECODE)
-    gate = d.use_slo_admission(SloAdmission.model_validate(settings))
+    gate = d.use_slo_admission(SloAdmission.model_validate({"local_prefill": False, **settings}))
     for k in range(prefill if measured else 0):
         for _ in range(8):
             gate.observe_ttft(k, 0.5, 0.5)
@@ -160,7 +161,7 @@ def tiny_cluster(**settings: object) -> Dispatcher:
     d = Dispatcher(TINY, "round_robin")
     d.add_instance("p0", Role.PREFILL)
     d.add_instance("d0", Role.DECODE)
-    d.use_slo_admission(SloAdmission.model_validate(settings))
+    d.use_slo_admission(SloAdmission.model_validate({"local_prefill": False, **settings}))
     return d
 
 

@@ -99,5 +99,9 @@ def test_the_queue_line_shows_admissions_margin_when_it_moves() -> None:
     assert line.endswith("shed 3, expired 1; margin 0.905 (headroom 0.8 to 1, for 95% of the admitted within TTFT)")
     fixed = queue_line(QueueState.model_validate({"depth": 2, "admission": {**admission, "ttft_attainment_goal": 1}}))
     assert fixed.endswith("shed 3, expired 1")  # the margin does not move: headroom is in the config
+    local = {**admission, "ttft_attainment_goal": 1, "local_prefill": True, "served_on_decode": 7}
+    assert queue_line(QueueState.model_validate({"depth": 2, "admission": local})).endswith(
+        "shed 3, expired 1; prefill on decode: 7 served there"
+    )
     off = QueueState.model_validate({"depth": 0, "max_in_flight_per_instance": 256})
     assert queue_line(off) == "queue 0 held; SLO admission off (256 in flight per decode instance)"

@@ -125,6 +125,24 @@ def test_a_whole_reply_has_no_tpot_and_its_ttft_ends_at_its_prefill_leg() -> Non
     assert samples(out, "sibyl_pd_handoff_seconds_count") == {(("slo_class", "default"),): 0.0}
 
 
+def test_a_whole_reply_served_by_its_decode_instance_alone_has_no_ttft() -> None:
+    """No prefill leg (the decode instance computed the prompt): nothing marks its first token, so its
+    TTFT is unknown, not the moment its decode leg was sent."""
+    out, log = outcomes()
+    whole = record("w", stream=False)
+    whole.enter(Step.DECODE_BOUND, 100.05)
+    whole.enter(Step.DECODING, 100.05)
+    whole.output_tokens, whole.outcome = 5, Outcome.OK
+    whole.prefill_instance, whole.decode_instance = None, "d0"
+    whole.enter(Step.FINISHED, 101.0)
+    out.started(whole)
+    out.left(whole)
+    out.record(whole)
+    row = log.requests[0]
+    assert row.ttft is None and row.ttft_source is None and row.prefill_instance is None and row.slo_met is True
+    assert samples(out, "sibyl_ttft_seconds_count") == {(("slo_class", "default"),): 0.0}
+
+
 def test_a_streamed_reply_observes_every_latency_of_its_class() -> None:
     out, log = outcomes()
     live = finished(record("s"), first=100.5)

@@ -82,6 +82,13 @@ def test_metrics_export_refusals_by_pool_and_cause_with_the_projected_wait_and_i
     assert 'sibyl_admission_refusals_total{cause="kv",pool="A"} 0.0' in text  # B's refusal is not A's
     assert 'sibyl_admission_refusal_projected_seconds{cause="kv",pool="B"} 5.0' in text
     assert 'pool="C"' not in text  # its admission is off
+    assert 'sibyl_admission_prefill_on_decode_total{pool="A"} 0.0' in text  # local_prefill off: none
+    local = Dispatcher(toy_profile()).use_slo_admission(SloAdmission(local_prefill=True))
+    assert local.local is not None
+    local.local.routed = 2
+    served = CollectorRegistry()
+    served.register(RefusalCollector(lambda: [("A", local)]))
+    assert 'sibyl_admission_prefill_on_decode_total{pool="A"} 2.0' in generate_latest(served).decode()
     off = CollectorRegistry()
     off.register(RefusalCollector(lambda: [("A", None)]))
     assert "sibyl_admission" not in generate_latest(off).decode()

@@ -181,3 +181,20 @@ def test_resize_relays_out_the_charts() -> None:
             assert lines[0] != first and max(len(line) for line in lines) <= chart.size.width
 
     asyncio.run(body())
+
+
+def test_the_header_counts_what_the_decode_instances_prefilled_for_admission() -> None:
+    async def body() -> None:
+        fake = FakeConsole(1, 2, clock=lambda: 5.0)
+        app = app_for(fake, autopoll=False)
+        async with app.run_test(size=SIZE) as pilot:
+            app.post_message(StateArrived(fake.snapshot()))
+            header = app.query_one("#header")
+            await until(pilot, lambda: "run" in str(header.render()))
+            assert "prefilled on decode" not in str(header.render())  # none yet: nothing said
+            state = fake.state()
+            queue = {**(state.get("queue") or {}), "admission": {"served_on_decode": 7, "local_prefill": 1}}
+            app.post_message(StateArrived(ConsoleState.model_validate({**state, "queue": queue})))
+            await until(pilot, lambda: "prefilled on decode 7" in str(header.render()))
+
+    asyncio.run(body())

@@ -1,12 +1,11 @@
-"""Prefill on a decode instance, live: an emulated 1P1D console with `[admission] local_prefill = true`
-serves part of a streamed burst that the prefill instance alone would refuse on its decode instance,
-which computes those prompts itself (no prefill leg, no KV transfer); they meet their TTFT target as
-the client and the gateway measure it."""
+"""Prefill on a decode instance, live: an emulated 1P1D console with the default admission
+(`local_prefill` on) serves part of a streamed burst that the prefill instance alone would refuse on
+its decode instance, which computes those prompts itself (no prefill leg, no KV transfer); they meet
+their TTFT target as the client and the gateway measure it."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,41 +13,21 @@ import httpx
 import pytest
 
 from adapters.store import RunStore
+from benchmarks.overload import Outcome, one
 from tests.procs import Console, kill_children, start_console
 
 PROMPT, OUTPUT = 256, 64
 
 
-async def streamed_burst(url: str, n: int) -> list[tuple[int, float | None, int]]:
-    """n streamed completions at once: (status, client TTFT, tokens) of each."""
-
-    async def one(client: httpx.AsyncClient, k: int) -> tuple[int, float | None, int]:
-        body = {
-            "model": "sibyl-model",
-            "prompt": [5 + (k + j) % 500 for j in range(PROMPT)],
-            "max_tokens": OUTPUT,
-            "ignore_eos": True,
-            "stream": True,
-        }
-        t0, first, tokens = time.monotonic(), None, 0
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                return r.status_code, None, 0
-            async for line in r.aiter_lines():
-                if line.startswith("data: {"):
-                    first = first if first is not None else time.monotonic() - t0
-                    tokens += 1
-        return 200, first, tokens
-
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
-        return list(await asyncio.gather(*(one(client, k) for k in range(n))))
+async def streamed_burst(url: str, n: int) -> list[Outcome]:
+    """n streamed completions at once, as `benchmarks/overload.py` sends them."""
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None)) as client:
+        return list(await asyncio.gather(*(one(client, url, PROMPT, OUTPUT, k, 60.0) for k in range(n))))
 
 
 @pytest.fixture
 def console(tmp_path: Path) -> Iterator[Console]:
-    cfg = tmp_path / "console.toml"
-    cfg.write_text("[admission]\nlocal_prefill = true\n")
-    c = start_console(tmp_path, str(cfg), "--prefill", "1", "--decode", "1")  # h20-qwen3-32b, as `up` defaults
+    c = start_console(tmp_path, "--prefill", "1", "--decode", "1")  # h20-qwen3-32b and admission, as `up` defaults
     try:
         yield c
     finally:
@@ -59,10 +38,10 @@ def console(tmp_path: Path) -> Iterator[Console]:
 def test_a_burst_past_the_prefill_backlog_is_served_in_part_by_the_decode_instance(console: Console) -> None:
     replies = asyncio.run(streamed_burst(console.url, 40))
     admission = console.state()["queue"]["admission"]
-    answered = [r for r in replies if r[0] == 200]
-    assert {r[0] for r in replies} <= {200, 429, 503}
+    answered = [r for r in replies if r.status == 200]
+    assert {r.status for r in replies} <= {200, 429, 503}
     assert admission["local_prefill"] == 1 and admission["served_on_decode"] >= 3
-    assert all(tokens == OUTPUT for _, _, tokens in answered)
+    assert all(r.complete and r.tokens == OUTPUT for r in answered)
     console.stop()
     rows = [r for r in RunStore(console.db).requests(console.run_id) if r["status"] == "ok"]
     on_decode = [r for r in rows if r["prefill_instance"] is None]
@@ -71,4 +50,4 @@ def test_a_burst_past_the_prefill_backlog_is_served_in_part_by_the_decode_instan
     # what the decode instance prefilled met its TTFT target, and the admitted their SLO
     assert all(r["ttft"] <= 2.0 for r in on_decode), [round(r["ttft"], 2) for r in on_decode]
     assert sum(bool(r["slo_met"]) for r in rows) >= 0.9 * len(rows)
-    assert all(ttft is not None and ttft <= 2.5 for _, ttft, _ in answered)  # the client's own clock agrees
+    assert all(r.ttft_s is not None and r.ttft_s <= 2.5 for r in answered)  # the client's own clock agrees

@@ -23,6 +23,7 @@ class LocalStep:
     start: float
     end: float
     tokens: float
+    """The prompt tokens in it (within `max_num_batched_tokens`)."""
     deadlines: list[float] = field(default_factory=list)
     """When each prompt in it must have its first token (its arrival + its budget)."""
 
@@ -40,7 +41,9 @@ class LocalChoice:
     joins: bool
     """It joins a step projected for earlier local prefills (not yet started)."""
     deadline: float
+    """When its first token must have come out (its arrival + its budget)."""
     tokens: float
+    """Its prompt's tokens (what it takes of the step's budget)."""
 
 
 class LocalPrefill:

@@ -360,7 +360,7 @@ class SloGate(FirstTokenProjection):
         local = self.local
         if local is None:
             return False
-        deadline = r.arrival + self._budget(r, local.chunk_s(r.prompt_tokens) + self.profile.prefill_base_s)
+        deadline = r.arrival + self._budget(r, local.terms.base + local.chunk_s(r.prompt_tokens))
         tpot = self.slots.tpot_s if self.slots.measured else 0.0
         s = self.settings
         choice = local.choose(v, r.prompt_tokens, deadline, self.decode_slots, tpot, s.headroom, now)

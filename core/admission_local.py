@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.request_table import PENDING
+from core.step_terms import StepTerms
 
 if TYPE_CHECKING:
     from core.perf import PerfProfile
@@ -73,6 +74,8 @@ class LocalPrefill:
 
     def __init__(self, profile: PerfProfile) -> None:
         self.profile = profile
+        self.terms = StepTerms.of(profile)
+        """What a prompt adds to a step (the profile's terms, as the prefill projection steps them)."""
         self.steps: dict[int, LocalStep] = {}
         """Per decode index: the last step projected with local prefills in it."""
         self.stalled: dict[Hashable, float] = {}
@@ -96,21 +99,19 @@ class LocalPrefill:
 
     def chunk_s(self, tokens: float) -> float:
         """What a prompt of `tokens` adds to a step that already pays the prefill's fixed cost (the
-        chunks of one longer than the step's budget each start a step of their own)."""
-        p = self.profile
-        extra_steps = max(math.ceil(tokens / p.max_num_batched_tokens), 1) - 1
-        own = float(p.prefill_time(max(tokens, 1.0))) - p.prefill_base_s
-        return own + extra_steps * p.prefill_base_s + p.prefill_host_per_request_s
+        chunks of one longer than the step's budget each start a step of their own), with its intake."""
+        t = self.terms
+        return t.chunk_s(0.0, tokens) + (t.chunks(tokens) - 1) * t.base + t.host
 
     def propose(
-        self, v: ClusterView, d: int, tokens: float, deadline: float, step_s: float, now: float
+        self, v: ClusterView, d: int, tokens: float, cost: float, deadline: float, step_s: float, now: float
     ) -> LocalChoice | None:
-        """The step a prompt of `tokens` sent to decode instance d now would get its first token from,
-        if that keeps its `deadline` and those of the prompts already in the step; else None."""
-        base = self.profile.prefill_base_s
-        cost = self.chunk_s(tokens)
+        """The step a prompt of `tokens` (adding `cost` to a step, `chunk_s`) sent to decode instance d
+        now would get its first token from, if that keeps its `deadline` and those of the prompts
+        already in the step; else None."""
+        base = self.terms.base
         last = self.steps.get(d)
-        if last is not None and last.start > now and last.tokens + tokens <= self.profile.max_num_batched_tokens:
+        if last is not None and last.start > now and last.tokens + tokens <= self.terms.budget:
             end = last.end + cost
             if end > min(last.deadlines, default=math.inf) or end > deadline:
                 return None  # joining would make one already in it late, or itself
@@ -167,11 +168,12 @@ class LocalPrefill:
         n = t.n
         bound = np.bincount(t.inst[:n][t.inst[:n] >= 0], minlength=v.n_instances)
         best: LocalChoice | None = None
+        cost = self.chunk_s(tokens)
         for d in (int(x) for x in np.flatnonzero(v.decode_mask())):
             if bound[d] >= slots:
                 continue
             step = self.step_s(v, d, tpot_s)
-            c = self.propose(v, d, tokens, deadline, step, now)
+            c = self.propose(v, d, tokens, cost, deadline, step, now)
             if c is None or (best is not None and c.end >= best.end):
                 continue
             if self.stalls_fit(v, d, c.stall_s, step, headroom) and self.handoffs_fit(v, c, step):

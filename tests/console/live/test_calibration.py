@@ -35,8 +35,11 @@ PRIOR = EMULATED.model_copy(
     }
 )
 ROUNDS = [(1, 32), (4, 400), (8, 100), (2, 800), (16, 200), (1, 1200), (6, 50), (12, 600), (20, 64), (3, 300)]
-"""(concurrent clients, prompt tokens) of each round; a scrape after each. The test plays them twice:
-a contended round's rows err by how its prompts happened to share steps, and more of them average that."""
+"""(concurrent clients, prompt tokens) of each round; a scrape after each. The test plays them three
+times: a contended round's rows err by how its prompts happened to share steps, and more of them
+average that (played twice, one small round's row off by 3x moved the fit at 32 tokens by +53%; played
+three times, by +5%)."""
+PLAYS = 3
 
 
 def test_the_feed_fits_an_emulated_engine_ten_times_faster_than_its_prior(tmp_path: Path) -> None:
@@ -50,13 +53,13 @@ def test_the_feed_fits_an_emulated_engine_ten_times_faster_than_its_prior(tmp_pa
         def client(prompt_tokens: int) -> None:
             with httpx.Client(timeout=30) as c:
                 for _ in range(2):
-                    body = {"prompt": [rng.randrange(10, 1000) for _ in range(prompt_tokens)], "max_tokens": 24}
+                    body = {"prompt": [rng.randrange(10, 1000) for _ in range(prompt_tokens)], "max_tokens": 16}
                     r = c.post(emu.url + "/v1/completions", json={**body, "ignore_eos": True})
                     assert r.status_code == 200
 
         measured: dict[int, float] = {}  # an uncontended round's mean prefill time, as the emulator timed it
         before = http.get(emu.url + "/metrics").text
-        for clients, prompt_tokens in ROUNDS * 2:
+        for clients, prompt_tokens in ROUNDS * PLAYS:
             threads = [threading.Thread(target=client, args=(prompt_tokens,)) for _ in range(clients)]
             for t in threads:
                 t.start()
@@ -83,15 +86,17 @@ def test_the_feed_fits_an_emulated_engine_ten_times_faster_than_its_prior(tmp_pa
     # iteration_tokens' doubling buckets, and how its prompts happened to share steps differs from
     # run to run. Over 15 runs of the rounds played once, the fit at 1,200 tokens was off by 14% on
     # average and 30% at most, its residual up to 0.24 (one CI run failed a 20% gate at +21.5%);
-    # played twice, 12% and 20% at most (10 runs), residual up to 0.19. So: within 30% of the
-    # uncontended prefills the emulator timed (on its engine clock), of its profile, and far from
-    # the prior (10x) at every size
+    # played twice, 12% and 20% at most (10 runs), residual up to 0.19, but one CI run in ~40 put the
+    # fit at 32 tokens at +78%; played three times (9 runs), 32 tokens -1% to +12%, 1,200 tokens -18%
+    # to +10%. So: within 30% of the uncontended prefills the emulator timed (on its engine clock), of
+    # its profile, and far from the prior (10x) at every size
     def uncontended(profile: PerfProfile, tokens: int) -> float:
         return float(profile.prefill_time(tokens)) + profile.step_time(1, tokens)
 
     assert set(measured) == {32, 1200}
     for tokens, seconds in measured.items():
-        assert uncontended(fitted, tokens) == pytest.approx(seconds, rel=0.3), (tokens, measured)
+        fit = {k: v["value"] for k, v in terms.items()}
+        assert uncontended(fitted, tokens) == pytest.approx(seconds, rel=0.3), (tokens, measured, fit)
     for tokens in (100, 500, 1000):
         assert uncontended(fitted, tokens) == pytest.approx(uncontended(EMULATED, tokens), rel=0.3)
         assert uncontended(fitted, tokens) < uncontended(PRIOR, tokens) / 4

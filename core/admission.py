@@ -425,7 +425,9 @@ class SloGate(FirstTokenProjection):
         (then nothing held longer starts sooner; `expire` answers the head once even an idle
         cluster would start it past its bound). Counted from now instead, a request held 1.1 s
         of a burst was released into a prefill step that gave its first token 3.15 s after arrival,
-        past its 2 s target."""
+        past its 2 s target. A head the prefill pool would give its token too late may go to a
+        decode instance alone (`prefill_on_decode`, as an arrival may), one a call: the next choice
+        must see it routed there (before, it waited until it expired)."""
         out: list[Request] = []
         if room <= 0 or not v.routable_count(Role.PREFILL):
             return out
@@ -439,20 +441,28 @@ class SloGate(FirstTokenProjection):
             p = int(where[k])
             own = np.broadcast_to(np.asarray(self._uncached(r, v), dtype=float), v.prefill_mask().shape)
             alone = v.queues.terms_of(p).alone_s(float(own[p]))
+            local = False
             if first[k] - alone > 1e-9:  # it waits there: released only within its budget
                 handoff = self.handoff_s(r.prompt_tokens, v)
                 budget = self._budget(r, alone * float(own_r[p]) + float(own_a[p]) + handoff)  # `_own_s` there
                 if now - r.arrival + first[k] + handoff > budget:
-                    break
+                    local = self.prefill_on_decode(r, v, now)
+                    if not local:
+                        break
             popped = adm.release(queue, now, 1)
             if not popped:
+                if local and self.local is not None:
+                    self.local.chosen.pop(r.id, None)
                 break
             self.unverified.pop(popped[0].id, None)
             work = self._terms.marginal_s(popped[0].prompt_tokens)
-            extra[k] += work * drift[k]
+            if not local:
+                extra[k] += work * drift[k]
             self.held_work_s = max(self.held_work_s - work, 0.0) if adm else 0.0
             out.append(popped[0])
             room -= 1
+            if local:
+                break
         return out
 
     def expire(

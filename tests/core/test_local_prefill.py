@@ -195,3 +195,54 @@ def test_a_request_is_expected_to_stop_as_early_as_the_finished_ones_did() -> No
     allowed = (0.8 * 0.1 - STEP_1) * (mean - 1)
     served = gate.describe()["served_on_decode"]
     assert served == 1 + int((allowed - STALL_256) // CHUNK_256) and served < 6
+
+
+def unverified_cluster(local_prefill: bool = True) -> Dispatcher:
+    """1P1D before anything was measured: a prefill backlog only the prior projects holds requests
+    (`evidence_hold_s`) instead of refusing them."""
+    d = Dispatcher(PROFILE, "round_robin", queue=("fcfs", {}))
+    d.add_instance("p0", Role.PREFILL)
+    d.add_instance("d0", Role.DECODE)
+    d.use_slo_admission(SloAdmission.model_validate({"ttft_attainment_goal": 1.0, "local_prefill": local_prefill}))
+    return d
+
+
+def test_a_held_request_the_prefill_pool_would_start_late_is_released_to_a_decode_instance_once_it_can() -> None:
+    # a request with a 25 ms TPOT target decodes on d0: 0.8 × 25 ms is below a decode step, so no
+    # prompt may stall it and the burst's overflow is held (on the prior's word) instead of going there
+    d = unverified_cluster()
+    blocker = Request(0, 0.0, 256, 200, tpot_s=0.025)
+    assert d.admit(blocker, 0.0) == Admission.ROUTE
+    d.route(blocker, 0.0)
+    d.on_prefill_end(0, 0.3, 0.3)
+    d.on_decode_start(0, 0.3)
+    got = [offer(d, req(k, 0.5), 0.5)[0] for k in range(1, 40)]
+    held = [k for k, a in enumerate(got, start=1) if a == Admission.QUEUED]
+    assert held and held == list(range(held[0], 40)) and got.count(Admission.ROUTE) == held[0] - 1
+    assert d.release(0.55) == []  # the prefill would start the head late, and d0 may not take it yet
+    # the blocker finishes: d0 is idle and the head goes there alone, its first token after a decode
+    # step with its prefill; one a call (the next choice must see it routed there)
+    d.on_finish(0, 0.6, 200, first_token_at=0.3)
+    out = d.release(0.6)
+    assert [r.id for r in out] == [held[0]]
+    a = d.route(out[0], 0.6)
+    assert a.prefill is None and a.decode == "d0"
+    assert a.projected_handoff is not None and abs(a.projected_handoff - (0.6 + STEP_1 + STALL_256)) < 1e-9
+    # the next head: d0's step under way, so the step after it, paying the fixed cost again
+    out = d.release(0.61)
+    assert [r.id for r in out] == [held[1]]
+    b = d.route(out[0], 0.61)
+    assert b.prefill is None and b.projected_handoff is not None
+    assert abs(b.projected_handoff - (a.projected_handoff + STEP_1 + STALL_256)) < 1e-9
+    gate = d.gate
+    assert gate is not None and gate.describe()["served_on_decode"] == 2
+    assert len(d.admission) == len(held) - 2
+    # without local prefill the same head waits for the prefill pool
+    plain = unverified_cluster(local_prefill=False)
+    assert plain.admit(blocker, 0.0) == Admission.ROUTE
+    plain.route(blocker, 0.0)
+    plain.on_prefill_end(0, 0.3, 0.3)
+    plain.on_decode_start(0, 0.3)
+    assert [offer(plain, req(k, 0.5), 0.5)[0] for k in range(1, 40)] == got
+    plain.on_finish(0, 0.6, 200, first_token_at=0.3)
+    assert plain.release(0.6) == []

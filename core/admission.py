@@ -360,10 +360,11 @@ class SloGate(FirstTokenProjection):
         local = self.local
         if local is None:
             return False
-        deadline = r.arrival + self._budget(r, local.terms.base + local.chunk_s(r.prompt_tokens))
+        cost = local.chunk_s(r.prompt_tokens)
+        deadline = r.arrival + self._budget(r, local.terms.base + cost)
         tpot = self.slots.tpot_s if self.slots.measured else 0.0
         s = self.settings
-        choice = local.choose(v, r.prompt_tokens, deadline, self.decode_slots, tpot, s.headroom, now)
+        choice = local.choose(v, r.prompt_tokens, cost, deadline, self.decode_slots, tpot, s.headroom, now)
         if choice is None:
             return False
         local.chosen[r.id] = choice

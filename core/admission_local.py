@@ -155,20 +155,20 @@ class LocalPrefill:
         self,
         v: ClusterView,
         tokens: float,
+        cost: float,
         deadline: float,
         slots: int,
         tpot_s: float,
         headroom: float,
         now: float,
     ) -> LocalChoice | None:
-        """The routable decode instance where a prompt of `tokens` gets its first token soonest by
-        `deadline`, with a free slot of `slots` and every request there within its TPOT (`tpot_s`:
-        the measured decode step, 0 if none); None if there is none."""
+        """The routable decode instance where a prompt of `tokens` (adding `cost` to a step, `chunk_s`)
+        gets its first token soonest by `deadline`, with a free slot of `slots` and every request there
+        within its TPOT (`tpot_s`: the measured decode step, 0 if none); None if there is none."""
         t = v.table
         n = t.n
         bound = np.bincount(t.inst[:n][t.inst[:n] >= 0], minlength=v.n_instances)
         best: LocalChoice | None = None
-        cost = self.chunk_s(tokens)
         for d in (int(x) for x in np.flatnonzero(v.decode_mask())):
             if bound[d] >= slots:
                 continue

@@ -115,8 +115,20 @@ def replay_mooncake(con: Console, trace: Path, args: list[str]) -> dict[str, Any
     )
     assert done.returncode == 0, done.stderr[-2000:]
     summary: dict[str, Any] = json.loads(done.stdout)
-    assert summary["failed"] == 0, summary
+    if summary["failed"]:
+        raise AssertionError(f"{summary}\n{_why_failed(con, str(summary['run_id']))}")
     return summary
+
+
+def _why_failed(con: Console, run_id: str, lines: int = 30) -> str:
+    """A failed replay's failed requests as recorded, and the tails of the console's and the engines' logs."""
+    keys = ("request_id", "status", "reason", "prefill_instance", "decode_instance", "prompt_tokens", "cached_tokens")
+    failed = [{k: r[k] for k in keys} for r in RunStore(con.db).requests(run_id) if r["status"] != "ok"]
+    out = [f"failed requests: {failed}"]
+    for log in [con.log, *sorted((con.run_dir / "logs").glob("*.log"))]:
+        tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else ["(no log)"]
+        out.append(f"--- {log.name}, last {lines} lines:\n" + "\n".join(tail))
+    return "\n".join(out)
 
 
 def replayed_prompts(trace: Path, limit: int, hash_block_tokens: int, max_context: int, seed: int) -> list[list[int]]:

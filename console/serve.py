@@ -43,6 +43,13 @@ request (young pauses 0.2 ms, middle ones 0.75 ms every ~250 requests, full ones
 7.7 µs a request; young pauses ~1.3 ms every ~360 requests (under one decode step), middle ones ~9 ms every
 ~4,000, one full collection in the run."""
 
+CLIENT_KEEP_ALIVE_S = 75
+"""How long the gateway keeps a client's idle keep-alive connection open (uvicorn's default is 5 s, nginx's 75 s). A
+client that reuses a connection the server is closing at that moment loses the request it wrote (aiohttp: "Connection
+reset by peer" or "Server disconnected"), and clients pool idle connections for at least as long as uvicorn's
+default: httpx and the OpenAI client 5 s, aiohttp (`vllm bench serve`) 15 s. One such loss failed a real-vLLM
+replay in CI on 2026-11-30; a client that reused connections idle ~1 s against a 1 s server limit lost 13 in 200."""
+
 
 @dataclass
 class LiveConsole:
@@ -154,6 +161,7 @@ async def run_console(config: ConsoleConfig, on_ready: Announce, *, owner_fd: in
                 proxy_headers=False,
                 access_log=False,
                 lifespan="on",
+                timeout_keep_alive=CLIENT_KEEP_ALIVE_S,
                 timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s)),
             )
         )

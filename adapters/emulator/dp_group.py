@@ -19,10 +19,11 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from adapters.emulator.engine import SPIN_MIN_STREAMS, SPIN_S, Engine, SeqHook, StepHook, step_start
+from adapters.emulator.engine import Engine, SeqHook, StepHook
 from adapters.emulator.faults import Faults
 from adapters.emulator.loop import RunLoop
 from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
+from adapters.emulator.step_clock import SPIN_MIN_STREAMS, SPIN_S, step_start
 from core.perf import PerfProfile
 
 

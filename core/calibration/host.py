@@ -22,7 +22,8 @@ against the prompts arriving alone (which had put 6-11 ms on each arriving promp
 charge a Mooncake burst's prompts, which stream 3 tokens each, ten times what they pay).
 
 The prefill legs that end together (within BATCH_GAP_S) on one instance are one batch; a batch's
-modelled start is its end less its compute as the profile gives it for the batch. A batch whose
+modelled start is its end less its compute as the profile gives it for the batch and a
+(`prefill_arrival_stretch_s`) per prompt reaching the instance during it. A batch whose
 every request was already waiting when the previous batch ended ran right after it, so the time
 between the two ends is its compute, h times the prompts that reached the instance between the
 two batches' modelled starts (during the previous batch and the host work after it), and g times
@@ -80,6 +81,9 @@ class BusyBatches(NamedTuple):
     """That time less the batch's modelled compute (what h and g should explain)."""
     periods: np.ndarray
     """Which busy period (a chain of back-to-back batches on one instance) the batch belongs to."""
+    during: np.ndarray
+    """Prompts that reached the instance during this batch (its modelled start to its end): what
+    `prefill_arrival_stretch_s` lengthens it by."""
 
 
 def computed_tokens(row: dict[str, Any]) -> float:
@@ -101,6 +105,7 @@ def busy_batches(rows: list[dict[str, Any]], profile: PerfProfile, rtt: dict[str
     streaming = _streaming(rows)
     arrivals: list[float] = []
     streamed: list[float] = []
+    during: list[float] = []
     intervals: list[float] = []
     excess: list[float] = []
     periods: list[int] = []
@@ -117,7 +122,8 @@ def busy_batches(rows: list[dict[str, Any]], profile: PerfProfile, rtt: dict[str
             else:
                 batches.append([r])
         ends = [max(float(r["prefill_end"]) for r in b) for b in batches]
-        computes = [_compute(b, profile) for b in batches]
+        bare = [_compute(b, profile) for b in batches]
+        computes = [_stretched(came, e, c, profile) for e, c in zip(ends, bare, strict=True)]
         chained = False
         for k in range(1, len(batches)):
             prev, cur = batches[k - 1], batches[k]
@@ -128,16 +134,39 @@ def busy_batches(rows: list[dict[str, Any]], profile: PerfProfile, rtt: dict[str
             chained = True
             # the prompts that reached the instance between the two modelled starts (end − compute)
             since, until = ends[k - 1] - computes[k - 1], ends[k] - computes[k]
-            came_between = int(np.searchsorted(came, until, "left") - np.searchsorted(came, since, "left"))
             interval = ends[k] - ends[k - 1]
-            arrivals.append(float(max(came_between, 0)))
+            arrivals.append(float(max(_between(came, since, until), 0)))
             streamed.append(streaming(ends[k - 1], ends[k]))
+            during.append(float(_between(came, until, ends[k])))
             intervals.append(interval)
-            excess.append(interval - computes[k])
+            excess.append(interval - bare[k])
             periods.append(period)
     return BusyBatches(
-        np.array(arrivals), np.array(streamed), np.array(intervals), np.array(excess), np.array(periods, dtype=int)
+        np.array(arrivals),
+        np.array(streamed),
+        np.array(intervals),
+        np.array(excess),
+        np.array(periods, dtype=int),
+        np.array(during),
     )
+
+
+def _stretched(came: np.ndarray, end: float, compute: float, profile: PerfProfile) -> float:
+    """A batch's time from its start to `end`: its `compute` and a (`prefill_arrival_stretch_s`) per prompt
+    reaching the instance during it, grown from `compute` until the prompts it counts are those after the
+    start it gives. (A prompt arriving within a few a of a step's start can fit either side: counted out.)"""
+    a, took = profile.prefill_arrival_stretch_s, compute
+    while a:
+        longer = compute + a * _between(came, end - took, end)
+        if longer <= took:
+            break
+        took = longer
+    return took
+
+
+def _between(came: np.ndarray, since: float, until: float) -> int:
+    """How many of the sorted arrival times `came` lie in [since, until)."""
+    return int(np.searchsorted(came, until, "left") - np.searchsorted(came, since, "left"))
 
 
 def _streaming(rows: list[dict[str, Any]]) -> Callable[[float, float], float]:
@@ -173,9 +202,10 @@ def fit_host_work(
     rows: list[dict[str, Any]], profile: PerfProfile, prior: float, rtt: dict[str, float] | None = None
 ) -> LinearFit:
     """`host_per_streamed_token_s` (g; `prior` its prior) from a run's back-to-back prefill batches:
-    Σ (excess − h·arrivals) / Σ streamed, h the profile's intake (see the module docstring; `rtt` as
-    for `busy_batches`). Fitted when the 1σ uncertainty of the busy time it accounts for (g·Σ
-    streamed) is within IDENTIFIED of the measured busy time (Σ interval)."""
+    Σ (excess − h·arrivals − a·during) / Σ streamed, h the profile's intake and a what an arrival adds
+    to the step under way (see the module docstring; `rtt` as for `busy_batches`). Fitted when the 1σ
+    uncertainty of the busy time it accounts for (g·Σ streamed) is within IDENTIFIED of the measured busy
+    time (Σ interval)."""
     name = "host_per_streamed_token_s"
     b = busy_batches(rows, profile, rtt)
     n = len(b.arrivals)
@@ -186,7 +216,7 @@ def fit_host_work(
     if total <= 0:
         why = f"prior: no token was streamed during the run's {n} back-to-back prefill batches"
         return LinearFit({name: Term(name, prior, prior, why, samples=n)}, n, 0, math.nan, math.nan)
-    rest = b.excess - profile.prefill_host_per_request_s * b.arrivals
+    rest = b.excess - profile.prefill_host_per_request_s * b.arrivals - profile.prefill_arrival_stretch_s * b.during
     g = float(np.sum(rest)) / total
     r = rest - b.streamed * g
     # The scatter is taken over blocks of up to BLOCK consecutive batches of one busy period: a batch

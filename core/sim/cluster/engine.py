@@ -1,32 +1,30 @@
 """Deterministic discrete-event simulation of a P/D cluster driving the same Dispatcher as live.
 
-Events are ordered by (time, kind, sequence). Arrivals are merged from the sorted trace rather
-than heaped. Every arrival goes through the dispatcher's admission (route now, hold, or shed);
-held requests are routed when `release` hands them back (after each finish or failure, when an
-instance becomes active, after each periodic decision) and fail when they expire. Prefill
-instances step their prompts with the dispatcher's own prefill model (core/sim/cluster/prefill.py).
-The KV transfer follows vLLM's NIXL pull: it starts at the decode instance's next step boundary,
-after the reads under way there (`DecodeModel.read_done`), and the request joins the batch at the
-first boundary after it ends; the HTTP legs (`http_rtt_s`: the prefill's answer and the decode leg
-before, the pull's round trip with it) add their latency. Decode runs in processor-sharing or
-iteration-level mode. A request routed without a decode instance is bound (`bind_late`) at its
-prefill end. Nothing ticks per token: every instance jumps from event to event.
+Events are ordered by (time, kind, sequence). Arrivals are merged from the sorted trace rather than heaped. Every
+arrival goes through the dispatcher's admission (route now, hold, or shed); held requests are routed when `release`
+hands them back (after each finish or failure, when an instance becomes active, after each periodic decision) and
+fail when they expire. Prefill instances step their prompts with the dispatcher's own prefill model
+(core/sim/cluster/prefill.py). The KV transfer follows vLLM's NIXL pull: it starts at the decode instance's next
+step boundary, after the reads under way there (`DecodeModel.read_done`), and the request joins the batch at the
+first boundary after it ends; the HTTP legs (`http_rtt_s`: the prefill's answer and the decode leg before, the
+pull's round trip with it) add their latency. Decode runs in processor-sharing or iteration-level mode. A request
+routed without a decode instance is bound (`bind_late`) at its prefill end. Nothing ticks per token: every instance
+jumps from event to event.
 
-Periodic policies run at `dispatcher.next_periodic_at()` (never, for the no-op baselines); their
-scale actions are carried out by core/sim/cluster/scaling.py (see it for the rules) and their
-migrations by core/sim/cluster/migration.py: the migrating request's KV (prompt + generated
-tokens) moves in profile.kv_transfer_time(tokens) while only that request stalls. Both executors
-return effects (core/sim/cluster/effects.py) that this engine applies; neither writes its state.
+Periodic policies run at `dispatcher.next_periodic_at()` (never, for the no-op baselines); their scale actions are
+carried out by core/sim/cluster/scaling.py (see it for the rules) and their migrations by
+core/sim/cluster/migration.py: the migrating request's KV (prompt + generated tokens) moves in
+profile.kv_transfer_time(tokens) while only that request stalls. Both executors return effects
+(core/sim/cluster/effects.py) that this engine applies; neither writes its state.
 
 With `instance_profiles` (id → PerfProfile) a listed instance runs on its own profile, and the dispatcher
 projects its prefill with it: core/sim/cluster/profiles.py says what stays on `profile`.
 
-With prefix structure (trace hash ids, or block keys given per row) each instance keeps a KV
-cache (core/sim/cluster/cache.py): a prefill computes only its prompt's uncached tokens there,
-the decode instance pulls only the blocks it lacks, and routing reads the caches exactly. A
-routing decision without a prefill instance (decode-only) is served by its decode instance
-alone: the request starts decoding after that instance's prefill of its own uncached tokens
-(counted apart from its running batch: an approximation). Without prefix structure nothing
+With prefix structure (trace hash ids, or block keys given per row) each instance keeps a KV cache
+(core/sim/cluster/cache.py): a prefill computes only its prompt's uncached tokens there, the decode instance pulls
+only the blocks it lacks, and routing reads the caches exactly. A routing decision without a prefill instance
+(decode-only) is served by its decode instance alone: the request starts decoding after that instance's prefill of
+its own uncached tokens (counted apart from its running batch: an approximation). Without prefix structure nothing
 changes and nothing is paid.
 
 The dispatcher is anything offering `SimDispatcher` (core/sim/cluster/dispatcher.py), usually Dispatcher.
@@ -320,8 +318,10 @@ class ClusterSimulation:
             pf.went_idle(now)
 
     def _prefill_done(self, x: int, now: float) -> None:
-        """Instance x's step ended: the prompts it finished end their prefill (in admission order;
-        the next step starts once the last has told the dispatcher) and go to their decode instance."""
+        """Instance x's step ended (or runs on for the prompts that arrived during it): the prompts it finished end
+        their prefill (in admission order; the next step starts once the last told the dispatcher) and go on."""
+        if stretch := self.prefills[x].stretched():
+            return self.push(now + stretch, _PREFILL_DONE, x)
         done = self.prefills[x].end(now)
         if not done:
             self._next_step(x, now)

@@ -14,7 +14,9 @@ the dispatcher's projection (core/prefill.py `PrefillQueues`) step, with the ter
 In both, each prompt reaching the instance brings `prefill_host_per_request_s` (h) of host work,
 its intake: one arriving during a step adds h after it, one arriving with no step under way puts
 the next step h after it (or after the host work pending); the next step forms when the host
-work ends, from what waits then (as the projection assumes, core/prefill.py). A prompt's first
+work ends, from what waits then (as the projection assumes, core/prefill.py). One arriving during a
+step also makes that step `prefill_arrival_stretch_s` longer (`arrival_stretch`), as the emulator's
+engine does; the projection does not (docs/admission.md). A prompt's first
 token, and its prefill end, come out at the end of the step computing its last chunk. With a KV
 cache (core/sim/cluster/cache.py) a prompt computes only its tokens not cached on the instance
 when it is admitted. The first step after the instance idled for g seconds costs the profile's
@@ -46,7 +48,7 @@ class SimPrefill:
 
     __slots__ = (
         "stepper", "busy", "stepping", "intakes", "host_free", "finishing", "x", "lora", "idle_from", "idled", "wake",
-        "stretch",
+        "stretch", "arrival_stretch", "stretch_due",
     )
 
     def __init__(self, x: int, terms: StepTerms, prompts: list[int], cache: SimCache | None) -> None:
@@ -79,9 +81,16 @@ class SimPrefill:
         """The profile's `wake_time`: what the first step after idling costs more (None: nothing)."""
         self.stretch: Callable[[], float] | None = None
         """How much longer what the cluster streams now makes a step (`PerfProfile.host_stretch`; None: 1)."""
+        self.arrival_stretch = 0.0
+        """What a prompt arriving during a step adds to it (`prefill_arrival_stretch_s`)."""
+        self.stretch_due = 0.0
+        """What the prompts that arrived during the step under way add to it, not yet waited for."""
 
     def arrive(self, now: float) -> None:
-        """A prompt reached the instance now: its intake follows the step under way, or starts now."""
+        """A prompt reached the instance now: the step under way runs longer and its intake follows it, or,
+        with none under way, its intake starts now."""
+        if self.stepping:
+            self.stretch_due += self.arrival_stretch
         host = self.stepper.terms.host
         if not host:
             return
@@ -116,6 +125,11 @@ class SimPrefill:
         """Its last step (and that step's host work) ended at `now` with no prompt left to run."""
         self.idle_from = now
         self.idled = True
+
+    def stretched(self) -> float:
+        """What the step reaching its end still runs on for the prompts that arrived during it (0: it ends)."""
+        due, self.stretch_due = self.stretch_due, 0.0
+        return due
 
     def end(self, now: float) -> list[int]:
         """The step under way ended now: the prompts it finished (the intake of the prompts that came

@@ -81,6 +81,7 @@ class InstanceProfiles:
             view.queues.set_terms(x, terms)
         pf = SimPrefill(x, terms, prompts, cache)
         pf.wake = profile.wake_time if profile.idle_wake_s > 0 else None
+        pf.arrival_stretch = profile.prefill_arrival_stretch_s
         if profile.host_per_streamed_token_s > 0:
             decoders = self.decoders
             pf.stretch = lambda: profile.host_stretch(sum(d.token_rate() for d in decoders if d is not None))

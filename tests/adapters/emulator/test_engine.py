@@ -275,6 +275,33 @@ def test_a_prefill_requests_intake_delays_the_next_step_after_the_one_it_arrived
     run(main())
 
 
+def test_prompts_arriving_during_a_step_make_it_longer_and_its_tokens_later() -> None:
+    """30 ms per prompt arriving during a step, 20 ms of intake: a 480-token prompt's 50 ms step runs alone;
+    two prompts arriving during it make it end 60 ms later (its first token with it), and their intakes
+    (40 ms) follow it before the step that runs them. A prompt reaching the idle engine stretches nothing."""
+
+    async def main() -> None:
+        prof = fast(prefill_arrival_stretch_s=0.03, prefill_host_per_request_s=0.02, max_num_seqs=4)
+        engine = Engine(prof, Faults())
+        engine.start()
+        head = Sequence("head", 480, 1, prefill_only=True)  # 2 ms + 48 ms of prefill
+        engine.submit(head)
+        while not engine.stepping:
+            await asyncio.sleep(0.001)
+        followers = [Sequence(f"f{k}", 8, 1, prefill_only=True) for k in range(2)]
+        for s in followers:
+            engine.submit(s)
+        await asyncio.gather(head.done.wait(), *(s.done.wait() for s in followers))
+        await engine.stop()
+        a, b = list(engine.steps)[:2]
+        assert a.batch == 1 and a.end - a.start == pytest.approx(prof.step_time(1, 480) + prof.prefill_time(480) + 0.06)
+        assert head.first_token_at == a.end
+        assert b.batch == 2 and b.start == pytest.approx(a.end + 0.04, abs=1e-9)  # no arrival during it: not stretched
+        assert b.end - b.start < 0.01
+
+    run(main())
+
+
 def test_a_prefill_step_takes_longer_while_the_host_streams() -> None:
     """1 ms of host work per streamed token, the host's instances streaming 400 tokens/s (their board's
     total): a step carrying prefill takes 1 / (1 − 0.4) of its time, a decode step its own."""

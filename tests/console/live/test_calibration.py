@@ -94,8 +94,8 @@ def test_the_feed_fits_an_emulated_engine_ten_times_faster_than_its_prior(tmp_pa
         return float(profile.prefill_time(tokens)) + profile.step_time(1, tokens)
 
     assert set(measured) == {32, 1200}
+    fit = {k: v["value"] for k, v in terms.items()}
     for tokens, seconds in measured.items():
-        fit = {k: v["value"] for k, v in terms.items()}
         assert uncontended(fitted, tokens) == pytest.approx(seconds, rel=0.3), (tokens, measured, fit)
     for tokens in (100, 500, 1000):
         assert uncontended(fitted, tokens) == pytest.approx(uncontended(EMULATED, tokens), rel=0.3)
